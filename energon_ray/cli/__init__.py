@@ -1,0 +1,1 @@
+"""The ``energon-ray`` command line (one command per module)."""

@@ -1,0 +1,25 @@
+"""``energon-ray``: the command group (``prepare``, ``info``)."""
+
+from __future__ import annotations
+
+import click
+
+from energon_ray.cli.info import info_command
+from energon_ray.cli.prepare import prepare_command
+from energon_ray.format.prepare import ENERGON_FORMAT_VERSION, package_version
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    package_version(), "-V", "--version", prog_name="energon-ray",
+    message=f"%(prog)s %(version)s (megatron-energon {ENERGON_FORMAT_VERSION} dataset format)",
+)  # fmt: skip
+def main() -> None:
+    """Tools for Energon-format datasets on Ray Data: prepare tar shards, inspect a dataset."""
+
+
+main.add_command(prepare_command)
+main.add_command(info_command)
+
+if __name__ == "__main__":
+    main()

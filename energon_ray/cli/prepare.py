@@ -1,0 +1,187 @@
+"""``energon-ray prepare PATH``: index tar shards and write ``.nv-meta`` (Energon's ``energon prepare``)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import click
+
+from energon_ray.errors import DatasetConfigError
+from energon_ray.format.field_access import parse_field_access
+from energon_ray.format.prepare import (
+    CRUDE,
+    PrepareResult,
+    already_prepared,
+    check_sample_config,
+    prepare_dataset,
+    write_dataset_config,
+)
+from energon_ray.samples import SAMPLE_TYPES
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the library's validation errors into a clean ``Error: …`` message with exit code 1."""
+    try:
+        yield
+    except (DatasetConfigError, ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _parse_ratio(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[List[float]]:
+    if value is None:
+        return None
+    try:
+        return [float(x) for x in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected numbers like '8,1,1' or '0.8,0.1,0.1', got {value!r}") from None
+
+
+def _parse_split_parts(
+    ctx: click.Context, param: click.Parameter, values: Tuple[str, ...]
+) -> Optional[Dict[str, List[str]]]:
+    if not values:
+        return None
+    parts: Dict[str, List[str]] = {}
+    for value in values:
+        name, sep, pattern = value.partition(":")
+        if not sep or not name or not pattern:
+            raise click.BadParameter(f"expected 'name:regex' like 'train:shards/train_.*', got {value!r}")
+        parts.setdefault(name, []).append(pattern)
+    return parts
+
+
+def _parse_field_map(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[dict]:
+    if value is None:
+        return None
+    try:
+        field_map = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON ({exc}): {value!r}") from None
+    if not isinstance(field_map, dict):
+        raise click.BadParameter(f'expected a JSON object like \'{{"image": "jpg"}}\', got {value!r}')
+    return field_map
+
+
+def _prompt_field_map(cls: type, part_types: Sequence[str]) -> Dict[str, str]:
+    """Ask for the tar part of every field; ``json[a][0]`` and ``jpg,png`` are accepted."""
+    click.echo(f"Parts in the shards: {', '.join(part_types)}. Use json[key] for nested values, jpg,png for alternatives.")
+    field_map: Dict[str, str] = {}
+    for field in dataclasses.fields(cls):
+        if field.name.startswith("__"):
+            continue
+        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        while True:
+            label = f"Part for field {field.name!r}" + ("" if required else " (optional, empty to skip)")
+            value = click.prompt(label, default="" if not required else None, show_default=False).strip()
+            if not value and not required:
+                break
+            try:
+                options = parse_field_access(value)
+            except ValueError as exc:
+                click.echo(str(exc))
+                continue
+            if any(opt[0] in part_types for opt in options):
+                field_map[field.name] = value
+                break
+            click.echo(f"No such part in the shards; choose from {', '.join(part_types)}.")
+    return field_map
+
+
+def _interactive_dataset_yaml(
+    path: Path, result: PrepareResult, sample_type: Optional[str], dataset_config: str
+) -> None:
+    if sample_type is None:
+        if not click.confirm("Create .nv-meta/dataset.yaml now?", default=True):
+            click.echo("No dataset.yaml written; add one before loading the dataset.")
+            return
+        names = sorted(SAMPLE_TYPES) + [CRUDE]
+        sample_type = click.prompt("Sample type", type=click.Choice(names), show_choices=True)
+    field_map = None
+    if sample_type != CRUDE and click.confirm(
+        "Map fields to tar parts with a field_map (no: write a sample_loader.py to edit)?", default=True
+    ):
+        field_map = _prompt_field_map(SAMPLE_TYPES[sample_type], result.part_types)
+    with user_errors():
+        yaml_path, loader = write_dataset_config(path, sample_type, field_map, result.part_types, dataset_config)
+    click.echo(f"Wrote {yaml_path}")
+    if loader is not None:
+        click.echo(f"Edit {loader} so it returns the fields of {sample_type}.")
+
+
+def _report(result: PrepareResult) -> None:
+    names = list(result.shard_counts)
+    click.echo(f"Indexed {result.total_samples:,} samples in {len(names)} shards ({names[0]} … {names[-1]}).")
+    click.echo(f"Parts found: {', '.join(result.part_types)}")
+    for part, shards in result.split_parts.items():
+        samples = sum(result.shard_counts[s] for s in shards)
+        click.echo(f"  {part}: {len(shards)} shards, {samples:,} samples")
+    if result.dataset_config is not None:
+        click.echo(f"Wrote {result.dataset_config}")
+    for warning in result.warnings:
+        click.echo(f"Warning: {warning}", err=True)
+
+
+@click.command(name="prepare")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--split-ratio", callback=_parse_ratio, help="train,val,test shard ratio, e.g. '8,1,1'.")
+@click.option("--split-parts", multiple=True, callback=_parse_split_parts,
+              help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Replaces --split-ratio.")
+@click.option("--exclude", multiple=True, help="Regex of shard paths to leave out (searched anywhere); repeatable.")
+@click.option("--shuffle-tars", is_flag=True, help="Shuffle shards (seed 42) before the ratio split.")
+@click.option("--sample-type", help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
+@click.option("--field-map", callback=_parse_field_map, help='JSON, e.g. \'{"image": "jpg", "caption": "txt"}\'.')
+@click.option("--dataset-yaml-name", default="dataset.yaml", show_default=True, help="Dataset config file name.")
+@click.option("--skip-dataset-yaml", is_flag=True, help="Write no dataset.yaml.")
+@click.option("--tar-index-only", is_flag=True, help="Only rebuild .tar.idx and index.sqlite of the listed shards.")
+@click.option("--non-interactive", is_flag=True, help="Never prompt; missing required options are errors.")
+@click.option("--force-overwrite", is_flag=True, help="Re-prepare a dataset that already has .nv-meta.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--num-workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes indexing shards in parallel.")  # fmt: skip
+def prepare_command(
+    path: Path, split_ratio: Optional[List[float]], split_parts: Optional[Dict[str, List[str]]],
+    exclude: Tuple[str, ...], shuffle_tars: bool, sample_type: Optional[str], field_map: Optional[dict],
+    dataset_yaml_name: str, skip_dataset_yaml: bool, tar_index_only: bool, non_interactive: bool,
+    force_overwrite: bool, progress: bool, num_workers: int,
+) -> None:  # fmt: skip
+    """Index the tar shards under PATH and write PATH/.nv-meta (Energon's format).
+
+    \b
+    energon-ray prepare ./ds --non-interactive --split-ratio 8,1,1 \\
+        --sample-type CaptioningSample --field-map '{"image": "jpg", "caption": "txt"}'
+    """
+    interactive = not non_interactive
+    if not tar_index_only:
+        existing = already_prepared(path)
+        if existing is not None and not force_overwrite:
+            if not interactive:
+                raise click.ClickException(f"{existing} exists: the dataset is already prepared; use --force-overwrite")
+            if not click.confirm(f"{existing} exists. Prepare the dataset again?", default=False):
+                click.echo("Nothing changed.")
+                return
+            force_overwrite = True
+        if split_ratio is None and split_parts is None:
+            if not interactive:
+                raise click.UsageError("--split-ratio or --split-parts is required with --non-interactive")
+            split_ratio = click.prompt("Train/val/test split ratio", default="8,1,1", value_proc=lambda v: _parse_ratio(None, None, v))  # type: ignore[arg-type]
+        with user_errors():
+            check_sample_config(sample_type, field_map)
+    ask = interactive and not tar_index_only and not skip_dataset_yaml and (sample_type is None or (sample_type != CRUDE and field_map is None))
+    with user_errors():
+        result = prepare_dataset(
+            path, split_ratio=split_ratio, split_parts=split_parts, exclude=exclude, shuffle_tars=shuffle_tars,
+            sample_type=None if ask or skip_dataset_yaml else sample_type, field_map=None if ask or skip_dataset_yaml else field_map,
+            tar_index_only=tar_index_only, force_overwrite=force_overwrite, progress=progress,
+            num_workers=num_workers, dataset_config=dataset_yaml_name,
+        )  # fmt: skip
+    _report(result)
+    if ask:
+        _interactive_dataset_yaml(path, result, sample_type, dataset_yaml_name)
+    elif sample_type is None and not tar_index_only and not skip_dataset_yaml:
+        click.echo("No dataset.yaml written (pass --sample-type to create it).")
+    click.echo("Done.")

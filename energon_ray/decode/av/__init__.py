@@ -1,0 +1,12 @@
+"""Audio and video decoding on PyAV: lazy :class:`AVDecoder`, frame-exact clips, uniform sampling.
+
+Example:
+    >>> from energon_ray.decode.av import AVDecoder, get_clips_uniform
+    >>> # clips = get_clips_uniform(AVDecoder(mp4_bytes, key="s0.mp4"), 2.0, 4, request_video=True)
+"""
+
+from energon_ray.decode.av.data import AVData
+from energon_ray.decode.av.decoder import AVDecoder
+from energon_ray.decode.av.uniform import get_clips_uniform, get_single_frames_uniform
+
+__all__ = ["AVData", "AVDecoder", "get_clips_uniform", "get_single_frames_uniform"]

@@ -1,0 +1,168 @@
+"""``AudioClipReader``: decode sample ranges of an audio stream by seeking near their start."""
+
+from __future__ import annotations
+
+import warnings
+from fractions import Fraction
+from typing import Callable, Iterator, Optional, Tuple
+
+import av
+import av.container
+import numpy as np
+
+from energon_ray.decode.av._container import AV_ERRORS, audio_stream
+from energon_ray.errors import SampleException
+
+Opener = Callable[[], "av.container.InputContainer"]
+
+
+def frame_to_float(frame: "av.AudioFrame") -> np.ndarray:
+    """One decoded audio frame as float32 ``(channels, samples)`` in [-1, 1], whatever its sample format."""
+    arr = frame.to_ndarray()
+    if not frame.format.is_planar:
+        arr = arr.reshape(-1, frame.layout.nb_channels).T  # packed: L R L R ... -> rows per channel
+    if arr.dtype.kind == "u":
+        half = float(2 ** (frame.format.bits - 1))
+        return (arr.astype(np.float32) - half) / half
+    if arr.dtype.kind == "i":
+        return arr.astype(np.float32) / float(2 ** (frame.format.bits - 1))
+    return arr.astype(np.float32, copy=False)
+
+
+#: Codecs whose frames decode on their own, so decoding right from a seek point is bit-exact.
+_SELF_CONTAINED = ("flac", "alac", "wavpack", "tta", "ape")
+#: Lossy codecs overlap frames (MDCT) or borrow bits from earlier ones (mp3's reservoir): decode this
+#: much before the clip and throw it away, so the clip's samples equal those of a full decode.
+_PREROLL_SECONDS = Fraction(1, 4)
+
+
+def preroll_samples(codec_name: str, sample_rate: int) -> int:
+    """How many samples to decode and drop before a clip so that seeking gives a full decode's samples."""
+    if codec_name.startswith("pcm_") or codec_name in _SELF_CONTAINED:
+        return 0
+    return int(_PREROLL_SECONDS * sample_rate)
+
+
+class AudioClipReader:
+    """Reads samples ``[start, end)`` of the first audio stream, placed by the frames' pts.
+
+    Sample ``n`` is the sample shown at ``n / sample_rate`` seconds. A read seeks to the packet at or
+    before ``start`` (minus a pre-roll for lossy codecs) and drops the samples before ``start``; if
+    the seek lands too late (or on a frame without timestamp), the read decodes again from the top.
+
+    Args:
+        open_container: opens a fresh container on the same bytes.
+        key: the sample key, for messages.
+        declared_end: the stream's end in samples according to the header, if any; ranges may reach
+            up to it even when the decoded stream is slightly shorter.
+        preroll: samples to decode before ``start`` after a seek (see :func:`preroll_samples`).
+        suppress_warnings: do not warn when a seek had to be retried.
+    """
+
+    def __init__(
+        self, open_container: Opener, key: str, declared_end: Optional[int], preroll: int, suppress_warnings: bool
+    ):
+        self._open = open_container
+        self._key = key
+        self._declared_end = declared_end
+        self._preroll = preroll
+        self._quiet = suppress_warnings
+        self._container: Optional["av.container.InputContainer"] = None
+
+    def close(self) -> None:
+        """Close the container this reader opened."""
+        if self._container is not None:
+            self._container.close()
+            self._container = None
+
+    def read(self, start: int, end: Optional[int]) -> Tuple[np.ndarray, int]:
+        """Decode samples ``[start, end)`` (``end=None``: to the end of the stream).
+
+        Returns:
+            The float32 samples ``(channels, n)`` and the sample number of the first one (later than
+            ``start`` only when the stream itself begins later).
+
+        Raises:
+            SampleException: when the range lies beyond the stream or decoding fails.
+        """
+        self.close()
+        self._container = self._open()
+        target = start - self._preroll
+        if target > 0:
+            got = self._collect(start, end, self._seek(target), seek_target=target)
+            if got is not None:
+                return got
+            if not self._quiet:
+                warnings.warn(
+                    f"{self._key}: audio seek missed sample {start}; decoding again from the start",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            self.close()
+            self._container = self._open()
+        got = self._collect(start, end, self._decode(), seek_target=None)
+        assert got is not None  # without a seek nothing can be missed
+        return got
+
+    def _seek(self, start: int) -> Iterator["av.AudioFrame"]:
+        stream = audio_stream(self._container)
+        ticks = int(Fraction(start, stream.sample_rate) / Fraction(stream.time_base))
+        try:
+            self._container.seek(ticks, stream=stream, backward=True, any_frame=False)
+        except AV_ERRORS as exc:
+            raise SampleException(f"{self._key}: seeking the audio failed: {exc}") from exc
+        return self._decode()
+
+    def _decode(self) -> Iterator["av.AudioFrame"]:
+        stream = audio_stream(self._container)
+        try:
+            for packet in self._container.demux(stream):
+                yield from packet.decode()
+        except AV_ERRORS as exc:
+            raise SampleException(
+                f"{self._key}: decoding the audio failed (corrupt or truncated data): {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _collect(
+        self, start: int, end: Optional[int], frames: Iterator["av.AudioFrame"], seek_target: Optional[int]
+    ) -> Optional[Tuple[np.ndarray, int]]:
+        """Gather samples ``[start, end)``; ``None`` if the seek to ``seek_target`` landed after it."""
+        seeked = seek_target is not None
+        stream = audio_stream(self._container)
+        samples_per_tick = Fraction(stream.time_base) * stream.sample_rate
+        chunks, first, pos = [], None, None
+        for number, frame in enumerate(frames):
+            if frame.pts is not None:
+                pos = round(frame.pts * samples_per_tick)
+            elif pos is None:
+                if seeked:
+                    return None  # cannot place the first frame after a seek
+                pos = 0
+            if seeked and number == 0 and pos > seek_target:
+                return None  # the seek landed after the pre-roll point
+            lo = max(start, pos)
+            hi = pos + frame.samples if end is None else min(end, pos + frame.samples)
+            if hi > lo:
+                chunks.append(frame_to_float(frame)[:, lo - pos : hi - pos])
+                first = lo if first is None else first
+            pos += frame.samples
+            if end is not None and pos >= end:
+                break
+        return self._finish(chunks, first, start, end, pos or 0, stream.sample_rate)
+
+    def _finish(
+        self, chunks: list, first: Optional[int], start: int, end: Optional[int], reached: int, rate: int
+    ) -> Tuple[np.ndarray, int]:
+        """Join the chunks, or raise if the range missed the stream (a 1 ms slack absorbs header rounding)."""
+        if not chunks:
+            raise SampleException(
+                f"{self._key}: audio range starts at sample {start} ({start / rate:.6f}s), "
+                f"at or after the end of the audio ({reached / rate:.6f}s)"
+            )
+        allowed = max(reached, self._declared_end or 0) + max(1, rate // 1000)
+        if end is not None and end > allowed:
+            raise SampleException(
+                f"{self._key}: audio range ends at sample {end} ({end / rate:.6f}s), "
+                f"beyond the end of the audio ({max(reached, self._declared_end or 0) / rate:.6f}s)"
+            )
+        return np.concatenate(chunks, axis=1), first

@@ -1,0 +1,372 @@
+"""``AVDecoder``: a lazy, picklable handle on one audio/video file that decodes clips on demand."""
+
+from __future__ import annotations
+
+import io
+import math
+from contextlib import contextmanager
+from fractions import Fraction
+from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple
+
+import av.container
+import torch
+
+from energon_ray.decode.av import _metadata as meta
+from energon_ray.decode.av._audio_reader import AudioClipReader, preroll_samples
+from energon_ray.decode.av._container import audio_stream, open_container, video_stream
+from energon_ray.decode.av._ranges import (
+    AUDIO_UNITS,
+    VIDEO_UNITS,
+    Range,
+    check_frame_size,
+    check_ranges,
+    check_unit,
+    to_ticks,
+)
+from energon_ray.decode.av._video_index import VideoIndex
+from energon_ray.decode.av._video_reader import VideoClipReader
+from energon_ray.decode.av.data import AVData, Timestamps
+from energon_ray.errors import SampleException
+
+Clips = Tuple[List[torch.Tensor], Timestamps]
+WHOLE = [(0.0, math.inf)]
+
+
+class AVDecoder:
+    """Holds the bytes of one media file; every method decodes only what it is asked for.
+
+    Video positions: with ``video_unit="seconds"`` a range ``(start, end)`` holds every frame shown
+    during ``[start, end]`` (the frame on screen at ``start`` through the frame on screen at
+    ``end``), so a zero-length range gives one frame; with ``"frames"`` it holds frames
+    ``start..end`` inclusive, counted in presentation order from 0. Audio ranges are half open:
+    samples ``[start, end)``. ``end=float("inf")`` means "to the end of the stream".
+
+    Pickling keeps only the bytes and the settings (no open container, no cached index), so an
+    ``AVDecoder`` can travel between Ray tasks; decoding where the bytes already are is cheaper.
+
+    Args:
+        stream_or_bytes: the file's bytes (``bytes``/``bytearray``/``memoryview``) or a binary
+            file object, which is read to its end.
+        key: the sample key (or part name) used in error messages.
+        suppress_warnings: silence ``RuntimeWarning`` about seeks that had to be redone.
+
+    Raises:
+        ValueError: for text streams or other objects that are not bytes.
+
+    Example:
+        >>> d = AVDecoder(b"not a video", key="sample_0007.mp4")
+        >>> d.has_video_stream()
+        Traceback (most recent call last):
+        ...
+        energon_ray.errors.SampleException: sample_0007.mp4: cannot open media (11 bytes): ...
+    """
+
+    def __init__(self, stream_or_bytes: Any, key: str = "<unknown>", suppress_warnings: bool = False):
+        self.key = key
+        self.suppress_warnings = suppress_warnings
+        self._data = _read_bytes(stream_or_bytes, key)
+        self._index: Optional[VideoIndex] = None
+
+    @property
+    def data(self) -> bytes:
+        """The raw bytes of the media file."""
+        return self._data
+
+    @property
+    def stream(self) -> io.BytesIO:
+        """A fresh binary stream on the bytes (Energon's ``AVDecoder.stream``)."""
+        return io.BytesIO(self._data)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"data": self._data, "key": self.key, "suppress_warnings": self.suppress_warnings}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["data"], state["key"], state["suppress_warnings"])
+
+    def __repr__(self) -> str:
+        return f"AVDecoder(key={self.key!r}, bytes={len(self._data)})"
+
+    @contextmanager
+    def _open(self) -> Iterator["av.container.InputContainer"]:
+        container = open_container(self._data, self.key)
+        try:
+            yield container
+        finally:
+            container.close()
+
+    def _reopen(self) -> "av.container.InputContainer":
+        return open_container(self._data, self.key)
+
+    # ------------------------------------------------------------------ clips
+
+    def get_clips(
+        self,
+        video_clip_ranges: Optional[Sequence[Range]] = None,
+        audio_clip_ranges: Optional[Sequence[Range]] = None,
+        video_unit: Literal["frames", "seconds"] = "seconds",
+        audio_unit: Literal["samples", "seconds"] = "seconds",
+        video_out_frame_size: Optional[Tuple[int, int]] = None,
+    ) -> AVData:
+        """Decode the requested video and audio clips.
+
+        Args:
+            video_clip_ranges: ``(start, end)`` video ranges in ``video_unit``, or ``None`` for no video.
+            audio_clip_ranges: ``(start, end)`` audio ranges in ``audio_unit``, or ``None`` for no audio.
+            video_unit: ``"seconds"`` or ``"frames"``.
+            audio_unit: ``"seconds"`` or ``"samples"``.
+            video_out_frame_size: ``(width, height)`` to scale frames to while decoding (Energon's order).
+
+        Returns:
+            An :class:`AVData` with one clip and one ``(start, end)`` timestamp per requested range.
+
+        Raises:
+            ValueError: for an unknown unit, a malformed, negative or reversed range, a bad frame size.
+            SampleException: for ranges beyond the media, a missing stream, or unreadable media.
+        """
+        check_unit(video_unit, VIDEO_UNITS, "video", self.key)
+        check_unit(audio_unit, AUDIO_UNITS, "audio", self.key)
+        video: Clips = ([], [])
+        audio: Clips = ([], [])
+        if video_clip_ranges is not None:
+            video = self.get_video_clips(video_clip_ranges, video_unit, video_out_frame_size)
+        if audio_clip_ranges is not None:
+            audio = self.get_audio_clips(audio_clip_ranges, audio_unit)
+        return AVData(video_clips=video[0], video_timestamps=video[1], audio_clips=audio[0], audio_timestamps=audio[1])
+
+    def get_video_clips(
+        self,
+        video_clip_ranges: Sequence[Range],
+        video_unit: Literal["frames", "seconds"] = "seconds",
+        video_out_frame_size: Optional[Tuple[int, int]] = None,
+    ) -> Clips:
+        """Decode video clips; see :meth:`get_clips` for the arguments and errors.
+
+        Returns:
+            ``(clips, timestamps)``: uint8 tensors ``(frames, 3, height, width)`` and ``(start, end)`` seconds.
+        """
+        check_unit(video_unit, VIDEO_UNITS, "video", self.key)
+        ranges = check_ranges(video_clip_ranges, what="video", unit=video_unit, key=self.key)
+        size = check_frame_size(video_out_frame_size, self.key)
+        if not ranges:
+            return [], []
+        with self._open() as container:
+            stream = self._require_video(container, f"video clips {list(video_clip_ranges)!r}")
+            index = self._video_index(container, stream)
+            header_end = meta.header_end_ticks(stream)
+        spans = [self._video_span(index, header_end, r, i, video_unit) for i, r in enumerate(ranges)]
+        reader = VideoClipReader(self._reopen, index, self.key, self.suppress_warnings)
+        try:
+            clips = [torch.from_numpy(reader.read(first, last, size)) for first, last in spans]
+        finally:
+            reader.close()
+        stamps = [
+            (index.seconds(index.pts[first]), index.seconds(index.pts[last] + index.durations[last]))
+            for first, last in spans
+        ]
+        return clips, stamps
+
+    def get_audio_clips(
+        self, audio_clip_ranges: Sequence[Range], audio_unit: Literal["samples", "seconds"] = "seconds"
+    ) -> Clips:
+        """Decode audio clips; see :meth:`get_clips` for the arguments and errors.
+
+        Returns:
+            ``(clips, timestamps)``: float32 tensors ``(channels, samples)`` and ``(start, end)`` seconds.
+        """
+        check_unit(audio_unit, AUDIO_UNITS, "audio", self.key)
+        ranges = check_ranges(audio_clip_ranges, what="audio", unit=audio_unit, key=self.key)
+        if not ranges:
+            return [], []
+        with self._open() as container:
+            stream = self._require_audio(container, f"audio clips {list(audio_clip_ranges)!r}")
+            rate = stream.sample_rate
+            declared_end = meta.declared_audio_end(stream)
+            preroll = preroll_samples(stream.codec_context.name, rate)
+        spans = [self._audio_span(rate, r, i, audio_unit) for i, r in enumerate(ranges)]
+        reader = AudioClipReader(self._reopen, self.key, declared_end, preroll, self.suppress_warnings)
+        clips, stamps = [], []
+        try:
+            for start, end in spans:
+                samples, first = reader.read(start, end)
+                clips.append(torch.from_numpy(samples))
+                stamps.append((first / rate, (first + samples.shape[1]) / rate))
+        finally:
+            reader.close()
+        return clips, stamps
+
+    def _video_span(
+        self, index: VideoIndex, header_end: Optional[int], rng: Range, i: int, unit: str
+    ) -> Tuple[int, int]:
+        """Turn a checked range into frame numbers ``(first, last)``, or raise if it leaves the video."""
+        start, end = rng
+        where = f"{self.key}: video clip #{i} {rng!r} ({unit})"
+        if unit == "frames":
+            last = len(index) - 1 if end == math.inf else int(end)
+            if int(start) >= len(index) or last >= len(index):
+                raise SampleException(f"{where} is beyond the video's {len(index)} frames")
+            return int(start), last
+        ticks_per_second = 1 / index.time_base
+        start_ticks = to_ticks(start, ticks_per_second)
+        if start_ticks >= index.end_ts:
+            raise SampleException(f"{where} starts after the end of the video ({index.seconds(index.end_ts):.6f}s)")
+        if end == math.inf:
+            return index.frame_at(start_ticks), len(index) - 1
+        end_ticks = to_ticks(end, ticks_per_second)
+        video_end = max(index.end_ts, header_end or 0)
+        if end_ticks > video_end + index.durations[-1] // 2:
+            raise SampleException(f"{where} ends after the end of the video ({index.seconds(video_end):.6f}s)")
+        return index.frame_at(start_ticks), index.frame_at(end_ticks)
+
+    def _audio_span(self, rate: int, rng: Range, i: int, unit: str) -> Tuple[int, Optional[int]]:
+        """Turn a checked range into sample numbers ``[start, end)`` (``end=None``: to the end)."""
+        start, end = rng
+        if unit == "samples":
+            first, stop = int(start), (None if end == math.inf else int(end))
+        else:
+            first = round(to_ticks(start, Fraction(rate)))
+            stop = None if end == math.inf else round(to_ticks(end, Fraction(rate)))
+        if stop is not None and stop <= first:
+            raise ValueError(
+                f"{self.key}: audio clip #{i} {rng!r} ({unit}) holds no sample (audio ranges exclude their end)"
+            )
+        return first, stop
+
+    # ------------------------------------------------------------ whole file
+
+    def get_video(self) -> AVData:
+        """Decode every video frame (no audio)."""
+        clips, stamps = self.get_video_clips(WHOLE)
+        return AVData(video_clips=clips, video_timestamps=stamps, audio_clips=[], audio_timestamps=[])
+
+    def get_audio(self) -> AVData:
+        """Decode the whole audio stream."""
+        clips, stamps = self.get_audio_clips(WHOLE)
+        return AVData(video_clips=[], video_timestamps=[], audio_clips=clips, audio_timestamps=stamps)
+
+    def get_video_with_audio(self) -> AVData:
+        """Decode every video frame and the whole audio stream (both must exist)."""
+        return self.get_clips(video_clip_ranges=WHOLE, audio_clip_ranges=WHOLE)
+
+    def get_frames(self, video_decode_audio: bool = False) -> AVData:
+        """Decode the whole file: the video (plus its audio if asked and present), or the audio.
+
+        Args:
+            video_decode_audio: also decode the audio track of a video that has one.
+
+        Returns:
+            The decoded :class:`AVData`.
+
+        Raises:
+            SampleException: when the file has neither an audio nor a video stream, or cannot be decoded.
+        """
+        has_video, has_audio = self._streams()
+        if has_video:
+            audio = WHOLE if video_decode_audio and has_audio else None
+            return self.get_clips(video_clip_ranges=WHOLE, audio_clip_ranges=audio)
+        if has_audio:
+            return self.get_audio()
+        raise SampleException(f"{self.key}: the media has neither a video nor an audio stream")
+
+    # --------------------------------------------------------------- metadata
+
+    def get_video_fps(self) -> float:
+        """Frames per second of the video stream.
+
+        Raises:
+            SampleException: when there is no video stream.
+        """
+        with self._open() as container:
+            stream = self._require_video(container, "the video fps")
+            fps = meta.video_fps(stream)
+            if fps is None:
+                index = self._video_index(container, stream)
+                fps = len(index) / index.seconds(index.end_ts - index.pts[0])
+        return fps
+
+    def get_video_duration(self, get_frame_count: bool = False) -> Tuple[Optional[float], Optional[int]]:
+        """Duration of the video stream in seconds, and its frame count if asked.
+
+        Args:
+            get_frame_count: also count the frames (demuxes the file, does not decode it).
+
+        Returns:
+            ``(duration, frame_count)``; ``(None, None)`` without a video stream; the count is ``None``
+            unless asked for.
+        """
+        with self._open() as container:
+            stream = video_stream(container)
+            if stream is None:
+                return None, None
+            duration = float(stream.duration * stream.time_base) if stream.duration else None
+            if duration is None or get_frame_count:
+                index = self._video_index(container, stream)
+                if duration is None:
+                    duration = index.seconds(index.end_ts - index.pts[0])
+        return duration, (len(self._index) if get_frame_count else None)
+
+    def get_audio_duration(self) -> Optional[float]:
+        """Duration of the audio stream in seconds, or ``None`` without an audio stream."""
+        with self._open() as container:
+            stream = audio_stream(container)
+            return None if stream is None else meta.audio_duration_seconds(container, stream, self.key)
+
+    def get_audio_samples_per_second(self) -> int:
+        """Sample rate of the audio stream.
+
+        Raises:
+            SampleException: when there is no audio stream.
+        """
+        with self._open() as container:
+            return int(self._require_audio(container, "the audio sample rate").sample_rate)
+
+    def has_video_stream(self) -> bool:
+        """Whether the file has a video stream (cover art of audio files does not count)."""
+        return self._streams()[0]
+
+    def has_audio_stream(self) -> bool:
+        """Whether the file has an audio stream."""
+        return self._streams()[1]
+
+    # ---------------------------------------------------------------- helpers
+
+    def _streams(self) -> Tuple[bool, bool]:
+        with self._open() as container:
+            return video_stream(container) is not None, audio_stream(container) is not None
+
+    def _video_index(self, container: "av.container.InputContainer", stream: Any) -> VideoIndex:
+        if self._index is None:
+            self._index = VideoIndex.build(container, stream, self.key)
+        return self._index
+
+    def _require_video(self, container: "av.container.InputContainer", request: str) -> Any:
+        stream = video_stream(container)
+        if stream is None:
+            raise SampleException(f"{self.key}: {request} requested, but the media has no video stream")
+        return stream
+
+    def _require_audio(self, container: "av.container.InputContainer", request: str) -> Any:
+        stream = audio_stream(container)
+        if stream is None:
+            raise SampleException(f"{self.key}: {request} requested, but the media has no audio stream")
+        if not stream.sample_rate or stream.time_base is None:
+            raise SampleException(f"{self.key}: {request} requested, but the audio stream has no sample rate")
+        return stream
+
+
+def _read_bytes(source: Any, key: str) -> bytes:
+    """The bytes of ``source``: bytes-like objects as they are, binary file objects read to the end."""
+    if isinstance(source, bytes):
+        return source
+    if isinstance(source, (bytearray, memoryview)):
+        return bytes(source)
+    if isinstance(source, io.TextIOBase) or "t" in getattr(source, "mode", ""):
+        raise ValueError(f"{key}: AVDecoder needs a binary stream, got a text stream {source!r}")
+    read = getattr(source, "read", None)
+    if read is None:
+        raise ValueError(f"{key}: AVDecoder needs bytes or a binary file object, got {type(source).__name__}")
+    if getattr(source, "seekable", lambda: False)():
+        source.seek(0)
+    data = read()
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ValueError(f"{key}: AVDecoder needs a binary stream, its read() returned {type(data).__name__}")
+    return bytes(data)

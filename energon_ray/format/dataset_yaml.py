@@ -1,0 +1,233 @@
+"""``.nv-meta/dataset.yaml``: how tar parts become a typed sample.
+
+Either ``sample_type`` + ``field_map``, or ``sample_type`` + ``sample_loader: file.py:fn`` +
+``part_filter``, or a top-level ``__class__`` (``CrudeWebdataset``, legacy ``CaptioningWebdataset``…).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import yaml
+
+from energon_ray.errors import DatasetConfigError
+from energon_ray.format.field_access import parse_field_access
+from energon_ray.format.info import meta_dir
+from energon_ray.samples import SAMPLE_TYPES, CrudeSample
+
+#: Modules whose sample classes we provide under the same names.
+_COMPATIBLE_MODULES = ("megatron.energon", "energon_ray")
+
+
+@dataclasses.dataclass
+class DatasetSpec:
+    """What ``dataset.yaml`` says about turning raw parts into samples."""
+
+    file: str
+    #: Dataset root and config file name: a spec is shipped to Ray workers as these two and re-read
+    #: there, because user ``sample_loader.py`` modules are not importable by name in other processes.
+    root: str
+    dataset_config: str
+    #: A ``Sample`` subclass, or ``CrudeSample`` for crude datasets.
+    sample_type: type
+    #: ``{field: [[part, key, ...], ...alternatives]}`` when a field_map is used.
+    field_map: Optional[Dict[str, List[List[str]]]] = None
+    #: ``fn(raw_sample: dict) -> dict of fields`` when a sample_loader is used.
+    sample_loader: Optional[Callable[[dict], dict]] = None
+    #: ``fn(part: str) -> bool``: which tar parts to read at all (None = all).
+    part_filter: Optional[Callable[[str], bool]] = None
+    #: The parts a field_map needs (used as the part filter).
+    parts: Optional[frozenset] = None
+    subflavors: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Everything else the YAML passes on (kept for ``config()``).
+    extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __reduce__(self):
+        return (read_dataset_spec, (self.root, self.dataset_config))
+
+    @property
+    def is_crude(self) -> bool:
+        return self.sample_type is CrudeSample
+
+    def wants_part(self, part: str) -> bool:
+        """Whether a tar part is read for this dataset."""
+        if self.parts is not None:
+            return part in self.parts
+        if self.part_filter is not None:
+            return bool(self.part_filter(part))
+        return True
+
+
+def resolve_class(spec: Any, file: str, what: str) -> type:
+    """Resolve ``{__module__, __class__}`` (or a bare class name) to a class.
+
+    Raises:
+        DatasetConfigError: naming the file and the unknown value.
+    """
+    if isinstance(spec, str):
+        module, name = "energon_ray", spec
+    elif isinstance(spec, dict) and "__class__" in spec:
+        module, name = spec.get("__module__", "energon_ray"), spec["__class__"]
+    else:
+        raise DatasetConfigError(f"{file}: {what} must be a class name or {{__module__, __class__}}, got {spec!r}")
+    if module in _COMPATIBLE_MODULES or module.startswith("megatron.energon"):
+        if name in SAMPLE_TYPES:
+            return SAMPLE_TYPES[name]
+        if name in ("CrudeSample", "CrudeWebdataset"):
+            return CrudeSample
+        raise DatasetConfigError(
+            f"{file}: unknown {what} {name!r}; known: {sorted(SAMPLE_TYPES) + ['CrudeWebdataset']}"
+        )
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise DatasetConfigError(f"{file}: cannot import {what} {module}.{name}: {exc}") from None
+
+
+def _load_function(ref: str, meta: Path, file: str, what: str) -> Callable:
+    if ":" not in ref:
+        raise DatasetConfigError(f"{file}: {what} must look like 'file.py:function', got {ref!r}")
+    module_file, fn_name = ref.split(":", 1)
+    source = meta / module_file
+    if not source.is_file():
+        raise DatasetConfigError(f"{file}: {what} module {source} does not exist")
+    mod_name = f"_energon_ray_dsmod_{abs(hash(str(source.resolve())))}"
+    module = sys.modules.get(mod_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(mod_name, source)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as exc:
+            raise DatasetConfigError(f"{source}: cannot import {what} module: {exc}") from None
+        sys.modules[mod_name] = module
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise DatasetConfigError(f"{file}: {what} {ref!r}: {source} has no function {fn_name!r}")
+    return fn
+
+
+def _check_field_map(field_map: Dict[str, str], sample_type: type, file: str) -> Dict[str, List[List[str]]]:
+    if not isinstance(field_map, dict) or not field_map:
+        raise DatasetConfigError(f"{file}: field_map must be a non-empty mapping, got {field_map!r}")
+    fields = {f.name: f for f in dataclasses.fields(sample_type)}
+    for name in field_map:
+        if name not in fields or name.startswith("__"):
+            valid = [n for n in fields if not n.startswith("__")]
+            raise DatasetConfigError(
+                f"{file}: field_map names field {name!r}, which {sample_type.__name__} does not have; "
+                f"its fields are {valid}"
+            )
+    missing = [
+        n for n, f in fields.items()
+        if not n.startswith("__") and n not in field_map
+        and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]  # fmt: skip
+    if missing:
+        raise DatasetConfigError(
+            f"{file}: field_map does not map required field(s) {missing} of {sample_type.__name__}"
+        )
+    parsed = {}
+    for name, spec in field_map.items():
+        try:
+            parsed[name] = parse_field_access(str(spec))
+        except ValueError as exc:
+            raise DatasetConfigError(f"{file}: field_map[{name!r}]: {exc}") from None
+    return parsed
+
+
+def read_dataset_spec(path: Path | str, dataset_config: str = "dataset.yaml") -> DatasetSpec:
+    """Parse and validate ``dataset.yaml``.
+
+    Raises:
+        DatasetConfigError: naming the file and the offending value.
+    """
+    meta = meta_dir(path)
+    file = meta / dataset_config
+    if not file.is_file():
+        raise DatasetConfigError(f"{file}: dataset config not found")
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except Exception as exc:
+        raise DatasetConfigError(f"{file}: cannot parse: {exc}") from None
+    fname = str(file)
+    data = dict(data)
+    subflavors = data.pop("subflavors", None) or {}
+    if "__class__" in data:
+        cls_name = data.pop("__class__")
+        data.pop("__module__", None)
+        if cls_name == "CrudeWebdataset":
+            sample_type = CrudeSample
+        elif cls_name.endswith("Webdataset") and cls_name[: -len("Webdataset")] in SAMPLE_TYPES:
+            sample_type = SAMPLE_TYPES[cls_name[: -len("Webdataset")]]
+        else:
+            raise DatasetConfigError(f"{fname}: unknown dataset class {cls_name!r}")
+    elif "sample_type" in data:
+        sample_type = resolve_class(data.pop("sample_type"), fname, "sample_type")
+    else:
+        raise DatasetConfigError(f"{fname}: needs 'sample_type' (or a top-level '__class__')")
+    field_map = data.pop("field_map", None)
+    loader_ref = data.pop("sample_loader", None)
+    part_filter_ref = data.pop("part_filter", None)
+    spec = DatasetSpec(
+        file=fname,
+        root=str(path),
+        dataset_config=dataset_config,
+        sample_type=sample_type,
+        subflavors=dict(subflavors),
+        extra=data,
+    )
+    if sample_type is CrudeSample:
+        if isinstance(part_filter_ref, list):
+            spec.parts = frozenset(part_filter_ref)
+        elif isinstance(part_filter_ref, str):
+            spec.part_filter = _load_function(part_filter_ref, meta, fname, "part_filter")
+        return spec
+    if (field_map is None) == (loader_ref is None):
+        raise DatasetConfigError(f"{fname}: give exactly one of 'field_map' or 'sample_loader'")
+    if field_map is not None:
+        if part_filter_ref is not None:
+            raise DatasetConfigError(f"{fname}: 'part_filter' cannot be combined with 'field_map'")
+        spec.field_map = _check_field_map(field_map, sample_type, fname)
+        spec.parts = frozenset(opt[0] for opts in spec.field_map.values() for opt in opts)
+    else:
+        spec.sample_loader = _load_function(str(loader_ref), meta, fname, "sample_loader")
+        if part_filter_ref is None:
+            raise DatasetConfigError(f"{fname}: 'sample_loader' needs a 'part_filter'")
+        if isinstance(part_filter_ref, list):
+            spec.parts = frozenset(part_filter_ref)
+        else:
+            spec.part_filter = _load_function(str(part_filter_ref), meta, fname, "part_filter")
+    return spec
+
+
+def write_dataset_yaml(
+    path: Path | str,
+    sample_type: str,
+    field_map: Optional[Dict[str, str]] = None,
+    sample_loader: Optional[str] = None,
+    part_filter: Optional[Any] = None,
+    dataset_config: str = "dataset.yaml",
+    module: str = "megatron.energon",
+) -> Path:
+    """Write a ``dataset.yaml`` that both energon_ray and megatron-energon read."""
+    meta = meta_dir(path)
+    meta.mkdir(parents=True, exist_ok=True)
+    if sample_type == "CrudeWebdataset":
+        data: Dict[str, Any] = {"__module__": module, "__class__": "CrudeWebdataset"}
+    else:
+        data = {"sample_type": {"__module__": module, "__class__": sample_type}}
+    if field_map is not None:
+        data["field_map"] = dict(field_map)
+    if sample_loader is not None:
+        data["sample_loader"] = sample_loader
+    if part_filter is not None:
+        data["part_filter"] = part_filter
+    out = meta / dataset_config
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out

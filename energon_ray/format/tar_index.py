@@ -1,0 +1,70 @@
+"""``<shard>.tar.idx``: native-endian uint64 byte offsets of each sample's first header, plus the end."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from energon_ray.errors import DatasetConfigError
+
+INDEX_SUFFIX = ".idx"
+
+
+def index_path(shard_path: Path | str) -> Path:
+    """The index file next to a shard: ``shard.tar`` → ``shard.tar.idx``."""
+    return Path(str(shard_path) + INDEX_SUFFIX)
+
+
+def read_tar_index(shard_path: Path | str) -> np.ndarray:
+    """Read the ``count + 1`` offsets of a shard's index.
+
+    Raises:
+        DatasetConfigError: if the index is missing or not a whole number of uint64 values.
+    """
+    path = index_path(shard_path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DatasetConfigError(
+            f"{path}: missing tar index for shard {shard_path}; run `energon-ray prepare` on the dataset"
+        ) from None
+    if len(raw) % 8 != 0 or len(raw) < 8:
+        raise DatasetConfigError(f"{path}: {len(raw)} bytes is not a valid .tar.idx (count+1 uint64 offsets)")
+    return np.frombuffer(raw, dtype=np.uint64).astype(np.int64)
+
+
+def write_tar_index(shard_path: Path | str, offsets: Sequence[int]) -> Path:
+    """Write the offsets atomically (``.tar.idx.tmp`` then rename)."""
+    path = index_path(shard_path)
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_bytes(np.asarray(offsets, dtype=np.uint64).tobytes())
+    os.replace(tmp, path)
+    return path
+
+
+def check_tar_index(shard_path: Path | str, offsets: np.ndarray, expected_count: int) -> None:
+    """Fail fast when an index disagrees with its tar or with ``.info.json``.
+
+    Raises:
+        DatasetConfigError: naming the shard, its index and the mismatching values.
+    """
+    idx = index_path(shard_path)
+    count = len(offsets) - 1
+    if count != expected_count:
+        raise DatasetConfigError(
+            f"{idx}: index lists {count} samples but .nv-meta/.info.json says {expected_count} for {shard_path}"
+        )
+    if count and np.any(np.diff(offsets) <= 0):
+        raise DatasetConfigError(f"{idx}: offsets are not strictly increasing")
+    try:
+        size = os.path.getsize(shard_path)
+    except FileNotFoundError:
+        raise DatasetConfigError(f"{shard_path}: shard listed in .nv-meta/.info.json does not exist") from None
+    if int(offsets[-1]) > size:
+        raise DatasetConfigError(
+            f"{shard_path}: tar is truncated or does not match {idx}: the index ends at byte "
+            f"{int(offsets[-1])} but the file has {size} bytes"
+        )

@@ -1,0 +1,206 @@
+"""``EnergonDataset``: what ``get_train_dataset`` / ``get_val_dataset`` return.
+
+It holds the validated dataset, the worker config, the task encoder and the plan parameters; it
+plans segments and builds Ray Datasets from them, but runs nothing until a loader iterates it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, List, Optional
+
+from energon_ray.format.dataset import PreparedDataset
+from energon_ray.pipeline.load import SampleLoader
+from energon_ray.pipeline.shipping import Shipped
+from energon_ray.pipeline.stages import StageConfig
+from energon_ray.plan.sharder import compute_subset, slice_offsets, worker_ranges
+from energon_ray.plan.stream import SegmentPlan, StreamConfig, WorkerStream
+from energon_ray.source.reader import ReadSegment, shard_table
+from energon_ray.task_encoder.base import TaskEncoder
+from energon_ray.worker import WorkerConfig
+
+#: Samples a segment (one Ray task) aims for; rounded up to whole batches.
+TARGET_SEGMENT_SAMPLES = 64
+
+
+@dataclasses.dataclass
+class PlanOptions:
+    """The knobs that decide the sample order (all of Energon's that apply)."""
+
+    training: bool
+    repeat: bool
+    batch_size: Optional[int]
+    drop_last: bool = False
+    shuffle_buffer_size: Optional[int] = None
+    max_samples_per_sequence: Optional[int] = None
+    shuffle_over_epochs: Optional[int] = 1
+    parallel_shard_iters: Optional[int] = None
+    virtual_epoch_length: int = 0
+    limit: Optional[int] = None
+    subset_absolute: Optional[tuple] = None
+    subset_ratio: Optional[tuple] = None
+    segment_samples: int = TARGET_SEGMENT_SAMPLES
+
+
+class EnergonDataset:
+    """A planned, not yet running, Energon dataset on Ray.
+
+    Use it with ``get_loader``; ``ray_dataset()`` gives the underlying ``ray.data.Dataset``.
+    """
+
+    def __init__(
+        self,
+        dataset: PreparedDataset,
+        *,
+        worker_config: WorkerConfig,
+        task_encoder: TaskEncoder,
+        options: PlanOptions,
+        decoder: Any,
+        subflavors: Optional[Dict[str, Any]] = None,
+        rotation_offset: int = 0,
+    ):
+        self.dataset = dataset
+        self.worker_config = worker_config
+        self.task_encoder = task_encoder
+        self.options = options
+        self.decoder = decoder
+        self.subflavors = {**dataset.spec.subflavors, **(subflavors or {})}
+        self.rotation_offset = rotation_offset
+        self._excluded = tuple(int(i) for i in dataset.excluded_indices()) if dataset.sample_excludes else ()
+        self._ranges = self._worker_ranges()
+        self._stages: Optional[StageConfig] = None
+
+    # -- planning ---------------------------------------------------------------------------
+    def _worker_ranges(self) -> List[tuple]:
+        wc = self.worker_config
+        start, end = compute_subset(self.dataset.total, self.options.subset_absolute, self.options.subset_ratio)
+        return worker_ranges(
+            start, end, rank=wc.rank, world_size=wc.world_size, num_workers=wc.num_workers,
+            rotation_offset=self.rotation_offset,
+        )  # fmt: skip
+
+    @property
+    def segment_length(self) -> int:
+        size = self.options.batch_size or 1
+        return size * max(1, math.ceil(self.options.segment_samples / size))
+
+    def streams(self, first_epoch: int = 0) -> List[WorkerStream]:
+        """One ``WorkerStream`` per local worker; ``first_epoch`` shifts the shuffles (``repeat=False`` passes)."""
+        o, wc = self.options, self.worker_config
+        starts = [int(x) for x in self.dataset.shard_starts]
+        out = []
+        for local, (a, b) in enumerate(self._ranges):
+            offsets = slice_offsets(a, b, starts, o.max_samples_per_sequence if o.training else None)
+            excluded = tuple(i for i in self._excluded if a <= i < b)
+            out.append(
+                WorkerStream(
+                    StreamConfig(
+                        worker=local,
+                        global_worker=wc.global_worker_id(local),
+                        seed=wc.worker_seed(local),
+                        offsets=offsets,
+                        training=o.training,
+                        repeat=o.repeat,
+                        shuffle_over_epochs=o.shuffle_over_epochs if o.training else None,
+                        parallel_shard_iters=o.parallel_shard_iters or (16 if o.training else 1),
+                        shuffle_buffer_size=o.shuffle_buffer_size if o.training else None,
+                        excluded=excluded,
+                        first_epoch=first_epoch,
+                    )
+                )
+            )
+        return out
+
+    def plan(self, first_epoch: int = 0) -> SegmentPlan:
+        """The segment plan of this rank."""
+        return SegmentPlan(self.streams(first_epoch), self.segment_length)
+
+    # -- stages -------------------------------------------------------------------------------
+    def stage_config(self) -> StageConfig:
+        if self._stages is None:
+            loader = SampleLoader(self.dataset.spec, self.decoder, self.subflavors)
+            self._stages = StageConfig(
+                task_encoder=Shipped(self.task_encoder),
+                loader=Shipped(loader),
+                batch_size=self.options.batch_size,
+                error_handler=self.worker_config.global_error_handler,
+            )
+        return self._stages
+
+    def reader(self) -> ReadSegment:
+        return ReadSegment(
+            shard_table(self.dataset),
+            self.dataset.spec.wants_part if (self.dataset.spec.parts is not None or self.dataset.spec.part_filter) else None,
+            tolerance=self.task_encoder.__default_failure_tolerance__,
+        )
+
+    def ray_dataset(self, first_round: int = 0, num_rounds: Optional[int] = None, **kwargs: Any):
+        """The ``ray.data.Dataset`` of rounds ``[first_round, first_round + num_rounds)``.
+
+        Rows are ``(kind, worker, segment, seq, payload)``; decode payloads with
+        ``energon_ray.pipeline.serde.loads``. Without ``num_rounds``, a finite plan is taken whole.
+        """
+        from energon_ray.pipeline.build import build_dataset
+
+        plan = self.plan()
+        if num_rounds is None:
+            num_rounds = plan.num_rounds
+            if num_rounds is None:
+                raise ValueError("the dataset is endless (repeat=True): pass num_rounds")
+        segments = plan.rounds(first_round, first_round + num_rounds)
+        return build_dataset(segments, self.reader(), self.stage_config(), **kwargs)
+
+    # -- sizes ---------------------------------------------------------------------------------
+    def worker_lengths(self) -> List[int]:
+        """Samples per local worker and epoch (after excludes)."""
+        return [s.epoch_length for s in self.streams()]
+
+    def worker_batches(self) -> List[int]:
+        """Items (batches, or samples without batching) per local worker and epoch."""
+        size = self.options.batch_size
+        out = []
+        for n in self.worker_lengths():
+            if size is None:
+                out.append(n)
+            else:
+                out.append(n // size if self.options.drop_last else -(-n // size))
+        return out
+
+    def worker_caps(self) -> Optional[List[int]]:
+        """Per-worker item limits from ``limit`` (split like Energon: the first ones get the remainder)."""
+        limit = self.options.limit
+        if limit is None:
+            return None
+        workers = len(self._ranges)
+        return [limit // workers + (1 if w < limit % workers else 0) for w in range(workers)]
+
+    def __len__(self) -> int:
+        """Batches per rank and epoch (``virtual_epoch_length`` or ``limit`` if set)."""
+        if self.options.virtual_epoch_length:
+            return self.options.virtual_epoch_length
+        batches = self.worker_batches()
+        caps = self.worker_caps()
+        if caps is not None:
+            batches = [min(b, c) for b, c in zip(batches, caps)]
+        return sum(batches)
+
+    def config(self) -> Dict[str, Any]:
+        """A JSON-able description of what decides the batches."""
+        return {
+            "type": "EnergonDataset",
+            "path": self.dataset.root,
+            "split_part": self.dataset.split_part,
+            "worker_config": self.worker_config.config(),
+            "options": dataclasses.asdict(self.options),
+            "task_encoder": type(self.task_encoder).__qualname__,
+            "decoder": None if self.decoder is None else self.decoder.config(),
+            "subflavors": self.subflavors,
+        }
+
+    def __repr__(self) -> str:
+        kind = "train" if self.options.training else "val"
+        return (
+            f"EnergonDataset({self.dataset.describe()}, {kind}, batch_size={self.options.batch_size}, "
+            f"workers={len(self._ranges)}, rank={self.worker_config.rank}/{self.worker_config.world_size})"
+        )

@@ -1,0 +1,172 @@
+"""``get_train_dataset`` / ``get_val_dataset``: Energon's entry points, same arguments."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+from energon_ray.decode.sample_decoder import SampleDecoder
+from energon_ray.errors import DatasetConfigError
+from energon_ray.format.dataset import PreparedDataset
+from energon_ray.loader.dataset import EnergonDataset, PlanOptions
+from energon_ray.task_encoder.base import DefaultTaskEncoder, TaskEncoder
+from energon_ray.worker import WorkerConfig
+
+_LEGACY_DECODE_KWARGS = ("auto_decode", "image_decode", "av_decode", "video_decode_audio", "guess_content", "handler")
+_UNSET: Any = object()
+
+
+def _decoder(task_encoder: TaskEncoder, kwargs: dict) -> Optional[SampleDecoder]:
+    legacy = {k: kwargs.pop(k) for k in _LEGACY_DECODE_KWARGS if k in kwargs}
+    decoder = getattr(task_encoder, "decoder", SampleDecoder())
+    if not legacy:
+        return decoder
+    warnings.warn(
+        f"{sorted(legacy)} are deprecated arguments of get_train_dataset/get_val_dataset; set "
+        "`decoder = SampleDecoder(...)` (or `decoder = None`) as a class attribute of your task encoder",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    legacy.pop("handler", None)
+    if legacy.pop("auto_decode", True) is False:
+        return None
+    base = decoder.config() if decoder is not None else {}
+    base.update({k: v for k, v in legacy.items() if k in ("image_decode", "av_decode", "video_decode_audio", "guess_content")})
+    return SampleDecoder(**base)
+
+
+def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+
+
+def _open(path: Any, split_part: str, kwargs: dict) -> PreparedDataset:
+    if isinstance(path, dict):
+        raise DatasetConfigError("metadataset dicts are not supported yet; pass a prepared dataset folder")
+    p = Path(str(path))
+    if p.is_file() and p.suffix in (".yaml", ".yml"):
+        raise DatasetConfigError(f"{p}: metadataset YAML files are not supported yet; pass a prepared dataset folder")
+    return PreparedDataset.open(
+        p, split_part, split_config=kwargs.pop("split_config", None), dataset_config=kwargs.pop("dataset_config", None)
+    )
+
+
+def _build(path, *, split_part, worker_config, task_encoder, options: PlanOptions, kwargs: dict) -> EnergonDataset:
+    if worker_config is None:
+        worker_config = WorkerConfig.default_worker_config()
+    if not isinstance(worker_config, WorkerConfig):
+        raise TypeError(f"worker_config must be an energon_ray.WorkerConfig, got {type(worker_config).__name__}")
+    if task_encoder is None:
+        task_encoder = DefaultTaskEncoder()
+    if not isinstance(task_encoder, TaskEncoder):
+        raise TypeError(f"task_encoder must be a TaskEncoder, got {type(task_encoder).__name__}")
+    _check_positive("batch_size", options.batch_size)
+    _check_positive("shuffle_buffer_size", options.shuffle_buffer_size) if options.shuffle_buffer_size else None
+    _check_positive("max_samples_per_sequence", options.max_samples_per_sequence)
+    if options.virtual_epoch_length < 0:
+        raise ValueError(f"virtual_epoch_length must be >= 0, got {options.virtual_epoch_length}")
+    if options.limit is not None:
+        _check_positive("limit", options.limit)
+    decoder = _decoder(task_encoder, kwargs)
+    subflavors = kwargs.pop("subflavors", None)
+    options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
+    kwargs.pop("packing_buffer_size", None)
+    dataset = _open(path, split_part, kwargs)
+    kwargs.pop("sample_type", None)
+    if kwargs:
+        raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+    return EnergonDataset(
+        dataset, worker_config=worker_config, task_encoder=task_encoder, options=options, decoder=decoder,
+        subflavors=subflavors,
+    )  # fmt: skip
+
+
+def get_train_dataset(
+    path: Any,
+    *,
+    split_part: str = "train",
+    worker_config: Optional[WorkerConfig] = None,
+    batch_size: Optional[int] = _UNSET,
+    batch_drop_last: bool = False,
+    packing_buffer_size: Optional[int] = None,
+    shuffle_buffer_size: Optional[int] = None,
+    max_samples_per_sequence: Optional[int] = None,
+    virtual_epoch_length: int = 0,
+    shuffle_over_epochs_multiplier: Optional[int] = 1,
+    task_encoder: Optional[TaskEncoder] = None,
+    repeat: bool = True,
+    **kwargs: Any,
+) -> EnergonDataset:
+    """The training dataset: shuffled per epoch, endless unless ``repeat=False``.
+
+    Args:
+        path: a prepared dataset folder.
+        split_part: which split part to read.
+        worker_config: rank/world/streams; default: rank and world from ``ray.train`` (or 0 of 1), 4 streams.
+        batch_size: samples per batch (``None``: no batching).
+        batch_drop_last: drop each stream's final short batch.
+        packing_buffer_size: sample packing buffer (not supported yet; must be None).
+        shuffle_buffer_size: sample shuffle buffer size.
+        max_samples_per_sequence: longest run of consecutive samples of a shard.
+        virtual_epoch_length: batches per ``iter()`` of the loader (0: one pass / endless).
+        shuffle_over_epochs_multiplier: slices are shuffled over this many passes (``None``: no shuffle).
+        task_encoder: the user's hooks.
+        repeat: endless stream of epochs (``False``: one epoch per ``iter()``).
+        **kwargs: ``split_config``, ``dataset_config``, ``subflavors``, ``parallel_shard_iters``, and the
+            deprecated decoder arguments (``image_decode``, ``auto_decode``, …).
+
+    Raises:
+        DatasetConfigError: bad dataset files (before any Ray task runs).
+        ValueError: bad argument values (e.g. ``batch_size <= 0``).
+    """
+    if batch_size is _UNSET:
+        raise TypeError("get_train_dataset() needs batch_size= (an int, or None for no batching)")
+    if packing_buffer_size is not None:
+        raise NotImplementedError("packing_buffer_size is not supported by energon_ray yet")
+    options = PlanOptions(
+        training=True,
+        repeat=repeat,
+        batch_size=batch_size,
+        drop_last=batch_drop_last,
+        shuffle_buffer_size=shuffle_buffer_size,
+        max_samples_per_sequence=max_samples_per_sequence,
+        shuffle_over_epochs=shuffle_over_epochs_multiplier,
+        virtual_epoch_length=virtual_epoch_length,
+    )
+    return _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options, kwargs=kwargs)
+
+
+def get_val_dataset(
+    path: Any,
+    *,
+    split_part: str = "val",
+    worker_config: Optional[WorkerConfig] = None,
+    batch_size: Optional[int] = _UNSET,
+    batch_drop_last: bool = False,
+    packing_buffer_size: Optional[int] = None,
+    limit: Optional[int] = None,
+    task_encoder: Optional[TaskEncoder] = None,
+    **kwargs: Any,
+) -> EnergonDataset:
+    """The validation dataset: one unshuffled pass per ``iter()``, in Energon's exact order.
+
+    Args:
+        path: a prepared dataset folder.
+        split_part: which split part to read.
+        worker_config: rank/world/streams (default as in ``get_train_dataset``).
+        batch_size: samples per batch (``None``: no batching).
+        batch_drop_last: drop each stream's final short batch.
+        packing_buffer_size: not supported yet (must be None).
+        limit: at most this many batches per rank and pass (the same ones every pass).
+        task_encoder: the user's hooks.
+        **kwargs: as in ``get_train_dataset``.
+    """
+    if batch_size is _UNSET:
+        raise TypeError("get_val_dataset() needs batch_size= (an int, or None for no batching)")
+    if packing_buffer_size is not None:
+        raise NotImplementedError("packing_buffer_size is not supported by energon_ray yet")
+    options = PlanOptions(training=False, repeat=False, batch_size=batch_size, drop_last=batch_drop_last, limit=limit)
+    return _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options, kwargs=kwargs)

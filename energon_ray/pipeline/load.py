@@ -1,0 +1,98 @@
+"""Raw tar parts → typed sample: decode each part, then apply ``field_map`` or ``sample_loader``."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from energon_ray.decode.sample_decoder import SampleDecoder
+from energon_ray.errors import SampleException
+from energon_ray.format.dataset_yaml import DatasetSpec
+from energon_ray.format.field_access import FieldAccessError, field_access
+from energon_ray.samples import CrudeSample
+
+META_KEYS = ("__key__", "__shard__", "__restore_key__", "__sources__")
+
+
+class SampleLoader:
+    """Builds the dataset's sample type from a raw sample dict.
+
+    Args:
+        spec: the parsed ``dataset.yaml``.
+        decoder: the task encoder's decoder (``None`` keeps bytes).
+        subflavors: merged subflavors to set on every sample.
+
+    Raises (from ``__call__``):
+        SampleException: naming shard, key and the part or field that failed.
+    """
+
+    def __init__(self, spec: DatasetSpec, decoder: Optional[SampleDecoder], subflavors: Optional[Dict[str, Any]]):
+        self.spec = spec
+        self.decoder = decoder
+        self.subflavors = dict(subflavors or {})
+
+    def _where(self, raw: Dict[str, Any]) -> str:
+        return f"{raw['__shard__']}: sample {raw['__key__']!r}"
+
+    def decode(self, raw: Dict[str, Any]) -> Dict[str, Any]:
+        """Decode every part; an undecodable part raises naming it."""
+        out = {k: raw[k] for k in META_KEYS if k in raw}
+        for part, data in raw.items():
+            if part.startswith("__"):
+                continue
+            if self.decoder is None:
+                out[part] = data
+                continue
+            try:
+                out[part] = self.decoder.decode_part(part, data)
+            except Exception as exc:
+                raise SampleException(
+                    f"{self._where(raw)}: cannot decode part {part!r} ({len(data)} bytes): {type(exc).__name__}: {exc}"
+                ) from exc
+        return out
+
+    def fields(self, decoded: Dict[str, Any]) -> Dict[str, Any]:
+        """The sample type's fields from decoded parts."""
+        spec = self.spec
+        if spec.field_map is not None:
+            fields = {}
+            for name, options in spec.field_map.items():
+                try:
+                    fields[name] = field_access(decoded, options)
+                except FieldAccessError as exc:
+                    alternatives = ",".join("".join([o[0]] + [f"[{k}]" for k in o[1:]]) for o in options)
+                    raise SampleException(
+                        f"{self._where(decoded)}: field {name!r} (field_map {alternatives!r}): {exc}; "
+                        f"parts present: {sorted(k for k in decoded if not k.startswith('__'))}"
+                    ) from None
+            return fields
+        assert spec.sample_loader is not None
+        try:
+            fields = spec.sample_loader(decoded)
+        except Exception as exc:
+            raise SampleException(f"{self._where(decoded)}: sample_loader failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(fields, dict):
+            raise SampleException(
+                f"{self._where(decoded)}: sample_loader must return a dict of fields, got {type(fields).__name__}"
+            )
+        return {k: v for k, v in fields.items() if k not in ("__key__", "__restore_key__", "__sources__", "__subflavors__")}
+
+    def __call__(self, raw: Dict[str, Any]) -> Any:
+        decoded = self.decode(raw)
+        meta = {
+            "__key__": decoded["__key__"],
+            "__restore_key__": decoded["__restore_key__"],
+            "__subflavors__": dict(self.subflavors),
+            "__sources__": decoded["__sources__"],
+        }
+        if self.spec.is_crude:
+            crude = CrudeSample({k: v for k, v in decoded.items() if not k.startswith("__")})
+            crude.update(meta)
+            crude["__subflavors__"] = dict(self.subflavors)
+            return crude
+        fields = self.fields(decoded)
+        try:
+            return self.spec.sample_type(**fields, **meta)
+        except TypeError as exc:
+            raise SampleException(
+                f"{self._where(decoded)}: cannot build {self.spec.sample_type.__name__}: {exc}"
+            ) from None

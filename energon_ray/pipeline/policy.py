@@ -1,0 +1,135 @@
+"""Energon's error policy for hooks: skip and count bad samples, stop after too many in a row.
+
+``SkipSample`` drops an item silently (counted as *ignored*). System errors (``ImportError``,
+``MemoryError``…) abort at once. Anything else goes to the user's error handler, the item is dropped
+and counted, and ``tolerance`` consecutive failures of one stage raise ``FatalSampleError``.
+Runs of failures that cross segment boundaries are joined in the driver (``FailureChain``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from energon_ray.errors import SYSTEM_EXCEPTIONS, FatalSampleError, SkipSample, log_exception
+
+#: Failures kept with their message per segment and stage (the counts are always exact).
+MAX_REPORTED = 20
+
+
+@dataclasses.dataclass
+class StageRun:
+    """Consecutive-failure bookkeeping of one stage within one segment."""
+
+    stage: str
+    tolerance: int
+    lead: int = 0
+    trail: int = 0
+    had_success: bool = False
+    failures: int = 0
+    ignored: int = 0
+    messages: List[str] = dataclasses.field(default_factory=list)
+    last_error: str = ""
+
+    def success(self) -> None:
+        self.had_success = True
+        self.trail = 0
+
+    def failure(self, message: str) -> None:
+        self.failures += 1
+        self.trail += 1
+        if not self.had_success:
+            self.lead += 1
+        self.last_error = message
+        if len(self.messages) < MAX_REPORTED:
+            self.messages.append(message)
+        if self.tolerance and self.trail >= self.tolerance:
+            raise FatalSampleError(
+                f"{self.trail} consecutive failures in stage {self.stage!r} (failure_tolerance="
+                f"{self.tolerance}); last: {message}"
+            )
+
+
+class FailureChain:
+    """Joins per-segment ``StageRun`` summaries of one worker stream, in stream order (driver side)."""
+
+    def __init__(self) -> None:
+        self._runs: Dict[Tuple[int, str], int] = {}
+
+    def add(self, worker: int, run: StageRun) -> None:
+        """Account for one segment's run of ``run.stage``; raise when the joined run is too long."""
+        key = (worker, run.stage)
+        carried = self._runs.get(key, 0)
+        joined = carried + run.lead
+        if run.tolerance and joined >= run.tolerance and (run.lead or carried):
+            raise FatalSampleError(
+                f"{joined} consecutive failures in stage {run.stage!r} of worker stream {worker} "
+                f"(failure_tolerance={run.tolerance}); last: {run.last_error}"
+            )
+        self._runs[key] = run.trail if run.had_success else joined
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` plus the innermost frame, for logs that travel to the driver."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+class HookRunner:
+    """Calls one hook under the policy.
+
+    Args:
+        stage: stage name used in messages and counters.
+        fn: the hook.
+        tolerance: consecutive failures before ``FatalSampleError`` (0 = unlimited).
+        handler: ``(exception, item, sources) -> None``; may raise to abort.
+    """
+
+    FAILED = object()
+    IGNORED = object()
+
+    def __init__(self, stage: str, fn: Callable[[Any], Any], tolerance: int, handler: Callable[..., None]):
+        self.stage = stage
+        self.fn = fn
+        self.tolerance = tolerance
+        self.handler = handler
+        self.is_generator = inspect.isgeneratorfunction(getattr(fn, "__func__", fn))
+
+    def new_run(self) -> StageRun:
+        return StageRun(stage=self.stage, tolerance=self.tolerance)
+
+    def call(self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]] = None) -> Any:
+        """Run the hook on ``item``: its result, or ``FAILED`` / ``IGNORED``."""
+        return self._call(run, item, what, sources, many=False)
+
+    def call_many(self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]] = None) -> Any:
+        """Run a hook that may be a generator: the list of its outputs, or ``FAILED`` / ``IGNORED``."""
+        return self._call(run, item, what, sources, many=True)
+
+    def _call(self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]], many: bool) -> Any:
+        try:
+            result = self.fn(item)
+            if many:
+                result = list(result) if self.is_generator or inspect.isgenerator(result) else [result]
+        except SkipSample:
+            run.ignored += 1
+            return HookRunner.IGNORED
+        except SYSTEM_EXCEPTIONS as exc:
+            if isinstance(exc, FatalSampleError):
+                raise
+            raise FatalSampleError(f"{what}: {self.stage} raised a system error: {describe_error(exc)}") from exc
+        except Exception as exc:  # the policy: log, count, skip
+            if self.handler is not log_exception:
+                try:
+                    self.handler(exc, item, list(sources or ()))
+                except Exception as abort:
+                    raise FatalSampleError(
+                        f"{what}: error handler aborted loading in stage {self.stage!r}: {describe_error(abort)}"
+                    ) from exc
+            run.failure(f"{what}: {describe_error(exc)}")
+            return HookRunner.FAILED
+        run.success()
+        return result

@@ -1,0 +1,81 @@
+"""The rows that flow between stages: one Arrow schema for every stage.
+
+A segment travels as a single ``SEGMENT`` row (so Ray can never split it); the last stage explodes
+it into ``ITEM`` rows (one per batch, or per sample without batching), an optional ``LEFTOVER`` row
+and a closing ``REPORT`` row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, List, Tuple
+
+import pyarrow as pa
+
+from energon_ray.pipeline import serde
+from energon_ray.pipeline.policy import StageRun
+from energon_ray.plan.stream import SegmentSpec
+
+SEGMENT, ITEM, LEFTOVER, REPORT = 0, 1, 2, 3
+
+SCHEMA = pa.schema(
+    [
+        ("kind", pa.int8()),
+        ("worker", pa.int32()),
+        ("segment", pa.int64()),
+        ("seq", pa.int32()),
+        ("payload", pa.large_binary()),
+    ]
+)
+
+
+@dataclasses.dataclass
+class SegmentData:
+    """A segment between stages: its spec, its samples at the current stage, and its report."""
+
+    spec: SegmentSpec
+    #: ``(position, global index, raw sample dict)`` after reading.
+    raw: List[Tuple[int, int, Any]] = dataclasses.field(default_factory=list)
+    #: ``(position, sub-index, sample)`` after encoding (sub-index > 0 for extra generator outputs).
+    encoded: List[Tuple[int, int, Any]] = dataclasses.field(default_factory=list)
+    runs: List[StageRun] = dataclasses.field(default_factory=list)
+    #: Samples read from the shards (before any stage dropped them).
+    samples_read: int = 0
+
+
+@dataclasses.dataclass
+class Report:
+    """What the driver learns about a segment besides its items."""
+
+    worker: int
+    segment: int
+    samples_read: int
+    samples_encoded: int
+    batches: int
+    runs: List[StageRun]
+
+
+def table(rows: List[Tuple[int, int, int, int, Any]]) -> pa.Table:
+    """Build a table from ``(kind, worker, segment, seq, payload object)`` tuples."""
+    kinds, workers, segments, seqs, payloads = zip(*rows) if rows else ((), (), (), (), ())
+    return pa.Table.from_arrays(
+        [
+            pa.array(kinds, pa.int8()),
+            pa.array(workers, pa.int32()),
+            pa.array(segments, pa.int64()),
+            pa.array(seqs, pa.int32()),
+            pa.array([serde.dumps(p) for p in payloads], pa.large_binary()),
+        ],
+        schema=SCHEMA,
+    )
+
+
+def iter_rows(batch: pa.Table) -> Iterator[Tuple[int, int, int, int, Any]]:
+    """Yield ``(kind, worker, segment, seq, payload buffer)``; decode payloads with ``serde.loads``."""
+    kinds = batch.column("kind").to_pylist()
+    workers = batch.column("worker").to_pylist()
+    segments = batch.column("segment").to_pylist()
+    seqs = batch.column("seq").to_pylist()
+    payload = batch.column("payload")
+    for i in range(batch.num_rows):
+        yield kinds[i], workers[i], segments[i], seqs[i], payload[i].as_buffer()

@@ -1,0 +1,180 @@
+"""The task-encoder stages, as small callables over Arrow tables (no Ray imports).
+
+``EncodeSamples``: raw parts → decode → ``field_map`` → ``cook_crude_sample`` → ``encode_sample``.
+``BatchSamples``: encoded samples → exact batches of ``batch_size`` → ``batch`` → ``encode_batch``;
+the samples that do not fill a batch leave as a ``LEFTOVER`` row for the driver to join.
+Every hook call is seeded from its stream position, so a stage gives the same output wherever it runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, List, Optional, Tuple
+
+import pyarrow as pa
+
+from energon_ray.errors import log_exception
+from energon_ray.pipeline import rows, serde
+from energon_ray.pipeline.load import SampleLoader
+from energon_ray.pipeline.policy import HookRunner, StageRun
+from energon_ray.pipeline.shipping import Shipped
+from energon_ray.samples import CrudeSample
+from energon_ray.task_encoder.base import TaskEncoder, is_overridden
+from energon_ray.task_encoder.context import hook_call
+from energon_ray.task_encoder.decorators import get_failure_tolerance
+
+
+@dataclasses.dataclass
+class StageConfig:
+    """What every stage needs besides its input (shipped to Ray tasks)."""
+
+    task_encoder: Shipped
+    loader: Shipped
+    batch_size: Optional[int]
+    error_handler: Any = log_exception
+
+
+def _runner(te: TaskEncoder, name: str, stage: str, handler: Any) -> HookRunner:
+    fn = getattr(te, name)
+    return HookRunner(stage, fn, get_failure_tolerance(fn, te.__default_failure_tolerance__), handler)
+
+
+def _what(sample: Any) -> str:
+    if isinstance(sample, dict):
+        key, sources = sample.get("__key__"), sample.get("__sources__")
+    else:
+        key, sources = getattr(sample, "__key__", None), getattr(sample, "__sources__", None)
+    shard = sources[0].shard_name if sources else "?"
+    return f"{shard}: sample {key!r}"
+
+
+class EncodeSamples:
+    """Stage 1: decode, load, cook and encode every sample of a segment."""
+
+    def __init__(self, config: StageConfig):
+        self.config = config
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        out = []
+        for kind, worker, segment, seq, payload in rows.iter_rows(batch):
+            data = serde.loads(payload)
+            if kind == rows.SEGMENT:
+                self.encode(data)
+            out.append((kind, worker, segment, seq, data))
+        return rows.table(out)
+
+    def encode(self, data: rows.SegmentData) -> None:
+        te: TaskEncoder = self.config.task_encoder.get()
+        loader: SampleLoader = self.config.loader.get()
+        handler = self.config.error_handler
+        load = HookRunner("load", loader, te.__default_failure_tolerance__, handler)
+        cook = _runner(te, "cook_crude_sample", "cook_crude_sample", handler)
+        encode = _runner(te, "encode_sample", "encode_sample", handler)
+        do_encode = is_overridden(te, "encode_sample")
+        runs = {r.stage: r for r in (load.new_run(), cook.new_run(), encode.new_run())}
+        seed = data.spec.seed
+        for position, _, raw in data.raw:
+            what = _what(raw)
+            sources = raw.get("__sources__")
+            sample = load.call(runs["load"], raw, what, sources)
+            if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
+                continue
+            if isinstance(sample, CrudeSample):
+                with hook_call(seed, "cook", position, sample_index=position):
+                    sample = cook.call(runs["cook_crude_sample"], sample, what, sources)
+                if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
+                    continue
+            if not do_encode:
+                data.encoded.append((position, 0, sample))
+                continue
+            with hook_call(seed, "encode", position, sample_index=position):
+                outputs = encode.call_many(runs["encode_sample"], sample, what, sources)
+            if outputs is HookRunner.FAILED or outputs is HookRunner.IGNORED:
+                continue
+            for sub, item in enumerate(outputs):
+                data.encoded.append((position, sub, item))
+        data.raw = []
+        data.runs.extend(runs.values())
+
+
+class Batcher:
+    """Runs ``batch`` then ``encode_batch`` on exact groups of encoded samples (tasks and driver)."""
+
+    def __init__(self, te: TaskEncoder, handler: Any, restore_rng: bool = False):
+        self.te = te
+        self.batch = _runner(te, "batch", "batch", handler)
+        self.encode_batch = _runner(te, "encode_batch", "encode_batch", handler)
+        self.do_encode_batch = is_overridden(te, "encode_batch")
+        self.restore_rng = restore_rng
+
+    def new_runs(self) -> List[StageRun]:
+        return [self.batch.new_run(), self.encode_batch.new_run()]
+
+    def __call__(
+        self, group: List[Tuple[int, int, Any]], seed: int, batch_size: int, runs: List[StageRun]
+    ) -> List[Any]:
+        """``(position, sub, sample)`` group → the encoded batch(es) (0, 1 or more)."""
+        position, sub = group[0][0], group[0][1]
+        samples = [item for _, _, item in group]
+        what = f"batch of {len(samples)} starting at {_what(samples[0])}"
+        kwargs = dict(batch_index=position // batch_size, restore_rng=self.restore_rng)
+        with hook_call(seed, f"batch.{sub}", position, **kwargs):
+            raws = self.batch.call_many(runs[0], samples, what)
+        if raws is HookRunner.FAILED or raws is HookRunner.IGNORED:
+            return []
+        out: List[Any] = []
+        for i, item in enumerate(raws):
+            if not self.do_encode_batch:
+                out.append(item)
+                continue
+            with hook_call(seed, f"encode_batch.{sub}.{i}", position, **kwargs):
+                results = self.encode_batch.call_many(runs[1], item, what)
+            if results is HookRunner.FAILED or results is HookRunner.IGNORED:
+                continue
+            out.extend(results)
+        return out
+
+
+class BatchSamples:
+    """Stage 2: cut a segment's encoded samples into batches; emit items, leftovers and a report."""
+
+    def __init__(self, config: StageConfig):
+        self.config = config
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        out: list = []
+        for kind, worker, segment, seq, payload in rows.iter_rows(batch):
+            if kind != rows.SEGMENT:
+                out.append((kind, worker, segment, seq, serde.loads(payload)))
+                continue
+            out.extend(self.explode(serde.loads(payload)))
+        return rows.table(out)
+
+    def explode(self, data: rows.SegmentData) -> Iterator[Tuple[int, int, int, int, Any]]:
+        spec = data.spec
+        size = self.config.batch_size
+        items: List[Any] = []
+        leftover: List[Tuple[int, int, Any]] = []
+        if size is None:
+            items = [item for _, _, item in data.encoded]
+        else:
+            batcher = Batcher(self.config.task_encoder.get(), self.config.error_handler)
+            runs = batcher.new_runs()
+            full = len(data.encoded) - len(data.encoded) % size
+            for start in range(0, full, size):
+                items.extend(batcher(data.encoded[start : start + size], spec.seed, size, runs))
+            leftover = data.encoded[full:]
+            data.runs.extend(runs)
+        for seq, item in enumerate(items):
+            yield rows.ITEM, spec.worker, spec.index, seq, item
+        if leftover:
+            yield rows.LEFTOVER, spec.worker, spec.index, len(items), leftover
+        report = rows.Report(
+            worker=spec.worker,
+            segment=spec.index,
+            samples_read=data.samples_read,
+            samples_encoded=len(data.encoded),
+            batches=len(items),
+            runs=data.runs,
+        )
+        yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report

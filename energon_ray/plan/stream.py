@@ -1,0 +1,168 @@
+"""A logical worker's sample stream and its cut into segments: position → sample, purely.
+
+Stream position ``p`` of a worker is its ``p``-th sample over all epochs. Segments are fixed runs of
+``segment_length`` positions (a multiple of the batch size); segment ``s`` of every worker forms
+round ``s``. Ray runs segments as tasks; the order of outputs is decided here, not by Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from energon_ray.plan.order import train_epoch_order, val_order
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+    """Everything that decides one worker's order."""
+
+    worker: int
+    global_worker: int
+    seed: int
+    offsets: Tuple[int, ...]
+    training: bool
+    repeat: bool
+    shuffle_over_epochs: Optional[int] = 1
+    parallel_shard_iters: int = 16
+    shuffle_buffer_size: Optional[int] = None
+    excluded: Tuple[int, ...] = ()
+    #: Epoch number of stream position 0 (a later ``repeat=False`` pass starts at a later epoch).
+    first_epoch: int = 0
+
+
+class WorkerStream:
+    """Maps stream positions of one worker to global sample indices.
+
+    Example:
+        >>> cfg = StreamConfig(worker=0, global_worker=0, seed=1, offsets=(0, 4), training=False, repeat=False)
+        >>> WorkerStream(cfg).samples(1, 3).tolist()
+        [1, 2]
+    """
+
+    def __init__(self, config: StreamConfig):
+        self.config = config
+        self._excluded = np.asarray(config.excluded, dtype=np.int64)
+        self._epoch_cached = lru_cache(maxsize=2)(self._compute_epoch)
+        self.epoch_length = len(self.epoch(0))
+
+    def _compute_epoch(self, epoch: int) -> np.ndarray:
+        c = self.config
+        if not c.training:
+            return val_order(c.offsets, self._excluded)
+        return train_epoch_order(
+            c.offsets,
+            seed=c.seed,
+            epoch=c.first_epoch + epoch,
+            shuffle_over_epochs=c.shuffle_over_epochs,
+            parallel_shard_iters=c.parallel_shard_iters,
+            shuffle_buffer_size=c.shuffle_buffer_size,
+            excluded=self._excluded,
+        )
+
+    def epoch(self, epoch: int) -> np.ndarray:
+        """Sample indices of one epoch."""
+        return self._epoch_cached(epoch)
+
+    @property
+    def length(self) -> Optional[int]:
+        """Total positions (``None`` for an endless stream)."""
+        if self.config.repeat and self.epoch_length > 0:
+            return None
+        return self.epoch_length
+
+    def samples(self, start: int, stop: int) -> np.ndarray:
+        """Global sample indices at positions ``[start, stop)`` (clipped to the stream's end)."""
+        if self.length is not None:
+            stop = min(stop, self.length)
+        if stop <= start or self.epoch_length == 0:
+            return np.empty(0, dtype=np.int64)
+        parts = []
+        pos = start
+        while pos < stop:
+            epoch, offset = divmod(pos, self.epoch_length)
+            take = min(stop - pos, self.epoch_length - offset)
+            parts.append(self.epoch(epoch)[offset : offset + take])
+            pos += take
+        return np.concatenate(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentSpec:
+    """One Ray task's worth of a worker stream: positions ``[start, start + len(samples))``."""
+
+    worker: int
+    global_worker: int
+    seed: int
+    index: int
+    start: int
+    samples: np.ndarray
+    #: True if the stream ends with this segment.
+    last: bool
+
+    def __reduce__(self):
+        return (
+            SegmentSpec,
+            (self.worker, self.global_worker, self.seed, self.index, self.start, self.samples, self.last),
+        )
+
+
+class SegmentPlan:
+    """Cuts the worker streams of one rank into segments, ordered round by round.
+
+    Args:
+        streams: one per local worker.
+        segment_length: positions per segment (a multiple of the batch size).
+    """
+
+    def __init__(self, streams: Sequence[WorkerStream], segment_length: int):
+        if segment_length < 1:
+            raise ValueError(f"segment_length must be >= 1, got {segment_length}")
+        self.streams = list(streams)
+        self.segment_length = segment_length
+
+    def num_segments(self, worker: int) -> Optional[int]:
+        """Segments of a worker's stream (``None`` if endless)."""
+        length = self.streams[worker].length
+        if length is None:
+            return None
+        return -(-length // self.segment_length)
+
+    @property
+    def num_rounds(self) -> Optional[int]:
+        """Rounds until every stream ended (``None`` if any is endless)."""
+        counts = [self.num_segments(w) for w in range(len(self.streams))]
+        if any(c is None for c in counts):
+            return None
+        return max(counts, default=0)
+
+    def segment(self, worker: int, index: int) -> Optional[SegmentSpec]:
+        """Segment ``index`` of ``worker`` (``None`` past the end of a finite stream)."""
+        stream = self.streams[worker]
+        start = index * self.segment_length
+        samples = stream.samples(start, start + self.segment_length)
+        if len(samples) == 0:
+            return None
+        length = stream.length
+        return SegmentSpec(
+            worker=worker,
+            global_worker=stream.config.global_worker,
+            seed=stream.config.seed,
+            index=index,
+            start=start,
+            samples=samples,
+            last=length is not None and start + len(samples) >= length,
+        )
+
+    def rounds(self, first: int, last: int) -> List[SegmentSpec]:
+        """All segments of rounds ``[first, last)``, round-major then worker order."""
+        out = []
+        for r in range(first, last):
+            for w in range(len(self.streams)):
+                spec = self.segment(w, r)
+                if spec is not None:
+                    out.append(spec)
+        return out

@@ -1,0 +1,123 @@
+"""``Sample``: the typed record every dataset yields, with Energon's four meta fields."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Tuple, Type, TypeVar, Union
+
+import torch
+
+T = TypeVar("T")
+
+
+def edataclass(cls: Optional[type] = None, **kwargs: Any):
+    """``dataclass(kw_only=True, slots=True)``, the decorator Energon's sample types use."""
+    opts = {"kw_only": True, "slots": True, **kwargs}
+    if cls is None:
+        return lambda c: dataclasses.dataclass(c, **opts)
+    return dataclasses.dataclass(cls, **opts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceInfo:
+    """Where a sample came from: dataset folder, global index, shard and the tar members read."""
+
+    dataset_path: str
+    index: Union[int, str]
+    shard_name: str
+    file_names: Tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.dataset_path}/{self.shard_name}[{self.index}] {list(self.file_names)}"
+
+
+def _pin(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.pin_memory()
+    if isinstance(value, PinMemoryMixin):
+        return value.pin_memory()
+    if isinstance(value, list):
+        return [_pin(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_pin(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _pin(v) for k, v in value.items()}
+    return value
+
+
+class PinMemoryMixin:
+    """``pin_memory()`` for dataclasses: pins every tensor field, recursing into containers."""
+
+    __slots__ = ()
+
+    def pin_memory(self: T) -> T:
+        for field in dataclasses.fields(self):  # type: ignore[arg-type]
+            setattr(self, field.name, _pin(getattr(self, field.name)))
+        return self
+
+
+class ExtendableDataclassMixin:
+    """``extend`` and ``derive_from`` for building one dataclass from another."""
+
+    __slots__ = ()
+
+    @classmethod
+    def extend(cls: Type[T], src: Any, **kwargs: Any) -> T:
+        """Create ``cls`` from all fields of ``src`` plus ``kwargs`` (a subclass adds fields)."""
+        values = {f.name: getattr(src, f.name) for f in dataclasses.fields(src)}
+        values.update(kwargs)
+        return cls(**values)
+
+
+_META_FIELDS = ("__key__", "__restore_key__", "__subflavors__", "__sources__")
+
+
+@edataclass
+class Sample(PinMemoryMixin, ExtendableDataclassMixin):
+    """Base of all sample types.
+
+    Example:
+        >>> s = Sample(__key__="a", __restore_key__=("Webdataset", 0))
+        >>> s.__key__
+        'a'
+    """
+
+    #: Unique key of the sample in its dataset (the tar member name before the first dot).
+    __key__: str
+    #: Tuple of strings and ints that locates the sample again (``("Webdataset", global_index)``).
+    __restore_key__: Tuple[Union[str, int, tuple], ...] = ()
+    #: Free-form flavour tags of the dataset the sample came from.
+    __subflavors__: Optional[Dict[str, Any]] = None
+    #: Where the sample came from.
+    __sources__: Optional[Tuple[SourceInfo, ...]] = None
+
+    @classmethod
+    def derive_from(cls: Type[T], base_sample: Any, **kwargs: Any) -> T:
+        """Create ``cls`` with the meta fields of ``base_sample`` and the given fields."""
+        meta = {name: getattr(base_sample, name) for name in _META_FIELDS if hasattr(base_sample, name)}
+        return cls(**meta, **kwargs)
+
+    @classmethod
+    def from_joined(cls: Type[T], *args: Any, **kwargs: Any) -> T:
+        """Join samples: the first (primary) gives the meta fields; later ones override the others."""
+        samples = list(args) + list(kwargs.values())
+        if not samples:
+            raise ValueError("from_joined needs at least one sample")
+        primary = samples[0]
+        values: Dict[str, Any] = {}
+        sources: list = []
+        for sample in samples:
+            for field in dataclasses.fields(sample):
+                if field.name in _META_FIELDS:
+                    continue
+                values[field.name] = getattr(sample, field.name)
+            sources.extend(getattr(sample, "__sources__", None) or ())
+        own = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        values = {k: v for k, v in values.items() if k in own}
+        return cls(
+            __key__=primary.__key__,
+            __restore_key__=primary.__restore_key__,
+            __subflavors__=primary.__subflavors__,
+            __sources__=tuple(sources) or None,
+            **values,
+        )

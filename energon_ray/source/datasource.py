@@ -1,0 +1,51 @@
+"""The Ray ``Datasource``: one read task per planned segment, emitting one ``SEGMENT`` row.
+
+Tasks are returned in plan order; with ``preserve_order`` Ray hands their outputs on in that order,
+and the loader checks it. ``parallelism`` is ignored on purpose: the plan, not Ray, decides the split.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Optional
+
+import pyarrow as pa
+from ray.data import Datasource, ReadTask
+from ray.data.block import BlockMetadata
+
+from energon_ray.pipeline.rows import SEGMENT, table
+from energon_ray.plan.stream import SegmentSpec
+from energon_ray.source.reader import ReadSegment
+
+
+class SegmentDatasource(Datasource):
+    """Reads planned segments of tar shards.
+
+    Args:
+        segments: the segments to read, in output order.
+        reader: the read stage (shard table + part filter).
+        name: operator name shown in Ray's progress and stats.
+    """
+
+    def __init__(self, segments: List[SegmentSpec], reader: ReadSegment, name: str = "EnergonSegments"):
+        super().__init__()
+        self._segments = segments
+        self._reader = reader
+        self._name = name
+
+    def get_name(self) -> str:
+        return self._name
+
+    def estimate_inmemory_data_size(self) -> Optional[int]:
+        return None
+
+    def get_read_tasks(self, parallelism: int = -1, per_task_row_limit: Optional[int] = None, data_context=None) -> List[ReadTask]:
+        reader = self._reader
+        tasks = []
+        for spec in self._segments:
+            def read_fn(spec: SegmentSpec = spec) -> Iterable[pa.Table]:
+                data = reader(spec)
+                return [table([(SEGMENT, spec.worker, spec.index, 0, data)])]
+
+            meta = BlockMetadata(num_rows=1, size_bytes=None, exec_stats=None, input_files=None)
+            tasks.append(ReadTask(read_fn, meta, per_task_row_limit=per_task_row_limit))
+        return tasks

@@ -1,0 +1,115 @@
+"""``WorkerConfig``: which rank this loader is, and how many logical sample streams it runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import Any, Callable, Optional
+
+from energon_ray.errors import log_exception, reraise_exception
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class WorkerConfig:
+    """Rank, world size and logical worker count of one data-parallel consumer.
+
+    ``num_workers`` keeps Energon's meaning: the number of independent sample streams per rank
+    (0 means one stream, as with Energon's in-process loading). On Ray the streams are not processes:
+    each one is a deterministic sequence whose segments run as Ray tasks anywhere in the cluster.
+
+    Example:
+        >>> WorkerConfig(rank=0, world_size=2, num_workers=2).global_worker_id(1)
+        1
+    """
+
+    rank: int
+    world_size: int
+    num_workers: int
+    data_parallel_group: Any = None
+    seed_offset: int = 0
+    worker_debug_path: Optional[str] = None
+    worker_log_level: int = 0
+    global_error_handler: Callable[..., None] = log_exception
+    restore_error_handler: Callable[..., None] = reraise_exception
+
+    def __post_init__(self) -> None:
+        for name in ("rank", "world_size", "num_workers", "seed_offset"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"WorkerConfig.{name} must be an int, got {value!r}")
+        if self.world_size < 1:
+            raise ValueError(f"WorkerConfig.world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"WorkerConfig.rank must be in [0, {self.world_size}), got {self.rank}")
+        if self.num_workers < 0:
+            raise ValueError(f"WorkerConfig.num_workers must be >= 0, got {self.num_workers}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WorkerConfig):
+            return NotImplemented
+        return (self.rank, self.world_size, self.num_workers) == (
+            other.rank,
+            other.world_size,
+            other.num_workers,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.rank, self.world_size, self.num_workers))
+
+    @property
+    def safe_num_workers(self) -> int:
+        """Number of logical streams on this rank (``num_workers`` 0 still runs one)."""
+        return max(1, self.num_workers)
+
+    def global_worker_id(self, local_worker_id: int = 0) -> int:
+        """Global id of a local stream: ``rank * num_workers + local_worker_id`` (``rank`` if 0 workers)."""
+        if self.num_workers == 0:
+            return self.rank
+        return self.rank * self.num_workers + local_worker_id
+
+    def worker_seed(self, local_worker_id: int = 0) -> int:
+        """The 32-bit seed of a stream, derived exactly as Energon derives it."""
+        gid = self.global_worker_id(local_worker_id)
+        digest = hashlib.sha1(f"{gid},{self.seed_offset}".encode()).digest()
+        return int.from_bytes(digest, "big") & 0xFFFFFFFF
+
+    def config(self) -> dict[str, Any]:
+        """A JSON-able description (for logs and dataset configs)."""
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "num_workers": self.num_workers,
+            "seed_offset": self.seed_offset,
+        }
+
+    @staticmethod
+    def default_worker_config(num_workers: int = 4, data_parallel_group: Any = None) -> "WorkerConfig":
+        """Rank and world size from ``ray.train`` (inside a trainer), torch.distributed, or 0 of 1."""
+        rank, world_size = _detect_rank_world()
+        return WorkerConfig(
+            rank=rank,
+            world_size=world_size,
+            num_workers=num_workers,
+            data_parallel_group=data_parallel_group,
+        )
+
+
+def _detect_rank_world() -> tuple[int, int]:
+    try:
+        import ray.train
+
+        ctx = ray.train.get_context()
+        return int(ctx.get_world_rank()), int(ctx.get_world_size())
+    except Exception:  # not inside a Ray Train worker
+        pass
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return 0, 1
