@@ -127,6 +127,8 @@ def _check_tar_end(file, path: Path, end: int) -> None:
         raise DatasetConfigError(f"{path}: truncated tar: the last member ends at byte {end}, the file has {size}")
     file.seek(end)
     block = file.read(_BLOCK)
+    if block.strip(b"\0") and len(block) < _BLOCK:
+        raise DatasetConfigError(f"{path}: truncated tar: the file ends inside the header at byte {end}")
     if block.strip(b"\0"):
         raise DatasetConfigError(f"{path}: invalid tar header at byte {end}; the shard is corrupt after that point")
 

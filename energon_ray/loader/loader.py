@@ -6,8 +6,10 @@ their rows in Ray's prefetch threads; ``StreamMerger`` puts items into the loade
 
 from __future__ import annotations
 
+import atexit
 import logging
 import time
+import weakref
 from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
@@ -78,6 +80,15 @@ class EnergonLoader:
         self._merger: Optional[StreamMerger] = None
         ensure_ray()
         warm_up()
+        # Close a suspended endless stream before Ray shuts down at exit (Ray's own atexit hook runs
+        # after ours, since ours is registered later), instead of letting Ray complain at teardown.
+        atexit.register(_close_loader, weakref.ref(self))
+
+    def close(self) -> None:
+        """Stop a running endless stream and release its Ray execution."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
 
     # -- public --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -220,6 +231,15 @@ class EnergonLoader:
 
 
 rows_t = Tuple[int, int, int, int, Any]
+
+
+def _close_loader(ref: "weakref.ref[EnergonLoader]") -> None:
+    loader = ref()
+    if loader is not None:
+        try:
+            loader.close()
+        except Exception:  # interpreter shutdown: nothing useful left to report
+            pass
 
 
 def get_loader(

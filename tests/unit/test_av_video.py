@@ -12,7 +12,7 @@ import av
 import numpy as np
 import pytest
 import torch
-from test_av_media import (  # noqa: F401  (media_dir is a fixture)
+from tests.unit.test_av_media import (  # noqa: F401  (media_dir is a fixture)
     FPS,
     HEIGHT,
     N_FRAMES,

@@ -34,7 +34,7 @@ def open_container(data: bytes, key: str) -> "av.container.InputContainer":
     if not data:
         raise SampleException(f"{key}: cannot open media: the file is empty (0 bytes)")
     try:
-        container = av.open(io.BytesIO(data), mode="r")
+        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except AV_ERRORS as exc:
         raise SampleException(
             f"{key}: cannot open media ({len(data)} bytes): {type(exc).__name__}: {exc}"

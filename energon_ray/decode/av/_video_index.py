@@ -23,9 +23,8 @@ class VideoIndex:
         pts: presentation timestamp of each frame, in ``time_base`` ticks, increasing.
         durations: display duration of each frame in ticks (> 0).
         keyframes: frame numbers of the keyframes, increasing.
-        keyframe_seek_ts: for each keyframe, the timestamp to hand to ``container.seek``: the
-            smaller of its pts and dts, because MP4 seeks on decode timestamps and a B-frame
-            stream's keyframe is decoded before it is shown.
+        keyframe_seek_ts: for each keyframe, the timestamp handed to ``container.seek`` (its pts:
+            with B-frames, seeking an MP4 on the keyframe's smaller dts lands a whole GOP early).
         time_base: seconds per tick.
     """
 
@@ -106,8 +105,7 @@ def _read_packets(
             if ts is None or packet.size == 0 or packet.is_discard or ts in seen:
                 continue
             seen.add(ts)
-            seek_ts = min(ts, packet.dts) if packet.dts is not None else ts
-            packets.append((ts, packet.duration or 0, seek_ts if packet.is_keyframe else None))
+            packets.append((ts, packet.duration or 0, ts if packet.is_keyframe else None))
     except AV_ERRORS as exc:
         raise SampleException(f"{key}: cannot demux the video stream: {type(exc).__name__}: {exc}") from exc
     return packets

@@ -153,7 +153,10 @@ class AVDecoder:
             stream = self._require_video(container, f"video clips {list(video_clip_ranges)!r}")
             index = self._video_index(container, stream)
             header_end = meta.header_end_ticks(stream)
-        spans = [self._video_span(index, header_end, r, i, video_unit) for i, r in enumerate(ranges)]
+        spans = [
+            self._video_span(index, header_end, rng, i, video_unit, shown)
+            for i, (rng, shown) in enumerate(zip(ranges, video_clip_ranges))
+        ]
         reader = VideoClipReader(self._reopen, index, self.key, self.suppress_warnings)
         try:
             clips = [torch.from_numpy(reader.read(first, last, size)) for first, last in spans]
@@ -195,11 +198,11 @@ class AVDecoder:
         return clips, stamps
 
     def _video_span(
-        self, index: VideoIndex, header_end: Optional[int], rng: Range, i: int, unit: str
+        self, index: VideoIndex, header_end: Optional[int], rng: Range, i: int, unit: str, shown: Any
     ) -> Tuple[int, int]:
         """Turn a checked range into frame numbers ``(first, last)``, or raise if it leaves the video."""
         start, end = rng
-        where = f"{self.key}: video clip #{i} {rng!r} ({unit})"
+        where = f"{self.key}: video clip #{i} {tuple(shown)!r} ({unit})"
         if unit == "frames":
             last = len(index) - 1 if end == math.inf else int(end)
             if int(start) >= len(index) or last >= len(index):

@@ -1,0 +1,102 @@
+"""``energon-ray info PATH``: counts, size, sample type and splits of a prepared dataset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import braceexpand
+import click
+import yaml
+
+from energon_ray.cli.prepare import user_errors
+from energon_ray.format.info import INFO_JSON, INFO_YAML, meta_dir, read_info
+from energon_ray.format.split import read_split_file
+
+_ORDER = ("train", "val", "test")
+
+
+def format_size(size: float) -> str:
+    """Bytes in binary units.
+
+    Example:
+        >>> format_size(51200)
+        '50.00 KiB'
+    """
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024:
+            return f"{size:.2f} {unit}"
+        size /= 1024
+    return f"{size:.2f} PiB"
+
+
+def _energon_version(path: Path) -> str:
+    for name, loader in ((INFO_JSON, json.loads), (INFO_YAML, yaml.safe_load)):
+        file = meta_dir(path) / name
+        if file.is_file():
+            return str((loader(file.read_text()) or {}).get("energon_version") or "unknown")
+    return "unknown"
+
+
+def _sample_type(path: Path, dataset_config: str) -> str:
+    """One line about ``dataset.yaml``: the sample class and how fields are mapped."""
+    file = meta_dir(path) / dataset_config
+    if not file.is_file():
+        return f"none (no .nv-meta/{dataset_config})"
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise click.ClickException(f"{file}: cannot parse: {exc}") from None
+    spec = data.get("sample_type") if isinstance(data.get("sample_type"), dict) else data
+    if not isinstance(spec, dict) or "__class__" not in spec:
+        return f"unknown ({file} has no sample_type)"
+    out = f"{spec.get('__module__', 'megatron.energon')}.{spec['__class__']}"
+    if isinstance(data.get("field_map"), dict):
+        out += " (field_map: " + ", ".join(f"{k}={v}" for k, v in data["field_map"].items()) + ")"
+    elif data.get("sample_loader"):
+        out += f" (sample_loader: {data['sample_loader']})"
+    return out
+
+
+def _split_rows(split: dict, counts: Dict[str, int]) -> List[Tuple[str, int, int, List[str]]]:
+    """``(part, shards, samples, unknown shards)`` per split part, train/val/test first."""
+    excluded = {e for pattern in split.get("exclude") or [] for e in braceexpand.braceexpand(str(pattern))}
+    rows = []
+    parts = sorted(split["split_parts"].items(), key=lambda kv: _ORDER.index(kv[0]) if kv[0] in _ORDER else 3)
+    for part, patterns in parts:
+        shards = [n for p in patterns or [] for n in braceexpand.braceexpand(str(p)) if n not in excluded]
+        unknown = [n for n in shards if n not in counts]
+        rows.append((part, len(shards), sum(counts.get(n, 0) for n in shards), unknown))
+    return rows
+
+
+@click.command(name="info")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--split-config", default="split.yaml", show_default=True, help="Split config file in .nv-meta.")
+@click.option("--dataset-config", default="dataset.yaml", show_default=True, help="Dataset config file in .nv-meta.")
+def info_command(path: Path, split_config: str, dataset_config: str) -> None:
+    """Show sample counts, size on disk, sample type and split parts of the dataset at PATH."""
+    with user_errors():
+        counts = read_info(path)
+        split = read_split_file(path, split_config)
+    total = sum(counts.values())
+    sizes = [(path / n).stat().st_size for n in counts if (path / n).is_file()]
+    missing = len(counts) - len(sizes)
+    lines = [
+        f"Dataset {path.resolve().name} ({path})",
+        f"  Samples: {total:,} in {len(counts)} shards, {format_size(sum(sizes))} on disk"
+        + (f" ({missing} shards missing!)" if missing else ""),
+        f"  Prepared with energon version: {_energon_version(path)}",
+        f"  Sample type: {_sample_type(path, dataset_config)}",
+        f"  Split parts ({split_config}):",
+    ]
+    for part, shards, samples, unknown in _split_rows(split, counts):
+        ratio = 100 * samples / total if total else 0.0
+        lines.append(f"    {part}: {ratio:.1f}%, {samples:,} samples in {shards} shards")
+        if unknown:
+            lines.append(f"      {len(unknown)} shards not in .info.json, e.g. {unknown[0]}")
+    sample_excludes = [e for e in split.get("exclude") or [] if e not in counts and "/" in str(e)]
+    if split.get("exclude"):
+        lines.append(f"  Excludes: {len(split['exclude'])} entries ({len(sample_excludes)} sample-level)")
+    click.echo("\n".join(lines))

@@ -1,0 +1,29 @@
+"""Shared test set-up: environment for Ray, tiny prepared datasets."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """Start (once per test session) a private 2-CPU local Ray; shut it down at the end."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            object_store_memory=512 * 1024**2,
+            log_to_driver=False,
+        )
+    yield
+    ray.shutdown()

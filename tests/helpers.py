@@ -1,0 +1,68 @@
+"""Builders of tiny prepared datasets for tests (real tar shards, real JPEGs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from energon_ray.format.prepare import prepare_dataset
+from energon_ray.synthetic import captioning_samples, text_samples, write_shards
+
+Samples = List[Tuple[str, Dict[str, bytes]]]
+
+
+def prepared(
+    root: Path,
+    samples: Samples,
+    samples_per_shard: int,
+    *,
+    sample_type: str = "CaptioningSample",
+    field_map: Optional[Dict[str, str]] = None,
+    split_ratio: Sequence[float] = (1, 0, 0),
+    split_parts: Optional[Dict[str, List[str]]] = None,
+) -> Path:
+    """Write ``samples`` into shards under ``root/shards`` and prepare the dataset."""
+    write_shards(root / "shards", samples, samples_per_shard)
+    prepare_dataset(
+        root,
+        split_ratio=None if split_parts else split_ratio,
+        split_parts=split_parts,
+        sample_type=sample_type,
+        field_map=field_map or {"image": "jpg", "caption": "txt"},
+        progress=False,
+    )
+    return root
+
+
+def captioning_dataset(root: Path, n: int = 50, per_shard: int = 7, **kwargs) -> Path:
+    """``n`` captioning samples (keys ``sample_000000``…) in shards of ``per_shard``."""
+    return prepared(root, captioning_samples(n), per_shard, **kwargs)
+
+
+def text_dataset(root: Path, counts: Sequence[int], **kwargs) -> Path:
+    """Text samples whose ``txt`` is their index, in shards of the given sizes."""
+    samples = text_samples(sum(counts))
+    shards_dir = root / "shards"
+    start = 0
+    for i, count in enumerate(counts):
+        write_shards(shards_dir, samples[start : start + count], max(count, 1), prefix=f"part{i:02d}")
+        start += count
+    prepare_dataset(
+        root,
+        split_ratio=kwargs.pop("split_ratio", (1, 0, 0)),
+        sample_type="TextSample",
+        field_map={"text": "txt"},
+        progress=False,
+        **kwargs,
+    )
+    return root
+
+
+def keys_of(batches) -> List[List[str]]:
+    """The ``__key__`` list of each batch."""
+    return [list(b.__key__) if isinstance(b.__key__, (list, tuple)) else [b.__key__] for b in batches]
+
+
+def dump_json(path: Path, value) -> None:
+    path.write_text(json.dumps(value))

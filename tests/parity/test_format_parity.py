@@ -1,0 +1,180 @@
+"""On-disk format parity: datasets prepared by energon_ray load in megatron-energon and vice versa,
+and both preparers write the same indexes and equivalent metadata for the same tars."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import braceexpand
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from energon_ray.format.dataset import PreparedDataset
+from energon_ray.format.prepare import prepare_dataset
+from energon_ray.format.tar_index import read_tar_index
+from energon_ray.format.tar_reader import ShardReader, parse_sample
+from energon_ray.synthetic import add_member, captioning_samples, write_shards
+
+energon = pytest.importorskip("megatron.energon")
+pytestmark = pytest.mark.parity
+
+FIELD_MAP = {"image": "jpg", "caption": "txt"}
+CAPTIONING_ARGS = ["--sample-type", "CaptioningSample", "--field-map", json.dumps(FIELD_MAP)]
+
+
+def write_plain(root: Path, num: int = 10, per_shard: int = 2) -> dict:
+    """Captioning shards under ``root/shards``; returns ``{key: parts}``."""
+    samples = captioning_samples(num, image_size=(8, 6))
+    write_shards(root / "shards", samples, per_shard)
+    return dict(samples)
+
+
+def write_tricky(root: Path) -> None:
+    """Plain shards plus a PAX tar with a directory entry, meta and extension-less members, keys with
+    folders, dotted part names and a name long enough to need an extended header."""
+    write_plain(root)
+    (root / "extra").mkdir()
+    long_key = "deep/" + "x" * 120
+    with tarfile.open(root / "extra/odd.tar", "w", format=tarfile.PAX_FORMAT) as tar:
+        folder = tarfile.TarInfo("deep")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        add_member(tar, "__meta__/info.json", b"{}", mtime=0)  # skipped: meta member
+        add_member(tar, "README", b"no part", mtime=0)  # skipped: no extension
+        add_member(tar, "__meta__.json", b"{}", mtime=0)  # a sample with key __meta__ (no skip)
+        for key in ("deep/k1", "deep/k2", long_key):
+            add_member(tar, f"{key}.txt", key.encode(), mtime=0)
+            add_member(tar, f"{key}.seg.detail.json", b"[1, 2]", mtime=0)
+
+
+def energon_prepare(root: Path, *args: str) -> None:
+    """megatron-energon's own ``energon prepare`` (its click command, in-process)."""
+    from megatron.energon.cli.main import main as energon_main
+
+    cmd = ["prepare", str(root), "--non-interactive", "--no-progress", "--num-workers", "1", *args]
+    res = CliRunner().invoke(energon_main, cmd, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+
+
+def ours_prepare(root: Path, *args: str) -> None:
+    from energon_ray.cli.main import main
+
+    cmd = ["prepare", str(root), "--non-interactive", "--no-progress", *args]
+    res = CliRunner().invoke(main, cmd, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+
+
+def energon_iter(root: Path, split_part: str) -> list:
+    """``(key, caption)`` of every sample megatron-energon loads from a split part, in order."""
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    ds = get_val_dataset(root, split_part=split_part, worker_config=wc, batch_size=None)
+    return [(s.__key__, s.caption) for s in get_loader(ds)]
+
+
+def ray_read(root: Path, split_part: str) -> list:
+    """``(key, parts)`` of every sample energon_ray's reader returns from a split part, in order."""
+    ds = PreparedDataset.open(root, split_part)
+    out = []
+    for shard in ds.shards:
+        reader = ShardReader(shard.path, shard.name, read_tar_index(shard.path))
+        try:
+            out += [parse_sample(data, shard.name, i)[:2] for i, data in reader.read_run(0, shard.count - 1)]
+        finally:
+            reader.close()
+    return out
+
+
+def expanded_splits(root: Path) -> dict:
+    data = yaml.safe_load((root / ".nv-meta/split.yaml").read_text())
+    parts = {k: [n for p in v for n in braceexpand.braceexpand(p)] for k, v in data["split_parts"].items()}
+    return {"split_parts": parts, "exclude": data.get("exclude", [])}
+
+
+def sqlite_rows(root: Path) -> tuple:
+    db = sqlite3.connect(root / ".nv-meta/index.sqlite")
+    samples = db.execute("SELECT * FROM samples ORDER BY tar_file_id, sample_index").fetchall()
+    parts = db.execute("SELECT * FROM sample_parts ORDER BY tar_file_id, sample_index, content_byte_offset").fetchall()
+    schema = db.execute("SELECT type, name, tbl_name FROM sqlite_master ORDER BY name").fetchall()
+    return samples, parts, schema
+
+
+def test_megatron_energon_loads_every_split_of_a_dataset_prepared_by_energon_ray(tmp_path):
+    written = write_plain(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[3, 1, 1], sample_type="CaptioningSample", field_map=FIELD_MAP,
+                    progress=False)  # fmt: skip
+    loaded = {part: energon_iter(tmp_path, part) for part in ("train", "val", "test")}
+    assert [len(v) for v in loaded.values()] == [6, 2, 2]
+    all_keys = [key for part in loaded.values() for key, _ in part]
+    assert all_keys == sorted(written)  # unshuffled shards, in split order
+    for part in loaded.values():
+        for key, caption in part:
+            assert caption == written[key]["txt"].decode()
+
+
+def test_energon_ray_reads_every_sample_of_a_dataset_prepared_by_megatron_energon(tmp_path):
+    written = write_plain(tmp_path)
+    energon_prepare(tmp_path, "--split-ratio", "3,1,1", *CAPTIONING_ARGS)
+    read = [sample for part in ("train", "val", "test") for sample in ray_read(tmp_path, part)]
+    assert [key for key, _ in read] == sorted(written)
+    assert all(parts == written[key] for key, parts in read)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--split-ratio", "8,1,1"],
+        ["--split-ratio", "6,2,2", "--shuffle-tars"],
+        ["--split-ratio", "1,1,1", "--exclude", "shard_000[13]"],
+        ["--split-parts", "train:shards/shard_000[0-2].tar", "--split-parts", "val:extra/.*"],
+    ],
+    ids=["ratio", "shuffle", "exclude", "split-parts"],
+)
+def test_both_preparers_write_identical_indexes_and_equivalent_metadata(tmp_path, args):
+    write_tricky(tmp_path / "theirs")
+    shutil.copytree(tmp_path / "theirs", tmp_path / "ours")
+    energon_prepare(tmp_path / "theirs", *args, *CAPTIONING_ARGS)
+    ours_prepare(tmp_path / "ours", *args, *CAPTIONING_ARGS)
+    theirs_idx = sorted(p.relative_to(tmp_path / "theirs") for p in (tmp_path / "theirs").rglob("*.tar.idx"))
+    assert theirs_idx == sorted(p.relative_to(tmp_path / "ours") for p in (tmp_path / "ours").rglob("*.tar.idx"))
+    for rel in theirs_idx:
+        assert (tmp_path / "theirs" / rel).read_bytes() == (tmp_path / "ours" / rel).read_bytes(), rel
+    info = [json.loads((tmp_path / d / ".nv-meta/.info.json").read_text()) for d in ("theirs", "ours")]
+    assert list(info[0]["shard_counts"].items()) == list(info[1]["shard_counts"].items())
+    assert info[1]["energon_version"].split("+")[0] == info[0]["energon_version"]
+    assert expanded_splits(tmp_path / "theirs") == expanded_splits(tmp_path / "ours")
+    for name in ("split.yaml", "dataset.yaml"):  # also textually equal: same brace-collapsing
+        texts = [yaml.safe_load((tmp_path / d / ".nv-meta" / name).read_text()) for d in ("theirs", "ours")]
+        assert texts[0] == texts[1], name
+    assert sqlite_rows(tmp_path / "theirs") == sqlite_rows(tmp_path / "ours")
+
+
+def test_both_clis_refuse_a_non_interactive_rerun_with_exit_code_1(tmp_path):
+    write_plain(tmp_path, num=4)
+    ours_prepare(tmp_path, "--split-ratio", "8,1,1")
+    for module in ("megatron.energon.cli.main", "energon_ray.cli.main"):
+        proc = subprocess.run([sys.executable, "-m", module, "prepare", str(tmp_path), "--non-interactive",
+                               "--split-ratio", "8,1,1"], capture_output=True, text=True)  # fmt: skip
+        assert proc.returncode == 1, (module, proc.stdout, proc.stderr)
+        assert "already" in proc.stdout + proc.stderr
+
+
+def test_both_libraries_refuse_to_load_an_empty_split_part(tmp_path):
+    write_plain(tmp_path, num=6, per_shard=2)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], sample_type="CaptioningSample", field_map=FIELD_MAP,
+                    progress=False)  # fmt: skip
+    from megatron.energon.flavors.webdataset.empty_dataset_error import EmptyDatasetError
+
+    with pytest.raises(EmptyDatasetError):
+        energon_iter(tmp_path, "val")
+    with pytest.raises(ValueError, match="'val' has no shards"):
+        PreparedDataset.open(tmp_path, "val")

@@ -1,0 +1,97 @@
+"""AVDecoder audio clips: sample-exact ranges of ramps, seconds and samples units, lossy tracks vs full decode."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from tests.unit.test_av_media import AUDIO_RATE, media_dir, ramp_float  # noqa: F401  (media_dir is a fixture)
+
+from energon_ray.decode.av import AVDecoder
+from energon_ray.decode.av._audio_reader import preroll_samples
+
+TOTAL = 2 * AUDIO_RATE
+
+
+def decoder(media_dir, name: str) -> AVDecoder:
+    return AVDecoder((media_dir / name).read_bytes(), key=name)
+
+
+@pytest.mark.parametrize("name, channels", [("ramp.wav", 1), ("ramp_stereo.wav", 2), ("ramp.flac", 1)])
+def test_full_audio_is_the_ramp(media_dir, name, channels):
+    """get_audio returns float32 (channels, samples) equal to the encoded ramp, channel order kept."""
+    data = decoder(media_dir, name).get_audio()
+    assert data.video_clips == [] and len(data.audio_clips) == 1
+    clip = data.audio_clips[0]
+    assert clip.dtype == torch.float32 and clip.shape == (channels, TOTAL)
+    assert torch.equal(clip, ramp_float(0, TOTAL, channels))
+    assert data.audio_timestamps == [(0.0, 2.0)]
+
+
+@pytest.mark.parametrize("name, channels", [("ramp.wav", 1), ("ramp_stereo.wav", 2), ("ramp.flac", 1)])
+def test_clips_in_seconds_are_sample_exact(media_dir, name, channels):
+    """A (start, end) seconds range holds samples round(start*rate) .. round(end*rate) - 1, exactly."""
+    rng = random.Random(3)
+    ranges = [tuple(sorted(round(rng.uniform(0, 2), 4) for _ in range(2))) for _ in range(8)]
+    ranges = [(a, b) for a, b in ranges if round(b * AUDIO_RATE) > round(a * AUDIO_RATE)] + [(1.5, 2.0)]
+    data = decoder(media_dir, name).get_clips(audio_clip_ranges=ranges)
+    for (start, end), clip, stamps in zip(ranges, data.audio_clips, data.audio_timestamps):
+        first, stop = round(start * AUDIO_RATE), round(end * AUDIO_RATE)
+        assert torch.equal(clip, ramp_float(first, stop, channels)), (start, end)
+        assert stamps == (first / AUDIO_RATE, stop / AUDIO_RATE)
+
+
+@pytest.mark.parametrize("name", ["ramp.wav", "ramp.flac"])
+def test_clips_in_samples_are_half_open(media_dir, name):
+    """A (a, b) samples range holds samples a..b-1; +inf runs to the end."""
+    ranges = [(0, 1), (123, 4567), (8000, 8001), (15000, math.inf), (4567, 9999)]
+    data = decoder(media_dir, name).get_clips(audio_clip_ranges=ranges, audio_unit="samples")
+    for (a, b), clip in zip(ranges, data.audio_clips):
+        b = TOTAL if b == math.inf else b
+        assert torch.equal(clip, ramp_float(a, b)), (a, b)
+
+
+def test_lossy_track_clips_equal_the_full_decode(media_dir):
+    """AAC clips (decoded after a seek and a pre-roll) equal the same samples of a full decode."""
+    dec = decoder(media_dir, "h264_aac.mp4")
+    full = dec.get_audio().audio_clips[0]
+    rate = dec.get_audio_samples_per_second()
+    ranges = [(0.5, 0.9), (1.0, 1.2), (0.13, 1.77), (0.0, 0.01), (1.9, 2.0)]
+    data = dec.get_clips(audio_clip_ranges=ranges)
+    for (start, end), clip, stamps in zip(ranges, data.audio_clips, data.audio_timestamps):
+        first, stop = round(start * rate), round(end * rate)
+        assert stamps == (first / rate, stop / rate)
+        assert torch.allclose(clip, full[:, first:stop], atol=1e-6), (start, end)
+
+
+def test_preroll_only_for_lossy_codecs():
+    """PCM and FLAC decode from the seek point; lossy codecs decode a quarter second before it."""
+    assert preroll_samples("pcm_s16le", 8000) == 0 and preroll_samples("flac", 44100) == 0
+    assert preroll_samples("aac", 16000) == 4000 and preroll_samples("mp3float", 44100) == 11025
+
+
+def test_audio_metadata(media_dir):
+    """Sample rate, duration and stream flags of audio-only files."""
+    for name in ("ramp.wav", "ramp.flac"):
+        dec = decoder(media_dir, name)
+        assert dec.get_audio_samples_per_second() == AUDIO_RATE
+        assert dec.get_audio_duration() == pytest.approx(2.0)
+        assert dec.has_audio_stream() and not dec.has_video_stream()
+        assert dec.get_video_duration() == (None, None)
+
+
+def test_get_frames_of_audio_file_is_the_audio(media_dir):
+    """get_frames on an audio-only file decodes the whole audio."""
+    data = decoder(media_dir, "ramp.flac").get_frames()
+    assert data.video_clips == [] and torch.equal(data.audio_clips[0], ramp_float(0, TOTAL))
+
+
+def test_audio_and_video_clips_in_one_call(media_dir):
+    """get_clips decodes video (frames 12..25 are on screen in [0.5, 1.0]) and audio ranges together."""
+    data = decoder(media_dir, "h264_aac.mp4").get_clips(
+        video_clip_ranges=[(0.5, 1.0)], audio_clip_ranges=[(0.5, 1.0)], audio_unit="seconds"
+    )
+    assert data.video_clips[0].shape[0] == 14 and data.audio_clips[0].shape == (1, 8000)
+    assert data.video_timestamps == [(0.48, 1.04)] and data.audio_timestamps == [(0.5, 1.0)]

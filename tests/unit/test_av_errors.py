@@ -1,0 +1,172 @@
+"""Bad input to AVDecoder: clear ValueError/SampleException naming the sample key and request, never garbage."""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+
+import pytest
+import torch
+from tests.unit.test_av_media import N_FRAMES, media_dir, read_indices  # noqa: F401  (media_dir is a fixture)
+
+from energon_ray.decode.av import AVDecoder
+from energon_ray.errors import SampleException
+
+
+def decoder(media_dir, name: str) -> AVDecoder:
+    return AVDecoder((media_dir / name).read_bytes(), key=f"shard_0/{name}")
+
+
+@pytest.mark.parametrize(
+    "ranges, unit, message",
+    [
+        ([(-0.5, 1.0)], "seconds", r"video clip #0 \(-0.5, 1.0\) \(seconds\): negative start"),
+        ([(0.0, 1.0), (1.5, 1.0)], "seconds", r"video clip #1 \(1.5, 1.0\) \(seconds\): start is after end"),
+        ([(float("nan"), 1.0)], "seconds", r"start must be finite"),
+        ([(math.inf, math.inf)], "seconds", r"start must be finite"),
+        ([(0.0, -math.inf)], "seconds", r"end finite or \+inf"),
+        ([(1.5, 3)], "frames", r"\(frames\): positions in frames must be whole numbers"),
+        ([(0, 1, 2)], "seconds", r"expected a \(start, end\) pair"),
+        ([("0", "1")], "seconds", r"start must be a number, got str"),
+        ([(True, 2)], "frames", r"start must be a number, got bool"),
+        ((0.0, 1.0), "seconds", r"expected a \(start, end\) pair"),
+        ("0-1", "seconds", r"video_clip_ranges must be a sequence of \(start, end\) pairs"),
+    ],
+)
+def test_malformed_video_ranges_raise_value_error(media_dir, ranges, unit, message):
+    """Malformed, negative, reversed or non-finite video ranges raise ValueError naming key and range."""
+    with pytest.raises(ValueError, match="shard_0/h264.mp4: .*" + message):
+        decoder(media_dir, "h264.mp4").get_clips(video_clip_ranges=ranges, video_unit=unit)
+
+
+@pytest.mark.parametrize(
+    "ranges, unit, message",
+    [
+        ([(2.5, 3.0)], "seconds", r"\(2.5, 3.0\) \(seconds\) starts after the end of the video \(2.000000s\)"),
+        ([(2.0, 2.0)], "seconds", r"starts after the end of the video"),
+        ([(1.0, 2.5)], "seconds", r"\(1.0, 2.5\) \(seconds\) ends after the end of the video \(2.000000s\)"),
+        ([(50, 50)], "frames", r"\(50, 50\) \(frames\) is beyond the video's 50 frames"),
+        ([(10, 60)], "frames", r"is beyond the video's 50 frames"),
+    ],
+)
+def test_video_ranges_beyond_the_video_raise_sample_exception(media_dir, ranges, unit, message):
+    """Ranges that start or end after the video raise SampleException instead of returning short or empty clips."""
+    with pytest.raises(SampleException, match="shard_0/vp9.mkv: video clip #0 .*" + message):
+        decoder(media_dir, "vp9.mkv").get_clips(video_clip_ranges=ranges, video_unit=unit)
+
+
+def test_end_within_half_a_frame_is_clamped(media_dir):
+    """An end up to half a frame past the video (header rounding) still gives the last frame."""
+    clip = decoder(media_dir, "vp9.mkv").get_clips(video_clip_ranges=[(1.9, 2.015)]).video_clips[0]
+    assert read_indices(clip) == [47, 48, 49]
+
+
+@pytest.mark.parametrize(
+    "ranges, unit, exc, message",
+    [
+        ([(2.5, 3.0)], "seconds", SampleException, r"audio range starts at sample 20000 \(2.500000s\), at or after the end"),
+        ([(1.0, 2.5)], "seconds", SampleException, r"audio range ends at sample 20000 \(2.500000s\), beyond the end"),
+        ([(0, 16010)], "samples", SampleException, r"sample 16010 \(2.001250s\), beyond the end of the audio \(2.000000s\)"),
+        ([(1.0, 1.0)], "seconds", ValueError, r"audio clip #0 \(1.0, 1.0\) \(seconds\) holds no sample"),
+        ([(-1, 5)], "samples", ValueError, r"audio clip #0 \(-1, 5\) \(samples\): negative start"),
+        ([(0.5, 0.25)], "seconds", ValueError, r"start is after end"),
+        ([(0.5, 10.5)], "samples", ValueError, r"positions in samples must be whole numbers"),
+    ],
+)
+def test_bad_audio_ranges(media_dir, ranges, unit, exc, message):
+    """Audio ranges beyond the stream, empty, negative or reversed raise errors naming key and range."""
+    with pytest.raises(exc, match="shard_0/ramp.wav: .*" + message):
+        decoder(media_dir, "ramp.wav").get_clips(audio_clip_ranges=ranges, audio_unit=unit)
+
+
+def test_unknown_units_and_sizes_raise_value_error(media_dir):
+    """Unknown units and malformed output sizes are rejected before any decoding."""
+    dec = decoder(media_dir, "h264.mp4")
+    with pytest.raises(ValueError, match=r"shard_0/h264.mp4: video_unit='pts' is not one of \['seconds', 'frames'\]"):
+        dec.get_clips(video_clip_ranges=[(0, 1)], video_unit="pts")
+    with pytest.raises(ValueError, match=r"audio_unit='frames' is not one of \['seconds', 'samples'\]"):
+        dec.get_clips(audio_clip_ranges=[(0, 1)], audio_unit="frames")
+    for size in [(0, 10), (32,), (32.0, 24.0), "32x24", (-1, 5)]:
+        with pytest.raises(ValueError, match="video_out_frame_size"):
+            dec.get_clips(video_clip_ranges=[(0, 1)], video_out_frame_size=size)
+
+
+def test_audio_request_on_video_without_audio(media_dir):
+    """Asking a silent video for audio raises SampleException naming key and request."""
+    dec = decoder(media_dir, "h264.mp4")
+    with pytest.raises(SampleException, match=r"shard_0/h264.mp4: audio clips \[\(0.0, 1.0\)\] requested, but the media has no audio stream"):
+        dec.get_clips(audio_clip_ranges=[(0.0, 1.0)])
+    for call in (dec.get_audio, dec.get_video_with_audio, dec.get_audio_samples_per_second):
+        with pytest.raises(SampleException, match="has no audio stream"):
+            call()
+    assert dec.get_audio_duration() is None
+
+
+def test_video_request_on_audio_file(media_dir):
+    """Asking an audio file for video raises SampleException."""
+    dec = decoder(media_dir, "ramp.flac")
+    with pytest.raises(SampleException, match=r"shard_0/ramp.flac: video clips \[\(0, 1\)\] requested, but the media has no video stream"):
+        dec.get_clips(video_clip_ranges=[(0, 1)])
+    with pytest.raises(SampleException, match="the video fps requested, but the media has no video stream"):
+        dec.get_video_fps()
+
+
+@pytest.mark.parametrize("data, message", [(b"", "cannot open media: the file is empty"), (b"\x00garbage" * 50, r"cannot open media \(400 bytes\)")])
+def test_unreadable_bytes(data, message):
+    """Empty or non-media bytes raise SampleException on first use, naming the key."""
+    dec = AVDecoder(data, key="s9.mp4")
+    with pytest.raises(SampleException, match="s9.mp4: " + message):
+        dec.get_video()
+    with pytest.raises(SampleException, match="s9.mp4: " + message):
+        dec.has_audio_stream()
+
+
+def test_non_binary_sources_are_rejected():
+    """Text streams and non-bytes objects raise ValueError at construction."""
+    with pytest.raises(ValueError, match="k: AVDecoder needs a binary stream"):
+        AVDecoder(io.StringIO("abc"), key="k")
+    with pytest.raises(ValueError, match="k: AVDecoder needs bytes or a binary file object, got int"):
+        AVDecoder(42, key="k")
+
+
+def test_truncated_mkv_reports_its_real_length(media_dir):
+    """A cut matroska file decodes the frames it still has and refuses ranges past its new end."""
+    raw = (media_dir / "vp9.mkv").read_bytes()
+    dec = AVDecoder(raw[: len(raw) // 2], key="cut.mkv")
+    _, count = dec.get_video_duration(get_frame_count=True)
+    assert 0 < count < N_FRAMES
+    assert read_indices(dec.get_clips(video_clip_ranges=[(0, 3)], video_unit="frames").video_clips[0]) == [0, 1, 2, 3]
+    with pytest.raises(SampleException, match=rf"cut.mkv: video clip #0 \(45, 49\) \(frames\) is beyond the video's {count} frames"):
+        dec.get_clips(video_clip_ranges=[(45, 49)], video_unit="frames")
+
+
+def test_truncated_mp4_without_index_cannot_open(media_dir):
+    """An mp4 cut before its moov index raises SampleException at the first request."""
+    raw = (media_dir / "h264.mp4").read_bytes()
+    with pytest.raises(SampleException, match="cut.mp4: cannot open media"):
+        AVDecoder(raw[: len(raw) // 2], key="cut.mp4").get_clips(video_clip_ranges=[(0, 1)])
+
+
+@pytest.mark.parametrize("name", ["h264_bframes.mp4", "vp9.mkv", "mpeg4.avi", "h264_aac.mp4", "ramp.flac", "ramp.wav"])
+def test_damaged_files_fail_cleanly(media_dir, name):
+    """Randomly truncated or byte-flipped files either decode to real tensors or raise SampleException."""
+    raw = (media_dir / name).read_bytes()
+    rng = random.Random(name)
+    for trial in range(16):
+        if trial % 2:
+            data = raw[: rng.randrange(len(raw))]
+        else:
+            flipped = bytearray(raw)
+            for _ in range(rng.randint(1, 20)):
+                flipped[rng.randrange(len(flipped))] = rng.randrange(256)
+            data = bytes(flipped)
+        dec = AVDecoder(data, key=f"bad/{name}", suppress_warnings=True)
+        try:
+            out = dec.get_frames()
+        except SampleException as exc:
+            assert str(exc).startswith(f"bad/{name}: ")
+            continue
+        clips = out.video_clips or out.audio_clips
+        assert len(clips) == 1 and clips[0].numel() > 0
+        assert clips[0].dtype in (torch.uint8, torch.float32)

@@ -1,0 +1,153 @@
+"""The pure plan: sharding, slicing, epoch orders, streams and segments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from energon_ray.plan.order import interleave, shuffle_buffer, train_epoch_order, val_order
+from energon_ray.plan.sharder import bit_reversal_order, compute_subset, global_worker_counts, slice_offsets, worker_ranges
+from energon_ray.plan.stream import SegmentPlan, StreamConfig, WorkerStream
+from energon_ray.worker import WorkerConfig
+
+
+def test_bit_reversal_examples():
+    """Bit reversal of 8 and 6 follows Energon's documented sequences."""
+    assert bit_reversal_order(8) == [0, 4, 2, 6, 1, 5, 3, 7]
+    assert bit_reversal_order(6) == [0, 3, 1, 4, 2, 5]
+    assert bit_reversal_order(16) == [0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15]
+
+
+def test_worker_ranges_55_samples_4_workers():
+    """55 samples over 4 workers give Energon's verified ranges."""
+    assert worker_ranges(0, 55, rank=0, world_size=1, num_workers=4) == [(0, 14), (14, 28), (28, 42), (42, 55)]
+
+
+def test_too_few_samples_per_rank_counts():
+    """117 samples over 100 ranks: exactly 17 ranks get 2 samples, spread by bit reversal."""
+    counts = global_worker_counts(117, 100)
+    assert sorted(counts) == [1] * 83 + [2] * 17
+    assert [i for i, c in enumerate(counts) if c == 2] == [0, 3, 6, 12, 18, 25, 31, 37, 43, 50, 56, 62, 68, 75, 81, 87, 93]
+
+
+def test_ranks_partition_the_samples():
+    """The ranges of all ranks and workers tile [start, end) without gaps or overlaps."""
+    covered = []
+    for rank in range(3):
+        covered += worker_ranges(5, 105, rank=rank, world_size=3, num_workers=2, rotation_offset=4)
+    flat = [i for a, b in covered for i in range(a, b)]
+    assert flat == list(range(5, 105))
+
+
+def test_slices_cut_at_shards_and_max_samples():
+    """Slices never cross a shard and long pieces split into round(len/max) near-equal slices."""
+    assert slice_offsets(0, 100, [0, 100], 10) == tuple(range(0, 101, 10))
+    assert slice_offsets(0, 100, [0, 100], 30) == (0, 33, 66, 100)
+    assert slice_offsets(0, 100, [0, 100], 70) == (0, 100)
+    assert slice_offsets(5, 25, [0, 10, 20, 30], None) == (5, 10, 20, 25)
+    assert slice_offsets(7, 7, [0, 10], None) == (7,)
+
+
+def test_subset_absolute_then_ratio():
+    """An absolute subset is applied before a ratio subset; bad ranges raise ValueError."""
+    assert compute_subset(55, (50, None), None) == (50, 55)
+    assert compute_subset(100, (10, 60), (0.0, 0.5)) == (10, 35)
+    with pytest.raises(ValueError, match="outside"):
+        compute_subset(10, (0, 11), None)
+
+
+def test_interleave_keeps_lane_order():
+    """A random interleave keeps every lane's internal order and all elements."""
+    lanes = [np.arange(0, 5), np.arange(100, 103), np.arange(200, 210)]
+    out = interleave(lanes, np.random.default_rng(3)).tolist()
+    assert sorted(out) == sorted(np.concatenate(lanes).tolist())
+    for lane in lanes:
+        assert [x for x in out if x in set(lane.tolist())] == lane.tolist()
+
+
+def test_shuffle_buffer_is_a_bounded_permutation():
+    """The shuffle buffer emits a permutation; no element leaves before `size - 1` later ones entered."""
+    out = shuffle_buffer(np.arange(1000), 10, np.random.default_rng(0)).tolist()
+    assert sorted(out) == list(range(1000))
+    assert all(out[k] <= k + 9 for k in range(len(out)))
+    assert out != list(range(1000))
+
+
+def test_train_epoch_is_a_seeded_permutation():
+    """An epoch visits every sample once; same seed/epoch → same order; epoch or seed change it."""
+    offsets = (0, 10, 20, 35, 50)
+    a = train_epoch_order(offsets, seed=1, epoch=0, shuffle_buffer_size=8)
+    assert sorted(a.tolist()) == list(range(50))
+    assert a.tolist() == train_epoch_order(offsets, seed=1, epoch=0, shuffle_buffer_size=8).tolist()
+    assert a.tolist() != train_epoch_order(offsets, seed=1, epoch=1, shuffle_buffer_size=8).tolist()
+    assert a.tolist() != train_epoch_order(offsets, seed=2, epoch=0, shuffle_buffer_size=8).tolist()
+
+
+def test_train_epoch_without_shuffle_and_excludes():
+    """shuffle_over_epochs=None reads slices in order; excluded indices are dropped."""
+    out = train_epoch_order((0, 5, 10), seed=1, epoch=0, shuffle_over_epochs=None, excluded=np.array([3, 7]))
+    assert out.tolist() == [0, 1, 2, 4, 5, 6, 8, 9]
+    assert val_order((2, 6), np.array([4])).tolist() == [2, 3, 5]
+
+
+def test_shuffle_over_epochs_multiplier_repeats_slices():
+    """With a multiplier of 2 one plan epoch holds every sample twice."""
+    out = train_epoch_order((0, 4, 8), seed=5, epoch=0, shuffle_over_epochs=2)
+    assert sorted(out.tolist()) == sorted(list(range(8)) * 2)
+
+
+def _stream(repeat: bool, training: bool = True, offsets=(0, 6, 10)) -> WorkerStream:
+    return WorkerStream(
+        StreamConfig(worker=0, global_worker=0, seed=7, offsets=offsets, training=training, repeat=repeat)
+    )
+
+
+def test_stream_positions_span_epochs():
+    """Positions past an epoch continue with the next epoch's order."""
+    stream = _stream(repeat=True)
+    assert stream.length is None and stream.epoch_length == 10
+    assert stream.samples(8, 13).tolist() == stream.epoch(0)[8:].tolist() + stream.epoch(1)[:3].tolist()
+
+
+def test_finite_stream_clips():
+    """A finite stream ends after one epoch."""
+    stream = _stream(repeat=False, training=False)
+    assert stream.length == 10
+    assert stream.samples(8, 20).tolist() == [8, 9]
+    assert stream.samples(10, 20).tolist() == []
+
+
+def test_segment_plan_rounds_and_last_flags():
+    """Segments are cut at multiples of the segment length, round-major, the last one flagged."""
+    streams = [
+        _stream(repeat=False, training=False, offsets=(0, 10)),
+        _stream(repeat=False, training=False, offsets=(10, 14)),
+    ]
+    plan = SegmentPlan(streams, 4)
+    assert plan.num_segments(0) == 3 and plan.num_segments(1) == 1 and plan.num_rounds == 3
+    specs = plan.rounds(0, 3)
+    assert [(s.worker, s.index, s.samples.tolist(), s.last) for s in specs] == [
+        (0, 0, [0, 1, 2, 3], False),
+        (1, 0, [10, 11, 12, 13], True),
+        (0, 1, [4, 5, 6, 7], False),
+        (0, 2, [8, 9], True),
+    ]
+
+
+def test_worker_seed_matches_energon_rule():
+    """Stream seeds follow Energon's sha1(f'{gid},{seed_offset}') rule and depend on seed_offset."""
+    import hashlib
+
+    wc = WorkerConfig(rank=1, world_size=2, num_workers=3, seed_offset=5)
+    expected = int.from_bytes(hashlib.sha1(b"4,5").digest(), "big") & 0xFFFFFFFF
+    assert wc.worker_seed(1) == expected
+    assert WorkerConfig(rank=0, world_size=1, num_workers=0).global_worker_id() == 0
+    assert wc.worker_seed(1) != WorkerConfig(rank=1, world_size=2, num_workers=3).worker_seed(1)
+
+
+def test_worker_config_validation():
+    """Bad WorkerConfig values raise with the field name."""
+    with pytest.raises(ValueError, match="rank"):
+        WorkerConfig(rank=2, world_size=2, num_workers=0)
+    with pytest.raises(ValueError, match="num_workers"):
+        WorkerConfig(rank=0, world_size=1, num_workers=-1)

@@ -1,0 +1,336 @@
+"""``prepare_dataset`` and the ``energon-ray prepare`` / ``info`` commands on tiny synthetic shards (no Ray)."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import tarfile
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from energon_ray.cli.main import main
+from energon_ray.errors import DatasetConfigError
+from energon_ray.format.dataset import PreparedDataset
+from energon_ray.format.dataset_yaml import read_dataset_spec
+from energon_ray.format.prepare import collapse_names, prepare_dataset
+from energon_ray.format.tar_index import read_tar_index
+from energon_ray.format.tar_reader import ShardReader, parse_sample
+from energon_ray.synthetic import add_member, captioning_samples, write_shards
+
+FIELD_MAP = {"image": "jpg", "caption": "txt"}
+CAPTIONING = dict(sample_type="CaptioningSample", field_map=FIELD_MAP, progress=False)
+
+
+def make_dataset(root: Path, num: int = 8, per_shard: int = 3, prefix: str = "shard", start: int = 0):
+    """Write ``num`` captioning samples as tar shards under ``root/shards``; returns the samples."""
+    samples = captioning_samples(num, image_size=(8, 6), start=start)
+    write_shards(root / "shards", samples, per_shard, prefix=prefix)
+    return samples
+
+
+def tarfile_offsets(path: Path) -> list:
+    """Sample start offsets plus the padded end of the last member, computed independently with tarfile."""
+    with tarfile.open(path) as tar:
+        members = tar.getmembers()
+    starts, last_key = [], None
+    for m in members:
+        key = m.name.split(".", 1)[0]
+        if key != last_key:
+            starts.append(m.offset)
+            last_key = key
+    last = members[-1]
+    return starts + [last.offset_data + (last.size + 511) // 512 * 512]
+
+
+def run_cli(*args: str, input: str | None = None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def meta(root: Path, name: str):
+    text = (root / ".nv-meta" / name).read_text()
+    return json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+
+
+def test_tar_idx_holds_each_samples_first_header_offset_and_the_end(tmp_path):
+    make_dataset(tmp_path, num=7, per_shard=3)
+    prepare_dataset(tmp_path, split_ratio=[1, 0, 0], **CAPTIONING)
+    for shard in sorted((tmp_path / "shards").glob("*.tar")):
+        raw = np.fromfile(str(shard) + ".idx", dtype=np.uint64)
+        assert raw.tolist() == tarfile_offsets(shard)
+
+
+def test_minimal_example_writes_energons_info_split_and_dataset_yaml(tmp_path):
+    make_dataset(tmp_path)
+    result = prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    info = meta(tmp_path, ".info.json")
+    assert info["shard_counts"] == {"shards/shard_0000.tar": 3, "shards/shard_0001.tar": 3, "shards/shard_0002.tar": 2}
+    assert info["energon_version"].startswith("7.4.1+energonray.")
+    assert meta(tmp_path, "split.yaml") == {
+        "split_parts": {"train": ["shards/shard_{0000..0001}.tar"], "val": [], "test": ["shards/shard_0002.tar"]},
+        "exclude": [],
+    }
+    assert meta(tmp_path, "dataset.yaml") == {
+        "sample_type": {"__module__": "megatron.energon", "__class__": "CaptioningSample"},
+        "field_map": FIELD_MAP,
+    }
+    assert result.part_types == ("jpg", "json", "txt") and result.total_samples == 8
+
+
+def test_index_sqlite_has_energons_schema_rows_and_a_fresh_uuid(tmp_path):
+    samples = make_dataset(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    offsets = tarfile_offsets(tmp_path / "shards/shard_0000.tar")
+    db = sqlite3.connect(tmp_path / ".nv-meta/index.sqlite")
+    assert db.execute("SELECT * FROM samples WHERE sample_key = 'sample_000001'").fetchone() == (
+        0, "sample_000001", 1, offsets[1], offsets[2] - offsets[1])  # fmt: skip
+    assert db.execute("SELECT * FROM samples WHERE sample_key = 'sample_000007'").fetchone()[:3] == (2, "sample_000007", 1)
+    jpg = db.execute("SELECT * FROM sample_parts WHERE tar_file_id = 0 AND sample_index = 0 AND part_name = 'jpg'")
+    assert jpg.fetchone() == (0, 0, "jpg", 512, len(samples[0][1]["jpg"]))
+    assert db.execute("SELECT COUNT(*) FROM sample_parts").fetchone() == (24,)
+    indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")}
+    assert indexes == {"idx_samples_by_tar_and_idx", "idx_sample_parts_seq", "idx_sample_parts_full"}
+    assert uuid.UUID((tmp_path / ".nv-meta/index.uuid").read_text()).version == 4
+    assert not (tmp_path / ".nv-meta/index.sqlite.tmp").exists()
+
+
+def test_prepared_dataset_reads_back_every_sample_with_its_key_and_parts(tmp_path):
+    samples = dict(make_dataset(tmp_path))
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    seen = {}
+    for part in ("train", "test"):
+        ds = PreparedDataset.open(tmp_path, part)
+        for shard in ds.shards:
+            reader = ShardReader(shard.path, shard.name, read_tar_index(shard.path))
+            for i, data in reader.read_run(0, shard.count - 1):
+                key, parts, _ = parse_sample(data, shard.name, i)
+                seen[key] = parts
+            reader.close()
+    assert seen == samples
+
+
+def test_split_parts_match_brace_expanded_regexes_on_shard_paths(tmp_path):
+    make_dataset(tmp_path, num=6, per_shard=2, prefix="train")
+    make_dataset(tmp_path, num=2, per_shard=1, prefix="val", start=100)
+    result = prepare_dataset(tmp_path, split_parts={"train": ["shards/train_.*"], "val": ["shards/val_000{0,1}"]},
+                             **CAPTIONING)  # fmt: skip
+    assert result.split_parts == {
+        "train": ["shards/train_0000.tar", "shards/train_0001.tar", "shards/train_0002.tar"],
+        "val": ["shards/val_0000.tar", "shards/val_0001.tar"],
+    }
+    assert meta(tmp_path, "split.yaml")["split_parts"]["train"] == ["shards/train_{0000..0002}.tar"]
+    assert PreparedDataset.open(tmp_path, "val").total == 2
+
+
+def test_cli_split_parts_are_repeatable_and_accumulate_per_name(tmp_path):
+    make_dataset(tmp_path, num=6, per_shard=2)
+    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", "--split-parts", "train:shards/shard_0000",
+                  "--split-parts", "train:shards/shard_0002", "--split-parts", "test:shards/shard_0001")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert meta(tmp_path, "split.yaml")["split_parts"] == {
+        "train": ["shards/shard_0000.tar", "shards/shard_0002.tar"], "test": ["shards/shard_0001.tar"]}  # fmt: skip
+
+
+def test_exclude_drops_matching_shards_everywhere(tmp_path):
+    make_dataset(tmp_path)
+    result = prepare_dataset(tmp_path, split_ratio=[1, 0, 0], exclude=["shard_0001"], **CAPTIONING)
+    assert list(result.shard_counts) == ["shards/shard_0000.tar", "shards/shard_0002.tar"]
+    assert meta(tmp_path, "split.yaml")["split_parts"]["train"] == ["shards/shard_0000.tar", "shards/shard_0002.tar"]
+    assert not (tmp_path / "shards/shard_0001.tar.idx").exists()
+
+
+def test_shuffle_tars_uses_random_42_on_the_sorted_list_and_keeps_info_order(tmp_path):
+    make_dataset(tmp_path, num=10, per_shard=1)
+    names = [f"shards/shard_{i:04d}.tar" for i in range(10)]
+    result = prepare_dataset(tmp_path, split_ratio=[8, 1, 1], shuffle_tars=True, **CAPTIONING)
+    expected = list(names)
+    random.Random(42).shuffle(expected)
+    assert result.split_parts == {"train": expected[:8], "val": expected[8:9], "test": expected[9:]}
+    assert list(meta(tmp_path, ".info.json")["shard_counts"]) == names
+
+
+def test_duplicate_key_in_two_shards_is_an_error_naming_both_shards_and_the_key(tmp_path):
+    samples = captioning_samples(2, image_size=(8, 6))
+    write_shards(tmp_path / "a", samples, 2)
+    write_shards(tmp_path / "b", samples[1:], 2)
+    with pytest.raises(DatasetConfigError, match=r"'sample_000001'.*a/shard_0000.tar.*b/shard_0000.tar"):
+        prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    assert not (tmp_path / ".nv-meta/index.sqlite").exists()
+    assert not (tmp_path / ".nv-meta/.info.json").exists()
+
+
+def test_key_split_into_two_runs_of_one_shard_is_an_error(tmp_path):
+    (tmp_path / "s").mkdir()
+    with tarfile.open(tmp_path / "s/x.tar", "w") as tar:
+        for name in ("a.txt", "b.txt", "a.json"):
+            add_member(tar, name, b"1", mtime=0)
+    with pytest.raises(DatasetConfigError, match=r"x.tar: duplicate sample key 'a'"):
+        prepare_dataset(tmp_path, split_ratio=[1, 0, 0], progress=False)
+
+
+def test_rerun_without_force_fails_with_exit_code_1_naming_nv_meta(tmp_path):
+    make_dataset(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    res = run_cli("prepare", tmp_path, "--non-interactive", "--split-ratio", "8,1,1")
+    assert res.exit_code == 1
+    assert ".nv-meta/.info.json" in res.output and "--force-overwrite" in res.output
+    with pytest.raises(DatasetConfigError, match="already prepared"):
+        prepare_dataset(tmp_path, split_ratio=[8, 1, 1], progress=False)
+
+
+def test_force_overwrite_rewrites_splits_and_regenerates_the_uuid(tmp_path):
+    make_dataset(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    old_uuid = (tmp_path / ".nv-meta/index.uuid").read_text()
+    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", "--force-overwrite", "--split-ratio",
+                  "1,1,1", "--sample-type", "CaptioningSample", "--field-map", json.dumps(FIELD_MAP))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert meta(tmp_path, "split.yaml")["split_parts"]["val"] == ["shards/shard_0001.tar"]
+    assert (tmp_path / ".nv-meta/index.uuid").read_text() != old_uuid
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--sample-type", "CaptioningSample", "--field-map", '{"image": "jpg", "title": "txt"}'], 1, "'title'"),
+        (["--sample-type", "CaptioningSample", "--field-map", '{"image": "jpg"}'], 1, "required field"),
+        (["--sample-type", "CaptioningSample", "--field-map", "{image: jpg}"], 2, "not valid JSON"),
+        (["--sample-type", "CaptioningSample", "--field-map", '{"image": "jpg[a", "caption": "txt"}'], 1, "invalid field access"),
+        (["--sample-type", "NoSuchSample"], 1, "unknown sample_type 'NoSuchSample'"),
+        (["--sample-type", "CrudeWebdataset", "--field-map", '{"a": "b"}'], 1, "CrudeWebdataset takes no field_map"),
+        (["--field-map", '{"image": "jpg"}'], 1, "field_map needs a sample_type"),
+    ],
+)
+def test_bad_sample_config_fails_before_anything_is_written(tmp_path, args, code, message):
+    make_dataset(tmp_path)
+    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", "--split-ratio", "8,1,1", *args)
+    assert res.exit_code == code and message in res.output, res.output
+    assert not (tmp_path / ".nv-meta").exists()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(split_ratio=[1, -1, 1]), ">= 0"),
+        (dict(split_ratio=[0, 0, 0]), "positive sum"),
+        (dict(split_ratio=[8, 1]), "3 entries"),
+        (dict(), "exactly one of split_ratio"),
+        (dict(split_ratio=[8, 1, 1], split_parts={"train": [".*"]}), "exactly one of split_ratio"),
+        (dict(split_parts={"train": ["(unclosed"]}), "not a valid regex"),
+        (dict(split_parts={"train": [".*"]}, shuffle_tars=True), "shuffle_tars only applies"),
+        (dict(split_ratio=[8, 1, 1], exclude=["[bad"]), "exclude pattern"),
+        (dict(split_ratio=[8, 1, 1], num_workers=0), "num_workers"),
+        (dict(tar_index_only=True, split_ratio=[8, 1, 1]), "tar_index_only"),
+    ],
+)
+def test_invalid_arguments_raise_value_errors_naming_the_argument(tmp_path, kwargs, message):
+    make_dataset(tmp_path, num=3)
+    with pytest.raises(ValueError, match=message):
+        prepare_dataset(tmp_path, progress=False, **kwargs)
+
+
+def test_no_shards_and_empty_or_corrupt_shards_are_errors_naming_the_file(tmp_path):
+    with pytest.raises(DatasetConfigError, match="no .tar/.tgz shards"):
+        prepare_dataset(tmp_path, split_ratio=[1, 0, 0], progress=False)
+    make_dataset(tmp_path, num=3)
+    (tmp_path / "shards/empty.tar").write_bytes(b"\0" * 1024)
+    with pytest.raises(DatasetConfigError, match="empty.tar: .*no samples"):
+        prepare_dataset(tmp_path, split_ratio=[1, 0, 0], progress=False)
+    data = (tmp_path / "shards/shard_0000.tar").read_bytes()
+    for cut in (2000, 2100):  # inside a header, inside a member's data
+        (tmp_path / "shards/empty.tar").write_bytes(data[:cut])
+        with pytest.raises(DatasetConfigError, match="empty.tar: (truncated tar|.*unexpected end of data)"):
+            prepare_dataset(tmp_path, split_ratio=[1, 0, 0], progress=False)
+    (tmp_path / "shards/empty.tar").write_bytes(data[:1536] + b"garbage".ljust(512, b"x") + data[2048:])
+    with pytest.raises(DatasetConfigError, match="empty.tar: invalid tar header at byte 1536"):
+        prepare_dataset(tmp_path, split_ratio=[1, 0, 0], progress=False)
+
+
+def test_non_interactive_without_sample_type_writes_no_dataset_yaml(tmp_path):
+    make_dataset(tmp_path)
+    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", "--split-ratio", "8,1,1")
+    assert res.exit_code == 0 and "No dataset.yaml written" in res.output
+    assert not (tmp_path / ".nv-meta/dataset.yaml").exists()
+    assert (tmp_path / ".nv-meta/split.yaml").exists()
+
+
+def test_sample_type_without_field_map_writes_a_loadable_sample_loader_template(tmp_path):
+    make_dataset(tmp_path)
+    result = prepare_dataset(tmp_path, split_ratio=[8, 1, 1], sample_type="CaptioningSample", progress=False)
+    assert meta(tmp_path, "dataset.yaml")["sample_loader"] == "sample_loader.py:sample_loader"
+    spec = read_dataset_spec(tmp_path)
+    assert spec.wants_part("jpg") and not spec.wants_part("png")
+    assert 'caption=raw["TODO"]' in result.sample_loader.read_text()
+
+
+def test_crude_webdataset_gets_a_top_level_class(tmp_path):
+    make_dataset(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], sample_type="CrudeWebdataset", progress=False)
+    assert meta(tmp_path, "dataset.yaml") == {"__module__": "megatron.energon", "__class__": "CrudeWebdataset"}
+
+
+def test_interactive_cli_prompts_for_ratio_sample_type_and_field_map(tmp_path):
+    make_dataset(tmp_path)
+    answers = "\n".join(["8,1,1", "y", "CaptioningSample", "y", "png", "jpg", "txt"]) + "\n"
+    res = run_cli("prepare", tmp_path, "--no-progress", input=answers)
+    assert res.exit_code == 0, res.output
+    assert "No such part" in res.output
+    assert meta(tmp_path, "dataset.yaml")["field_map"] == FIELD_MAP
+    res = run_cli("prepare", tmp_path, "--no-progress", input="n\n")
+    assert res.exit_code == 0 and "Nothing changed" in res.output
+
+
+def test_tar_index_only_rebuilds_missing_indexes_identically(tmp_path):
+    make_dataset(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    idx = tmp_path / "shards/shard_0001.tar.idx"
+    before = idx.read_bytes()
+    idx.unlink()
+    res = run_cli("prepare", tmp_path, "--tar-index-only", "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert idx.read_bytes() == before
+
+
+def test_parallel_indexing_writes_the_same_files(tmp_path):
+    for name, workers in (("one", 1), ("two", 2)):
+        make_dataset(tmp_path / name, num=9, per_shard=2)
+        prepare_dataset(tmp_path / name, split_ratio=[8, 1, 1], num_workers=workers, **CAPTIONING)
+    for file in ("shards/shard_0003.tar.idx", ".nv-meta/.info.json", ".nv-meta/split.yaml"):
+        assert (tmp_path / "one" / file).read_bytes() == (tmp_path / "two" / file).read_bytes()
+    rows = [sqlite3.connect(tmp_path / n / ".nv-meta/index.sqlite").execute("SELECT * FROM samples").fetchall()
+            for n in ("one", "two")]  # fmt: skip
+    assert rows[0] == rows[1]
+
+
+def test_collapse_names_only_joins_consecutive_equal_width_numbers():
+    names = ["a_08.tar", "a_09.tar", "a_10.tar", "a_12.tar", "b9.tar", "b10.tar", "c.tar"]
+    assert collapse_names(names) == ["a_{08..10}.tar", "a_12.tar", "b9.tar", "b10.tar", "c.tar"]
+
+
+def test_info_prints_counts_size_sample_type_splits_and_version(tmp_path):
+    make_dataset(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    res = run_cli("info", tmp_path)
+    assert res.exit_code == 0, res.output
+    size = sum(p.stat().st_size for p in (tmp_path / "shards").glob("*.tar"))
+    assert f"Samples: 8 in 3 shards, {size / 1024:.2f} KiB on disk" in res.output
+    assert "megatron.energon.CaptioningSample (field_map: image=jpg, caption=txt)" in res.output
+    assert "train: 75.0%, 6 samples in 2 shards" in res.output
+    assert "val: 0.0%, 0 samples in 0 shards" in res.output
+    assert "test: 25.0%, 2 samples in 1 shards" in res.output
+    assert "energon version: 7.4.1+energonray." in res.output
+
+
+def test_info_on_an_unprepared_folder_fails_with_exit_code_1(tmp_path):
+    res = run_cli("info", tmp_path)
+    assert res.exit_code == 1 and "not a prepared dataset" in res.output
+
+
+def test_version_option_prints_the_package_and_format_version():
+    res = run_cli("-V")
+    assert res.exit_code == 0 and res.output.startswith("energon-ray ") and "7.4.1" in res.output
