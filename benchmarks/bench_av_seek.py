@@ -32,14 +32,19 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_video(path: Path, *, seconds: int, width: int, height: int, fps: int, gop: int, preset: str, crf: int) -> Path:
-    """Encode a moving test pattern as h264/mp4; frames are built directly in yuv420p (cheap)."""
+def write_video(
+    path: Path, *, seconds: int, width: int, height: int, fps: int, gop: int, preset: str, quality: Dict[str, str]
+) -> Path:
+    """Encode a moving test pattern as h264/mp4; frames are built directly in yuv420p (cheap).
+
+    ``quality`` holds libx264 options: ``{"crf": "28"}`` or a bitrate cap ``{"b": "500k", ...}``.
+    """
     rng = np.random.default_rng(0)
     texture = rng.integers(16, 235, size=(height * 2, width * 2), dtype=np.uint8)
     texture = (texture // 32 * 32 + 16).astype(np.uint8)  # blocky: compressible but not trivial
     chroma = np.full((height // 2, width), 128, dtype=np.uint8)
     with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=fps, options={"preset": preset, "crf": str(crf), "sc_threshold": "0"})
+        stream = out.add_stream("libx264", rate=fps, options={"preset": preset, "sc_threshold": "0", **quality})
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.gop_size = gop
         for i in range(seconds * fps):
@@ -86,7 +91,7 @@ def seek_benchmark(cache: Path, runs: int) -> None:
     from energon_ray.decode.av import AVDecoder
 
     path = cached_video(cache, "seek_60s_320x240.mp4", seconds=60, width=320, height=240, fps=30, gop=60,
-                        preset="veryfast", crf=28)
+                        preset="veryfast", quality={"crf": "28"})
     data = path.read_bytes()
     clip = AVDecoder(data).get_clips(video_clip_ranges=[(29.0, 31.0)])
     frames = clip.video_clips[0].shape[0]
@@ -106,16 +111,26 @@ def seek_benchmark(cache: Path, runs: int) -> None:
 
 
 def memory_benchmark(cache: Path) -> None:
-    """Extract 8 uniform 1 s clips from a 10-minute 720p video in a fresh process; print its peak RSS."""
+    """Extract 8 uniform 1 s clips from a 10-minute 720p video in fresh processes; print their peak RSS.
+
+    Two processes: "lean" imports only what decoding needs (numpy, av, torch and the decoder
+    modules, without ``energon_ray/__init__`` and the Ray/Arrow stack it pulls in); "package" imports
+    ``energon_ray`` as a Ray worker would.
+    """
     path = cached_video(cache, "memory_10min_1280x720.mp4", seconds=600, width=1280, height=720, fps=30, gop=60,
-                        preset="ultrafast", crf=40)
-    cmd = [sys.executable, __file__, "--_measure", str(path)]
-    report = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout.splitlines()[-1])
-    output_mb = report["output_bytes"] / 2**20
-    print(f"\n8 uniform 1 s clips from 10 min 1280x720 ({path.stat().st_size / 1e6:.1f} MB file), fresh process:")
-    print(f"  clips: {report['shapes']}  ({output_mb:.0f} MiB of uint8 frames) in {report['seconds']:.2f}s")
-    print(f"  RSS before decoding (imports + file bytes): {report['rss_before_mb']:.0f} MiB")
-    print(f"  peak RSS: {report['peak_rss_mb']:.0f} MiB  -> {'OK' if report['peak_rss_mb'] < 1024 else 'OVER'} (< 1024 MiB)")
+                        preset="ultrafast", quality={"b": "500k", "maxrate": "500k", "bufsize": "1M"})
+    print(f"\n8 uniform 1 s clips from 10 min 1280x720 ({path.stat().st_size / 1e6:.1f} MB file), fresh process each:")
+    print(f"{'process':8s} {'imports':>8s} {'+file':>7s} {'clips':>7s} {'peak':>7s} {'overhead':>9s} {'time':>6s}  (MiB, s)")
+    for mode in ("lean", "package"):
+        cmd = [sys.executable, __file__, "--_measure", str(path), "--_mode", mode]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout
+        r = json.loads(out.splitlines()[-1])
+        clips_mb = r["output_bytes"] / 2**20
+        overhead = r["peak_rss_mb"] - r["rss_before_mb"] - clips_mb
+        verdict = "OK" if r["peak_rss_mb"] < 1024 else "over 1 GiB"
+        print(f"{mode:8s} {r['rss_imports_mb']:8.0f} {r['rss_before_mb'] - r['rss_imports_mb']:7.0f} {clips_mb:7.0f} "
+              f"{r['peak_rss_mb']:7.0f} {overhead:9.0f} {r['seconds']:6.2f}  {verdict}")
+    print(f"  clip shapes: {r['shapes']}; overhead = peak - (imports + file + clips)")
 
 
 def _rss_mb() -> float:
@@ -125,10 +140,19 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def _measure(path: str) -> None:
+def _measure(path: str, mode: str) -> None:
     """Child process: decode the clips and print one JSON line with the figures."""
+    if mode == "lean":  # make ``energon_ray`` a bare package so its __init__ (Ray, Arrow, ...) is not run
+        import types
+
+        package = types.ModuleType("energon_ray")
+        package.__path__ = [str(REPO / "energon_ray")]
+        sys.modules["energon_ray"] = package
+    import torch  # noqa: F401  (counted in the import baseline in both modes)
+
     from energon_ray.decode.av import AVDecoder, get_clips_uniform
 
+    imports = _rss_mb()
     data = Path(path).read_bytes()
     before = _rss_mb()
     started = time.perf_counter()
@@ -138,6 +162,7 @@ def _measure(path: str) -> None:
         "shapes": sorted({tuple(c.shape) for c in clips.video_clips}),
         "output_bytes": sum(c.numel() for c in clips.video_clips),
         "seconds": elapsed,
+        "rss_imports_mb": imports,
         "rss_before_mb": before,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }))
@@ -149,9 +174,10 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="also run the 10-minute 720p memory check")
     parser.add_argument("--cache-dir", type=Path, default=None, help="keep generated videos here between runs")
     parser.add_argument("--_measure", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--_mode", default="package", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._measure:
-        _measure(args._measure)
+        _measure(args._measure, args._mode)
         return
     if args.runs < 5:
         parser.error("--runs must be at least 5")

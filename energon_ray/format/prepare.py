@@ -10,7 +10,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import importlib.metadata
-import logging
 import math
 import os
 import random
@@ -31,8 +30,6 @@ from energon_ray.format.split import write_split_file
 from energon_ray.format.tar_index import write_tar_index
 from energon_ray.format.tar_reader import SKIP_META_RE, split_member_name
 from energon_ray.samples import SAMPLE_TYPES
-
-logger = logging.getLogger("energon_ray")
 
 #: The megatron-energon release whose on-disk format this module writes.
 ENERGON_FORMAT_VERSION = "7.4.1"
@@ -102,15 +99,16 @@ def already_prepared(path: Path | str) -> Optional[Path]:
 
 
 def find_shards(path: Path | str, exclude: Sequence[str] = ()) -> List[str]:
-    """``**/*.tar`` and ``**/*.tgz`` under ``path`` as sorted relative names, minus ``exclude`` matches.
+    """``**/*.tar`` and ``**/*.tgz`` under ``path`` (not hidden) as sorted relative names, minus ``exclude``.
 
     Raises:
         ValueError: if an exclude pattern is not a valid regex.
     """
     root = Path(path)
-    found = [p for pattern in ("**/*.tar", "**/*.tgz") for p in root.glob(pattern) if p.is_file()]
-    found.sort(key=lambda p: p.relative_to(root).parts)  # Energon sorts Path objects, i.e. by parts
-    names = [p.relative_to(root).as_posix() for p in found]
+    found = [p.relative_to(root) for pattern in ("**/*.tar", "**/*.tgz") for p in root.glob(pattern) if p.is_file()]
+    # Like Energon: hidden files and folders are not shards; order is by path components.
+    found = sorted((p for p in found if not any(part.startswith(".") for part in p.parts)), key=lambda p: p.parts)
+    names = [p.as_posix() for p in found]
     for pattern in exclude:
         try:
             regex = re.compile(pattern)
@@ -182,6 +180,8 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
         raise DatasetConfigError(f"{path}: shard holds no samples; remove it or drop it with --exclude")
     offsets.append(end)
     write_tar_index(path, offsets)
+    if path.suffix == ".tgz" and not path.with_suffix(".tar").exists():
+        write_tar_index(path.with_suffix(".tar"), offsets)  # megatron-energon names it x.tar.idx
     return ShardIndex(name=name, offsets=tuple(offsets), keys=tuple(keys), parts=tuple(parts))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import sqlite3
@@ -249,6 +250,23 @@ def test_no_shards_and_empty_or_corrupt_shards_are_errors_naming_the_file(tmp_pa
     (tmp_path / "shards/empty.tar").write_bytes(data[:1536] + b"garbage".ljust(512, b"x") + data[2048:])
     with pytest.raises(DatasetConfigError, match="empty.tar: invalid tar header at byte 1536"):
         prepare_dataset(tmp_path, split_ratio=[1, 0, 0], progress=False)
+
+
+def test_gzip_compressed_shards_are_refused_because_offsets_would_not_be_readable(tmp_path):
+    make_dataset(tmp_path, num=3)
+    shard = tmp_path / "shards/shard_0000.tar"
+    shard.with_suffix(".tgz").write_bytes(gzip.compress(shard.read_bytes()))
+    shard.unlink()
+    with pytest.raises(DatasetConfigError, match="shard_0000.tgz: gzip-compressed"):
+        prepare_dataset(tmp_path, split_ratio=[1, 0, 0], progress=False)
+
+
+def test_hidden_files_and_folders_are_not_shards_and_order_follows_path_components(tmp_path):
+    for start, folder in enumerate(("a/b", "a-b", ".hidden", "")):
+        write_shards(tmp_path / folder, captioning_samples(1, image_size=(4, 4), start=start), 1)
+    write_shards(tmp_path / "a", captioning_samples(1, image_size=(4, 4), start=9), 1, prefix=".dot")
+    result = prepare_dataset(tmp_path, split_ratio=[1, 0, 0], progress=False)
+    assert list(result.shard_counts) == ["a/b/shard_0000.tar", "a-b/shard_0000.tar", "shard_0000.tar"]
 
 
 def test_non_interactive_without_sample_type_writes_no_dataset_yaml(tmp_path):

@@ -1,0 +1,77 @@
+"""Runs one training loader and records what it yields; used in-process and in subprocesses.
+
+``python -m tests.integration.determinism_probe MODE DATASET OUT.json`` starts its own Ray:
+``local1`` (a private 1-CPU local Ray) or ``cluster2`` (a 2-node ``ray.cluster_utils.Cluster``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+import energon_ray as er
+
+
+class NoisyEncoder(er.DefaultTaskEncoder):
+    """Random flip and noise in encode_sample, random scale in encode_batch: RNG use everywhere."""
+
+    def encode_sample(self, sample):
+        image = sample.image
+        if torch.rand(()) < 0.5:
+            image = image.flip(-1)
+        sample.image = image + 0.01 * torch.randn_like(image)
+        return sample
+
+    def encode_batch(self, batch):
+        batch.image = batch.image * (1 + torch.rand(()))
+        return batch
+
+
+def record(path: str, batches: int = 12) -> dict:
+    """Keys and image checksums of the first ``batches`` batches of a seeded training loader."""
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=3, seed_offset=7)
+    dataset = er.get_train_dataset(
+        path, worker_config=wc, batch_size=5, shuffle_buffer_size=9, max_samples_per_sequence=4, task_encoder=NoisyEncoder()
+    )
+    loader = er.get_loader(dataset)
+    out = {"keys": [], "sums": []}
+    it = iter(loader)
+    for _ in range(batches):
+        batch = next(it)
+        out["keys"].append(list(batch.__key__))
+        out["sums"].append(round(float(batch.image.double().sum()), 6))
+    loader.close()
+    return out
+
+
+def main(mode: str, path: str, out: str) -> None:
+    import ray
+
+    cluster = None
+    if mode == "local1":
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    elif mode == "cluster2":
+        from ray.cluster_utils import Cluster
+
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        if len([n for n in ray.nodes() if n["Alive"]]) != 2:
+            raise RuntimeError("the test cluster did not come up with 2 nodes")
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+    try:
+        result = record(path)
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

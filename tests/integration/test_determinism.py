@@ -1,0 +1,40 @@
+"""Ray parallelism changes speed, never the batches: 1 CPU, 2 CPUs and 2 nodes agree exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import captioning_dataset
+from tests.integration.determinism_probe import record
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_same_batches_on_1_cpu_2_cpus_and_2_nodes(tmp_path):
+    """Keys and (augmented) pixel sums of the first 12 batches are identical on three Ray layouts."""
+    path = str(captioning_dataset(tmp_path / "ds", n=40, per_shard=6))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("RAY_ADDRESS", None)
+    procs = {
+        mode: subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.determinism_probe", mode, path, str(tmp_path / f"{mode}.json")],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for mode in ("local1", "cluster2")
+    }
+    in_process = record(path)  # the session's 2-CPU Ray
+    results = {}
+    for mode, proc in procs.items():
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{mode} probe failed:\n{output.decode()[-4000:]}"
+        results[mode] = json.loads((tmp_path / f"{mode}.json").read_text())
+    assert len(in_process["keys"]) == 12 and all(len(k) == 5 for k in in_process["keys"])
+    assert results["local1"] == in_process
+    assert results["cluster2"] == in_process

@@ -1,0 +1,367 @@
+"""Sample and Batch types: Energon's fields and defaults, construction, derive/extend/join, batching, pinning."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import megatron.energon as energon
+import pytest
+import torch
+from megatron.energon.flavors.vqa_and_ocr import VQAOCRSample as EnergonVQAOCRSample
+
+from energon_ray import samples as er
+from energon_ray.samples import (
+    Batch,
+    CaptioningSample,
+    ImageSample,
+    Sample,
+    SourceInfo,
+    TextSample,
+    edataclass,
+)
+from energon_ray.samples.base import _pin
+
+TYPE_NAMES = [
+    "Sample",
+    "CaptioningSample",
+    "ImageSample",
+    "ImageClassificationSample",
+    "OCRSample",
+    "TextSample",
+    "VQASample",
+    "MultiChoiceVQASample",
+    "VidQASample",
+    "InterleavedSample",
+    "SimilarityInterleavedSample",
+    "Batch",
+]
+
+#: Defaults energon_ray deliberately relaxes: Energon requires ``__restore_key__``; here it defaults
+#: to ``()`` (the package's own docstrings construct samples without it). Reported, not asserted.
+RELAXED_DEFAULTS = {"__restore_key__"}
+
+
+def _field_table(cls, relaxed=()):
+    """(name, default, has default_factory, kw_only) of every dataclass field, in order."""
+    return [
+        (
+            f.name,
+            "<relaxed>" if f.name in relaxed else f.default,
+            f.default_factory is not dataclasses.MISSING,
+            f.kw_only,
+        )
+        for f in dataclasses.fields(cls)
+    ]
+
+
+def _src(i: int, shard: str = "shard_0000.tar") -> SourceInfo:
+    return SourceInfo(dataset_path="/ds", index=i, shard_name=shard, file_names=(f"k{i}.jpg", f"k{i}.txt"))
+
+
+def _cap(i: int, w: int = 2, **kw) -> CaptioningSample:
+    return CaptioningSample(
+        __key__=f"k{i}",
+        __restore_key__=("Webdataset", i),
+        image=torch.full((1, 2, w), float(i + 1)),
+        caption=f"caption {i}",
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("name", TYPE_NAMES)
+def test_type_has_energons_fields_in_order_with_same_defaults(name):
+    """Each sample type (and Batch) has Energon's field names, order, kw_only flags and defaults."""
+    ours = getattr(er, name)
+    theirs = getattr(energon, name)
+    assert _field_table(ours, RELAXED_DEFAULTS) == _field_table(theirs, RELAXED_DEFAULTS)
+
+
+def test_vqaocr_sample_has_energons_fields_and_defaults():
+    """VQAOCRSample (not exported at the top level) matches Energon's field for field."""
+    assert _field_table(er.VQAOCRSample, RELAXED_DEFAULTS) == _field_table(EnergonVQAOCRSample, RELAXED_DEFAULTS)
+
+
+@pytest.mark.parametrize("name", TYPE_NAMES)
+def test_type_is_a_slotted_dataclass(name):
+    """Every sample type is declared with dataclass(slots=True), like Energon's edataclass."""
+    cls = getattr(er, name)
+    assert dataclasses.is_dataclass(cls)
+    assert "__slots__" in vars(cls)
+
+
+def test_sample_types_share_the_sample_base():
+    """All concrete sample types derive from Sample; Batch does not."""
+    for name in TYPE_NAMES[1:-1]:
+        assert issubclass(getattr(er, name), Sample)
+    assert not issubclass(Batch, Sample)
+
+
+def test_positional_construction_is_rejected():
+    """Sample types are keyword-only: positional arguments raise TypeError."""
+    with pytest.raises(TypeError):
+        CaptioningSample("k", ("Webdataset", 0), None, None, torch.zeros(1), "c")  # type: ignore[misc]
+
+
+def test_missing_required_field_is_rejected():
+    """Leaving out a field without a default (caption) raises TypeError."""
+    with pytest.raises(TypeError, match="caption"):
+        CaptioningSample(__key__="k", __restore_key__=(), image=torch.zeros(1))  # type: ignore[call-arg]
+
+
+def test_optional_fields_default_to_none_and_zero():
+    """Optional fields take Energon's defaults (None, and correct_choice_idx=0)."""
+    img = torch.zeros(3, 2, 2)
+    vqa = er.VQASample(__key__="k", __restore_key__=(), image=img, context="q?")
+    mc = er.MultiChoiceVQASample(__key__="k", __restore_key__=(), image=img, context="q?")
+    ocr = er.OCRSample(__key__="k", __restore_key__=(), image=img, text="t")
+    assert (vqa.answers, vqa.answer_weights, vqa.__subflavors__, vqa.__sources__) == (None, None, None, None)
+    assert (mc.choices, mc.correct_choice_idx) == (None, 0)
+    assert all(getattr(ocr, f) is None for f in ("block_boxes", "lines_text", "words_boxes", "chars_text"))
+
+
+def test_edataclass_makes_keyword_only_slotted_subclasses():
+    """A user's @edataclass subclass is keyword-only and slotted, with or without parentheses."""
+
+    @edataclass
+    class Tokens(TextSample):
+        ids: torch.Tensor
+
+    @edataclass()
+    class Scored(TextSample):
+        score: float = 0.0
+
+    t = Tokens(__key__="k", __restore_key__=(), text="a b", ids=torch.tensor([1, 2]))
+    assert t.ids.tolist() == [1, 2]
+    assert Scored(__key__="k", __restore_key__=(), text="x").score == 0.0
+    assert "__slots__" in vars(Tokens) and "__slots__" in vars(Scored)
+    with pytest.raises(TypeError):
+        Tokens("k", (), None, None, "a", torch.zeros(1))  # type: ignore[misc]
+
+
+def test_derive_from_copies_the_four_meta_fields():
+    """derive_from takes __key__, __restore_key__, __subflavors__ and __sources__ from the base sample."""
+    base = _cap(3, __subflavors__={"lang": "en"}, __sources__=(_src(3),))
+    derived = TextSample.derive_from(base, text="hello")
+    assert isinstance(derived, TextSample)
+    assert derived.__key__ == "k3"
+    assert derived.__restore_key__ == ("Webdataset", 3)
+    assert derived.__subflavors__ == {"lang": "en"}
+    assert derived.__sources__ == (_src(3),)
+    assert derived.text == "hello"
+
+
+def test_derive_from_lets_keyword_fields_override_meta_fields():
+    """derive_from(base, __subflavors__=...) overrides the base's meta field, as Energon allows."""
+    base = _cap(1, __subflavors__={"lang": "en"})
+    derived = CaptioningSample.derive_from(base, __subflavors__={"lang": "de"}, image=base.image, caption="x")
+    assert derived.__subflavors__ == {"lang": "de"}
+    assert derived.__key__ == "k1"
+
+
+def test_extend_copies_all_fields_and_adds_new_ones():
+    """extend(src, new=...) copies every field of src (meta included) into the subclass and adds the new ones."""
+
+    @edataclass
+    class TokenizedCaption(CaptioningSample):
+        tokens: torch.Tensor
+
+    src = _cap(2, __subflavors__={"a": 1}, __sources__=(_src(2),))
+    out = TokenizedCaption.extend(src, tokens=torch.tensor([5, 6]))
+    assert isinstance(out, TokenizedCaption)
+    assert (out.__key__, out.__restore_key__, out.__subflavors__, out.__sources__) == (
+        "k2",
+        ("Webdataset", 2),
+        {"a": 1},
+        (_src(2),),
+    )
+    assert out.image is src.image and out.caption == "caption 2"
+    assert out.tokens.tolist() == [5, 6]
+
+
+def test_extend_keyword_overrides_a_copied_field():
+    """A keyword passed to extend wins over the field copied from src."""
+    src = _cap(0)
+    assert CaptioningSample.extend(src, caption="new").caption == "new"
+
+
+def test_from_joined_uses_primary_meta_and_later_samples_override_fields():
+    """from_joined: the primary gives key/restore key/subflavors; later samples override other fields."""
+    primary = _cap(0, __subflavors__={"p": 1}, __sources__=(_src(0),))
+    secondary = _cap(9, __subflavors__={"s": 2}, __sources__=(_src(9, "other.tar"),))
+    joined = CaptioningSample.from_joined(primary, secondary)
+    assert joined.__key__ == "k0"
+    assert joined.__restore_key__ == ("Webdataset", 0)
+    assert joined.__subflavors__ == {"p": 1}
+    assert joined.caption == "caption 9"
+    assert torch.equal(joined.image, secondary.image)
+
+
+def test_from_joined_concatenates_sources_in_argument_order():
+    """from_joined's __sources__ are the joined samples' sources, primary first."""
+    a = _cap(0, __sources__=(_src(0),))
+    b = TextSample(__key__="t", __restore_key__=(), text="x", __sources__=(_src(5, "txt.tar"), _src(6, "txt.tar")))
+    joined = CaptioningSample.from_joined(a, b)
+    assert joined.__sources__ == (_src(0), _src(5, "txt.tar"), _src(6, "txt.tar"))
+
+
+def test_from_joined_builds_a_type_from_fields_of_different_samples():
+    """Joining an ImageSample and a TextSample fills a sample type that needs fields of both."""
+
+    @edataclass
+    class ImageText(Sample):
+        image: torch.Tensor
+        text: str
+
+    img = ImageSample(__key__="i", __restore_key__=("a", 1), image=torch.ones(1))
+    txt = TextSample(__key__="t", __restore_key__=("b", 2), text="words")
+    joined = ImageText.from_joined(img, txt)
+    assert (joined.__key__, joined.text) == ("i", "words")
+    assert torch.equal(joined.image, torch.ones(1))
+
+
+def test_from_joined_skips_missing_secondary_samples():
+    """A None secondary (a join with no match) is skipped, as Energon's default joiner does."""
+    primary = _cap(0)
+    joined = CaptioningSample.from_joined(primary, None)
+    assert joined.__key__ == "k0" and joined.caption == "caption 0"
+
+
+def test_from_joined_without_samples_raises():
+    """from_joined() with no samples raises ValueError."""
+    with pytest.raises(ValueError):
+        CaptioningSample.from_joined()
+
+
+@edataclass
+class CapBatch(Batch):
+    image: torch.Tensor
+    caption: list
+
+
+def test_batch_from_samples_pad_stacks_tensors_and_lists_the_rest():
+    """Batch.from_samples zero-pads and stacks tensor fields and lists the other fields."""
+    batch = CapBatch.from_samples([_cap(0, w=2), _cap(1, w=3)])
+    assert batch.image.shape == (2, 1, 2, 3)
+    assert batch.image.tolist() == [[[[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]], [[[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]]]
+    assert batch.caption == ["caption 0", "caption 1"]
+    assert batch.__key__ == ["k0", "k1"]
+    assert list(batch.__restore_key__) == [("Webdataset", 0), ("Webdataset", 1)]
+
+
+def test_batch_from_samples_flattens_sources_and_lists_subflavors():
+    """__sources__ of all samples are flattened in order; __subflavors__ become a per-sample list."""
+    samples = [
+        _cap(0, __subflavors__={"a": 0}, __sources__=(_src(0), _src(10))),
+        _cap(1, __subflavors__={"a": 1}, __sources__=(_src(1),)),
+    ]
+    batch = CapBatch.from_samples(samples)
+    assert batch.__sources__ == (_src(0), _src(10), _src(1))
+    assert batch.__subflavors__ == [{"a": 0}, {"a": 1}]
+
+
+def test_batch_from_samples_leaves_absent_meta_as_none():
+    """Without sources or subflavors on any sample, the batch's __sources__/__subflavors__ stay None."""
+    batch = CapBatch.from_samples([_cap(0), _cap(1)])
+    assert batch.__sources__ is None and batch.__subflavors__ is None
+
+
+def test_batch_from_samples_keyword_overrides_a_field():
+    """Keywords given to from_samples replace the batched value of that field."""
+    batch = CapBatch.from_samples([_cap(0), _cap(1)], caption=["x", "y"])
+    assert batch.caption == ["x", "y"]
+
+
+def test_batch_from_samples_rejects_non_dataclasses_and_empty_lists():
+    """from_samples raises TypeError for non-dataclass samples and ValueError for no samples."""
+    with pytest.raises(TypeError):
+        CapBatch.from_samples([{"image": torch.zeros(1), "caption": "c", "__key__": "k"}])
+    with pytest.raises(ValueError):
+        CapBatch.from_samples([])
+
+
+def test_batch_derive_from_copies_meta_fields():
+    """Batch.derive_from copies the four meta fields of the base batch and sets the given fields."""
+    base = CapBatch.from_samples([_cap(0, __sources__=(_src(0),)), _cap(1)])
+
+    @edataclass
+    class Encoded(Batch):
+        n: int
+
+    out = Encoded.derive_from(base, n=2)
+    assert out.__key__ == ["k0", "k1"]
+    assert out.__restore_key__ == base.__restore_key__
+    assert out.__sources__ == (_src(0),)
+    assert out.n == 2
+
+
+def test_pin_memory_is_available_on_samples_and_batches():
+    """Samples and batches have a callable pin_memory method (Energon's PinMemoryMixin)."""
+    assert callable(getattr(_cap(0), "pin_memory", None))
+    assert callable(getattr(CapBatch.from_samples([_cap(0)]), "pin_memory", None))
+
+
+def test_pin_leaves_non_tensor_values_untouched():
+    """_pin returns strings, numbers, None and containers of them unchanged."""
+    value = {"a": ["x", 1, None], "b": ("y", 2.5), "c": None}
+    assert _pin(value) == value
+    assert _pin("s") == "s" and _pin(None) is None
+
+
+class _FakePin:
+    """Stand-in for Tensor.pin_memory on a CPU-only torch: returns a marked clone."""
+
+    def __call__(self, tensor, *args, **kwargs):
+        out = tensor.clone()
+        out.fake_pinned = True
+        return out
+
+
+def _pinned(t) -> bool:
+    return isinstance(t, torch.Tensor) and getattr(t, "fake_pinned", False)
+
+
+def test_pin_memory_reaches_tensors_in_fields_lists_tuples_and_dicts(monkeypatch):
+    """pin_memory pins tensor fields and tensors nested in lists, tuples and dicts, keeping the rest."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", _FakePin())
+
+    @edataclass
+    class Rich(Batch):
+        x: torch.Tensor
+        nested: dict
+        caption: list
+
+    b = Rich(
+        __key__=["k"], __restore_key__=(), x=torch.ones(2), nested={"l": [torch.zeros(1)], "t": (torch.ones(1), "s")},
+        caption=["c"],
+    )
+    out = b.pin_memory()
+    assert _pinned(out.x)
+    assert _pinned(out.nested["l"][0]) and _pinned(out.nested["t"][0]) and out.nested["t"][1] == "s"
+    assert out.caption == ["c"] and out.__key__ == ["k"]
+
+
+def test_pin_memory_reaches_tensors_inside_namedtuples(monkeypatch):
+    """Tensors inside a NamedTuple field are pinned too (Energon's _pin_memory recurses into NamedTuples)."""
+    monkeypatch.setattr(torch.Tensor, "pin_memory", _FakePin())
+
+    class Tok(NamedTuple):
+        ids: torch.Tensor
+        mask: torch.Tensor
+
+    @edataclass
+    class TokBatch(Batch):
+        tok: Tok
+
+    b = TokBatch(__key__=["k"], __restore_key__=(), tok=Tok(ids=torch.ones(2), mask=torch.zeros(2)))
+    out = b.pin_memory()
+    assert isinstance(out.tok, Tok)
+    assert _pinned(out.tok.ids) and _pinned(out.tok.mask)
+
+
+def test_source_info_is_frozen_and_readable():
+    """SourceInfo is immutable and its str names the dataset, shard, index and files."""
+    s = _src(4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.index = 5  # type: ignore[misc]
+    assert str(s) == "/ds/shard_0000.tar[4] ['k4.jpg', 'k4.txt']"
