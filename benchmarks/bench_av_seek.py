@@ -104,10 +104,12 @@ def seek_benchmark(cache: Path, runs: int) -> None:
     times = time_side_by_side(cases, runs)
     medians = {name: statistics.median(t) for name, t in times.items()}
     seek = medians[next(iter(cases))]
-    print(f"\n60 s, 320x240, 30 fps, GOP 2 s, h264 ({len(data) / 1e6:.1f} MB); clip = {frames} frames; {runs} runs each")
+    print(f"\n60 s, 320x240, 30 fps, GOP 2 s, h264 ({len(data) / 1e6:.1f} MB); "
+          f"clip = {frames} frames; {runs} runs each")
     print(f"{'case':42s} {'median ms':>10s} {'min ms':>9s} {'max ms':>9s} {'vs seek':>8s}")
     for name, t in times.items():
-        print(f"{name:42s} {medians[name] * 1e3:10.1f} {min(t) * 1e3:9.1f} {max(t) * 1e3:9.1f} {medians[name] / seek:7.1f}x")
+        low, high = min(t) * 1e3, max(t) * 1e3
+        print(f"{name:42s} {medians[name] * 1e3:10.1f} {low:9.1f} {high:9.1f} {medians[name] / seek:7.1f}x")
 
 
 def memory_benchmark(cache: Path) -> None:
@@ -119,8 +121,10 @@ def memory_benchmark(cache: Path) -> None:
     """
     path = cached_video(cache, "memory_10min_1280x720.mp4", seconds=600, width=1280, height=720, fps=30, gop=60,
                         preset="ultrafast", quality={"b": "500k", "maxrate": "500k", "bufsize": "1M"})
-    print(f"\n8 uniform 1 s clips from 10 min 1280x720 ({path.stat().st_size / 1e6:.1f} MB file), fresh process each:")
-    print(f"{'process':8s} {'imports':>8s} {'+file':>7s} {'clips':>7s} {'peak':>7s} {'overhead':>9s} {'time':>6s}  (MiB, s)")
+    size_mb = path.stat().st_size / 1e6
+    print(f"\n8 uniform 1 s clips from 10 min 1280x720 ({size_mb:.1f} MB file), fresh process each:")
+    header = ("process", "imports", "+file", "clips", "peak", "overhead", "time")
+    print("{:8s} {:>8s} {:>7s} {:>7s} {:>7s} {:>9s} {:>6s}  (MiB, s)".format(*header))
     for mode in ("lean", "package"):
         cmd = [sys.executable, __file__, "--_measure", str(path), "--_mode", mode]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout

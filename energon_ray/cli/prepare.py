@@ -32,13 +32,15 @@ def user_errors() -> Iterator[None]:
         raise click.ClickException(str(exc)) from None
 
 
-def _parse_ratio(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[List[float]]:
-    if value is None:
-        return None
+def _ratio_value(value: str) -> List[float]:
     try:
         return [float(x) for x in value.split(",")]
     except ValueError:
         raise click.BadParameter(f"expected numbers like '8,1,1' or '0.8,0.1,0.1', got {value!r}") from None
+
+
+def _parse_ratio(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[List[float]]:
+    return None if value is None else _ratio_value(value)
 
 
 def _parse_split_parts(
@@ -69,7 +71,8 @@ def _parse_field_map(ctx: click.Context, param: click.Parameter, value: Optional
 
 def _prompt_field_map(cls: type, part_types: Sequence[str]) -> Dict[str, str]:
     """Ask for the tar part of every field; ``json[a][0]`` and ``jpg,png`` are accepted."""
-    click.echo(f"Parts in the shards: {', '.join(part_types)}. Use json[key] for nested values, jpg,png for alternatives.")
+    click.echo(f"Parts in the shards: {', '.join(part_types)}.")
+    click.echo("Use json[key] for nested values and jpg,png for alternatives.")
     field_map: Dict[str, str] = {}
     for field in dataclasses.fields(cls):
         if field.name.startswith("__"):
@@ -111,6 +114,16 @@ def _interactive_dataset_yaml(
     click.echo(f"Wrote {yaml_path}")
     if loader is not None:
         click.echo(f"Edit {loader} so it returns the fields of {sample_type}.")
+
+
+def _check_overwrite(path: Path, force_overwrite: bool, interactive: bool) -> Optional[bool]:
+    """The ``force_overwrite`` to use, or None when the user declines to redo a prepared dataset."""
+    existing = already_prepared(path)
+    if existing is None or force_overwrite:
+        return force_overwrite
+    if not interactive:
+        raise click.ClickException(f"{existing} exists: the dataset is already prepared; use --force-overwrite")
+    return True if click.confirm(f"{existing} exists. Prepare the dataset again?", default=False) else None
 
 
 def _report(result: PrepareResult) -> None:
@@ -156,31 +169,31 @@ def prepare_command(
         --sample-type CaptioningSample --field-map '{"image": "jpg", "caption": "txt"}'
     """
     interactive = not non_interactive
+    defer_yaml = False
     if not tar_index_only:
-        existing = already_prepared(path)
-        if existing is not None and not force_overwrite:
-            if not interactive:
-                raise click.ClickException(f"{existing} exists: the dataset is already prepared; use --force-overwrite")
-            if not click.confirm(f"{existing} exists. Prepare the dataset again?", default=False):
-                click.echo("Nothing changed.")
-                return
-            force_overwrite = True
+        force = _check_overwrite(path, force_overwrite, interactive)
+        if force is None:
+            click.echo("Nothing changed.")
+            return
+        force_overwrite = force
         if split_ratio is None and split_parts is None:
             if not interactive:
                 raise click.UsageError("--split-ratio or --split-parts is required with --non-interactive")
-            split_ratio = click.prompt("Train/val/test split ratio", default="8,1,1", value_proc=lambda v: _parse_ratio(None, None, v))  # type: ignore[arg-type]
+            split_ratio = click.prompt("Train/val/test split ratio", default="8,1,1", value_proc=_ratio_value)
         with user_errors():
             check_sample_config(sample_type, field_map)
-    ask = interactive and not tar_index_only and not skip_dataset_yaml and (sample_type is None or (sample_type != CRUDE and field_map is None))
+        needs_prompt = sample_type is None or (sample_type != CRUDE and field_map is None)
+        defer_yaml = interactive and not skip_dataset_yaml and needs_prompt
+    write_yaml = not (defer_yaml or skip_dataset_yaml)
     with user_errors():
         result = prepare_dataset(
             path, split_ratio=split_ratio, split_parts=split_parts, exclude=exclude, shuffle_tars=shuffle_tars,
-            sample_type=None if ask or skip_dataset_yaml else sample_type, field_map=None if ask or skip_dataset_yaml else field_map,
+            sample_type=sample_type if write_yaml else None, field_map=field_map if write_yaml else None,
             tar_index_only=tar_index_only, force_overwrite=force_overwrite, progress=progress,
             num_workers=num_workers, dataset_config=dataset_yaml_name,
         )  # fmt: skip
     _report(result)
-    if ask:
+    if defer_yaml:
         _interactive_dataset_yaml(path, result, sample_type, dataset_yaml_name)
     elif sample_type is None and not tar_index_only and not skip_dataset_yaml:
         click.echo("No dataset.yaml written (pass --sample-type to create it).")

@@ -204,7 +204,7 @@ def _index_shards(root: Path, names: List[str], num_workers: int, progress: bool
 
 def _create_index_db(file: Path) -> sqlite3.Connection:
     file.unlink(missing_ok=True)
-    db = sqlite3.connect(file)
+    db = sqlite3.connect(file, isolation_level=None)  # one explicit transaction, committed at the end
     db.execute(
         "CREATE TABLE samples (tar_file_id INTEGER NOT NULL, sample_key TEXT NOT NULL UNIQUE, "
         "sample_index INTEGER NOT NULL, byte_offset INTEGER, byte_size INTEGER)"
@@ -213,6 +213,7 @@ def _create_index_db(file: Path) -> sqlite3.Connection:
         "CREATE TABLE sample_parts (tar_file_id INTEGER, sample_index INTEGER, part_name TEXT, "
         "content_byte_offset INTEGER, content_byte_size INTEGER)"
     )
+    db.execute("BEGIN")
     return db
 
 
@@ -245,7 +246,7 @@ def _finish_index_db(db: sqlite3.Connection, tmp: Path, final: Path) -> None:
         "CREATE INDEX idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, part_name, "
         "content_byte_offset, content_byte_size)"
     )
-    db.commit()
+    db.execute("COMMIT")
     db.close()
     os.replace(tmp, final)
     (final.parent / INDEX_UUID).write_text(str(uuid.uuid4()))
@@ -285,6 +286,9 @@ def index_dataset(
 def split_by_ratio(names: Sequence[str], ratio: Sequence[float], shuffle: bool = False) -> Dict[str, List[str]]:
     """Whole shards to train/val/test: cut points ``int(n * cumulative normalised ratio)``.
 
+    As in Energon, except that the last part always ends at ``n``: Energon's float sum can end
+    just below 1 (e.g. ratio ``0.1,0.2,0.3``) and then silently drops the last shard.
+
     Example:
         >>> split_by_ratio(["a.tar", "b.tar", "c.tar"], [8, 1, 1])
         {'train': ['a.tar', 'b.tar'], 'val': [], 'test': ['c.tar']}
@@ -296,7 +300,7 @@ def split_by_ratio(names: Sequence[str], ratio: Sequence[float], shuffle: bool =
     out, start, cumulative = {}, 0, 0.0
     for part, value in zip(RATIO_PARTS, ratio):
         cumulative += value / total
-        end = int(len(order) * cumulative)
+        end = len(order) if part == RATIO_PARTS[-1] else int(len(order) * cumulative)
         out[part] = order[start:end]
         start = end
     return out
@@ -480,7 +484,8 @@ def _warnings(
         out.append(f"{len(unused)} shard(s) are in no split part, e.g. {unused[0]}")
     for field, options in (parsed_map or {}).items():
         if not any(opt[0] in part_types for opt in options):
-            out.append(f"field_map[{field!r}] uses part(s) {[o[0] for o in options]}; the shards have {list(part_types)}")
+            used_parts = [o[0] for o in options]
+            out.append(f"field_map[{field!r}] uses part(s) {used_parts}; the shards have {list(part_types)}")
     return out
 
 
@@ -497,7 +502,7 @@ def _reindex(root: Path, num_workers: int, progress: bool, conflicts: Dict[str, 
         write_info(root, counts, energon_version_string())
         changed = [n for n in counts if counts[n] != old[n]]
         warnings.append(f"sample counts changed for {changed}; updated .nv-meta/{INFO_JSON}")
-    return PrepareResult(root=root, shard_counts=counts, split_parts={}, part_types=part_types, warnings=tuple(warnings))
+    return PrepareResult(root, shard_counts=counts, split_parts={}, part_types=part_types, warnings=tuple(warnings))
 
 
 def prepare_dataset(
@@ -566,10 +571,11 @@ def prepare_dataset(
     parsed_map = check_sample_config(sample_type, field_map)
     existing = already_prepared(root)
     if existing is not None and not force_overwrite:
-        raise DatasetConfigError(f"{existing}: the dataset is already prepared; use --force-overwrite to redo it")
+        raise DatasetConfigError(f"{existing}: the dataset is already prepared; pass force_overwrite=True to redo it")
     names = find_shards(root, exclude)
     if not names:
-        raise DatasetConfigError(f"{root}: no .tar/.tgz shards found" + (f" after excluding {exclude}" if exclude else ""))
+        excluded = f" after excluding {exclude}" if exclude else ""
+        raise DatasetConfigError(f"{root}: no .tar/.tgz shards found{excluded}")
     counts, part_types = index_dataset(root, names, num_workers=num_workers, progress=progress)
     write_info(root, counts, energon_version_string())
     splits = split_by_ratio(names, ratio, shuffle_tars) if ratio else split_by_patterns(names, patterns or {})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import re
 import time
 import weakref
 from typing import Any, Iterator, List, Optional, Tuple
@@ -46,6 +47,18 @@ def _unwrap(exc: BaseException) -> Optional[BaseException]:
             return current
         stack.extend([getattr(current, "cause", None), current.__cause__, current.__context__])
     return None
+
+
+_ERROR_LINE = re.compile(r"energon_ray\.errors\.(FatalSampleError|ShardReadError|DatasetConfigError|SampleException): (.*)")
+
+
+def _from_text(exc: BaseException) -> Optional[BaseException]:
+    """Rebuild our exception from a Ray task error's text (Ray keeps only the traceback string)."""
+    matches = _ERROR_LINE.findall(str(exc))
+    if not matches:
+        return None
+    name, message = matches[-1]
+    return {e.__name__: e for e in _OUR_ERRORS}[name](message)
 
 
 class EnergonLoader:
@@ -226,6 +239,9 @@ class EnergonLoader:
             ours = _unwrap(exc)
             if ours is not None and ours is not exc:
                 raise type(ours)(str(ours)) from None
+            named = _from_text(exc)
+            if named is not None:
+                raise named from None
             raise
         logger.debug("window of %d segments took %.2fs", len(specs), time.perf_counter() - started)
 

@@ -12,6 +12,7 @@ import logging
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.policy import FailureChain
 
@@ -137,6 +138,9 @@ class StreamMerger:
             if run.ignored:
                 stats.ignored[run.stage] = stats.ignored.get(run.stage, 0) + run.ignored
             self.chain.add(report.worker, run)
+        if report.fatal is not None:
+            kind, message = report.fatal
+            raise (ShardReadError if kind == "ShardReadError" else FatalSampleError)(message)
 
     def _capped(self, worker: int) -> bool:
         return self.caps is not None and self.emitted[worker] >= self.caps[worker]

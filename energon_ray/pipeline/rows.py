@@ -8,7 +8,7 @@ and a closing ``REPORT`` row.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import pyarrow as pa
 
@@ -41,6 +41,9 @@ class SegmentData:
     runs: List[StageRun] = dataclasses.field(default_factory=list)
     #: Samples read from the shards (before any stage dropped them).
     samples_read: int = 0
+    #: ``(exception type name, message)`` when a stage hit a fatal error; the driver raises it in
+    #: plan order (Ray does not carry our exception types across its task errors).
+    fatal: Optional[Tuple[str, str]] = None
 
 
 @dataclasses.dataclass
@@ -53,6 +56,7 @@ class Report:
     samples_encoded: int
     batches: int
     runs: List[StageRun]
+    fatal: Optional[Tuple[str, str]] = None
 
 
 def table(rows: List[Tuple[int, int, int, int, Any]]) -> pa.Table:

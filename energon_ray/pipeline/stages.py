@@ -13,7 +13,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import pyarrow as pa
 
-from energon_ray.errors import log_exception
+from energon_ray.errors import FatalSampleError, log_exception
 from energon_ray.pipeline import rows, serde
 from energon_ray.pipeline.load import SampleLoader
 from energon_ray.pipeline.policy import HookRunner, StageRun
@@ -70,8 +70,17 @@ class EncodeSamples:
         load = HookRunner("load", loader, te.__default_failure_tolerance__, handler)
         cook = _runner(te, "cook_crude_sample", "cook_crude_sample", handler)
         encode = _runner(te, "encode_sample", "encode_sample", handler)
-        do_encode = is_overridden(te, "encode_sample")
         runs = {r.stage: r for r in (load.new_run(), cook.new_run(), encode.new_run())}
+        data.runs.extend(runs.values())
+        if data.fatal is None:
+            try:
+                self._encode_all(data, te, loader, load, cook, encode, runs)
+            except FatalSampleError as exc:
+                data.fatal = ("FatalSampleError", str(exc))
+        data.raw = []
+
+    def _encode_all(self, data, te, loader, load, cook, encode, runs) -> None:
+        do_encode = is_overridden(te, "encode_sample")
         seed = data.spec.seed
         for position, _, raw in data.raw:
             what = _what(raw)
@@ -93,8 +102,6 @@ class EncodeSamples:
                 continue
             for sub, item in enumerate(outputs):
                 data.encoded.append((position, sub, item))
-        data.raw = []
-        data.runs.extend(runs.values())
 
 
 class Batcher:
@@ -160,11 +167,15 @@ class BatchSamples:
         else:
             batcher = Batcher(self.config.task_encoder.get(), self.config.error_handler)
             runs = batcher.new_runs()
-            full = len(data.encoded) - len(data.encoded) % size
-            for start in range(0, full, size):
-                items.extend(batcher(data.encoded[start : start + size], spec.seed, size, runs))
-            leftover = data.encoded[full:]
             data.runs.extend(runs)
+            full = len(data.encoded) - len(data.encoded) % size
+            try:
+                for start in range(0, full, size):
+                    items.extend(batcher(data.encoded[start : start + size], spec.seed, size, runs))
+            except FatalSampleError as exc:
+                data.fatal = data.fatal or ("FatalSampleError", str(exc))
+            if data.fatal is None:
+                leftover = data.encoded[full:]
         for seq, item in enumerate(items):
             yield rows.ITEM, spec.worker, spec.index, seq, item
         if leftover:
@@ -176,5 +187,6 @@ class BatchSamples:
             samples_encoded=len(data.encoded),
             batches=len(items),
             runs=data.runs,
+            fatal=data.fatal,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report

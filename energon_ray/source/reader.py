@@ -8,7 +8,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from energon_ray.errors import ShardReadError
+from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.format.tar_reader import ShardReader, consecutive_runs, parse_sample
 from energon_ray.pipeline.policy import StageRun, describe_error
@@ -69,13 +69,16 @@ class ReadSegment:
         local = spec.samples - np.asarray(self.shards.starts)[shard_ids]
         pos = 0
         n = len(spec.samples)
-        while pos < n:
-            shard = int(shard_ids[pos])
-            end = pos
-            while end < n and shard_ids[end] == shard:
-                end += 1
-            self._read_shard(data, run, shard, local[pos:end], spec.start + pos, spec.samples[pos:end])
-            pos = end
+        try:
+            while pos < n:
+                shard = int(shard_ids[pos])
+                end = pos
+                while end < n and shard_ids[end] == shard:
+                    end += 1
+                self._read_shard(data, run, shard, local[pos:end], spec.start + pos, spec.samples[pos:end])
+                pos = end
+        except (FatalSampleError, ShardReadError) as exc:
+            data.fatal = (type(exc).__name__, str(exc))
         data.samples_read = len(data.raw)
         return data
 

@@ -161,6 +161,17 @@ def test_both_preparers_write_identical_indexes_and_equivalent_metadata(tmp_path
     assert sqlite_rows(tmp_path / "theirs") == sqlite_rows(tmp_path / "ours")
 
 
+def test_known_divergence_energon_drops_the_last_shard_when_the_ratio_sum_rounds_below_one(tmp_path):
+    for name in ("theirs", "ours"):
+        write_shards(tmp_path / name / "shards", captioning_samples(10, image_size=(4, 4)), 1)
+    energon_prepare(tmp_path / "theirs", "--split-ratio", "0.1,0.2,0.3")
+    ours_prepare(tmp_path / "ours", "--split-ratio", "0.1,0.2,0.3")
+    theirs, ours = expanded_splits(tmp_path / "theirs"), expanded_splits(tmp_path / "ours")
+    assert theirs["split_parts"]["test"] + ["shards/shard_0009.tar"] == ours["split_parts"]["test"]
+    assert theirs["split_parts"]["train"] == ours["split_parts"]["train"]
+    assert theirs["split_parts"]["val"] == ours["split_parts"]["val"]
+
+
 def test_an_uncompressed_tgz_shard_loads_in_both_libraries(tmp_path):
     written = write_plain(tmp_path, num=4)
     (tmp_path / "shards/shard_0001.tar").rename(tmp_path / "shards/shard_0001.tgz")

@@ -80,7 +80,8 @@ def test_uniform_errors_name_the_key_and_request(media_dir):
         get_clips_uniform(dec, -1.0, 2, request_video=True)
     with pytest.raises(ValueError, match="audio clips of 0 seconds"):
         get_clips_uniform(dec, 0, 2, request_audio=True)
-    with pytest.raises(SampleException, match=r"h264.mp4: 2 uniform clips of 0.5s \(audio\) requested, but the media has no audio"):
+    message = r"h264.mp4: 2 uniform clips of 0.5s \(audio\) requested, but the media has no audio"
+    with pytest.raises(SampleException, match=message):
         get_clips_uniform(dec, 0.5, 2, request_audio=True)
     with pytest.raises(SampleException, match="lasts only 2.000000s"):
         get_clips_uniform(dec, 3.0, 2, request_video=True)

@@ -6,10 +6,7 @@ import dataclasses
 import math
 import pickle
 import random
-from fractions import Fraction
 
-import av
-import numpy as np
 import pytest
 import torch
 from tests.unit.test_av_media import (  # noqa: F401  (media_dir is a fixture)
@@ -147,7 +144,8 @@ def count_decoded_frames(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "name, frames, keyframe", [("h264.mp4", (43, 45), 40), ("h264_vargop.mp4", (39, 39), 18), ("vp9.mkv", (33, 34), 30)]
+    "name, frames, keyframe",
+    [("h264.mp4", (43, 45), 40), ("h264_vargop.mp4", (39, 39), 18), ("vp9.mkv", (33, 34), 30)],
 )
 def test_seeks_to_the_keyframe_before_the_clip(media_dir, monkeypatch, name, frames, keyframe):
     """A clip decodes from the last keyframe at or before it, not from the start of the file."""
@@ -174,7 +172,8 @@ def test_missed_seek_is_retried_from_an_earlier_keyframe(media_dir, references):
     # pretend frame 20's keyframe must be sought at frame 40's timestamp: the seek overshoots
     wrong = list(index.keyframe_seek_ts)
     wrong[2] = index.keyframe_seek_ts[4]
-    reader = VideoClipReader(lambda: open_container(data, "x"), dataclasses.replace(index, keyframe_seek_ts=tuple(wrong)), "x")
+    misleading = dataclasses.replace(index, keyframe_seek_ts=tuple(wrong))
+    reader = VideoClipReader(lambda: open_container(data, "x"), misleading, "x")
     with pytest.warns(RuntimeWarning, match="seeking missed frame 22"):
         clip = reader.read(22, 25, None)
     reader.close()

@@ -308,13 +308,11 @@ def test_pin_leaves_non_tensor_values_untouched():
     assert _pin("s") == "s" and _pin(None) is None
 
 
-class _FakePin:
+def _fake_pin(tensor, *args, **kwargs):
     """Stand-in for Tensor.pin_memory on a CPU-only torch: returns a marked clone."""
-
-    def __call__(self, tensor, *args, **kwargs):
-        out = tensor.clone()
-        out.fake_pinned = True
-        return out
+    out = tensor.clone()
+    out.fake_pinned = True
+    return out
 
 
 def _pinned(t) -> bool:
@@ -323,7 +321,7 @@ def _pinned(t) -> bool:
 
 def test_pin_memory_reaches_tensors_in_fields_lists_tuples_and_dicts(monkeypatch):
     """pin_memory pins tensor fields and tensors nested in lists, tuples and dicts, keeping the rest."""
-    monkeypatch.setattr(torch.Tensor, "pin_memory", _FakePin())
+    monkeypatch.setattr(torch.Tensor, "pin_memory", _fake_pin)
 
     @edataclass
     class Rich(Batch):
@@ -343,7 +341,7 @@ def test_pin_memory_reaches_tensors_in_fields_lists_tuples_and_dicts(monkeypatch
 
 def test_pin_memory_reaches_tensors_inside_namedtuples(monkeypatch):
     """Tensors inside a NamedTuple field are pinned too (Energon's _pin_memory recurses into NamedTuples)."""
-    monkeypatch.setattr(torch.Tensor, "pin_memory", _FakePin())
+    monkeypatch.setattr(torch.Tensor, "pin_memory", _fake_pin)
 
     class Tok(NamedTuple):
         ids: torch.Tensor

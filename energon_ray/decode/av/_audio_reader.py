@@ -53,18 +53,18 @@ class AudioClipReader:
     Args:
         open_container: opens a fresh container on the same bytes.
         key: the sample key, for messages.
-        declared_end: the stream's end in samples according to the header, if any; ranges may reach
-            up to it even when the decoded stream is slightly shorter.
+        slack: how many samples a range may reach past the decoded end (then it is cut there):
+            headers round durations, and lossy codecs pad or trim the last frame.
         preroll: samples to decode before ``start`` after a seek (see :func:`preroll_samples`).
         suppress_warnings: do not warn when a seek had to be retried.
     """
 
     def __init__(
-        self, open_container: Opener, key: str, declared_end: Optional[int], preroll: int, suppress_warnings: bool
+        self, open_container: Opener, key: str, slack: int, preroll: int, suppress_warnings: bool
     ):
         self._open = open_container
         self._key = key
-        self._declared_end = declared_end
+        self._slack = slack
         self._preroll = preroll
         self._quiet = suppress_warnings
         self._container: Optional["av.container.InputContainer"] = None
@@ -153,16 +153,15 @@ class AudioClipReader:
     def _finish(
         self, chunks: list, first: Optional[int], start: int, end: Optional[int], reached: int, rate: int
     ) -> Tuple[np.ndarray, int]:
-        """Join the chunks, or raise if the range missed the stream (a 1 ms slack absorbs header rounding)."""
+        """Join the chunks, or raise if the range starts after the stream or ends past it by more than the slack."""
         if not chunks:
             raise SampleException(
                 f"{self._key}: audio range starts at sample {start} ({start / rate:.6f}s), "
                 f"at or after the end of the audio ({reached / rate:.6f}s)"
             )
-        allowed = max(reached, self._declared_end or 0) + max(1, rate // 1000)
-        if end is not None and end > allowed:
+        if end is not None and end > reached + self._slack:
             raise SampleException(
                 f"{self._key}: audio range ends at sample {end} ({end / rate:.6f}s), "
-                f"beyond the end of the audio ({max(reached, self._declared_end or 0) / rate:.6f}s)"
+                f"beyond the end of the audio ({reached / rate:.6f}s)"
             )
         return np.concatenate(chunks, axis=1), first

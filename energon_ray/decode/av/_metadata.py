@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Optional
 
 import av.container
@@ -10,21 +9,6 @@ import av.stream
 
 from energon_ray.decode.av._container import AV_ERRORS
 from energon_ray.errors import SampleException
-
-
-def header_end_ticks(stream: "av.stream.Stream") -> Optional[int]:
-    """Where the header says the stream ends, in its own ticks (``start_time + duration``), if it says."""
-    if not stream.duration:
-        return None
-    return (stream.start_time or 0) + stream.duration
-
-
-def declared_audio_end(stream: "av.stream.Stream") -> Optional[int]:
-    """Where the header says the audio ends, in samples, if it says."""
-    end = header_end_ticks(stream)
-    if end is None or not stream.time_base or not stream.sample_rate:
-        return None
-    return round(end * Fraction(stream.time_base) * stream.sample_rate)
 
 
 def audio_duration_seconds(

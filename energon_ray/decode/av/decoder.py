@@ -131,7 +131,9 @@ class AVDecoder:
             video = self.get_video_clips(video_clip_ranges, video_unit, video_out_frame_size)
         if audio_clip_ranges is not None:
             audio = self.get_audio_clips(audio_clip_ranges, audio_unit)
-        return AVData(video_clips=video[0], video_timestamps=video[1], audio_clips=audio[0], audio_timestamps=audio[1])
+        return AVData(
+            video_clips=video[0], video_timestamps=video[1], audio_clips=audio[0], audio_timestamps=audio[1]
+        )
 
     def get_video_clips(
         self,
@@ -152,9 +154,8 @@ class AVDecoder:
         with self._open() as container:
             stream = self._require_video(container, f"video clips {list(video_clip_ranges)!r}")
             index = self._video_index(container, stream)
-            header_end = meta.header_end_ticks(stream)
         spans = [
-            self._video_span(index, header_end, rng, i, video_unit, shown)
+            self._video_span(index, rng, i, video_unit, shown)
             for i, (rng, shown) in enumerate(zip(ranges, video_clip_ranges))
         ]
         reader = VideoClipReader(self._reopen, index, self.key, self.suppress_warnings)
@@ -183,10 +184,10 @@ class AVDecoder:
         with self._open() as container:
             stream = self._require_audio(container, f"audio clips {list(audio_clip_ranges)!r}")
             rate = stream.sample_rate
-            declared_end = meta.declared_audio_end(stream)
+            slack = max(rate // 1000, stream.codec_context.frame_size or 0)
             preroll = preroll_samples(stream.codec_context.name, rate)
         spans = [self._audio_span(rate, r, i, audio_unit) for i, r in enumerate(ranges)]
-        reader = AudioClipReader(self._reopen, self.key, declared_end, preroll, self.suppress_warnings)
+        reader = AudioClipReader(self._reopen, self.key, slack, preroll, self.suppress_warnings)
         clips, stamps = [], []
         try:
             for start, end in spans:
@@ -198,9 +199,13 @@ class AVDecoder:
         return clips, stamps
 
     def _video_span(
-        self, index: VideoIndex, header_end: Optional[int], rng: Range, i: int, unit: str, shown: Any
+        self, index: VideoIndex, rng: Range, i: int, unit: str, shown: Any
     ) -> Tuple[int, int]:
-        """Turn a checked range into frame numbers ``(first, last)``, or raise if it leaves the video."""
+        """Turn a checked range into frame numbers ``(first, last)``, or raise if it leaves the video.
+
+        In seconds, an end up to one frame past the last frame is accepted (and clamped): headers
+        round durations, and a header's duration is what the uniform helpers ask for.
+        """
         start, end = rng
         where = f"{self.key}: video clip #{i} {tuple(shown)!r} ({unit})"
         if unit == "frames":
@@ -215,9 +220,8 @@ class AVDecoder:
         if end == math.inf:
             return index.frame_at(start_ticks), len(index) - 1
         end_ticks = to_ticks(end, ticks_per_second)
-        video_end = max(index.end_ts, header_end or 0)
-        if end_ticks > video_end + index.durations[-1] // 2:
-            raise SampleException(f"{where} ends after the end of the video ({index.seconds(video_end):.6f}s)")
+        if end_ticks > index.end_ts + index.durations[-1]:
+            raise SampleException(f"{where} ends after the end of the video ({index.seconds(index.end_ts):.6f}s)")
         return index.frame_at(start_ticks), index.frame_at(end_ticks)
 
     def _audio_span(self, rate: int, rng: Range, i: int, unit: str) -> Tuple[int, Optional[int]]:

@@ -1,0 +1,169 @@
+"""Bad input: config errors fail fast in the driver; data errors are skipped, logged and counted."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import pytest
+
+import energon_ray as er
+from energon_ray.synthetic import captioning_samples
+from tests.helpers import captioning_dataset, keys_of, prepared
+
+WC = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+
+
+def _val(path, **kwargs):
+    kwargs.setdefault("batch_size", 4)
+    return er.get_loader(er.get_val_dataset(path, split_part="train", worker_config=WC, **kwargs))
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    return captioning_dataset(tmp_path_factory.mktemp("bad") / "good", n=20, per_shard=5)
+
+
+def test_corrupt_jpeg_and_missing_part_are_skipped_logged_and_counted(tmp_path, caplog):
+    """A corrupt JPEG and a sample without its caption are dropped, named in the log, counted; batches stay full."""
+    samples = captioning_samples(24)
+    samples[5][1]["jpg"] = b"\xff\xd8 this is not a jpeg"
+    del samples[14][1]["txt"]
+    path = prepared(tmp_path / "ds", samples, 6)
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    loader = _val(path, batch_size=4)
+    batches = keys_of(loader)
+    keys = [k for b in batches for k in b]
+    assert sorted(keys) == sorted(f"sample_{i:06d}" for i in range(24) if i not in (5, 14))
+    assert [len(b) for b in batches].count(4) >= len(batches) - 2
+    assert loader.stats.skipped == {"load": 2}
+    log = caplog.text
+    assert "shards/shard_0000.tar: sample 'sample_000005'" in log and "'jpg'" in log
+    assert "sample 'sample_000014'" in log and "field 'caption'" in log and "'txt'" in log
+
+
+class FailSome(er.DefaultTaskEncoder):
+    def encode_sample(self, sample):
+        index = int(sample.__key__[-6:])
+        if index % 5 == 0:
+            raise ValueError(f"cannot encode {index}")
+        if index % 7 == 0:
+            raise er.IgnoreSample()
+        return sample
+
+
+def test_hook_errors_are_skipped_and_ignores_are_silent(good):
+    """ValueError in encode_sample skips and counts; IgnoreSample drops without counting as an error."""
+    loader = _val(good, task_encoder=FailSome(), batch_size=3)
+    keys = [k for b in keys_of(loader) for k in b]
+    assert sorted(keys) == [f"sample_{i:06d}" for i in range(20) if i % 5 and i % 7]
+    assert loader.stats.skipped == {"encode_sample": 4}
+    assert loader.stats.ignored == {"encode_sample": 2}
+
+
+class AlwaysFail(er.DefaultTaskEncoder):
+    def encode_sample(self, sample):
+        raise ValueError("broken augmentation")
+
+
+def test_many_consecutive_failures_raise_fatal_error_in_driver(good):
+    """Consecutive failures beyond the tolerance raise FatalSampleError (not a Ray error) with the cause."""
+    encoder = AlwaysFail()
+    encoder.__default_failure_tolerance__ = 8
+    with pytest.raises(er.FatalSampleError, match="consecutive failures.*broken augmentation"):
+        list(_val(good, task_encoder=encoder))
+
+
+class SystemFail(er.DefaultTaskEncoder):
+    def encode_sample(self, sample):
+        import not_a_module_that_exists  # noqa: F401
+
+
+def test_system_errors_are_fatal_at_once(good):
+    """An ImportError inside a hook aborts loading at once with FatalSampleError naming the sample."""
+    with pytest.raises(er.FatalSampleError, match="ImportError|ModuleNotFoundError"):
+        list(_val(good, task_encoder=SystemFail()))
+
+
+def _reraise(exc, sample, sources):
+    raise exc
+
+
+def test_custom_error_handler_can_abort(good):
+    """A global_error_handler that re-raises turns the first failure into FatalSampleError."""
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1, global_error_handler=_reraise)
+    loader = er.get_loader(er.get_val_dataset(good, split_part="train", worker_config=wc, batch_size=2, task_encoder=FailSome()))
+    with pytest.raises(er.FatalSampleError, match="error handler aborted"):
+        list(loader)
+
+
+# -- configuration errors: raised by get_*_dataset, before any Ray task ---------------------
+
+
+def test_missing_nv_meta(tmp_path):
+    """A folder without .nv-meta names the folder and the command to run."""
+    (tmp_path / "raw").mkdir()
+    with pytest.raises(er.DatasetConfigError, match=r"raw: not a prepared dataset .*energon-ray prepare"):
+        er.get_val_dataset(tmp_path / "raw", batch_size=2)
+
+
+def test_unknown_split_part(good):
+    """An unknown split part names split.yaml and the parts it defines."""
+    with pytest.raises(er.DatasetConfigError, match=r"split.yaml: unknown split part 'training'.*\['test', 'train', 'val'\]"):
+        er.get_val_dataset(good, split_part="training", batch_size=2)
+
+
+def test_bad_batch_size(good):
+    """batch_size <= 0 is rejected with its value."""
+    with pytest.raises(ValueError, match="batch_size must be a positive int or None, got 0"):
+        er.get_val_dataset(good, split_part="train", batch_size=0)
+
+
+def test_unknown_sample_type_and_bad_field_map(tmp_path, good):
+    """dataset.yaml errors name the file, the value and the valid choices."""
+    path = tmp_path / "copy"
+    shutil.copytree(good, path)
+    yaml_file = path / ".nv-meta" / "dataset.yaml"
+    yaml_file.write_text("sample_type: {__module__: megatron.energon, __class__: CaptionSample}\nfield_map: {image: jpg}\n")
+    with pytest.raises(er.DatasetConfigError, match=r"dataset.yaml: unknown sample_type 'CaptionSample'"):
+        er.get_val_dataset(path, split_part="train", batch_size=2)
+    yaml_file.write_text(
+        "sample_type: {__module__: megatron.energon, __class__: CaptioningSample}\n"
+        "field_map: {image: jpg, caption: txt, label: cls}\n"
+    )
+    with pytest.raises(er.DatasetConfigError, match=r"field_map names field 'label', which CaptioningSample does not have"):
+        er.get_val_dataset(path, split_part="train", batch_size=2)
+
+
+def test_index_disagreeing_with_tar(tmp_path, good):
+    """A .tar.idx whose count differs from .info.json, and a truncated tar, are named with their paths."""
+    path = tmp_path / "copy"
+    shutil.copytree(good, path)
+    idx = path / "shards" / "shard_0001.tar.idx"
+    data = idx.read_bytes()
+    idx.write_bytes(data[:-8])
+    with pytest.raises(er.DatasetConfigError, match=r"shard_0001.tar.idx: index lists 4 samples but .* says 5"):
+        er.get_val_dataset(path, split_part="train", batch_size=2)
+    idx.write_bytes(data)
+    tar = path / "shards" / "shard_0002.tar"
+    os.truncate(tar, os.path.getsize(tar) // 2)
+    with pytest.raises(er.DatasetConfigError, match=r"shard_0002.tar: tar is truncated"):
+        er.get_val_dataset(path, split_part="train", batch_size=2)
+
+
+def test_corrupt_tar_record_is_skipped_with_its_path(tmp_path, good):
+    """Garbage where a sample's tar header should be is a counted, logged skip naming the shard."""
+    path = tmp_path / "copy"
+    shutil.copytree(good, path)
+    import numpy as np
+
+    tar = path / "shards" / "shard_0001.tar"
+    offsets = np.fromfile(str(tar) + ".idx", dtype=np.uint64)
+    with open(tar, "r+b") as f:
+        f.seek(int(offsets[2]))
+        f.write(b"\x00garbage" * 64)
+    loader = _val(path, batch_size=4)
+    keys = [k for b in keys_of(loader) for k in b]
+    assert len(keys) == 19 and "sample_000007" not in keys
+    assert loader.stats.skipped == {"read": 1}

@@ -1,0 +1,192 @@
+"""SampleDecoder: every webdataset image mode on real JPEG/PNG bytes, the basic handlers, errors,
+pickling and content guessing (Energon 7.4.1's decoder is the oracle for image modes)."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from megatron.energon.flavors.webdataset.sample_decoder import SampleDecoder as EnergonSampleDecoder
+from PIL import Image
+
+from energon_ray.decode.sample_decoder import IMAGE_MODES, SampleDecoder
+from energon_ray.synthetic import encode_image, sample_image
+
+W, H = 10, 6
+IMAGE = sample_image(5, (W, H))
+ENCODED = {"jpg": encode_image(IMAGE, "JPEG"), "png": encode_image(IMAGE, "PNG")}
+
+#: mode -> (container, shape, dtype, max value bound)
+EXPECTED = {
+    "l8": (np.ndarray, (H, W), np.uint8, 255),
+    "rgb8": (np.ndarray, (H, W, 3), np.uint8, 255),
+    "rgba8": (np.ndarray, (H, W, 4), np.uint8, 255),
+    "l": (np.ndarray, (H, W), np.float32, 1.0),
+    "rgb": (np.ndarray, (H, W, 3), np.float32, 1.0),
+    "rgba": (np.ndarray, (H, W, 4), np.float32, 1.0),
+    "torchl8": (torch.Tensor, (H, W), torch.uint8, 255),
+    "torchrgb8": (torch.Tensor, (3, H, W), torch.uint8, 255),
+    "torchrgba8": (torch.Tensor, (4, H, W), torch.uint8, 255),
+    "torchl": (torch.Tensor, (H, W), torch.float32, 1.0),
+    "torchrgb": (torch.Tensor, (3, H, W), torch.float32, 1.0),
+    "torch": (torch.Tensor, (3, H, W), torch.float32, 1.0),
+    "torchrgba": (torch.Tensor, (4, H, W), torch.float32, 1.0),
+    "pill": (Image.Image, "L", None, None),
+    "pil": (Image.Image, "RGB", None, None),
+    "pilrgb": (Image.Image, "RGB", None, None),
+    "pilrgba": (Image.Image, "RGBA", None, None),
+}
+
+
+def _pil_rgb(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def test_every_webdataset_image_mode_is_listed():
+    """IMAGE_MODES holds exactly Energon's/webdataset's 17 image_decode values."""
+    assert set(IMAGE_MODES) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("ext", ["jpg", "png"])
+@pytest.mark.parametrize("mode", sorted(EXPECTED))
+def test_image_mode_gives_the_documented_type_shape_and_dtype(mode, ext):
+    """Each image_decode mode decodes a real JPEG/PNG to its container, shape, dtype and value range."""
+    value = SampleDecoder(image_decode=mode).decode_part(ext, ENCODED[ext])
+    kind, shape, dtype, bound = EXPECTED[mode]
+    assert isinstance(value, kind)
+    if kind is Image.Image:
+        assert value.mode == shape and value.size == (W, H)
+        return
+    assert tuple(value.shape) == shape
+    assert value.dtype == dtype
+    assert 0 <= float(value.min()) and float(value.max()) <= bound
+
+
+@pytest.mark.parametrize("ext", ["jpg", "png"])
+@pytest.mark.parametrize("mode", sorted(EXPECTED))
+def test_image_mode_matches_energons_decoder(mode, ext):
+    """Each image mode decodes to exactly what Energon 7.4.1's SampleDecoder produces."""
+    ours = SampleDecoder(image_decode=mode).decode_part(ext, ENCODED[ext])
+    theirs = EnergonSampleDecoder(image_decode=mode).decode(f"key.{ext}", ENCODED[ext])
+    if isinstance(theirs, Image.Image):
+        assert (ours.mode, ours.size, ours.tobytes()) == (theirs.mode, theirs.size, theirs.tobytes())
+    elif isinstance(theirs, torch.Tensor):
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+    else:
+        assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("ext", ["jpg", "png"])
+def test_torchrgb_is_pillows_pixels_over_255_in_chw(ext):
+    """torchrgb (the default) is float32 CHW equal to Pillow's RGB pixels / 255."""
+    value = SampleDecoder().decode_part(ext, ENCODED[ext])
+    expected = torch.from_numpy(_pil_rgb(ENCODED[ext]).astype(np.float32) / 255.0).permute(2, 0, 1)
+    assert torch.allclose(value, expected, atol=1e-6)
+
+
+def test_png_decodes_losslessly_in_rgb8():
+    """rgb8 of a PNG is the original image's pixels, uint8 HWC."""
+    value = SampleDecoder(image_decode="rgb8").decode_part("png", ENCODED["png"])
+    assert np.array_equal(value, np.asarray(IMAGE))
+
+
+def test_text_json_cls_npy_and_pickle_parts():
+    """txt → str, json → object, cls → int, npy → array, pickle → object, also after a compound name."""
+    dec = SampleDecoder()
+    buf = io.BytesIO()
+    np.save(buf, np.arange(6, dtype=np.int32).reshape(2, 3))
+    assert dec.decode_part("txt", "héllo".encode()) == "héllo"
+    assert dec.decode_part("caption.txt", b"a cat") == "a cat"
+    assert dec.decode_part("json", json.dumps({"a": [1, 2], "b": None}).encode()) == {"a": [1, 2], "b": None}
+    assert dec.decode_part("cls", b"7") == 7
+    arr = dec.decode_part("npy", buf.getvalue())
+    assert isinstance(arr, np.ndarray) and arr.dtype == np.int32 and arr.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert dec.decode_part("pickle", pickle.dumps({"x": (1, 2)})) == {"x": (1, 2)}
+
+
+def test_unknown_extension_stays_bytes():
+    """A part with an extension no handler knows is returned as the raw bytes."""
+    assert SampleDecoder().decode_part("weird", b"\x00\x01xyz") == b"\x00\x01xyz"
+
+
+def test_call_decodes_parts_and_passes_meta_keys_through():
+    """Calling the decoder on a raw sample decodes byte parts and leaves __meta__ keys and non-bytes alone."""
+    raw = {"__key__": "k", "__restore_key__": ("Webdataset", 1), "jpg": ENCODED["jpg"], "txt": b"cap", "done": 3}
+    out = SampleDecoder(image_decode="rgb8")(raw)
+    assert out["__key__"] == "k" and out["__restore_key__"] == ("Webdataset", 1)
+    assert out["jpg"].shape == (H, W, 3) and out["txt"] == "cap" and out["done"] == 3
+
+
+def test_invalid_image_decode_raises_naming_the_value():
+    """An unknown image_decode raises ValueError naming the value given."""
+    with pytest.raises(ValueError, match="rgb16"):
+        SampleDecoder(image_decode="rgb16")  # type: ignore[arg-type]
+
+
+def test_invalid_av_decode_raises_naming_the_value():
+    """An unknown av_decode raises ValueError naming the value given."""
+    with pytest.raises(ValueError, match="ffmpeg"):
+        SampleDecoder(av_decode="ffmpeg")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("used_before", [False, True])
+def test_decoder_pickles_and_still_decodes(used_before):
+    """A decoder survives pickling (before or after first use) with its settings and still decodes."""
+    dec = SampleDecoder(image_decode="torchrgb8", guess_content=False)
+    if used_before:
+        dec.decode_part("jpg", ENCODED["jpg"])
+    clone = pickle.loads(pickle.dumps(dec))
+    assert clone.config() == dec.config()
+    value = clone.decode_part("png", ENCODED["png"])
+    assert value.dtype == torch.uint8 and value.shape == (3, H, W)
+    assert clone.decode_part("txt", b"x") == "x"
+
+
+def test_guess_content_decodes_images_stored_under_unknown_extensions():
+    """With guess_content=True a JPEG under .bin and a PNG under .dat are decoded as images."""
+    dec = SampleDecoder(guess_content=True)
+    jpg = dec.decode_part("bin", ENCODED["jpg"])
+    png = dec.decode_part("dat", ENCODED["png"])
+    assert isinstance(jpg, torch.Tensor) and jpg.shape == (3, H, W)
+    assert torch.allclose(png, SampleDecoder().decode_part("png", ENCODED["png"]))
+
+
+def test_guess_content_keeps_text_and_unknown_bytes():
+    """With guess_content=True text parts still decode as text and unrecognised bytes stay bytes."""
+    dec = SampleDecoder(guess_content=True)
+    assert dec.decode_part("txt", b"hello") == "hello"
+    assert dec.decode_part("bin", b"zzz") == b"zzz"
+
+
+def test_without_guess_content_an_image_under_an_unknown_extension_stays_bytes():
+    """Without guess_content the extension decides: a JPEG under .bin is left as bytes."""
+    assert SampleDecoder().decode_part("bin", ENCODED["jpg"]) == ENCODED["jpg"]
+
+
+def test_config_matches_energons_config():
+    """config() has Energon's keys and values for the same arguments."""
+    kwargs = dict(image_decode="pil", av_decode="torch", video_decode_audio=True, guess_content=True)
+    assert SampleDecoder(**kwargs).config() == EnergonSampleDecoder(**kwargs).config()
+
+
+def test_repr_shows_the_settings():
+    """The repr names the class and the image_decode setting."""
+    text = repr(SampleDecoder(image_decode="pil"))
+    assert text.startswith("SampleDecoder(") and "image_decode='pil'" in text
+
+
+def test_decode_by_file_name_for_aux_files():
+    """decode(fname, raw) decodes by the file name's extension, as Energon's decoder does for aux files."""
+    dec = SampleDecoder(image_decode="rgb8")
+    assert dec.decode("captions/0001.txt", b"hi") == "hi"
+    assert dec.decode("images/0001.jpg", ENCODED["jpg"]).shape == (H, W, 3)
+
+
+def test_is_av_part_recognises_audio_and_video_extensions():
+    """is_av_part is True for mp4/wav style names (any case) and False for images and text."""
+    assert SampleDecoder.is_av_part("clip.mp4") and SampleDecoder.is_av_part("WAV")
+    assert not SampleDecoder.is_av_part("jpg") and not SampleDecoder.is_av_part("caption.txt")

@@ -1,0 +1,398 @@
+"""Stage payload serde round trips, and the per-hook error policy (HookRunner, StageRun, FailureChain)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from energon_ray.errors import FatalSampleError, SampleException, SkipSample, log_exception
+from energon_ray.pipeline import serde
+from energon_ray.pipeline.policy import FailureChain, HookRunner, StageRun
+from energon_ray.samples import CaptioningSample, SourceInfo
+
+# -- serde ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Inner:
+    mask: torch.Tensor
+    names: List[str]
+
+
+class Pair(NamedTuple):
+    left: torch.Tensor
+    right: Any
+
+
+def _assert_same(a: Any, b: Any) -> None:
+    """Deep equality that also checks tensor/array dtype and shape."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            _assert_same(getattr(a, f.name), getattr(b, f.name))
+    else:
+        assert a == b
+
+
+def _payload() -> dict:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    return {
+        "tensors": {
+            "f32": torch.rand(2, 3),
+            "f64": torch.rand(3, dtype=torch.float64),
+            "f16": torch.rand(4).to(torch.float16),
+            "bf16": torch.randn(3, 4).to(torch.bfloat16),
+            "i64": torch.arange(5),
+            "i8": torch.tensor([-3, 4], dtype=torch.int8),
+            "u8": torch.arange(7, dtype=torch.uint8),
+            "bool": torch.tensor([True, False, True]),
+            "c64": torch.tensor([1 + 2j, -1j], dtype=torch.complex64),
+            "zero_d": torch.tensor(42, dtype=torch.int32),
+            "empty": torch.empty(0, 3),
+            "transposed": base.t(),
+            "strided": base[1:, ::2],
+        },
+        "arrays": [np.arange(6, dtype=np.int16).reshape(2, 3), np.linspace(0, 1, 10)[::3], np.array(3.5)],
+        "sample": CaptioningSample(
+            __key__="k",
+            __restore_key__=("Webdataset", 3),
+            __subflavors__={"lang": "en"},
+            __sources__=(SourceInfo(dataset_path="/d", index=3, shard_name="s.tar", file_names=("k.jpg",)),),
+            image=torch.rand(3, 4, 5),
+            caption="a caption with ünïcode",
+        ),
+        "nested": {"inner": Inner(mask=torch.ones(2, 2, dtype=torch.bool), names=["a", "b"]), "pair": Pair(torch.zeros(1), "r")},
+        "text": "plain",
+        "numbers": (1, 2.5, None),
+    }
+
+
+def test_serde_round_trips_nested_structures_with_many_dtypes():
+    """loads(dumps(x)) equals x for nested dicts/dataclasses/NamedTuples of tensors (incl. bfloat16,
+    0-d, empty, non-contiguous views), numpy arrays and strings."""
+    obj = _payload()
+    _assert_same(serde.loads(serde.dumps(obj)), obj)
+
+
+def test_serde_round_trips_tensors_that_need_grad():
+    """A tensor with requires_grad comes back equal and still requiring grad."""
+    t = torch.ones(3, requires_grad=True)
+    out = serde.loads(serde.dumps({"t": t}))["t"]
+    assert out.requires_grad and torch.equal(out.detach(), t.detach())
+
+
+def test_loaded_tensors_and_arrays_are_writable_and_independent():
+    """Loaded tensors and arrays can be modified in place without touching the original or another load."""
+    obj = _payload()
+    payload = serde.dumps(obj)
+    first, second = serde.loads(payload), serde.loads(payload)
+    for name, t in first["tensors"].items():
+        if t.numel() == 0:
+            continue
+        if t.dtype == torch.bool:
+            t.logical_not_()
+        else:
+            t.add_(1)
+        assert not torch.equal(t, second["tensors"][name]), name
+        assert torch.equal(second["tensors"][name], obj["tensors"][name]), name
+    for arr in first["arrays"]:
+        assert arr.flags.writeable
+        arr += 1
+    first["sample"].image.mul_(0)
+    assert torch.equal(second["sample"].image, obj["sample"].image)
+
+
+def test_loaded_views_are_contiguous_copies():
+    """A non-contiguous view is loaded as a contiguous tensor with the view's values."""
+    base = torch.arange(12).reshape(3, 4)
+    view = base[:, 1::2]
+    out = serde.loads(serde.dumps(view))
+    assert out.is_contiguous() and out.tolist() == view.tolist()
+
+
+def test_loads_accepts_bytes_memoryview_and_arrow_buffers():
+    """loads accepts the payload as bytes, a memoryview or a pyarrow Buffer."""
+    payload = serde.dumps({"x": torch.arange(4), "s": "v"})
+    for form in (bytes(payload), memoryview(payload), pa.py_buffer(bytes(payload))):
+        out = serde.loads(form)
+        assert out["x"].tolist() == [0, 1, 2, 3] and out["s"] == "v"
+
+
+def test_loads_rejects_foreign_payloads():
+    """A payload without serde's magic header raises ValueError."""
+    with pytest.raises(ValueError):
+        serde.loads(b"NOPE" + bytes(16))
+
+
+# -- HookRunner ------------------------------------------------------------------------------
+
+
+def _fails_on(bad, exc=ValueError):
+    def hook(x):
+        if x in bad:
+            raise exc(f"bad item {x}")
+        return x * 10
+
+    return hook
+
+
+def test_hook_runner_returns_the_result_and_counts_no_failure_on_success():
+    """A successful call returns the hook's result and leaves the failure counters at zero."""
+    runner = HookRunner("encode_sample", _fails_on(()), tolerance=3, handler=log_exception)
+    run = runner.new_run()
+    assert runner.call(run, 2, "sample 2") == 20
+    assert (run.failures, run.ignored, run.trail) == (0, 0, 0) and run.had_success
+
+
+def test_hook_runner_returns_failed_and_counts_a_value_error():
+    """A ValueError in the hook gives FAILED and counts one failure with its message."""
+    runner = HookRunner("encode_sample", _fails_on({1}), tolerance=10, handler=log_exception)
+    run = runner.new_run()
+    assert runner.call(run, 1, "sample k1") is HookRunner.FAILED
+    assert run.failures == 1 and run.trail == 1
+    assert "sample k1" in run.last_error and "ValueError" in run.last_error and "bad item 1" in run.last_error
+
+
+def test_hook_runner_returns_ignored_on_skip_sample_without_counting_a_failure():
+    """SkipSample gives IGNORED, counts it as ignored, and does not count a failure."""
+    runner = HookRunner("encode_sample", _fails_on({1}, SkipSample), tolerance=1, handler=log_exception)
+    run = runner.new_run()
+    assert runner.call(run, 1, "sample 1") is HookRunner.IGNORED
+    assert (run.failures, run.ignored, run.trail) == (0, 1, 0)
+
+
+def test_skip_sample_neither_counts_nor_resets_the_consecutive_failures():
+    """A skipped item between two failures leaves the run unbroken, so tolerance 2 is reached."""
+
+    def hook(x):
+        if x == "skip":
+            raise SkipSample()
+        raise ValueError(x)
+
+    runner = HookRunner("batch", hook, tolerance=2, handler=log_exception)
+    run = runner.new_run()
+    runner.call(run, "a", "batch 0")
+    runner.call(run, "skip", "batch 1")
+    with pytest.raises(FatalSampleError):
+        runner.call(run, "b", "batch 2")
+
+
+@pytest.mark.parametrize("exc", [ImportError, MemoryError, RecursionError, NameError, SystemError])
+def test_system_errors_raise_fatal_sample_error_at_once(exc):
+    """A system error (ImportError, MemoryError, …) raises FatalSampleError on its first occurrence."""
+    runner = HookRunner("encode_sample", _fails_on({1}, exc), tolerance=100, handler=log_exception)
+    with pytest.raises(FatalSampleError) as info:
+        runner.call(runner.new_run(), 1, "sample 1")
+    assert isinstance(info.value.__cause__, exc)
+
+
+def test_fatal_sample_error_from_a_hook_propagates_unchanged():
+    """A FatalSampleError raised inside the hook propagates as the same exception."""
+    err = FatalSampleError("stop now")
+
+    def hook(x):
+        raise err
+
+    runner = HookRunner("encode_sample", hook, tolerance=100, handler=log_exception)
+    with pytest.raises(FatalSampleError) as info:
+        runner.call(runner.new_run(), 1, "sample 1")
+    assert info.value is err
+
+
+def test_tolerance_consecutive_failures_raise_fatal_sample_error():
+    """The tolerance-th consecutive failure raises FatalSampleError naming the stage."""
+    runner = HookRunner("encode_sample", _fails_on({1, 2, 3}), tolerance=3, handler=log_exception)
+    run = runner.new_run()
+    assert runner.call(run, 1, "s1") is HookRunner.FAILED
+    assert runner.call(run, 2, "s2") is HookRunner.FAILED
+    with pytest.raises(FatalSampleError, match="encode_sample"):
+        runner.call(run, 3, "s3")
+
+
+def test_a_success_between_failures_resets_the_count():
+    """With a success between them, tolerance-1 failures on each side never raise."""
+    runner = HookRunner("encode_sample", _fails_on({1, 2}), tolerance=3, handler=log_exception)
+    run = runner.new_run()
+    for item in (1, 2, 0, 1, 2, 0, 1, 2):
+        runner.call(run, item, f"s{item}")
+    assert run.failures == 6 and run.trail == 2
+
+
+def test_tolerance_zero_never_raises():
+    """failure_tolerance 0 disables the limit: any number of failures is only counted."""
+    runner = HookRunner("encode_sample", _fails_on(set(range(500))), tolerance=0, handler=log_exception)
+    run = runner.new_run()
+    for i in range(500):
+        assert runner.call(run, i, f"s{i}") is HookRunner.FAILED
+    assert run.failures == 500
+
+
+def test_call_many_lists_the_outputs_of_generator_hooks():
+    """call_many turns a generator hook's outputs (0..n) into a list; a plain hook gives a one-item list."""
+
+    def gen(x):
+        for i in range(x):
+            yield i
+
+    runner = HookRunner("encode_sample", gen, tolerance=5, handler=log_exception)
+    run = runner.new_run()
+    assert runner.call_many(run, 3, "s") == [0, 1, 2]
+    assert runner.call_many(run, 0, "s") == []
+    plain = HookRunner("encode_sample", lambda x: x + 1, tolerance=5, handler=log_exception)
+    assert plain.call_many(plain.new_run(), 1, "s") == [2]
+
+
+def test_call_many_counts_an_error_raised_midway_through_a_generator():
+    """A generator that fails after yielding gives FAILED (partial outputs dropped) and counts the failure."""
+
+    def gen(x):
+        yield 1
+        raise ValueError("midway")
+
+    runner = HookRunner("encode_sample", gen, tolerance=5, handler=log_exception)
+    run = runner.new_run()
+    assert runner.call_many(run, 0, "s") is HookRunner.FAILED
+    assert run.failures == 1
+
+
+def test_call_many_on_a_generator_method():
+    """A generator defined as a bound method is detected and listed."""
+
+    class TE:
+        def encode_sample(self, x):
+            yield x
+            yield x
+
+    runner = HookRunner("encode_sample", TE().encode_sample, tolerance=5, handler=log_exception)
+    assert runner.is_generator
+    assert runner.call_many(runner.new_run(), "a", "s") == ["a", "a"]
+
+
+def test_custom_handler_receives_exception_item_and_sources():
+    """A custom handler is called with (exception, item, list of sources) and the item is then FAILED."""
+    calls = []
+    runner = HookRunner("encode_sample", _fails_on({1}), tolerance=5, handler=lambda e, s, src: calls.append((e, s, src)))
+    run = runner.new_run()
+    source = SourceInfo(dataset_path="/d", index=1, shard_name="s.tar", file_names=("k.jpg",))
+    assert runner.call(run, 1, "s1", sources=(source,)) is HookRunner.FAILED
+    (exc, item, sources), = calls
+    assert isinstance(exc, ValueError) and item == 1 and sources == [source]
+    assert run.failures == 1
+
+
+def test_a_handler_that_reraises_aborts_with_fatal_sample_error():
+    """A handler that raises (like reraise_exception) turns the failure into FatalSampleError at once."""
+
+    def reraise(exc, item, sources):
+        raise exc
+
+    runner = HookRunner("encode_batch", _fails_on({1}), tolerance=100, handler=reraise)
+    with pytest.raises(FatalSampleError, match="encode_batch") as info:
+        runner.call(runner.new_run(), 1, "batch 1")
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_sample_exception_is_an_ordinary_counted_failure():
+    """SampleException (a ValueError) is counted and skipped, not fatal."""
+    runner = HookRunner("load", _fails_on({1}, SampleException), tolerance=5, handler=log_exception)
+    run = runner.new_run()
+    assert runner.call(run, 1, "s1") is HookRunner.FAILED and run.failures == 1
+
+
+# -- StageRun / FailureChain ---------------------------------------------------------------------
+
+
+def _segment(pattern: str, tolerance: int = 100, stage: str = "encode_sample") -> StageRun:
+    """A segment's run from a pattern like '60F' / 'S40F' / '40FS' (S = success, nF = n failures)."""
+    run = StageRun(stage=stage, tolerance=tolerance)
+    number = ""
+    for ch in pattern:
+        if ch.isdigit():
+            number += ch
+        elif ch == "F":
+            for _ in range(int(number or 1)):
+                run.failure("boom")
+            number = ""
+        elif ch == "S":
+            run.success()
+    return run
+
+
+def test_stage_run_tracks_leading_and_trailing_failures():
+    """StageRun records the failures before the first success (lead) and after the last (trail)."""
+    run = _segment("3FS2FS4F")
+    assert (run.lead, run.trail, run.failures, run.had_success) == (3, 4, 9, True)
+
+
+def test_stage_run_keeps_a_bounded_number_of_messages():
+    """Only the first MAX_REPORTED messages are kept while the failure count stays exact."""
+    from energon_ray.pipeline.policy import MAX_REPORTED
+
+    run = _segment(f"{MAX_REPORTED + 15}F", tolerance=0)
+    assert run.failures == MAX_REPORTED + 15 and len(run.messages) == MAX_REPORTED
+
+
+def test_failure_chain_joins_trailing_and_leading_failures_across_segments():
+    """60 trailing failures then 40 leading failures of the next segment reach tolerance 100."""
+    chain = FailureChain()
+    chain.add(0, _segment("S60F"))
+    with pytest.raises(FatalSampleError, match="100 consecutive"):
+        chain.add(0, _segment("40FS"))
+
+
+def test_failure_chain_resets_on_a_success_between_segments():
+    """A success at the start of the next segment breaks the run: no error."""
+    chain = FailureChain()
+    chain.add(0, _segment("S60F"))
+    chain.add(0, _segment("S40F"))
+    chain.add(0, _segment("59FS"))
+
+
+def test_failure_chain_carries_through_an_all_failing_segment():
+    """30 trailing + a segment of 40 failures only + 30 leading failures reach tolerance 100."""
+    chain = FailureChain()
+    chain.add(0, _segment("S30F"))
+    chain.add(0, _segment("40F"))
+    with pytest.raises(FatalSampleError):
+        chain.add(0, _segment("30FS"))
+
+
+def test_failure_chain_keeps_runs_of_workers_and_stages_apart():
+    """Failures of different worker streams or different stages are not joined."""
+    chain = FailureChain()
+    chain.add(0, _segment("S60F"))
+    chain.add(1, _segment("40FS"))
+    chain.add(0, _segment("40FS", stage="encode_batch"))
+
+
+def test_failure_chain_ignores_empty_segments():
+    """A segment with neither success nor failure keeps the carried run unchanged."""
+    chain = FailureChain()
+    chain.add(0, _segment("S60F"))
+    chain.add(0, _segment(""))
+    with pytest.raises(FatalSampleError):
+        chain.add(0, _segment("40F"))
+
+
+def test_failure_chain_with_tolerance_zero_never_raises():
+    """With tolerance 0 joined runs of any length pass."""
+    chain = FailureChain()
+    for _ in range(5):
+        chain.add(0, _segment("90F", tolerance=0))
