@@ -1,0 +1,1 @@
+"""Ready tasks per modality: task encoder + tokenizer + transforms (+ config in jobs/)."""
