@@ -178,3 +178,18 @@ def test_damaged_files_fail_cleanly(media_dir, name):
         clips = out.video_clips or out.audio_clips
         assert len(clips) == 1 and clips[0].numel() > 0
         assert clips[0].dtype in (torch.uint8, torch.float32)
+
+
+def test_truncated_wav_refuses_ranges_past_its_data(media_dir):
+    """A cut wav still claims 2 s in its header; ranges past the remaining samples raise, earlier ones work."""
+    raw = (media_dir / "ramp.wav").read_bytes()
+    dec = AVDecoder(raw[: 44 + 2 * 8000], key="cut.wav")  # header + 1 s of int16 mono
+    assert dec.get_clips(audio_clip_ranges=[(0.25, 0.75)]).audio_clips[0].shape == (1, 4000)
+    with pytest.raises(SampleException, match=r"cut.wav: audio range ends at sample 14400 \(1.800000s\), beyond"):
+        dec.get_clips(audio_clip_ranges=[(0.5, 1.8)])
+
+
+def test_audio_end_within_a_millisecond_is_clamped(media_dir):
+    """An audio end at most 1 ms past the stream (rounded durations) is cut at the last sample."""
+    data = decoder(media_dir, "ramp.wav").get_clips(audio_clip_ranges=[(1.5, 2.0005)])
+    assert data.audio_clips[0].shape == (1, 4000) and data.audio_timestamps == [(1.5, 2.0)]

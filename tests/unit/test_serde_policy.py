@@ -127,6 +127,16 @@ def test_loaded_views_are_contiguous_copies():
     assert out.is_contiguous() and out.tolist() == view.tolist()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16], ids=str)
+def test_a_small_view_ships_only_its_own_elements(dtype):
+    """Serializing a 10-element slice of a 1M-element tensor writes ~its 10 elements, not the base storage."""
+    base = torch.zeros(1_000_000, dtype=dtype)
+    payload = serde.dumps({"x": base[:10]})
+    assert len(payload) < 10_000
+    out = serde.loads(payload)["x"]
+    assert out.dtype == dtype and out.shape == (10,)
+
+
 def test_loads_accepts_bytes_memoryview_and_arrow_buffers():
     """loads accepts the payload as bytes, a memoryview or a pyarrow Buffer."""
     payload = serde.dumps({"x": torch.arange(4), "s": "v"})

@@ -39,7 +39,14 @@ class AVDecoder:
     during ``[start, end]`` (the frame on screen at ``start`` through the frame on screen at
     ``end``), so a zero-length range gives one frame; with ``"frames"`` it holds frames
     ``start..end`` inclusive, counted in presentation order from 0. Audio ranges are half open:
-    samples ``[start, end)``. ``end=float("inf")`` means "to the end of the stream".
+    samples ``[start, end)``, sample ``n`` being at ``n / sample_rate`` seconds; audio comes out as
+    float32 in [-1, 1] whatever the codec's sample format. ``end=float("inf")`` means "to the end
+    of the stream". An end past the stream by at most one frame (video) or 1 ms / one codec frame
+    (audio) is cut at the end, as headers round durations; anything further raises.
+
+    Clips are frame-exact: each read seeks to the last keyframe at or before the clip (audio: the
+    packet before it, minus a pre-roll for lossy codecs), decodes forward and keeps the frames
+    whose timestamps fall in the range, so the result equals the same frames of a full decode.
 
     Pickling keeps only the bytes and the settings (no open container, no cached index), so an
     ``AVDecoder`` can travel between Ray tasks; decoding where the bytes already are is cheaper.

@@ -1,0 +1,402 @@
+"""Raw tar parts → typed samples (SampleLoader) and dataset.yaml validation (read_dataset_spec)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import textwrap
+from pathlib import Path
+from typing import Dict
+
+import pytest
+import torch
+import yaml
+
+from energon_ray.decode.sample_decoder import SampleDecoder
+from energon_ray.errors import DatasetConfigError, SampleException
+from energon_ray.format.dataset_yaml import read_dataset_spec, write_dataset_yaml
+from energon_ray import samples as samples_module
+from energon_ray.pipeline.load import SampleLoader
+from energon_ray.samples import (
+    CaptioningSample,
+    CrudeSample,
+    ImageClassificationSample,
+    SourceInfo,
+)
+from energon_ray.synthetic import encode_image, sample_image
+
+W, H = 8, 6
+JPG = encode_image(sample_image(1, (W, H)), "JPEG")
+PNG = encode_image(sample_image(2, (W, H)), "PNG")
+META = json.dumps({"meta": {"id": 7}, "tags": ["t0", "t1"]}).encode()
+SHARD = "parts/shard_0003.tar"
+
+
+def _raw(key: str, index: int = 3, **parts: bytes) -> Dict:
+    """A raw sample as the shard reader yields it: parts plus __key__/__shard__/__restore_key__/__sources__."""
+    raw: Dict = dict(parts)
+    raw["__key__"] = key
+    raw["__shard__"] = SHARD
+    raw["__restore_key__"] = ("Webdataset", index)
+    raw["__sources__"] = (
+        SourceInfo(dataset_path="/ds", index=index, shard_name=SHARD, file_names=tuple(f"{key}.{p}" for p in parts)),
+    )
+    return raw
+
+
+def _add_to_yaml(root: Path, **entries) -> None:
+    path = root / ".nv-meta" / "dataset.yaml"
+    data = yaml.safe_load(path.read_text())
+    data.update(entries)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@pytest.fixture
+def classification(tmp_path) -> Path:
+    """A dataset.yaml: ImageClassificationSample with jpg,png alternatives and nested json access."""
+    write_dataset_yaml(
+        tmp_path,
+        "ImageClassificationSample",
+        field_map={"image": "jpg,png", "label": "json[meta][id]", "label_name": "json[tags][1]"},
+    )
+    return tmp_path
+
+
+LOADER_PY = textwrap.dedent(
+    """
+    def load(raw):
+        return {"image": raw["png"], "caption": raw["txt"].upper(), "__key__": "must be ignored"}
+
+    def parts(part):
+        return part in ("png", "txt")
+    """
+)
+
+
+@pytest.fixture
+def loader_dataset(tmp_path) -> Path:
+    """A dataset.yaml using sample_loader: loader.py:load with part_filter: loader.py:parts."""
+    write_dataset_yaml(tmp_path, "CaptioningSample", sample_loader="loader.py:load", part_filter="loader.py:parts")
+    (tmp_path / ".nv-meta" / "loader.py").write_text(LOADER_PY)
+    return tmp_path
+
+
+# -- field_map ----------------------------------------------------------------------------------
+
+
+def test_field_map_reads_the_first_present_alternative_and_nested_json(classification):
+    """'jpg,png' falls back to png when jpg is absent; 'json[meta][id]' and 'json[tags][1]' reach nested values."""
+    spec = read_dataset_spec(classification)
+    sample = SampleLoader(spec, SampleDecoder(), None)(_raw("k1", png=PNG, json=META))
+    assert isinstance(sample, ImageClassificationSample)
+    assert sample.image.shape == (3, H, W) and sample.image.dtype == torch.float32
+    assert torch.allclose(sample.image, SampleDecoder().decode_part("png", PNG))
+    assert sample.label == 7 and sample.label_name == "t1"
+
+
+def test_field_map_prefers_the_first_alternative_when_both_exist(classification):
+    """With both jpg and png present, 'jpg,png' takes the jpg."""
+    spec = read_dataset_spec(classification)
+    sample = SampleLoader(spec, SampleDecoder(), None)(_raw("k1", jpg=JPG, png=PNG, json=META))
+    assert torch.equal(sample.image, SampleDecoder().decode_part("jpg", JPG))
+
+
+def test_loaded_sample_carries_key_restore_key_and_sources(classification):
+    """The sample's meta fields come from the raw sample: key, restore key and sources."""
+    raw = _raw("sample_9", index=9, jpg=JPG, json=META)
+    sample = SampleLoader(read_dataset_spec(classification), SampleDecoder(), None)(raw)
+    assert sample.__key__ == "sample_9"
+    assert sample.__restore_key__ == ("Webdataset", 9)
+    assert sample.__sources__ == raw["__sources__"]
+
+
+def test_spec_parts_are_the_parts_the_field_map_needs(classification):
+    """The spec only wants the parts its field_map names (every alternative)."""
+    spec = read_dataset_spec(classification)
+    assert spec.parts == frozenset({"jpg", "png", "json"})
+    assert spec.wants_part("png") and not spec.wants_part("txt")
+
+
+def test_missing_part_raises_naming_shard_key_and_field(classification):
+    """A sample without any of the field's parts raises SampleException naming shard, key and field."""
+    loader = SampleLoader(read_dataset_spec(classification), SampleDecoder(), None)
+    with pytest.raises(SampleException) as info:
+        loader(_raw("sample_17", json=META))
+    message = str(info.value)
+    assert SHARD in message and "sample_17" in message and "'image'" in message
+    assert "jpg" in message and "png" in message
+
+
+def test_missing_nested_key_raises_naming_the_field_and_key(classification):
+    """A json without the mapped nested key raises SampleException naming the field and the key."""
+    loader = SampleLoader(read_dataset_spec(classification), SampleDecoder(), None)
+    with pytest.raises(SampleException) as info:
+        loader(_raw("sample_5", jpg=JPG, json=json.dumps({"meta": {}, "tags": ["a", "b"]}).encode()))
+    message = str(info.value)
+    assert "sample_5" in message and "'label'" in message and "'id'" in message
+
+
+def test_corrupt_jpeg_raises_naming_the_part(classification):
+    """An undecodable JPEG raises SampleException naming shard, key and the part 'jpg'."""
+    loader = SampleLoader(read_dataset_spec(classification), SampleDecoder(), None)
+    with pytest.raises(SampleException) as info:
+        loader(_raw("sample_2", jpg=JPG[:60], json=META))
+    message = str(info.value)
+    assert "'jpg'" in message and "sample_2" in message and SHARD in message
+
+
+def test_sample_exception_is_a_value_error():
+    """SampleException is a ValueError, so the error policy counts it as a data error."""
+    assert issubclass(SampleException, ValueError)
+
+
+def test_decoder_none_keeps_raw_bytes(tmp_path):
+    """With decoder=None the mapped fields get the raw bytes."""
+    write_dataset_yaml(tmp_path, "CaptioningSample", field_map={"image": "jpg", "caption": "txt"})
+    sample = SampleLoader(read_dataset_spec(tmp_path), None, None)(_raw("k", jpg=JPG, txt=b"cap"))
+    assert sample.image == JPG and sample.caption == b"cap"
+
+
+def test_image_decode_setting_is_used_for_mapped_images(classification):
+    """The decoder's image_decode decides the mapped image's form (rgb8 → uint8 HWC array)."""
+    sample = SampleLoader(read_dataset_spec(classification), SampleDecoder(image_decode="rgb8"), None)(
+        _raw("k", jpg=JPG, json=META)
+    )
+    assert sample.image.shape == (H, W, 3) and str(sample.image.dtype) == "uint8"
+
+
+# -- subflavors ---------------------------------------------------------------------------------
+
+
+def test_subflavors_of_dataset_yaml_land_on_every_sample(classification):
+    """subflavors written in dataset.yaml are parsed and set on each sample's __subflavors__."""
+    _add_to_yaml(classification, subflavors={"source": "web", "quality": 2})
+    spec = read_dataset_spec(classification)
+    assert spec.subflavors == {"source": "web", "quality": 2}
+    loader = SampleLoader(spec, SampleDecoder(), spec.subflavors)
+    first = loader(_raw("a", jpg=JPG, json=META))
+    second = loader(_raw("b", jpg=JPG, json=META))
+    assert first.__subflavors__ == {"source": "web", "quality": 2}
+    first.__subflavors__["source"] = "changed"
+    assert second.__subflavors__ == {"source": "web", "quality": 2}
+
+
+def test_subflavors_are_not_mistaken_for_extra_options(classification):
+    """subflavors is consumed by the parser, not left among the extra YAML options."""
+    _add_to_yaml(classification, subflavors={"a": 1})
+    assert "subflavors" not in read_dataset_spec(classification).extra
+
+
+# -- sample_loader -------------------------------------------------------------------------------
+
+
+def test_sample_loader_and_part_filter_functions_are_used(loader_dataset):
+    """sample_loader: loader.py:load builds the fields and part_filter: loader.py:parts selects parts."""
+    spec = read_dataset_spec(loader_dataset)
+    assert spec.wants_part("png") and spec.wants_part("txt") and not spec.wants_part("jpg")
+    sample = SampleLoader(spec, SampleDecoder(image_decode="torchrgb8"), {"x": 1})(_raw("k7", png=PNG, txt=b"a dog"))
+    assert isinstance(sample, CaptioningSample)
+    assert sample.caption == "A DOG"
+    assert sample.image.dtype == torch.uint8 and sample.image.shape == (3, H, W)
+    assert sample.__key__ == "k7" and sample.__subflavors__ == {"x": 1}
+
+
+def test_sample_loader_errors_are_wrapped_naming_the_sample(loader_dataset):
+    """An exception inside the user's sample_loader becomes SampleException naming shard and key."""
+    loader = SampleLoader(read_dataset_spec(loader_dataset), SampleDecoder(), None)
+    with pytest.raises(SampleException) as info:
+        loader(_raw("k8", txt=b"no image"))
+    assert "k8" in str(info.value) and SHARD in str(info.value)
+
+
+def test_part_filter_may_be_a_list(tmp_path):
+    """part_filter given as a list of part names selects exactly those parts."""
+    write_dataset_yaml(tmp_path, "CaptioningSample", sample_loader="loader.py:load", part_filter=["png", "txt"])
+    (tmp_path / ".nv-meta" / "loader.py").write_text(LOADER_PY)
+    spec = read_dataset_spec(tmp_path)
+    assert spec.wants_part("txt") and not spec.wants_part("json")
+
+
+def test_dataset_spec_pickles_by_rereading_the_yaml(loader_dataset):
+    """A pickled DatasetSpec re-reads dataset.yaml when unpickled and loads samples the same way."""
+    spec = read_dataset_spec(loader_dataset)
+    clone = pickle.loads(pickle.dumps(spec))
+    assert clone.file == spec.file and clone.sample_type is CaptioningSample
+    assert clone.wants_part("png") and not clone.wants_part("json")
+    sample = SampleLoader(clone, SampleDecoder(), None)(_raw("k", png=PNG, txt=b"x y"))
+    assert sample.caption == "X Y"
+
+
+def test_sample_loader_object_pickles(classification):
+    """A SampleLoader (spec, decoder, subflavors) survives pickling and still builds samples."""
+    loader = SampleLoader(read_dataset_spec(classification), SampleDecoder(image_decode="rgb8"), {"s": 1})
+    clone = pickle.loads(pickle.dumps(loader))
+    sample = clone(_raw("k", jpg=JPG, json=META))
+    assert sample.label == 7 and sample.__subflavors__ == {"s": 1} and sample.image.shape == (H, W, 3)
+
+
+def test_unpickled_spec_sees_changes_to_the_yaml(classification):
+    """Because unpickling re-reads the file, an edited field_map is what the clone uses."""
+    spec = read_dataset_spec(classification)
+    payload = pickle.dumps(spec)
+    write_dataset_yaml(classification, "ImageClassificationSample", field_map={"image": "png", "label": "json[meta][id]"})
+    clone = pickle.loads(payload)
+    assert clone.parts == frozenset({"png", "json"})
+
+
+# -- crude datasets ------------------------------------------------------------------------------
+
+
+def test_crude_dataset_gives_crude_samples_with_decoded_parts(tmp_path):
+    """A CrudeWebdataset yields CrudeSample dicts of decoded parts plus the meta keys."""
+    write_dataset_yaml(tmp_path, "CrudeWebdataset", part_filter=["jpg", "txt"])
+    spec = read_dataset_spec(tmp_path)
+    assert spec.is_crude and spec.wants_part("jpg") and not spec.wants_part("json")
+    crude = SampleLoader(spec, SampleDecoder(), {"k": "v"})(_raw("c1", jpg=JPG, txt=b"t"))
+    assert isinstance(crude, CrudeSample)
+    assert crude["txt"] == "t" and crude["jpg"].shape == (3, H, W)
+    assert crude["__key__"] == "c1" and crude["__subflavors__"] == {"k": "v"}
+    assert "__shard__" not in crude
+
+
+# -- legacy top-level __class__ -------------------------------------------------------------------
+
+LEGACY = [
+    "Captioning",
+    "Image",
+    "ImageClassification",
+    "OCR",
+    "Text",
+    "VQA",
+    "VQAOCR",
+    "MultiChoiceVQA",
+    "VidQA",
+    "Interleaved",
+    "SimilarityInterleaved",
+]
+
+
+def _write_raw_yaml(root: Path, data: dict) -> None:
+    meta = root / ".nv-meta"
+    meta.mkdir(parents=True, exist_ok=True)
+    (meta / "dataset.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def test_legacy_captioning_webdataset_yaml_loads_captioning_samples(tmp_path):
+    """A legacy 'CaptioningWebdataset' dataset.yaml with a field_map yields CaptioningSamples with its subflavors."""
+    _write_raw_yaml(
+        tmp_path,
+        {
+            "__module__": "megatron.energon",
+            "__class__": "CaptioningWebdataset",
+            "field_map": {"image": "jpg", "caption": "txt"},
+            "subflavors": {"legacy": True},
+        },
+    )
+    spec = read_dataset_spec(tmp_path)
+    assert spec.sample_type is CaptioningSample and spec.subflavors == {"legacy": True}
+    sample = SampleLoader(spec, SampleDecoder(), spec.subflavors)(_raw("k", jpg=JPG, txt=b"old"))
+    assert sample.caption == "old" and sample.__subflavors__ == {"legacy": True}
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_legacy_webdataset_class_resolves_to_its_sample_type(tmp_path, name):
+    """Every deprecated '<Name>Webdataset' __class__ resolves to energon_ray's '<Name>Sample'."""
+    _write_raw_yaml(
+        tmp_path,
+        {"__module__": "megatron.energon", "__class__": f"{name}Webdataset", "sample_loader": "loader.py:load", "part_filter": ["png"]},
+    )
+    (tmp_path / ".nv-meta" / "loader.py").write_text(LOADER_PY)
+    assert read_dataset_spec(tmp_path).sample_type is getattr(samples_module, f"{name}Sample")
+
+
+# -- read_dataset_spec errors --------------------------------------------------------------------
+
+
+def test_unknown_sample_type_is_rejected_naming_file_and_type(tmp_path):
+    """An unknown sample_type raises DatasetConfigError naming the file and the type."""
+    write_dataset_yaml(tmp_path, "PhotoSample", field_map={"image": "jpg"})
+    with pytest.raises(DatasetConfigError) as info:
+        read_dataset_spec(tmp_path)
+    assert "PhotoSample" in str(info.value) and "dataset.yaml" in str(info.value)
+
+
+def test_field_map_with_an_unknown_field_names_file_field_and_type(tmp_path):
+    """A field_map naming a field the type lacks raises naming the file, the field and the sample type."""
+    write_dataset_yaml(tmp_path, "CaptioningSample", field_map={"image": "jpg", "caption": "txt", "colour": "json"})
+    with pytest.raises(DatasetConfigError) as info:
+        read_dataset_spec(tmp_path)
+    message = str(info.value)
+    assert str(tmp_path / ".nv-meta" / "dataset.yaml") in message
+    assert "'colour'" in message and "CaptioningSample" in message
+
+
+def test_field_map_may_not_set_meta_fields(tmp_path):
+    """A field_map entry for __key__ is rejected like any field the type does not offer."""
+    write_dataset_yaml(tmp_path, "CaptioningSample", field_map={"image": "jpg", "caption": "txt", "__key__": "json"})
+    with pytest.raises(DatasetConfigError, match="__key__"):
+        read_dataset_spec(tmp_path)
+
+
+def test_field_map_missing_a_required_field_is_rejected(tmp_path):
+    """A field_map that leaves out a required field (caption) raises naming it and the type."""
+    write_dataset_yaml(tmp_path, "CaptioningSample", field_map={"image": "jpg"})
+    with pytest.raises(DatasetConfigError) as info:
+        read_dataset_spec(tmp_path)
+    assert "caption" in str(info.value) and "CaptioningSample" in str(info.value)
+
+
+def test_optional_fields_may_be_left_out_of_the_field_map(tmp_path):
+    """Fields with defaults (label, label_name) need no field_map entry."""
+    write_dataset_yaml(tmp_path, "ImageClassificationSample", field_map={"image": "jpg"})
+    sample = SampleLoader(read_dataset_spec(tmp_path), SampleDecoder(), None)(_raw("k", jpg=JPG))
+    assert sample.label is None and sample.label_name is None
+
+
+def test_field_map_and_sample_loader_together_are_rejected(tmp_path):
+    """Giving both field_map and sample_loader raises DatasetConfigError naming both."""
+    write_dataset_yaml(
+        tmp_path,
+        "CaptioningSample",
+        field_map={"image": "jpg", "caption": "txt"},
+        sample_loader="loader.py:load",
+        part_filter="loader.py:parts",
+    )
+    (tmp_path / ".nv-meta" / "loader.py").write_text(LOADER_PY)
+    with pytest.raises(DatasetConfigError) as info:
+        read_dataset_spec(tmp_path)
+    assert "field_map" in str(info.value) and "sample_loader" in str(info.value)
+
+
+def test_neither_field_map_nor_sample_loader_is_rejected(tmp_path):
+    """A typed dataset.yaml with neither field_map nor sample_loader raises DatasetConfigError."""
+    write_dataset_yaml(tmp_path, "CaptioningSample")
+    with pytest.raises(DatasetConfigError):
+        read_dataset_spec(tmp_path)
+
+
+def test_sample_loader_without_part_filter_is_rejected(tmp_path):
+    """sample_loader needs a part_filter, as in Energon."""
+    write_dataset_yaml(tmp_path, "CaptioningSample", sample_loader="loader.py:load")
+    (tmp_path / ".nv-meta" / "loader.py").write_text(LOADER_PY)
+    with pytest.raises(DatasetConfigError, match="part_filter"):
+        read_dataset_spec(tmp_path)
+
+
+def test_sample_loader_naming_a_missing_function_is_rejected(tmp_path):
+    """sample_loader: loader.py:nope raises naming the function."""
+    write_dataset_yaml(tmp_path, "CaptioningSample", sample_loader="loader.py:nope", part_filter="loader.py:parts")
+    (tmp_path / ".nv-meta" / "loader.py").write_text(LOADER_PY)
+    with pytest.raises(DatasetConfigError, match="nope"):
+        read_dataset_spec(tmp_path)
+
+
+def test_missing_dataset_yaml_is_rejected_naming_the_path(tmp_path):
+    """Without .nv-meta/dataset.yaml read_dataset_spec raises naming the missing file."""
+    with pytest.raises(DatasetConfigError, match="dataset.yaml"):
+        read_dataset_spec(tmp_path)
+
+
+def test_dataset_config_error_is_a_value_error():
+    """DatasetConfigError is a ValueError."""
+    assert issubclass(DatasetConfigError, ValueError)
