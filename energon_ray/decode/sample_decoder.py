@@ -93,6 +93,12 @@ class SampleDecoder:
             self._decoder = self._build()
         return self._decoder.decode1(part, data)
 
+    def decode(self, fname: str, raw: bytes) -> Any:
+        """Decode a file by its name (``"images/0001.jpg"``), e.g. an auxiliary file of a crude sample."""
+        base = fname.rsplit("/", 1)[-1]
+        part = base.split(".", 1)[1] if "." in base else base
+        return self.decode_part(part, raw)
+
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
         """Decode every non-meta part of a raw sample dict (keys starting with ``__`` pass through)."""
         return {

@@ -163,8 +163,9 @@ def read_dataset_spec(path: Path | str, dataset_config: str = "dataset.yaml") ->
         data.pop("__module__", None)
         if cls_name == "CrudeWebdataset":
             sample_type = CrudeSample
-        elif cls_name.endswith("Webdataset") and cls_name[: -len("Webdataset")] in SAMPLE_TYPES:
-            sample_type = SAMPLE_TYPES[cls_name[: -len("Webdataset")]]
+        elif cls_name.endswith("Webdataset") and cls_name[: -len("Webdataset")] + "Sample" in SAMPLE_TYPES:
+            # legacy factories: CaptioningWebdataset → CaptioningSample, VQAOCRWebdataset → VQAOCRSample
+            sample_type = SAMPLE_TYPES[cls_name[: -len("Webdataset")] + "Sample"]
         else:
             raise DatasetConfigError(f"{fname}: unknown dataset class {cls_name!r}")
     elif "sample_type" in data:

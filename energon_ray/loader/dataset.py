@@ -121,8 +121,8 @@ class EnergonDataset:
         if self._stages is None:
             loader = SampleLoader(self.dataset.spec, self.decoder, self.subflavors)
             self._stages = StageConfig(
-                task_encoder=Shipped(self.task_encoder),
-                loader=Shipped(loader),
+                task_encoder=Shipped(self.task_encoder, "task encoder"),
+                loader=Shipped(loader, "sample loader"),
                 batch_size=self.options.batch_size,
                 error_handler=self.worker_config.global_error_handler,
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterator, List, Optional, Tuple
 
+import numpy as np
 import pyarrow as pa
 
 from energon_ray.pipeline import serde
@@ -59,16 +60,25 @@ class Report:
     fatal: Optional[Tuple[str, str]] = None
 
 
+def _binary_chunk(buffer: pa.Buffer) -> pa.Array:
+    offsets = pa.py_buffer(np.array([0, buffer.size], dtype=np.int64))
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, buffer])
+
+
 def table(rows: List[Tuple[int, int, int, int, Any]]) -> pa.Table:
-    """Build a table from ``(kind, worker, segment, seq, payload object)`` tuples."""
+    """Build a table from ``(kind, worker, segment, seq, payload object)`` tuples.
+
+    Each payload is serialized straight into an Arrow buffer and wrapped without a copy.
+    """
     kinds, workers, segments, seqs, payloads = zip(*rows) if rows else ((), (), (), (), ())
+    chunks = [_binary_chunk(serde.dumps(p)) for p in payloads]
     return pa.Table.from_arrays(
         [
             pa.array(kinds, pa.int8()),
             pa.array(workers, pa.int32()),
             pa.array(segments, pa.int64()),
             pa.array(seqs, pa.int32()),
-            pa.array([serde.dumps(p) for p in payloads], pa.large_binary()),
+            pa.chunked_array(chunks, pa.large_binary()),
         ],
         schema=SCHEMA,
     )

@@ -12,11 +12,13 @@ import struct
 from typing import Any, List
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 _MAGIC = b"ERS1"
 _ALIGN = 64
 _NUMPY_DTYPES = {
+    torch.uint16, torch.uint32, torch.uint64,
     torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
     torch.uint8, torch.bool, torch.complex64, torch.complex128,
 }  # fmt: skip
@@ -24,6 +26,11 @@ _NUMPY_DTYPES = {
 
 def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array)
+
+
+def _tensor_from_bytes(array: np.ndarray, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """Rebuild a tensor numpy has no dtype for (bfloat16, float8…) from its raw bytes."""
+    return torch.from_numpy(array).view(dtype).reshape(shape)
 
 
 class _Pickler(pickle.Pickler):
@@ -36,11 +43,26 @@ class _Pickler(pickle.Pickler):
             and obj.dtype in _NUMPY_DTYPES
         ):
             return _tensor_from_numpy, (obj.detach().contiguous().numpy(),)
+        if (
+            type(obj) is torch.Tensor
+            and obj.device.type == "cpu"
+            and obj.layout == torch.strided
+            and not obj.requires_grad
+            and obj.dtype.itemsize in (1, 2, 4, 8)
+            and not obj.dtype.is_complex
+        ):
+            # bfloat16, float8, …: ship the raw bytes of a contiguous copy (never the whole storage)
+            flat = obj.detach().contiguous().reshape(-1)
+            carrier = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[obj.dtype.itemsize]
+            return _tensor_from_bytes, (flat.view(carrier).numpy(), obj.dtype, tuple(obj.shape))
         return NotImplemented
 
 
-def dumps(obj: Any) -> bytearray:
-    """Serialize ``obj``; large array buffers are stored after the pickle, 64-byte aligned.
+def dumps(obj: Any) -> pa.Buffer:
+    """Serialize ``obj`` into an Arrow buffer; array buffers follow the pickle, 64-byte aligned.
+
+    The buffer comes from Arrow's memory pool, which recycles memory: no page faults per payload,
+    and Arrow tables can wrap it without a copy.
 
     Example:
         >>> loads(dumps({"x": torch.arange(3)}))["x"].tolist()
@@ -49,7 +71,7 @@ def dumps(obj: Any) -> bytearray:
     buffers: List[pickle.PickleBuffer] = []
     stream = io.BytesIO()
     _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
-    body = stream.getvalue()
+    body = stream.getbuffer()
     raws = [b.raw() for b in buffers]
     header = struct.pack(f"<4sII{len(raws)}Q", _MAGIC, len(body), len(raws), *[r.nbytes for r in raws])
     positions = []
@@ -58,19 +80,28 @@ def dumps(obj: Any) -> bytearray:
         total += -total % _ALIGN
         positions.append(total)
         total += raw.nbytes
-    out = bytearray(total)
-    view = memoryview(out)
+    out = pa.allocate_buffer(total)
+    view = memoryview(out).cast("B")
     view[: len(header)] = header
     view[len(header) : len(header) + len(body)] = body
+    end = len(header) + len(body)
     for pos, raw in zip(positions, raws):
+        if pos > end:
+            view[end:pos] = bytes(pos - end)
         view[pos : pos + raw.nbytes] = raw.cast("B")
+        end = pos + raw.nbytes
     return out
 
 
 def loads(data: Any) -> Any:
-    """Inverse of :func:`dumps`; accepts bytes, memoryview or a ``pyarrow.Buffer``."""
-    buf = bytearray(data)  # one writable copy; arrays and tensors share it
-    view = memoryview(buf)
+    """Inverse of :func:`dumps`; accepts bytes, memoryview or a ``pyarrow.Buffer``.
+
+    The payload is copied once into pooled memory, so tensors come back writable and own their data.
+    """
+    source = memoryview(data).cast("B")
+    buf = pa.allocate_buffer(source.nbytes)
+    view = memoryview(buf).cast("B")
+    view[:] = source
     magic, body_len, count = struct.unpack_from("<4sII", view, 0)
     if magic != _MAGIC:
         raise ValueError("payload was not written by energon_ray.pipeline.serde.dumps")

@@ -190,3 +190,22 @@ class BatchSamples:
             fatal=data.fatal,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report
+
+
+class EncodeAndBatch:
+    """Stages 1 and 2 in one call: the encoded samples go straight to batching, never serialized."""
+
+    def __init__(self, config: StageConfig):
+        self.encode = EncodeSamples(config)
+        self.batch = BatchSamples(config)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        out: list = []
+        for kind, worker, segment, seq, payload in rows.iter_rows(batch):
+            data = serde.loads(payload)
+            if kind != rows.SEGMENT:
+                out.append((kind, worker, segment, seq, data))
+                continue
+            self.encode.encode(data)
+            out.extend(self.batch.explode(data))
+        return rows.table(out)

@@ -38,8 +38,9 @@ def _pin(value: Any) -> Any:
         return value.pin_memory()
     if isinstance(value, list):
         return [_pin(v) for v in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_pin(v) for v in value)
+    if isinstance(value, tuple):
+        pinned = [_pin(v) for v in value]
+        return type(value)(*pinned) if hasattr(value, "_fields") else tuple(pinned)
     if isinstance(value, dict):
         return {k: _pin(v) for k, v in value.items()}
     return value
@@ -94,13 +95,17 @@ class Sample(PinMemoryMixin, ExtendableDataclassMixin):
     @classmethod
     def derive_from(cls: Type[T], base_sample: Any, **kwargs: Any) -> T:
         """Create ``cls`` with the meta fields of ``base_sample`` and the given fields."""
-        meta = {name: getattr(base_sample, name) for name in _META_FIELDS if hasattr(base_sample, name)}
+        meta = {
+            name: getattr(base_sample, name)
+            for name in _META_FIELDS
+            if hasattr(base_sample, name) and name not in kwargs
+        }
         return cls(**meta, **kwargs)
 
     @classmethod
     def from_joined(cls: Type[T], *args: Any, **kwargs: Any) -> T:
         """Join samples: the first (primary) gives the meta fields; later ones override the others."""
-        samples = list(args) + list(kwargs.values())
+        samples = [s for s in list(args) + list(kwargs.values()) if s is not None]
         if not samples:
             raise ValueError("from_joined needs at least one sample")
         primary = samples[0]

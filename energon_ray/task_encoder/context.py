@@ -61,7 +61,9 @@ def hook_call(
         saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    # The CPU generator only: torch.manual_seed also queues CUDA seeding with a captured stack
+    # trace per call (~1 ms), which would dominate a per-sample hook.
+    torch.default_generator.manual_seed(seed)
     prev = (getattr(_local, "sample_index", None), getattr(_local, "batch_index", None))
     _local.sample_index = sample_index
     _local.batch_index = batch_index

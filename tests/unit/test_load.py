@@ -209,6 +209,17 @@ def test_sample_loader_errors_are_wrapped_naming_the_sample(loader_dataset):
     assert "k8" in str(info.value) and SHARD in str(info.value)
 
 
+def test_sample_loader_returning_an_unknown_field_raises_naming_the_type(tmp_path):
+    """A sample_loader result the sample type cannot take raises SampleException naming the type and key."""
+    write_dataset_yaml(tmp_path, "TextSample", sample_loader="loader.py:load", part_filter=["txt"])
+    (tmp_path / ".nv-meta" / "loader.py").write_text(
+        "def load(raw):\n    return {'text': raw['txt'], 'colour': 'red'}\n"
+    )
+    with pytest.raises(SampleException) as info:
+        SampleLoader(read_dataset_spec(tmp_path), SampleDecoder(), None)(_raw("k3", txt=b"x"))
+    assert "TextSample" in str(info.value) and "k3" in str(info.value)
+
+
 def test_part_filter_may_be_a_list(tmp_path):
     """part_filter given as a list of part names selects exactly those parts."""
     write_dataset_yaml(tmp_path, "CaptioningSample", sample_loader="loader.py:load", part_filter=["png", "txt"])
@@ -227,6 +238,15 @@ def test_dataset_spec_pickles_by_rereading_the_yaml(loader_dataset):
     assert sample.caption == "X Y"
 
 
+def test_dataset_spec_with_another_config_name_pickles(tmp_path):
+    """A spec read from a non-default config file name re-reads that same file when unpickled."""
+    write_dataset_yaml(tmp_path, "TextSample", field_map={"text": "txt"}, dataset_config="alt.yaml")
+    spec = read_dataset_spec(tmp_path, dataset_config="alt.yaml")
+    clone = pickle.loads(pickle.dumps(spec))
+    assert clone.file.endswith("alt.yaml") and clone.sample_type is spec.sample_type
+    assert clone.field_map == {"text": [["txt"]]}
+
+
 def test_sample_loader_object_pickles(classification):
     """A SampleLoader (spec, decoder, subflavors) survives pickling and still builds samples."""
     loader = SampleLoader(read_dataset_spec(classification), SampleDecoder(image_decode="rgb8"), {"s": 1})
@@ -239,7 +259,8 @@ def test_unpickled_spec_sees_changes_to_the_yaml(classification):
     """Because unpickling re-reads the file, an edited field_map is what the clone uses."""
     spec = read_dataset_spec(classification)
     payload = pickle.dumps(spec)
-    write_dataset_yaml(classification, "ImageClassificationSample", field_map={"image": "png", "label": "json[meta][id]"})
+    new_map = {"image": "png", "label": "json[meta][id]"}
+    write_dataset_yaml(classification, "ImageClassificationSample", field_map=new_map)
     clone = pickle.loads(payload)
     assert clone.parts == frozenset({"png", "json"})
 
@@ -299,15 +320,27 @@ def test_legacy_captioning_webdataset_yaml_loads_captioning_samples(tmp_path):
     assert sample.caption == "old" and sample.__subflavors__ == {"legacy": True}
 
 
-@pytest.mark.parametrize("name", LEGACY)
-def test_legacy_webdataset_class_resolves_to_its_sample_type(tmp_path, name):
-    """Every deprecated '<Name>Webdataset' __class__ resolves to energon_ray's '<Name>Sample'."""
-    _write_raw_yaml(
-        tmp_path,
-        {"__module__": "megatron.energon", "__class__": f"{name}Webdataset", "sample_loader": "loader.py:load", "part_filter": ["png"]},
-    )
-    (tmp_path / ".nv-meta" / "loader.py").write_text(LOADER_PY)
-    assert read_dataset_spec(tmp_path).sample_type is getattr(samples_module, f"{name}Sample")
+def test_every_legacy_webdataset_class_resolves_to_its_sample_type(tmp_path):
+    """Each deprecated '<Name>Webdataset' __class__ resolves to energon_ray's '<Name>Sample'."""
+    resolved, expected = {}, {}
+    for name in LEGACY:
+        root = tmp_path / name
+        _write_raw_yaml(
+            root,
+            {
+                "__module__": "megatron.energon",
+                "__class__": f"{name}Webdataset",
+                "sample_loader": "loader.py:load",
+                "part_filter": ["png"],
+            },
+        )
+        (root / ".nv-meta" / "loader.py").write_text(LOADER_PY)
+        expected[name] = getattr(samples_module, f"{name}Sample").__name__
+        try:
+            resolved[name] = read_dataset_spec(root).sample_type.__name__
+        except DatasetConfigError as exc:
+            resolved[name] = f"DatasetConfigError: {exc}"
+    assert resolved == expected
 
 
 # -- read_dataset_spec errors --------------------------------------------------------------------

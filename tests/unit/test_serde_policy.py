@@ -78,15 +78,17 @@ def _payload() -> dict:
             image=torch.rand(3, 4, 5),
             caption="a caption with ünïcode",
         ),
-        "nested": {"inner": Inner(mask=torch.ones(2, 2, dtype=torch.bool), names=["a", "b"]), "pair": Pair(torch.zeros(1), "r")},
+        "nested": {
+            "inner": Inner(mask=torch.ones(2, 2, dtype=torch.bool), names=["a", "b"]),
+            "pair": Pair(torch.zeros(1), "r"),
+        },
         "text": "plain",
         "numbers": (1, 2.5, None),
     }
 
 
 def test_serde_round_trips_nested_structures_with_many_dtypes():
-    """loads(dumps(x)) equals x for nested dicts/dataclasses/NamedTuples of tensors (incl. bfloat16,
-    0-d, empty, non-contiguous views), numpy arrays and strings."""
+    """loads(dumps(x)) == x for nested containers of tensors (bf16, 0-d, views…), arrays and strings."""
     obj = _payload()
     _assert_same(serde.loads(serde.dumps(obj)), obj)
 
@@ -298,7 +300,9 @@ def test_call_many_on_a_generator_method():
 def test_custom_handler_receives_exception_item_and_sources():
     """A custom handler is called with (exception, item, list of sources) and the item is then FAILED."""
     calls = []
-    runner = HookRunner("encode_sample", _fails_on({1}), tolerance=5, handler=lambda e, s, src: calls.append((e, s, src)))
+    runner = HookRunner(
+        "encode_sample", _fails_on({1}), tolerance=5, handler=lambda e, s, src: calls.append((e, s, src))
+    )
     run = runner.new_run()
     source = SourceInfo(dataset_path="/d", index=1, shard_name="s.tar", file_names=("k.jpg",))
     assert runner.call(run, 1, "s1", sources=(source,)) is HookRunner.FAILED
