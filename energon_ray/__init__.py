@@ -15,10 +15,6 @@ from energon_ray.errors import (
     log_exception,
     reraise_exception,
 )
-from energon_ray.format.dataset import PreparedDataset
-from energon_ray.loader.dataset import EnergonDataset
-from energon_ray.loader.factory import get_train_dataset, get_val_dataset
-from energon_ray.loader.loader import EnergonLoader, get_loader
 from energon_ray.samples import (
     Batch,
     CaptioningSample,
@@ -52,6 +48,32 @@ from energon_ray.task_encoder import (
 from energon_ray.worker import WorkerConfig
 
 __version__ = "0.1.0"
+
+# The loading entry points import Ray and pyarrow; they load on first use so that light users
+# (a Ray worker decoding video, `energon-ray info`) do not pay for them.
+_LAZY = {
+    "PreparedDataset": "energon_ray.format.dataset",
+    "EnergonDataset": "energon_ray.loader.dataset",
+    "get_train_dataset": "energon_ray.loader.factory",
+    "get_val_dataset": "energon_ray.loader.factory",
+    "EnergonLoader": "energon_ray.loader.loader",
+    "get_loader": "energon_ray.loader.loader",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'energon_ray' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
 
 __all__ = [
     "Batch",

@@ -84,6 +84,8 @@ class EnergonLoader:
         self.dataset = dataset
         self.prefetch_batches = prefetch_batches
         self.ray_remote_args = ray_remote_args
+        if pin_memory and not torch.cuda.is_available():
+            raise ValueError("pin_memory=True needs CUDA, and this torch has no CUDA device; leave it unset to pin only when CUDA is available")
         self.pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.stats = LoaderStats()
         self._passes = 0

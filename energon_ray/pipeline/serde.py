@@ -11,6 +11,7 @@ import pickle
 import struct
 from typing import Any, List
 
+import cloudpickle
 import numpy as np
 import pyarrow as pa
 import torch
@@ -33,7 +34,10 @@ def _tensor_from_bytes(array: np.ndarray, dtype: torch.dtype, shape: tuple) -> t
     return torch.from_numpy(array).view(dtype).reshape(shape)
 
 
-class _Pickler(pickle.Pickler):
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle (user classes shipped by value come back as the same classes in the driver),
+    plus out-of-band buffers for CPU tensors."""
+
     def reducer_override(self, obj: Any) -> Any:
         if (
             type(obj) is torch.Tensor
@@ -55,7 +59,7 @@ class _Pickler(pickle.Pickler):
             flat = obj.detach().contiguous().reshape(-1)
             carrier = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[obj.dtype.itemsize]
             return _tensor_from_bytes, (flat.view(carrier).numpy(), obj.dtype, tuple(obj.shape))
-        return NotImplemented
+        return super().reducer_override(obj)
 
 
 def dumps(obj: Any) -> pa.Buffer:

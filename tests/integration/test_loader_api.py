@@ -1,0 +1,191 @@
+"""The public loader API: the documents' example as written, pinning, Ray-native access, defaults."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import List
+
+import pytest
+import torch
+
+import energon_ray as er
+from energon_ray import CaptioningSample, DefaultTaskEncoder, batch_list, batch_stack
+from energon_ray.pipeline import rows, serde
+from tests.helpers import captioning_dataset, keys_of
+
+
+@pytest.fixture(scope="module")
+def ds_path(tmp_path_factory):
+    return captioning_dataset(tmp_path_factory.mktemp("api") / "ds", n=40, per_shard=8)
+
+
+# The documents' task encoder, with only the import changed (and a tokenizer that needs no download).
+@dataclass
+class CaptioningRawBatch:
+    __key__: List[str]
+    image: torch.Tensor
+    caption: List[str]
+
+
+@dataclass
+class CaptioningBatch:
+    __keys__: List[str]
+    images: torch.Tensor
+    text_tokens: torch.Tensor
+    text_attn_mask: torch.Tensor
+
+
+class WordTokenizer:
+    def __call__(self, texts):
+        ids = [[len(w) for w in t.split()] for t in texts]
+        width = max(len(i) for i in ids)
+        out = torch.zeros(len(ids), width, dtype=torch.long)
+        for row, i in enumerate(ids):
+            out[row, : len(i)] = torch.tensor(i)
+        return {"input_ids": out, "attention_mask": (out > 0).long()}
+
+
+class CaptioningTaskEncoder(DefaultTaskEncoder[CaptioningSample, CaptioningSample, CaptioningRawBatch, CaptioningBatch]):
+    def __init__(self, tokenizer, image_transform=None, max_length: int = 128):
+        super().__init__(batch_type=CaptioningRawBatch)
+        self.tokenizer = tokenizer
+        self.image_transform = image_transform
+        self.max_length = max_length
+
+    def encode_sample(self, sample: CaptioningSample) -> CaptioningSample:
+        sample.image = self.image_transform(sample.image)
+        return sample
+
+    def batch(self, samples: List[CaptioningSample]) -> CaptioningRawBatch:
+        return self._batch(samples, result_type=CaptioningRawBatch, actions={"image": batch_stack, "caption": batch_list})
+
+    def encode_batch(self, batch_data: CaptioningRawBatch) -> CaptioningBatch:
+        tokenized = self.tokenizer(batch_data.caption)
+        return CaptioningBatch(
+            __keys__=batch_data.__key__,
+            images=batch_data.image,
+            text_tokens=tokenized["input_ids"],
+            text_attn_mask=tokenized["attention_mask"],
+        )
+
+
+def crop_and_flip(image: torch.Tensor) -> torch.Tensor:
+    image = image[:, :32, :32]
+    return image.flip(-1) if torch.rand(()) < 0.5 else image
+
+
+def test_documents_example_runs_as_written(ds_path):
+    """The docs' get_train_dataset call (no worker_config, legacy image_decode) yields CaptioningBatches."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = er.get_loader(
+            er.get_train_dataset(
+                ds_path,
+                batch_size=4,
+                shuffle_buffer_size=100,
+                max_samples_per_sequence=100,
+                task_encoder=CaptioningTaskEncoder(tokenizer=WordTokenizer(), image_transform=crop_and_flip),
+                image_decode="torchrgb",
+            )
+        )
+    assert any(issubclass(w.category, DeprecationWarning) and "image_decode" in str(w.message) for w in caught)
+    assert loader.dataset.worker_config.config() == {"rank": 0, "world_size": 1, "num_workers": 4, "seed_offset": 0}
+    it = iter(loader)
+    batch = next(it)
+    assert isinstance(batch, CaptioningBatch)
+    assert batch.images.shape == (4, 3, 32, 32) and batch.images.dtype == torch.float32
+    assert batch.text_tokens.shape[0] == 4 and batch.text_attn_mask.shape == batch.text_tokens.shape
+    assert len(batch.__keys__) == 4 and all(k.startswith("sample_") for k in batch.__keys__)
+    loader.close()
+
+
+def test_legacy_auto_decode_false_gives_raw_bytes(ds_path):
+    """auto_decode=False (deprecated) leaves the parts as bytes."""
+    with pytest.warns(DeprecationWarning):
+        ds = er.get_val_dataset(ds_path, split_part="train", batch_size=None, auto_decode=False)
+    sample = next(iter(er.get_loader(ds)))
+    assert isinstance(sample.image, bytes) and sample.image[:2] == b"\xff\xd8"
+    assert isinstance(sample.caption, bytes)
+
+
+class RawDecoderEncoder(DefaultTaskEncoder):
+    decoder = None
+
+
+def test_decoder_none_gives_bytes_and_image_modes_apply(ds_path):
+    """decoder=None on the task encoder gives bytes; SampleDecoder(image_decode='rgb8') gives uint8 HWC."""
+    sample = next(iter(er.get_loader(er.get_val_dataset(ds_path, split_part="train", batch_size=None, task_encoder=RawDecoderEncoder()))))
+    assert isinstance(sample.image, bytes)
+
+    class Rgb8(DefaultTaskEncoder):
+        decoder = er.SampleDecoder(image_decode="rgb8")
+
+    sample = next(iter(er.get_loader(er.get_val_dataset(ds_path, split_part="train", batch_size=None, task_encoder=Rgb8()))))
+    assert sample.image.shape == (48, 64, 3) and str(sample.image.dtype) == "uint8"
+
+
+def test_cpu_loader_does_not_pin_and_never_fails(ds_path):
+    """On a CPU-only box batches are plain (unpinned) tensors; asking to pin explains why it cannot."""
+    loader = er.get_loader(er.get_val_dataset(ds_path, split_part="train", batch_size=4))
+    batch = next(iter(loader))
+    assert isinstance(batch.image, torch.Tensor) and not batch.image.is_pinned()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="pin_memory=True needs CUDA"):
+            er.get_loader(er.get_val_dataset(ds_path, split_part="train", batch_size=4), pin_memory=True)
+
+
+def test_underlying_ray_dataset_is_exposed(ds_path):
+    """ray_dataset() gives the Ray Dataset of item/leftover/report rows whose payloads decode to batches."""
+    ds = er.get_val_dataset(ds_path, split_part="train", batch_size=4, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2))
+    ray_ds = ds.ray_dataset()
+    table = ray_ds.to_arrow_refs()
+    import ray
+
+    tables = ray.get(table)
+    kinds = [k for t in tables for k in t.column("kind").to_pylist()]
+    assert kinds.count(rows.ITEM) == 10 and kinds.count(rows.REPORT) == 2
+    first = next(p for t in tables for p in t.column("payload") if True)
+    assert isinstance(serde.loads(first.as_buffer()), CaptioningSample)
+    loader = er.get_loader(ds)
+    list(loader)
+    assert "ReadEnergonSegments" in loader.ray_stats() and loader.ray_dataset is not None
+
+
+def test_generator_hooks_and_exact_batches(ds_path):
+    """A generator encode_sample (two outputs per sample) still gives batches of exactly batch_size."""
+
+    class TwoViews(DefaultTaskEncoder):
+        def encode_sample(self, sample):
+            yield sample
+            yield CaptioningSample.derive_from(sample, image=sample.image.flip(-1), caption=sample.caption + " (flipped)")
+
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    batches = list(er.get_loader(er.get_val_dataset(ds_path, split_part="train", batch_size=3, worker_config=wc, task_encoder=TwoViews())))
+    sizes = [len(b.__key__) for b in batches]
+    assert sum(sizes) == 80 and sizes[:-1] == [3] * (len(sizes) - 1) and sizes[-1] == 80 % 3
+    assert batches[0].caption[1].endswith("(flipped)") and batches[0].__key__[0] == batches[0].__key__[1]
+
+
+def test_val_passes_repeat_identically_and_len(ds_path):
+    """Two passes over a val loader give the same batches; len() is the number of batches."""
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=3)
+    loader = er.get_loader(er.get_val_dataset(ds_path, split_part="train", batch_size=6, worker_config=wc))
+    first, second = keys_of(loader), keys_of(loader)
+    assert first == second and len(first) == len(loader)
+
+
+def test_worker_config_from_ray_train_context(ds_path, monkeypatch):
+    """Without worker_config, rank and world size come from ray.train's context when inside a trainer."""
+    import ray.train
+
+    class FakeContext:
+        def get_world_rank(self):
+            return 1
+
+        def get_world_size(self):
+            return 3
+
+    monkeypatch.setattr(ray.train, "get_context", lambda: FakeContext())
+    ds = er.get_train_dataset(ds_path, batch_size=2)
+    assert (ds.worker_config.rank, ds.worker_config.world_size) == (1, 3)
