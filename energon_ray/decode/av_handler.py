@@ -51,6 +51,7 @@ class AVHandler:
         ext = key.rsplit(".", 1)[-1].lower()
         if ext not in AV_EXTENSIONS:
             return None
+        key = key.lstrip(".")  # webdataset passes ".mp4"; messages should name the part as "mp4"
         if self.av_decode == "pyav":
             return open_container(bytes(data), key)
         decoder = AVDecoder(data, key=key)

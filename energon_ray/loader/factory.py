@@ -73,6 +73,10 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
     decoder = _decoder(task_encoder, kwargs)
     subflavors = kwargs.pop("subflavors", None)
     options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
+    samples_per_segment = kwargs.pop("samples_per_segment", None)
+    if samples_per_segment is not None:
+        _check_positive("samples_per_segment", samples_per_segment, allow_none=False)
+        options.segment_samples = samples_per_segment
     kwargs.pop("packing_buffer_size", None)
     dataset = _open(path, split_part, kwargs)
     kwargs.pop("sample_type", None)
@@ -115,8 +119,10 @@ def get_train_dataset(
         shuffle_over_epochs_multiplier: slices are shuffled over this many passes (``None``: no shuffle).
         task_encoder: the user's hooks.
         repeat: endless stream of epochs (``False``: one epoch per ``iter()``).
-        **kwargs: ``split_config``, ``dataset_config``, ``subflavors``, ``parallel_shard_iters``, and the
-            deprecated decoder arguments (``image_decode``, ``auto_decode``, …).
+        **kwargs: ``split_config``, ``dataset_config``, ``subflavors``, ``parallel_shard_iters``,
+            ``samples_per_segment`` (samples one Ray task processes, rounded up to whole batches;
+            default 64 — lower it for large media), and the deprecated decoder arguments
+            (``image_decode``, ``auto_decode``, …).
 
     Raises:
         DatasetConfigError: bad dataset files (before any Ray task runs).

@@ -33,17 +33,46 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     ray.init(address="local", **init_kwargs)
 
 
+_warmed = False
+
+
+def _import_stages(batch):
+    import torch  # noqa: F401
+
+    import energon_ray.pipeline.stages  # noqa: F401
+
+    return batch
+
+
 def warm_up(workers: int = 2) -> None:
-    """Start importing torch and energon_ray in Ray workers now, so the first batch waits less."""
+    """Get Ray ready for the first batch while the caller does other work (builds its model…).
+
+    Ray workers import torch and energon_ray, and a tiny Ray Data execution starts Ray Data's own
+    actors: together several seconds on a small machine that would otherwise delay the first batch.
+    Runs once per process, in the background; failures are ignored (it is only a head start).
+    """
+    global _warmed
+    if _warmed:
+        return
+    _warmed = True
+    import threading
+
     import ray
 
     @ray.remote(num_cpus=0)
     def _import() -> bool:
-        import torch  # noqa: F401
-
-        import energon_ray.pipeline.stages  # noqa: F401
-
+        _import_stages(None)
         return True
 
     for _ in range(workers):
         _import.remote()
+
+    def _ray_data() -> None:
+        try:
+            import ray.data
+
+            ray.data.range(1).map_batches(_import_stages, batch_size=None).take_all()
+        except Exception:  # only a head start; the real execution reports real problems
+            pass
+
+    threading.Thread(target=_ray_data, name="energon-ray-warm-up", daemon=True).start()

@@ -13,6 +13,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
+from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline import serde
 from energon_ray.pipeline.policy import StageRun
 from energon_ray.plan.stream import SegmentSpec
@@ -65,13 +66,30 @@ def _binary_chunk(buffer: pa.Buffer) -> pa.Array:
     return pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, buffer])
 
 
+_KIND_NAMES = {SEGMENT: "segment", ITEM: "batch/sample", LEFTOVER: "leftover samples", REPORT: "report"}
+
+
+def _dump(row: Tuple[int, int, int, int, Any]) -> pa.Buffer:
+    kind, worker, segment, seq, payload = row
+    try:
+        return serde.dumps(payload)
+    except Exception as exc:
+        keys = getattr(payload, "__key__", None) or getattr(payload, "__keys__", None)
+        raise FatalSampleError(
+            f"a hook returned a {type(payload).__name__} ({_KIND_NAMES.get(kind, kind)} {seq} of segment {segment} "
+            f"of worker stream {worker}{f', keys {keys}' if keys is not None else ''}) that cannot be sent to the "
+            f"driver: {type(exc).__name__}: {exc}. Return tensors and plain Python objects, not open files, "
+            "containers or decoders"
+        ) from exc
+
+
 def table(rows: List[Tuple[int, int, int, int, Any]]) -> pa.Table:
     """Build a table from ``(kind, worker, segment, seq, payload object)`` tuples.
 
     Each payload is serialized straight into an Arrow buffer and wrapped without a copy.
     """
     kinds, workers, segments, seqs, payloads = zip(*rows) if rows else ((), (), (), (), ())
-    chunks = [_binary_chunk(serde.dumps(p)) for p in payloads]
+    chunks = [_binary_chunk(_dump(row)) for row in rows]
     return pa.Table.from_arrays(
         [
             pa.array(kinds, pa.int8()),

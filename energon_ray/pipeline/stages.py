@@ -82,7 +82,10 @@ class EncodeSamples:
     def _encode_all(self, data, te, loader, load, cook, encode, runs) -> None:
         do_encode = is_overridden(te, "encode_sample")
         seed = data.spec.seed
-        for position, _, raw in data.raw:
+        raws, data.raw = data.raw, []
+        raws.reverse()
+        while raws:  # pop as we go: a segment of videos never holds all raw and decoded data at once
+            position, _, raw = raws.pop()
             what = _what(raw)
             sources = raw.get("__sources__")
             sample = load.call(runs["load"], raw, what, sources)

@@ -50,6 +50,8 @@ class AVDecoder:
 
     Pickling keeps only the bytes and the settings (no open container, no cached index), so an
     ``AVDecoder`` can travel between Ray tasks; decoding where the bytes already are is cheaper.
+    In the loader it never has to travel: the Ray task that reads a sample from its shard also runs
+    ``encode_sample``, which decodes the clips there (see :mod:`energon_ray.tasks.video_qa`).
 
     Args:
         stream_or_bytes: the file's bytes (``bytes``/``bytearray``/``memoryview``) or a binary
