@@ -10,6 +10,7 @@ import dataclasses
 import math
 from typing import Any, Dict, List, Optional
 
+from energon_ray.blend.base import Composition, PassContext
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.pipeline.load import SampleLoader
 from energon_ray.pipeline.shipping import Shipped
@@ -41,9 +42,11 @@ class PlanOptions:
     subset_absolute: Optional[tuple] = None
     subset_ratio: Optional[tuple] = None
     segment_samples: int = TARGET_SEGMENT_SAMPLES
+    #: ``blend_epochized`` repetitions of this source per pass (``None``: plain).
+    repetitions: Optional[float] = None
 
 
-class EnergonDataset:
+class EnergonDataset(Composition):
     """A planned, not yet running, Energon dataset on Ray.
 
     Use it with ``get_loader``; ``ray_dataset()`` gives the underlying ``ray.data.Dataset``.
@@ -70,6 +73,7 @@ class EnergonDataset:
         self._excluded = tuple(int(i) for i in dataset.excluded_indices()) if dataset.sample_excludes else ()
         self._ranges = self._worker_ranges()
         self._stages: Optional[StageConfig] = None
+        self._operator_name = "EnergonSegments"
 
     # -- planning ---------------------------------------------------------------------------
     def _worker_ranges(self) -> List[tuple]:
@@ -107,6 +111,7 @@ class EnergonDataset:
                         shuffle_buffer_size=o.shuffle_buffer_size if o.training else None,
                         excluded=excluded,
                         first_epoch=first_epoch,
+                        repetitions=o.repetitions,
                     )
                 )
             )
@@ -115,6 +120,32 @@ class EnergonDataset:
     def plan(self, first_epoch: int = 0) -> SegmentPlan:
         """The segment plan of this rank."""
         return SegmentPlan(self.streams(first_epoch), self.segment_length)
+
+    # -- composition ------------------------------------------------------------------------
+    def leaves(self) -> List["EnergonDataset"]:
+        return [self]
+
+    def is_endless(self) -> bool:
+        o = self.options
+        return o.training and o.repeat and o.repetitions is None and any(b > a for a, b in self._ranges)
+
+    def provider(self, ctx: PassContext, pass_index: int):
+        return ctx.feeds[id(self)].next_item
+
+    def caps(self) -> Optional[List[int]]:
+        return self.worker_caps()
+
+    def virtual_epoch_length(self) -> int:
+        return self.options.virtual_epoch_length
+
+    @property
+    def operator_name(self) -> str:
+        """Name of this source's operator in Ray's progress and stats."""
+        return self._operator_name
+
+    @operator_name.setter
+    def operator_name(self, value: str) -> None:
+        self._operator_name = value
 
     # -- stages -------------------------------------------------------------------------------
     def stage_config(self) -> StageConfig:
@@ -153,8 +184,8 @@ class EnergonDataset:
 
     # -- sizes ---------------------------------------------------------------------------------
     def worker_lengths(self) -> List[int]:
-        """Samples per local worker and epoch (after excludes)."""
-        return [s.epoch_length for s in self.streams()]
+        """Samples per local worker and pass (after excludes and repetitions)."""
+        return [s.epoch_length if s.length is None else s.length for s in self.streams()]
 
     def worker_batches(self) -> List[int]:
         """Items (batches, or samples without batching) per local worker and epoch."""

@@ -1,9 +1,10 @@
-"""Turns the plan-ordered rows of Ray into the loader's batch sequence (driver side, no Ray).
+"""Driver-side ordering, without Ray: per-worker item queues and the round-robin over workers.
 
-Items of each worker stream queue up in order; leftover samples (a segment lost samples to errors,
-or the stream ended) are pooled per stream and batched here once ``batch_size`` of them are
-gathered (or the stream ends). Streams are then interleaved round-robin, exactly like a torch
-``DataLoader`` interleaves its workers: a finished stream drops out, a capped one (``limit``) too.
+``WorkerQueues`` takes one source's rows in plan order. Items queue up per logical worker;
+leftover samples (a segment lost samples to errors, or a stream ended) are pooled per worker and
+batched once ``batch_size`` of them are gathered (or the stream ends). ``round_robin`` interleaves
+the workers exactly like a torch ``DataLoader`` interleaves its worker processes: a finished (or
+capped) worker drops out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from energon_ray.pipeline.policy import FailureChain
 logger = logging.getLogger("energon_ray")
 
 Row = Tuple[int, int, int, int, Any]
+
+#: What a provider returns when a worker's stream has nothing more.
+EXHAUSTED = object()
 
 
 class LoaderStats:
@@ -49,19 +53,37 @@ class LoaderStats:
     def __repr__(self) -> str:
         return f"LoaderStats({self.as_dict()})"
 
+    def add_report(self, report: rows.Report, chain: FailureChain) -> None:
+        """Count a segment's report, log its skips, and raise its fatal error (in plan order)."""
+        self.samples_read += report.samples_read
+        self.samples_encoded += report.samples_encoded
+        for run in report.runs:
+            if run.failures:
+                self.skipped[run.stage] = self.skipped.get(run.stage, 0) + run.failures
+                for message in run.messages:
+                    logger.warning("skipped (%s): %s", run.stage, message)
+                if run.failures > len(run.messages):
+                    logger.warning(
+                        "skipped (%s): %d more in segment %d of worker %d",
+                        run.stage, run.failures - len(run.messages), report.segment, report.worker,
+                    )  # fmt: skip
+            if run.ignored:
+                self.ignored[run.stage] = self.ignored.get(run.stage, 0) + run.ignored
+            chain.add(report.worker, run)
+        if report.fatal is not None:
+            kind, message = report.fatal
+            raise (ShardReadError if kind == "ShardReadError" else FatalSampleError)(message)
 
-class StreamMerger:
-    """Round-robin merge of worker streams with leftover pooling.
+
+class WorkerQueues:
+    """Per-worker queues of one source's items, fed with its rows in plan order.
 
     Args:
-        num_workers: number of worker streams.
-        finite: which streams end (their last segment's report closes them).
+        num_workers: logical worker streams.
         batch_size: samples per batch (``None``: items are samples, nothing to pool).
         make_batches: ``(worker, group) -> [batches]`` for pooled groups (runs in the driver).
         drop_last: drop each stream's final short batch.
-        caps: optional maximum number of items per stream (``limit``).
         stats: counters to update.
-        start_worker: the worker whose item comes first.
     """
 
     def __init__(
@@ -71,25 +93,20 @@ class StreamMerger:
         make_batches: Callable[[int, List[Any]], List[Any]],
         *,
         drop_last: bool = False,
-        caps: Optional[Sequence[int]] = None,
         stats: Optional[LoaderStats] = None,
-        start_worker: int = 0,
     ):
         self.num_workers = num_workers
         self.batch_size = batch_size
         self.make_batches = make_batches
         self.drop_last = drop_last
-        self.caps = list(caps) if caps is not None else None
-        self.stats = stats or LoaderStats()
+        self.stats = stats if stats is not None else LoaderStats()
         self.queues: List[Deque[Any]] = [deque() for _ in range(num_workers)]
         self.pools: List[List[Any]] = [[] for _ in range(num_workers)]
         self.done = [False] * num_workers
-        self.emitted = [0] * num_workers
-        self.next_worker = start_worker % max(1, num_workers)
         self.chain = FailureChain()
 
     def close_worker(self, worker: int) -> None:
-        """The stream has no more segments: flush its pool."""
+        """The worker's stream has no more segments: flush its pool."""
         pool = self.pools[worker]
         if pool and not self.drop_last:
             self._driver_batches(worker, pool)
@@ -101,92 +118,57 @@ class StreamMerger:
         self.stats.driver_batches += len(made)
         self.queues[worker].extend(made)
 
+    def exhausted(self, worker: int) -> bool:
+        """Nothing queued and nothing more will come for this worker."""
+        return self.done[worker] and not self.queues[worker]
+
     def feed(self, row: Row, last_segment: bool) -> None:
-        """Take one row (in plan order). ``last_segment`` says whether its segment ends the stream."""
+        """Take one row (in plan order). ``last_segment``: its segment ends the worker's stream."""
         kind, worker, segment, _, payload = row
         if kind == rows.ITEM:
             self.queues[worker].append(payload)
         elif kind == rows.LEFTOVER:
-            pool = self.pools[worker]
-            pool.extend(payload)
+            self.pools[worker].extend(payload)
             size = self.batch_size or 1
-            while len(pool) >= size:
-                group, self.pools[worker] = pool[:size], pool[size:]
-                pool = self.pools[worker]
+            while len(self.pools[worker]) >= size:
+                group, self.pools[worker] = self.pools[worker][:size], self.pools[worker][size:]
                 self._driver_batches(worker, group)
         elif kind == rows.REPORT:
-            self._report(payload)
+            self.stats.add_report(payload, self.chain)
             if last_segment:
                 self.close_worker(worker)
         else:
             raise RuntimeError(f"unexpected row kind {kind} from worker {worker}, segment {segment}")
 
-    def _report(self, report: rows.Report) -> None:
-        stats = self.stats
-        stats.samples_read += report.samples_read
-        stats.samples_encoded += report.samples_encoded
-        for run in report.runs:
-            if run.failures:
-                stats.skipped[run.stage] = stats.skipped.get(run.stage, 0) + run.failures
-                for message in run.messages:
-                    logger.warning("skipped (%s): %s", run.stage, message)
-                if run.failures > len(run.messages):
-                    logger.warning(
-                        "skipped (%s): %d more in segment %d of worker %d",
-                        run.stage, run.failures - len(run.messages), report.segment, report.worker,
-                    )  # fmt: skip
-            if run.ignored:
-                stats.ignored[run.stage] = stats.ignored.get(run.stage, 0) + run.ignored
-            self.chain.add(report.worker, run)
-        if report.fatal is not None:
-            kind, message = report.fatal
-            raise (ShardReadError if kind == "ShardReadError" else FatalSampleError)(message)
 
-    def _capped(self, worker: int) -> bool:
-        return self.caps is not None and self.emitted[worker] >= self.caps[worker]
-
-    def finished(self) -> bool:
-        """No stream can yield anything more."""
-        return all(self._capped(w) or (self.done[w] and not self.queues[w]) for w in range(self.num_workers))
-
-    def pop(self) -> Tuple[str, Any]:
-        """``("item", x)`` for the next item, ``("need", None)`` if more rows are needed, or
-        ``("end", None)`` when every stream is finished."""
-        for _ in range(self.num_workers):
-            w = self.next_worker
-            if self._capped(w) or (self.done[w] and not self.queues[w]):
-                self.next_worker = (w + 1) % self.num_workers
-                continue
-            if not self.queues[w]:
-                return "need", None
-            self.next_worker = (w + 1) % self.num_workers
-            self.emitted[w] += 1
-            self.stats.batches += 1
-            return "item", self.queues[w].popleft()
-        return "end", None
-
-
-def merge(
-    merger: StreamMerger, source: Iterator[Tuple[Row, bool]]
+def round_robin(
+    num_workers: int,
+    next_item: Callable[[int], Any],
+    *,
+    caps: Optional[Sequence[int]] = None,
+    start_worker: int = 0,
+    stats: Optional[LoaderStats] = None,
 ) -> Iterator[Any]:
-    """Drive a merger from a row iterator; yields items in loader order."""
-    while True:
-        state, item = merger.pop()
-        if state == "item":
-            yield item
-        elif state == "end":
-            return
-        else:
-            try:
-                row, last = next(source)
-            except StopIteration:
-                for w in range(merger.num_workers):
-                    if not merger.done[w]:
-                        merger.close_worker(w)
-                # flushes may have produced items; drain them, then stop
-                while True:
-                    state, item = merger.pop()
-                    if state != "item":
-                        return
-                    yield item
-            merger.feed(row, last)
+    """Interleave workers item by item; ``next_item(w)`` returns an item or ``EXHAUSTED``.
+
+    Example:
+        >>> streams = {0: iter("ab"), 1: iter("x")}
+        >>> list(round_robin(2, lambda w: next(streams[w], EXHAUSTED)))
+        ['a', 'x', 'b']
+    """
+    active = [True] * num_workers
+    emitted = [0] * num_workers
+    w = start_worker % max(1, num_workers)
+    while any(active):
+        if active[w] and caps is not None and emitted[w] >= caps[w]:
+            active[w] = False
+        if active[w]:
+            item = next_item(w)
+            if item is EXHAUSTED:
+                active[w] = False
+            else:
+                emitted[w] += 1
+                if stats is not None:
+                    stats.batches += 1
+                yield item
+        w = (w + 1) % num_workers

@@ -32,6 +32,9 @@ class StreamConfig:
     excluded: Tuple[int, ...] = ()
     #: Epoch number of stream position 0 (a later ``repeat=False`` pass starts at a later epoch).
     first_epoch: int = 0
+    #: ``blend_epochized`` repetitions: the stream ends after ``floor(repetitions * epoch length)``
+    #: positions (2 → two shuffled epochs, 0.5 → half of one).
+    repetitions: Optional[float] = None
 
 
 class WorkerStream:
@@ -70,6 +73,10 @@ class WorkerStream:
     @property
     def length(self) -> Optional[int]:
         """Total positions (``None`` for an endless stream)."""
+        reps = self.config.repetitions
+        if reps is not None:
+            whole = int(reps)
+            return whole * self.epoch_length + int(self.epoch_length * (reps - whole))
         if self.config.repeat and self.epoch_length > 0:
             return None
         return self.epoch_length

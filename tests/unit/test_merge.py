@@ -1,11 +1,11 @@
-"""The driver-side merge: round-robin over streams, leftover pooling, caps, drop_last, failures."""
+"""Driver-side ordering: per-worker queues with leftover pooling, and the round-robin over workers."""
 
 from __future__ import annotations
 
 import pytest
 
 from energon_ray.errors import FatalSampleError
-from energon_ray.loader.merge import StreamMerger, merge
+from energon_ray.loader.merge import EXHAUSTED, WorkerQueues, round_robin
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.policy import StageRun
 
@@ -14,31 +14,45 @@ def _report(worker, segment, runs=()):
     return (rows.REPORT, worker, segment, 99, rows.Report(worker, segment, 0, 0, 0, list(runs)))
 
 
-def _items(worker, segment, names):
-    return [(rows.ITEM, worker, segment, i, n) for i, n in enumerate(names)]
-
-
 def _pool_batches(worker, group):
     return ["+".join(str(x[2]) for x in group)]
 
 
-def _run(merger, feed):
-    return list(merge(merger, iter(feed)))
+def _drain(queues: WorkerQueues, worker: int):
+    out = list(queues.queues[worker])
+    queues.queues[worker].clear()
+    return out
 
 
 def test_round_robin_with_uneven_streams():
-    """Streams alternate item by item; an exhausted stream drops out like a torch DataLoader worker."""
-    merger = StreamMerger(2, 2, _pool_batches)
-    feed = [(r, False) for r in _items(0, 0, ["a0", "a1"])] + [(_report(0, 0), False)]
-    feed += [(r, False) for r in _items(1, 0, ["b0"])] + [(_report(1, 0), True)]
-    feed += [(r, False) for r in _items(0, 1, ["a2"])] + [(_report(0, 1), True)]
-    assert _run(merger, feed) == ["a0", "b0", "a1", "a2"]
+    """Workers alternate item by item; an exhausted worker drops out like a torch DataLoader worker."""
+    streams = {0: iter(["a0", "a1", "a2"]), 1: iter(["b0"]), 2: iter([])}
+    out = list(round_robin(3, lambda w: next(streams[w], EXHAUSTED)))
+    assert out == ["a0", "b0", "a1", "a2"]
+
+
+def test_round_robin_caps_and_start_worker():
+    """Per-worker caps (limit) stop a worker; start_worker picks the first one."""
+    streams = {0: iter(["a0", "a1", "a2"]), 1: iter(["b0", "b1"])}
+    assert list(round_robin(2, lambda w: next(streams[w], EXHAUSTED), caps=[2, 1], start_worker=1)) == ["b0", "a0", "a1"]
+
+
+def test_items_queue_per_worker_in_plan_order():
+    """ITEM rows queue per worker; the last segment's report closes the worker."""
+    q = WorkerQueues(2, 2, _pool_batches)
+    q.feed((rows.ITEM, 0, 0, 0, "a0"), False)
+    q.feed((rows.ITEM, 1, 0, 0, "b0"), False)
+    q.feed(_report(1, 0), True)
+    assert list(q.queues[0]) == ["a0"] and list(q.queues[1]) == ["b0"]
+    assert q.done == [False, True] and not q.exhausted(1)
+    q.queues[1].clear()
+    assert q.exhausted(1)
 
 
 def test_leftovers_pool_into_full_batches_in_stream_order():
-    """Leftover samples of a stream are batched in the driver once batch_size of them are pooled."""
-    merger = StreamMerger(1, 3, _pool_batches)
-    feed = [
+    """Leftover samples of a worker are batched in the driver once batch_size of them are pooled."""
+    q = WorkerQueues(1, 3, _pool_batches)
+    for row, last in [
         ((rows.LEFTOVER, 0, 0, 0, [(0, 0, "s0"), (1, 0, "s1")]), False),
         (_report(0, 0), False),
         ((rows.ITEM, 0, 1, 0, "B1"), False),
@@ -46,40 +60,37 @@ def test_leftovers_pool_into_full_batches_in_stream_order():
         (_report(0, 1), False),
         ((rows.LEFTOVER, 0, 2, 0, [(9, 0, "s9")]), False),
         (_report(0, 2), True),
-    ]
-    assert _run(merger, feed) == ["B1", "s0+s1+s5", "s6+s9"]
-    assert merger.stats.driver_batches == 2
+    ]:
+        q.feed(row, last)
+    assert _drain(q, 0) == ["B1", "s0+s1+s5", "s6+s9"]
+    assert q.stats.driver_batches == 2
 
 
 def test_drop_last_drops_only_the_final_short_batch():
     """With drop_last the pooled remainder at stream end is dropped."""
-    merger = StreamMerger(1, 3, _pool_batches, drop_last=True)
-    feed = [((rows.ITEM, 0, 0, 0, "B0"), False), ((rows.LEFTOVER, 0, 0, 1, [(3, 0, "s3")]), False), (_report(0, 0), True)]
-    assert _run(merger, feed) == ["B0"]
-
-
-def test_caps_limit_items_per_stream():
-    """Per-stream caps (limit) stop a stream; the merge ends when all are capped."""
-    merger = StreamMerger(2, 1, _pool_batches, caps=[2, 1])
-    feed = [(r, False) for r in _items(0, 0, ["a0", "a1", "a2"])] + [(_report(0, 0), False)]
-    feed += [(r, False) for r in _items(1, 0, ["b0", "b1"])] + [(_report(1, 0), False)]
-    assert _run(merger, feed) == ["a0", "b0", "a1"]
+    q = WorkerQueues(1, 3, _pool_batches, drop_last=True)
+    q.feed((rows.ITEM, 0, 0, 0, "B0"), False)
+    q.feed((rows.LEFTOVER, 0, 0, 1, [(3, 0, "s3")]), False)
+    q.feed(_report(0, 0), True)
+    assert _drain(q, 0) == ["B0"]
 
 
 def test_failures_are_counted_and_joined_across_segments():
     """Skips are counted per stage; a run of failures spanning segments reaches the tolerance."""
-    merger = StreamMerger(1, 1, _pool_batches)
+    q = WorkerQueues(1, 1, _pool_batches)
     first = StageRun(stage="load", tolerance=5, lead=0, trail=3, had_success=True, failures=3)
-    merger.feed(_report(0, 0, [first]), False)
-    assert merger.stats.skipped == {"load": 3}
+    q.feed(_report(0, 0, [first]), False)
+    assert q.stats.skipped == {"load": 3}
     second = StageRun(stage="load", tolerance=5, lead=2, trail=2, had_success=False, failures=2, last_error="bad")
     with pytest.raises(FatalSampleError, match="5 consecutive failures in stage 'load'"):
-        merger.feed(_report(0, 1, [second]), False)
+        q.feed(_report(0, 1, [second]), False)
 
 
-def test_start_worker_rotates_the_first_stream():
-    """start_worker picks the stream that yields first."""
-    merger = StreamMerger(2, 1, _pool_batches, start_worker=1)
-    feed = [(r, False) for r in _items(0, 0, ["a0"])] + [(_report(0, 0), True)]
-    feed += [(r, False) for r in _items(1, 0, ["b0"])] + [(_report(1, 0), True)]
-    assert _run(merger, feed) == ["b0", "a0"]
+def test_fatal_report_raises_in_plan_order():
+    """A report carrying a fatal error raises it when the driver reaches that segment."""
+    q = WorkerQueues(1, 1, _pool_batches)
+    report = rows.Report(0, 0, 0, 0, 0, [], fatal=("ShardReadError", "x.tar: truncated"))
+    from energon_ray.errors import ShardReadError
+
+    with pytest.raises(ShardReadError, match="x.tar: truncated"):
+        q.feed((rows.REPORT, 0, 0, 0, report), False)

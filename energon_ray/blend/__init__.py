@@ -1,0 +1,1 @@
+"""Combining datasets: blends, concatenation, mixing, epochizing, mapping, metadataset YAML."""

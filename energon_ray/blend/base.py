@@ -1,0 +1,75 @@
+"""``Composition``: what ``get_loader`` iterates — one dataset, or datasets combined.
+
+A composition names its leaf datasets (each a Ray stream of its own) and, for one pass, builds a
+*provider*: ``next_item(worker) -> item | EXHAUSTED``. The loader interleaves workers round-robin
+over the provider. Everything that decides order is a pure function of seeds, weights and
+positions; Ray only makes the items.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Mapping, Optional
+
+Provider = Callable[[int], Any]
+
+
+class PassContext:
+    """What providers of one pass share: the leaves' feeds and the loader's counters."""
+
+    def __init__(self, feeds: Mapping[int, Any], stats: Any):
+        self.feeds = feeds
+        self.stats = stats
+
+
+class Composition:
+    """Base of ``EnergonDataset``, ``BlendDataset``, ``ConcatDataset``, ``MixBatchDataset``…"""
+
+    worker_config: Any
+
+    def leaves(self) -> List[Any]:
+        """The ``EnergonDataset``s this composition reads (each its own Ray stream)."""
+        raise NotImplementedError
+
+    def is_endless(self) -> bool:
+        """Whether one pass never ends (a repeating training source somewhere)."""
+        raise NotImplementedError
+
+    def provider(self, ctx: "PassContext", pass_index: int) -> Provider:
+        """``next_item(worker)`` for one pass (``ctx.feeds`` maps ``id(leaf)`` to its ``SourceFeed``)."""
+        raise NotImplementedError
+
+    def caps(self) -> Optional[List[int]]:
+        """Per-worker item limits of a pass (``limit``), or ``None``."""
+        return None
+
+    def virtual_epoch_length(self) -> int:
+        """Items per ``iter()`` of an endless loader (0: not epochized)."""
+        return 0
+
+    @property
+    def num_workers(self) -> int:
+        return max(1, self.worker_config.num_workers)
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+def check_same_workers(datasets: List[Composition], what: str) -> Any:
+    """All parts of a composition must share rank, world size and worker count.
+
+    Raises:
+        ValueError: naming the mismatching configurations.
+    """
+    if not datasets:
+        raise ValueError(f"{what} needs at least one dataset")
+    for ds in datasets:
+        if not isinstance(ds, Composition):
+            raise TypeError(f"{what}: {ds!r} is not a dataset from get_train_dataset/get_val_dataset or a composition of them")
+    first = datasets[0].worker_config
+    for ds in datasets[1:]:
+        if ds.worker_config != first:
+            raise ValueError(
+                f"{what}: all datasets need the same WorkerConfig (rank, world_size, num_workers); got "
+                f"{first.config()} and {ds.worker_config.config()}"
+            )
+    return first

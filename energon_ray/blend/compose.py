@@ -1,0 +1,317 @@
+"""Energon's dataset wrappers on Ray: ``BlendDataset``, ``ConcatDataset``, ``MixBatchDataset``,
+``EpochizeDataset`` and ``MapDataset``.
+
+Each source stays its own Ray stream (its own task encoder and ``map_batches`` stages). The choice
+of which source feeds the next item is drawn per logical worker from a numpy generator seeded by
+the worker's seed and the pass, step by step — a pure function of seed, weights and position, never
+of which Ray stream happens to be faster. A source advances only when its items are taken, so a slow
+source costs time in proportion to its weight and does not hold back the others' prefetching.
+
+Why not Ray's ``Dataset.mix``: it is block-granular and deficit-driven (each output block comes
+whole from the input furthest behind its row ratio, see benchmarks/probe_ray_mix.py), so its order
+is a deterministic round-robin of blocks rather than a seeded random draw, its sources must share
+one schema, and it cannot keep per-worker streams apart; we would still have to re-order in the
+driver. The union here is decided in the driver instead, where the order is defined anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, List, Optional, Tuple
+
+import numpy as np
+
+from energon_ray.blend.base import Composition, PassContext, Provider, check_same_workers
+from energon_ray.errors import log_exception
+from energon_ray.loader.merge import EXHAUSTED
+from energon_ray.pipeline.policy import HookRunner
+
+logger = logging.getLogger("energon_ray")
+
+_BLEND_STREAM = 0xB1E4D
+
+
+class _Draws:
+    """Uniform draws of one worker's blend, generated in chunks from a seeded generator."""
+
+    def __init__(self, seed: int, pass_index: int, salt: int):
+        self._rng = np.random.default_rng([seed & 0xFFFFFFFF, _BLEND_STREAM, pass_index, salt])
+        self._buf = np.empty(0)
+        self._pos = 0
+
+    def next(self) -> float:
+        if self._pos >= len(self._buf):
+            self._buf, self._pos = self._rng.random(1024), 0
+        self._pos += 1
+        return float(self._buf[self._pos - 1])
+
+
+def _check_weight(weight: Any, where: str) -> float:
+    try:
+        value = float(weight)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: weight must be a number, got {weight!r}") from None
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise ValueError(f"{where}: weight must be a finite number >= 0, got {weight!r}")
+    return value
+
+
+class BlendDataset(Composition):
+    """Weighted blend: each item (a whole batch of one source) comes from a source drawn at random.
+
+    Weights are normalised; an exhausted source drops out; the blend ends when all are exhausted
+    (never, if a source repeats). Sources may have different task encoders and batch types.
+
+    Args:
+        *datasets: ``(dataset, weight)`` pairs.
+        worker_config: accepted for Energon compatibility; must match the datasets'.
+
+    Raises:
+        ValueError: negative, NaN or all-zero weights, or datasets with different worker configs.
+
+    Example:
+        >>> loader = get_loader(BlendDataset((images, 0.6), (captions, 0.4)))  # doctest: +SKIP
+    """
+
+    def __init__(self, *datasets: Tuple[Composition, float], worker_config: Any = None, salt: int = 0):
+        if not datasets:
+            raise ValueError("BlendDataset needs at least one (dataset, weight) pair")
+        parts, weights = [], []
+        for i, entry in enumerate(datasets):
+            if not (isinstance(entry, tuple) and len(entry) == 2):
+                raise TypeError(f"BlendDataset: argument {i} must be a (dataset, weight) pair, got {entry!r}")
+            parts.append(entry[0])
+            weights.append(_check_weight(entry[1], f"BlendDataset source {i}"))
+        if sum(weights) <= 0:
+            raise ValueError(f"BlendDataset: weights {weights} are all zero")
+        self.worker_config = check_same_workers(parts, "BlendDataset")
+        if worker_config is not None and worker_config != self.worker_config:
+            raise ValueError("BlendDataset: worker_config differs from the datasets' WorkerConfig")
+        self.datasets = parts
+        self.weights = [w / sum(weights) for w in weights]
+        self.salt = salt
+
+    def leaves(self) -> List[Any]:
+        return [leaf for ds in self.datasets for leaf in ds.leaves()]
+
+    def is_endless(self) -> bool:
+        return any(ds.is_endless() for ds in self.datasets)
+
+    def provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        subs = [ds.provider(ctx, pass_index) for ds in self.datasets]
+        workers = self.num_workers
+        draws = [_Draws(self.worker_config.worker_seed(w), pass_index, self.salt) for w in range(workers)]
+        alive = [[w > 0 for w in self.weights] for _ in range(workers)]
+        weights = np.asarray(self.weights)
+
+        def next_item(worker: int) -> Any:
+            live = alive[worker]
+            while any(live):
+                active = weights * np.asarray(live)
+                cumulative = np.cumsum(active)
+                u = draws[worker].next() * cumulative[-1]
+                choice = min(int(np.searchsorted(cumulative, u, side="right")), len(cumulative) - 1)
+                while not live[choice]:  # u landed exactly on a boundary next to a dead source
+                    choice -= 1
+                item = subs[choice](worker)
+                if item is not EXHAUSTED:
+                    return item
+                live[choice] = False
+            return EXHAUSTED
+
+        return next_item
+
+    def __len__(self) -> int:
+        return sum(len(ds) for ds in self.datasets)
+
+    def __repr__(self) -> str:
+        return "BlendDataset(" + ", ".join(f"({ds!r}, {w:.3g})" for ds, w in zip(self.datasets, self.weights)) + ")"
+
+
+class ConcatDataset(Composition):
+    """Sources one after another (per worker stream), no randomness: for validation.
+
+    Args:
+        *datasets: the datasets, in order.
+        worker_config: accepted for Energon compatibility; must match the datasets'.
+        limit: at most this many items per rank and pass.
+    """
+
+    def __init__(self, *datasets: Composition, worker_config: Any = None, limit: Optional[int] = None):
+        self.worker_config = check_same_workers(list(datasets), "ConcatDataset")
+        if worker_config is not None and worker_config != self.worker_config:
+            raise ValueError("ConcatDataset: worker_config differs from the datasets' WorkerConfig")
+        self.datasets = list(datasets)
+        self.limit = limit
+
+    def leaves(self) -> List[Any]:
+        return [leaf for ds in self.datasets for leaf in ds.leaves()]
+
+    def is_endless(self) -> bool:
+        return any(ds.is_endless() for ds in self.datasets)
+
+    def provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        subs = [ds.provider(ctx, pass_index) for ds in self.datasets]
+        current = [0] * self.num_workers
+
+        def next_item(worker: int) -> Any:
+            while current[worker] < len(subs):
+                item = subs[current[worker]](worker)
+                if item is not EXHAUSTED:
+                    return item
+                current[worker] += 1
+            return EXHAUSTED
+
+        return next_item
+
+    def caps(self) -> Optional[List[int]]:
+        if self.limit is None:
+            return None
+        workers = self.num_workers
+        return [self.limit // workers + (1 if w < self.limit % workers else 0) for w in range(workers)]
+
+    def __len__(self) -> int:
+        total = sum(len(ds) for ds in self.datasets)
+        return min(total, self.limit) if self.limit is not None else total
+
+    def __repr__(self) -> str:
+        return "ConcatDataset(" + ", ".join(repr(ds) for ds in self.datasets) + ")"
+
+
+class MixBatchDataset(Composition):
+    """Sample-level mixing: blend sources built with ``batch_size=1`` and group ``batch_size`` of
+    their items per worker with ``batch_mix_fn`` (e.g. ``homogeneous_concat_mix``).
+
+    Raises:
+        TypeError: if ``batch_mix_fn`` returns ``None`` (it must return the mixed batch).
+    """
+
+    def __init__(
+        self,
+        *datasets: Tuple[Composition, float],
+        batch_size: int,
+        batch_mix_fn: Callable[[List[Any]], Any] = lambda x: x,
+        worker_config: Any = None,
+    ):
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"MixBatchDataset: batch_size must be a positive int, got {batch_size!r}")
+        self.blend = BlendDataset(*datasets, worker_config=worker_config)
+        self.worker_config = self.blend.worker_config
+        self.batch_size = batch_size
+        self.batch_mix_fn = batch_mix_fn
+
+    def leaves(self) -> List[Any]:
+        return self.blend.leaves()
+
+    def is_endless(self) -> bool:
+        return self.blend.is_endless()
+
+    def provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        inner = self.blend.provider(ctx, pass_index)
+
+        def next_item(worker: int) -> Any:
+            group = []
+            while len(group) < self.batch_size:
+                item = inner(worker)
+                if item is EXHAUSTED:
+                    break
+                group.append(item)
+            if not group:
+                return EXHAUSTED
+            mixed = self.batch_mix_fn(group)
+            if mixed is None:
+                raise TypeError(
+                    f"MixBatchDataset: batch_mix_fn {getattr(self.batch_mix_fn, '__name__', self.batch_mix_fn)!r} "
+                    f"returned None for a group of {len(group)} {type(group[0]).__name__} items; it must return the mixed batch"
+                )
+            return mixed
+
+        return next_item
+
+    def __len__(self) -> int:
+        return -(-len(self.blend) // self.batch_size)
+
+
+class EpochizeDataset(Composition):
+    """Ends each ``iter()`` of the loader after ``length`` items; the next continues the stream."""
+
+    def __init__(self, dataset: Composition, length: int, worker_config: Any = None):
+        if not isinstance(length, int) or length <= 0:
+            raise ValueError(f"EpochizeDataset: length must be a positive int, got {length!r}")
+        self.dataset = dataset
+        self.length = length
+        self.worker_config = check_same_workers([dataset], "EpochizeDataset")
+
+    def leaves(self) -> List[Any]:
+        return self.dataset.leaves()
+
+    def is_endless(self) -> bool:
+        return self.dataset.is_endless()
+
+    def provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        return self.dataset.provider(ctx, pass_index)
+
+    def caps(self) -> Optional[List[int]]:
+        return self.dataset.caps()
+
+    def virtual_epoch_length(self) -> int:
+        return self.length
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class MapDataset(Composition):
+    """Applies ``map_fn`` to every item (in the trainer process, after blending or mixing).
+
+    ``map_fn`` may be a generator (1 → n items); raising ``SkipSample`` drops the item; other errors
+    follow the error policy (logged, counted in ``loader.stats``, fatal after too many in a row).
+    """
+
+    def __init__(self, dataset: Composition, map_fn: Callable[[Any], Any], *, failure_tolerance: int = 100, worker_config: Any = None, **_ignored: Any):
+        self.dataset = dataset
+        self.map_fn = map_fn
+        self.failure_tolerance = failure_tolerance
+        self.worker_config = check_same_workers([dataset], "MapDataset")
+
+    def leaves(self) -> List[Any]:
+        return self.dataset.leaves()
+
+    def is_endless(self) -> bool:
+        return self.dataset.is_endless()
+
+    def provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        inner = self.dataset.provider(ctx, pass_index)
+        handler = getattr(self.worker_config, "global_error_handler", log_exception)
+        runner = HookRunner("map_fn", self.map_fn, self.failure_tolerance, handler)
+        runs = [runner.new_run() for _ in range(self.num_workers)]
+        pending: List[List[Any]] = [[] for _ in range(self.num_workers)]
+
+        def next_item(worker: int) -> Any:
+            while not pending[worker]:
+                item = inner(worker)
+                if item is EXHAUSTED:
+                    return EXHAUSTED
+                run = runs[worker]
+                out = runner.call_many(run, item, f"map_fn on an item of worker stream {worker}")
+                if out is HookRunner.FAILED:
+                    ctx.stats.skipped["map_fn"] = ctx.stats.skipped.get("map_fn", 0) + 1
+                    logger.warning("skipped (map_fn): %s", run.last_error)
+                    continue
+                if out is HookRunner.IGNORED:
+                    ctx.stats.ignored["map_fn"] = ctx.stats.ignored.get("map_fn", 0) + 1
+                    continue
+                pending[worker].extend(reversed(out))
+            return pending[worker].pop()
+
+        return next_item
+
+    def caps(self) -> Optional[List[int]]:
+        return self.dataset.caps()
+
+    def virtual_epoch_length(self) -> int:
+        return self.dataset.virtual_epoch_length()
+
+    def __len__(self) -> int:
+        return len(self.dataset)
