@@ -52,6 +52,14 @@ __version__ = "0.1.0"
 # The loading entry points import Ray and pyarrow; they load on first use so that light users
 # (a Ray worker decoding video, `energon-ray info`) do not pay for them.
 _LAZY = {
+    "BlendDataset": "energon_ray.blend.compose",
+    "ConcatDataset": "energon_ray.blend.compose",
+    "MixBatchDataset": "energon_ray.blend.compose",
+    "EpochizeDataset": "energon_ray.blend.compose",
+    "MapDataset": "energon_ray.blend.compose",
+    "homogeneous_concat_mix": "energon_ray.blend.concat",
+    "concat_pad": "energon_ray.blend.concat",
+    "generic_concat": "energon_ray.blend.concat",
     "PreparedDataset": "energon_ray.format.dataset",
     "EnergonDataset": "energon_ray.loader.dataset",
     "get_train_dataset": "energon_ray.loader.factory",
@@ -77,6 +85,14 @@ def __dir__():
 
 __all__ = [
     "Batch",
+    "BlendDataset",
+    "ConcatDataset",
+    "EpochizeDataset",
+    "MapDataset",
+    "MixBatchDataset",
+    "concat_pad",
+    "generic_concat",
+    "homogeneous_concat_mix",
     "CaptioningSample",
     "Cooker",
     "CrudeSample",

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
+from energon_ray.blend.base import Composition
+from energon_ray.blend.compose import BlendDataset, ConcatDataset, EpochizeDataset
+from energon_ray.blend.metadataset import is_metadataset_path
+from energon_ray.blend.metadataset import parse as parse_metadataset
+from energon_ray.blend.metadataset import parse_file as parse_metadataset_file
 from energon_ray.loader.dataset import EnergonDataset, PlanOptions
 from energon_ray.task_encoder.base import DefaultTaskEncoder, TaskEncoder
 from energon_ray.worker import WorkerConfig
@@ -43,18 +49,69 @@ def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
         raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
 
 
-def _open(path: Any, split_part: str, kwargs: dict) -> PreparedDataset:
+def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict) -> Composition:
+    """Leaves of a metadataset as EnergonDatasets, blended (train) or concatenated (val)."""
     if isinstance(path, dict):
-        raise DatasetConfigError("metadataset dicts are not supported yet; pass a prepared dataset folder")
-    p = Path(str(path))
-    if p.is_file() and p.suffix in (".yaml", ".yml"):
-        raise DatasetConfigError(f"{p}: metadataset YAML files are not supported yet; pass a prepared dataset folder")
+        flat = parse_metadataset(path, "<metadataset dict>", Path.cwd(), split_part)
+    else:
+        flat = parse_metadataset_file(path, split_part)
+    wc = common["worker_config"]
+    global_workers = max(1, wc.num_workers) * wc.world_size
+    leaves: List[EnergonDataset] = []
+    offset = 0
+    for leaf in flat.leaves:
+        try:
+            prepared = PreparedDataset.open(leaf.path, leaf.split_part, split_config=leaf.split_config, dataset_config=leaf.dataset_config)
+        except DatasetConfigError as exc:
+            raise DatasetConfigError(f"{leaf.where}: {exc}") from None
+        leaf_options = dataclasses.replace(
+            options,
+            subset_ratio=leaf.ratio,
+            subset_absolute=leaf.absolute,
+            shuffle_over_epochs=_multiply(options.shuffle_over_epochs, leaf.shuffle_over_epochs),
+            repetitions=leaf.repetitions if options.training else None,
+            virtual_epoch_length=0,
+            limit=None,
+        )
+        try:
+            leaves.append(
+                EnergonDataset(prepared, options=leaf_options, subflavors=leaf.subflavors, rotation_offset=offset % global_workers, **common)
+            )
+        except ValueError as exc:
+            raise DatasetConfigError(f"{leaf.where}: {exc}") from None
+        offset += prepared.total
+    if len(leaves) == 1:
+        only = leaves[0]
+        only.options.virtual_epoch_length, only.options.limit = options.virtual_epoch_length, options.limit
+        return only
+    if not options.training:
+        return ConcatDataset(*leaves, limit=options.limit)
+    if flat.mode == "blend_epochized":
+        # Energon weighs by length × repetitions; the exact counts come from each stream's end anyway
+        weights = [max(1, sum(ds.worker_lengths())) for ds in leaves]
+    else:
+        weights = [spec.weight for spec in flat.leaves]
+    blend: Composition = BlendDataset(*zip(leaves, weights))
+    if options.virtual_epoch_length:
+        blend = EpochizeDataset(blend, options.virtual_epoch_length)
+    return blend
+
+
+def _multiply(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    if a is None or b is None:
+        return None
+    if a == -1 or b == -1:
+        return -1
+    return a * b
+
+
+def _open(path: Any, split_part: str, kwargs: dict) -> PreparedDataset:
     return PreparedDataset.open(
-        p, split_part, split_config=kwargs.pop("split_config", None), dataset_config=kwargs.pop("dataset_config", None)
+        Path(str(path)), split_part, split_config=kwargs.pop("split_config", None), dataset_config=kwargs.pop("dataset_config", None)
     )
 
 
-def _build(path, *, split_part, worker_config, task_encoder, options: PlanOptions, kwargs: dict) -> EnergonDataset:
+def _build(path, *, split_part, worker_config, task_encoder, options: PlanOptions, kwargs: dict) -> Composition:
     if worker_config is None:
         worker_config = WorkerConfig.default_worker_config()
     if not isinstance(worker_config, WorkerConfig):
@@ -72,6 +129,17 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
         _check_positive("limit", options.limit)
     decoder = _decoder(task_encoder, kwargs)
     subflavors = kwargs.pop("subflavors", None)
+    if is_metadataset_path(path):
+        options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
+        samples_per_segment = kwargs.pop("samples_per_segment", None)
+        if samples_per_segment is not None:
+            _check_positive("samples_per_segment", samples_per_segment, allow_none=False)
+            options.segment_samples = samples_per_segment
+        kwargs.pop("packing_buffer_size", None)
+        if kwargs:
+            raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+        common = dict(worker_config=worker_config, task_encoder=task_encoder, decoder=decoder)
+        return _metadataset(path, split_part, options, common)
     options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
     samples_per_segment = kwargs.pop("samples_per_segment", None)
     if samples_per_segment is not None:

@@ -1,0 +1,262 @@
+"""Metadataset YAML (``MetadatasetV2`` and V1 files): a tree of references, blends and subsets,
+flattened to leaf datasets with effective weights, repetitions, subflavors and subsets.
+
+Rules (Energon's): nested blend weights multiply (each level normalised); subflavors merge
+dataset.yaml < inner < outer (outer wins); a reference's own ``split_part`` wins over the one
+passed down; ratio subsets compose inner-first, absolute subsets only at leaves;
+``shuffle_over_epochs_multiplier`` multiplies (``None`` anywhere → no shuffle, -1 → with replacement).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from energon_ray.errors import DatasetConfigError
+
+_REF_KEYS = {"path", "split_part", "subflavors", "subflavor", "subset", "shuffle_over_epochs_multiplier",
+             "dataset_config", "split_config", "weight", "repetitions", "aux"}  # fmt: skip
+_NODE_KEYS = _REF_KEYS | {"blend", "blend_epochized", "join", "joiner"}
+
+
+@dataclasses.dataclass
+class LeafSpec:
+    """One prepared dataset the metadataset reads, with everything the tree said about it."""
+
+    path: Path
+    split_part: str
+    where: str
+    weight: float = 1.0
+    repetitions: Optional[float] = None
+    subflavors: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    ratio: Optional[Tuple[float, float]] = None
+    absolute: Optional[Tuple[int, Optional[int]]] = None
+    shuffle_over_epochs: Optional[int] = 1
+    dataset_config: Optional[str] = None
+    split_config: Optional[str] = None
+
+
+@dataclasses.dataclass
+class Flattened:
+    """The leaves of one split and how they are combined (``none``, ``blend`` or ``blend_epochized``)."""
+
+    leaves: List[LeafSpec]
+    mode: str
+
+
+def is_metadataset_path(path: Any) -> bool:
+    """A ``.yaml``/``.yml`` file or a dict is a metadataset; a folder is a prepared dataset."""
+    if isinstance(path, dict):
+        return True
+    p = Path(str(path))
+    return p.suffix in (".yaml", ".yml") and p.is_file()
+
+
+def _err(file: str, where: str, message: str) -> DatasetConfigError:
+    return DatasetConfigError(f"{file}: {where}: {message}")
+
+
+def _number(value: Any, file: str, where: str, name: str, allow_zero: bool = True) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _err(file, where, f"{name} must be a number, got {value!r}") from None
+    if math.isnan(number) or math.isinf(number) or number < 0 or (number == 0 and not allow_zero):
+        raise _err(file, where, f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
+    return number
+
+
+def _parse_bound(value: Any, file: str, where: str) -> Tuple[str, float]:
+    if isinstance(value, str) and value.strip().endswith("%"):
+        return "ratio", float(value.strip()[:-1]) / 100
+    if isinstance(value, str) and value.strip() == "end":
+        return "end", math.nan
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "abs", value
+    raise _err(file, where, f"subset bounds are 'N%', sample indices or 'end', got {value!r}")
+
+
+def _subset(node: dict, file: str, where: str) -> Tuple[Optional[Tuple[float, float]], Optional[Tuple[int, Optional[int]]]]:
+    sub = node.get("subset")
+    if sub is None:
+        return None, None
+    rng = sub.get("range") if isinstance(sub, dict) else None
+    if not (isinstance(rng, (list, tuple)) and len(rng) == 2):
+        raise _err(file, where, f"subset must look like {{range: [start, end]}}, got {sub!r}")
+    (k0, v0), (k1, v1) = _parse_bound(rng[0], file, where), _parse_bound(rng[1], file, where)
+    if k0 == "ratio" and k1 == "ratio":
+        if not 0 <= v0 <= v1 <= 1:
+            raise _err(file, where, f"subset range {rng} must satisfy 0% <= start <= end <= 100%")
+        return (v0, v1), None
+    if k0 == "abs" and k1 in ("abs", "end"):
+        end = None if k1 == "end" else int(v1)
+        if v0 < 0 or (end is not None and end < v0):
+            raise _err(file, where, f"subset range {rng} must satisfy 0 <= start <= end")
+        return None, (int(v0), end)
+    raise _err(file, where, f"subset range {rng} mixes percentages and sample indices")
+
+
+def _compose_ratio(inner: Optional[Tuple[float, float]], outer: Optional[Tuple[float, float]]):
+    if outer is None:
+        return inner
+    if inner is None:
+        return outer
+    span = inner[1] - inner[0]
+    return (inner[0] + outer[0] * span, inner[0] + outer[1] * span)
+
+
+def _multiplier(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    if a is None or b is None:
+        return None
+    if a == -1 or b == -1:
+        return -1
+    return int(a) * int(b)
+
+
+@dataclasses.dataclass
+class _Ctx:
+    """What flows down the tree from outer to inner nodes."""
+
+    split_part: str
+    weight: float = 1.0
+    repetitions: Optional[float] = None
+    subflavors: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    ratio: Optional[Tuple[float, float]] = None
+    shuffle_over_epochs: Optional[int] = 1
+
+
+class _Parser:
+    def __init__(self, file: str, base: Path, stack: Tuple[str, ...]):
+        self.file = file
+        self.base = base
+        self.stack = stack
+        self.modes: set = set()
+
+    def node(self, node: Any, where: str, ctx: _Ctx) -> List[LeafSpec]:
+        if not isinstance(node, dict):
+            raise _err(self.file, where, f"expected a mapping (path/blend/blend_epochized), got {node!r}")
+        unknown = set(node) - _NODE_KEYS
+        if unknown:
+            raise _err(self.file, where, f"unknown keys {sorted(unknown)}")
+        if "join" in node:
+            raise _err(self.file, where, "'join' metadatasets are not supported by energon_ray yet")
+        kinds = [k for k in ("path", "blend", "blend_epochized") if k in node]
+        if len(kinds) != 1:
+            raise _err(self.file, where, f"a node needs exactly one of path, blend, blend_epochized; got {kinds or 'none'}")
+        ctx = self._descend(node, where, ctx)
+        if kinds[0] == "path":
+            return self.reference(node, where, ctx)
+        return self.blend(node, kinds[0], where, ctx)
+
+    def _descend(self, node: dict, where: str, ctx: _Ctx) -> _Ctx:
+        subflavors = dict(node.get("subflavors") or {})
+        if "subflavor" in node:
+            subflavors["__subflavor__"] = node["subflavor"]
+        ratio, absolute = _subset(node, self.file, where)
+        if absolute is not None and "path" not in node:
+            raise _err(self.file, where, "absolute subset ranges are only allowed on dataset references")
+        mult = node.get("shuffle_over_epochs_multiplier", 1)
+        return dataclasses.replace(
+            ctx,
+            split_part=node.get("split_part") or ctx.split_part,
+            subflavors={**subflavors, **ctx.subflavors},
+            ratio=_compose_ratio(ratio, ctx.ratio),
+            shuffle_over_epochs=_multiplier(ctx.shuffle_over_epochs, mult),
+        )
+
+    def blend(self, node: dict, kind: str, where: str, ctx: _Ctx) -> List[LeafSpec]:
+        entries = node[kind]
+        if not isinstance(entries, list) or not entries:
+            raise _err(self.file, f"{where}.{kind}", "must be a non-empty list")
+        self.modes.add(kind)
+        if len(self.modes) > 1:
+            raise _err(self.file, f"{where}.{kind}", "cannot combine 'blend' and 'blend_epochized' in one metadataset")
+        out = []
+        if kind == "blend":
+            weights = [_number(e.get("weight", 1.0) if isinstance(e, dict) else 1.0, self.file, f"{where}.blend[{i}]", "weight") for i, e in enumerate(entries)]
+            if sum(weights) <= 0:
+                raise _err(self.file, f"{where}.blend", f"weights {weights} are all zero")
+            for i, (entry, w) in enumerate(zip(entries, weights)):
+                out += self.node(entry, f"{where}.blend[{i}]", dataclasses.replace(ctx, weight=ctx.weight * w / sum(weights)))
+        else:
+            for i, entry in enumerate(entries):
+                sub = f"{where}.blend_epochized[{i}]"
+                reps = _number(entry.get("repetitions", 1) if isinstance(entry, dict) else 1, self.file, sub, "repetitions", allow_zero=False)
+                base = 1.0 if ctx.repetitions is None else ctx.repetitions
+                out += self.node(entry, sub, dataclasses.replace(ctx, repetitions=base * reps))
+        return out
+
+    def reference(self, node: dict, where: str, ctx: _Ctx) -> List[LeafSpec]:
+        raw = node["path"]
+        path = Path(str(raw))
+        if not path.is_absolute():
+            path = self.base / path
+        if not path.exists():
+            raise _err(self.file, where, f"path {str(raw)!r} does not exist ({path})")
+        if path.is_file() and path.suffix in (".yaml", ".yml"):
+            if str(path.resolve()) in self.stack:
+                raise _err(self.file, where, f"metadataset {path} includes itself")
+            inner = parse_file(path, ctx.split_part, stack=self.stack, ctx=ctx)
+            self.modes |= {inner.mode} - {"none"}
+            if len(self.modes) > 1:
+                raise _err(self.file, where, "cannot combine 'blend' and 'blend_epochized' in one metadataset")
+            return inner.leaves
+        _, absolute = _subset(node, self.file, where)
+        return [
+            LeafSpec(
+                path=path,
+                split_part=ctx.split_part,
+                where=f"{self.file}: {where}",
+                weight=ctx.weight,
+                repetitions=ctx.repetitions,
+                subflavors=dict(ctx.subflavors),
+                ratio=ctx.ratio,
+                absolute=absolute,
+                shuffle_over_epochs=ctx.shuffle_over_epochs,
+                dataset_config=node.get("dataset_config"),
+                split_config=node.get("split_config"),
+            )
+        ]
+
+
+def _v1_to_v2(data: dict, file: str) -> dict:
+    splits = {}
+    for name, split in (data.get("splits") or {}).items():
+        datasets = (split or {}).get("datasets")
+        if not isinstance(datasets, list) or not datasets:
+            raise _err(file, f"splits.{name}", "a V1 split needs a non-empty 'datasets' list")
+        splits[name] = {"blend": datasets}
+    return {"splits": splits}
+
+
+def parse(data: Any, file: str, base: Path, split_part: str, *, stack: Tuple[str, ...] = (), ctx: Optional[_Ctx] = None) -> Flattened:
+    """Flatten the node of ``split_part`` of a parsed metadataset."""
+    if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):
+        raise _err(file, "top level", "a metadataset needs a 'splits' mapping")
+    cls = data.get("__class__")
+    if cls in (None, "Metadataset"):
+        data = _v1_to_v2(data, file)
+    elif cls != "MetadatasetV2":
+        raise _err(file, "__class__", f"unknown metadataset class {cls!r} (MetadatasetV2 or Metadataset)")
+    splits = data["splits"]
+    if split_part not in splits:
+        raise _err(file, "splits", f"unknown split part {split_part!r}; the file defines {sorted(splits)}")
+    parser = _Parser(file, base, stack)
+    ctx = ctx or _Ctx(split_part=split_part)
+    leaves = parser.node(splits[split_part], f"splits.{split_part}", dataclasses.replace(ctx, split_part=split_part))
+    mode = next(iter(parser.modes), "none")
+    return Flattened(leaves=leaves, mode=mode)
+
+
+def parse_file(path: Path | str, split_part: str, *, stack: Tuple[str, ...] = (), ctx: Optional[_Ctx] = None) -> Flattened:
+    """Read and flatten a metadataset YAML file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except Exception as exc:
+        raise DatasetConfigError(f"{path}: cannot parse metadataset: {exc}") from None
+    return parse(data, str(path), path.parent, split_part, stack=stack + (str(path.resolve()),), ctx=ctx)
