@@ -66,3 +66,33 @@ def keys_of(batches) -> List[List[str]]:
 
 def dump_json(path: Path, value) -> None:
     path.write_text(json.dumps(value))
+
+
+def prefixed_text_dataset(root: Path, prefix: str, n: int, per_shard: int = 10, subflavors: Optional[dict] = None) -> Path:
+    """Text samples keyed ``{prefix}_{index:06d}`` (so a blend's output tells its sources apart)."""
+    samples = [(f"{prefix}_{key}", parts) for key, parts in text_samples(n)]
+    write_shards(root / "shards", samples, per_shard)
+    prepare_dataset(root, split_ratio=(1, 0, 0), sample_type="TextSample", field_map={"text": "txt"}, progress=False)
+    if subflavors:
+        import yaml
+
+        spec = root / ".nv-meta" / "dataset.yaml"
+        data = yaml.safe_load(spec.read_text())
+        data["subflavors"] = subflavors
+        spec.write_text(yaml.safe_dump(data))
+    return root
+
+
+def classification_dataset(root: Path, prefix: str, n: int, per_shard: int = 10) -> Path:
+    """ImageClassificationSample data: a JPEG and an integer class per sample."""
+    from energon_ray.synthetic import encode_image, sample_image
+
+    samples = [
+        (f"{prefix}_{i:06d}", {"jpg": encode_image(sample_image(i, (16, 12))), "cls": str(i % 5).encode()})
+        for i in range(n)
+    ]
+    write_shards(root / "shards", samples, per_shard)
+    prepare_dataset(
+        root, split_ratio=(1, 0, 0), sample_type="ImageClassificationSample", field_map={"image": "jpg", "label": "cls"}, progress=False
+    )
+    return root

@@ -1,0 +1,133 @@
+"""Metadataset YAML parsing (no Ray): flattening, weights, subflavors, subsets, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from energon_ray.blend.metadataset import is_metadataset_path, parse_file
+from energon_ray.errors import DatasetConfigError
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    for name in ("coco", "coyo", "ocr"):
+        (tmp_path / name).mkdir()
+    return tmp_path
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_v2_blend_weights_subflavors_subsets(tree):
+    """Weights are normalised, subflavors and split parts and subset ranges land on the leaves."""
+    f = _write(tree / "mix.yaml", """
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - {weight: 5, path: ./coco, subflavors: {aug: small}}
+      - {weight: 2, path: ./coyo, subset: {range: [0%, 80%]}}
+      - {weight: 1, path: ./coyo, split_part: val}
+""")
+    flat = parse_file(f, "train")
+    assert flat.mode == "blend"
+    assert [(l.path.name, l.split_part, round(l.weight, 4)) for l in flat.leaves] == [
+        ("coco", "train", 0.625), ("coyo", "train", 0.25), ("coyo", "val", 0.125)
+    ]
+    assert flat.leaves[0].subflavors == {"aug": "small"} and flat.leaves[1].ratio == (0.0, 0.8)
+
+
+def test_nested_blends_multiply_and_outer_subflavors_win(tree):
+    """A nested YAML's weights multiply with the outer ones; outer subflavors override inner ones."""
+    _write(tree / "inner.yaml", """
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - {weight: 3, path: ./coyo, subflavors: {src: coyo, level: inner}}
+      - {weight: 1, path: ./ocr, subset: {range: [50%, 100%]}}
+""")
+    f = _write(tree / "outer.yaml", """
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - {weight: 1, path: ./coco}
+      - {weight: 1, path: ./inner.yaml, subflavors: {level: outer}, subset: {range: [0%, 50%]}}
+""")
+    flat = parse_file(f, "train")
+    weights = {l.path.name: round(l.weight, 4) for l in flat.leaves}
+    assert weights == {"coco": 0.5, "coyo": 0.375, "ocr": 0.125}
+    coyo = next(l for l in flat.leaves if l.path.name == "coyo")
+    assert coyo.subflavors == {"src": "coyo", "level": "outer"}
+    ocr = next(l for l in flat.leaves if l.path.name == "ocr")
+    assert ocr.ratio == (0.5, 0.75)
+
+
+def test_blend_epochized_repetitions_and_absolute_subset(tree):
+    """blend_epochized carries repetitions (fractional too); absolute subsets stay at the leaves."""
+    f = _write(tree / "ep.yaml", """
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend_epochized:
+      - {repetitions: 2, path: coco, subset: {range: [10, end]}}
+      - {repetitions: 0.5, path: coyo}
+""")
+    flat = parse_file(f, "train")
+    assert flat.mode == "blend_epochized"
+    assert [(l.repetitions, l.absolute) for l in flat.leaves] == [(2.0, (10, None)), (0.5, None)]
+
+
+def test_v1_metadataset(tree):
+    """A V1 file (splits → datasets with weights, subflavor) becomes a blend."""
+    f = _write(tree / "v1.yaml", """
+splits:
+  train:
+    datasets:
+      - {weight: 1, path: coco, subflavor: a}
+      - {weight: 3, path: coyo, subflavors: {x: 1}}
+""")
+    flat = parse_file(f, "train")
+    assert [round(l.weight, 2) for l in flat.leaves] == [0.25, 0.75]
+    assert flat.leaves[0].subflavors == {"__subflavor__": "a"}
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ("blend: [{weight: -1, path: coco}]", r"splits.train.blend\[0\]: weight must be a finite number >= 0, got -1"),
+        ("blend: [{weight: .nan, path: coco}]", r"weight must be a finite number >= 0, got nan"),
+        ("blend: [{weight: 0, path: coco}, {weight: 0, path: coyo}]", r"splits.train.blend: weights \[0.0, 0.0\] are all zero"),
+        ("blend: [{weight: 1, path: missing}]", r"splits.train.blend\[0\]: path 'missing' does not exist"),
+        ("blend: [{weight: 1, path: coco, blend_epochized: []}]", r"exactly one of path, blend, blend_epochized"),
+        ("blend: [{weight: 1, blend_epochized: [{path: coco}]}]", r"cannot combine 'blend' and 'blend_epochized'"),
+        ("blend_epochized: [{repetitions: 0, path: coco}]", r"repetitions must be a finite number > 0"),
+        ("blend: []", r"splits.train.blend: must be a non-empty list"),
+        ("{path: coco, subset: {range: [0%, 10]}}", r"mixes percentages and sample indices"),
+        ("{path: coco, colour: red}", r"unknown keys \['colour'\]"),
+    ],
+)
+def test_bad_metadatasets_name_file_node_and_value(tree, body, message):
+    """Bad YAML raises DatasetConfigError naming the file, the node and the value."""
+    node = body if body.startswith("{") else "{" + body + "}"
+    f = _write(tree / "bad.yaml", f"__class__: MetadatasetV2\nsplits:\n  train: {node}\n")
+    with pytest.raises(DatasetConfigError, match=message) as info:
+        parse_file(f, "train")
+    assert "bad.yaml" in str(info.value)
+
+
+def test_unknown_split_and_detection(tree):
+    """Unknown split parts are named; YAML files and dicts count as metadatasets, folders do not."""
+    f = _write(tree / "m.yaml", "__class__: MetadatasetV2\nsplits:\n  train: {path: coco}\n")
+    with pytest.raises(DatasetConfigError, match=r"unknown split part 'val'; the file defines \['train'\]"):
+        parse_file(f, "val")
+    assert is_metadataset_path(f) and is_metadataset_path({"splits": {}}) and not is_metadataset_path(tree / "coco")
