@@ -190,6 +190,7 @@ def energon_iter(path: str):
 
 
 _ER_LOADER = {}
+_ER_OPTIONS = {}
 
 
 def energon_ray_iter(path: str):
@@ -200,7 +201,7 @@ def energon_ray_iter(path: str):
         wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
         ds = er.get_train_dataset(
             path, split_part="train", worker_config=wc, batch_size=BATCH, shuffle_buffer_size=100,
-            max_samples_per_sequence=100, repeat=False, task_encoder=Encoder(),
+            max_samples_per_sequence=100, repeat=False, task_encoder=Encoder(), **_ER_OPTIONS,
         )  # fmt: skip
         _ER_LOADER["loader"] = er.get_loader(ds)
     return iter(_ER_LOADER["loader"])
@@ -265,7 +266,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workdir", default="/tmp/energon_ray_bench")
     parser.add_argument("--only", default="floor,energon,webloader,ray_data,energon_ray")
+    parser.add_argument("--samples-per-segment", type=int, default=None, help="energon_ray: samples per Ray task")
     args = parser.parse_args()
+    if args.samples_per_segment:
+        _ER_OPTIONS["samples_per_segment"] = args.samples_per_segment
 
     from energon_ray.format.prepare import prepare_dataset
     from energon_ray.format.info import meta_dir

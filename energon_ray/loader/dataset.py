@@ -18,7 +18,8 @@ from energon_ray.pipeline.stages import StageConfig
 from energon_ray.plan.sharder import compute_subset, slice_offsets, worker_ranges
 from energon_ray.plan.stream import SegmentPlan, StreamConfig, WorkerStream
 from energon_ray.source.reader import ReadSegment, shard_table
-from energon_ray.task_encoder.base import TaskEncoder
+from energon_ray.errors import DatasetConfigError
+from energon_ray.task_encoder.base import TaskEncoder, is_overridden
 from energon_ray.worker import WorkerConfig
 
 #: Samples a segment (one Ray task) aims for; rounded up to whole batches.
@@ -44,6 +45,8 @@ class PlanOptions:
     segment_samples: int = TARGET_SEGMENT_SAMPLES
     #: ``blend_epochized`` repetitions of this source per pass (``None``: plain).
     repetitions: Optional[float] = None
+    #: Energon's ``packing_buffer_size`` (None: no packing).
+    packing_buffer_size: Optional[int] = None
 
 
 class EnergonDataset(Composition):
@@ -70,10 +73,26 @@ class EnergonDataset(Composition):
         self.decoder = decoder
         self.subflavors = {**dataset.spec.subflavors, **(subflavors or {})}
         self.rotation_offset = rotation_offset
+        self._check_hooks()
         self._excluded = tuple(int(i) for i in dataset.excluded_indices()) if dataset.sample_excludes else ()
         self._ranges = self._worker_ranges()
         self._stages: Optional[StageConfig] = None
         self._operator_name = "EnergonSegments"
+
+    def _check_hooks(self) -> None:
+        te, spec = self.task_encoder, self.dataset.spec
+        if spec.is_crude and not te.cookers and not is_overridden(te, "cook_crude_sample"):
+            raise DatasetConfigError(
+                f"{spec.file}: a crude dataset (CrudeWebdataset) needs a task encoder with `cookers` or an "
+                f"overridden cook_crude_sample; {type(te).__name__} has neither"
+            )
+        if self.options.packing_buffer_size and not (
+            is_overridden(te, "select_samples_to_pack") and is_overridden(te, "pack_selected_samples")
+        ):
+            raise ValueError(
+                f"packing_buffer_size={self.options.packing_buffer_size} needs {type(te).__name__} to override "
+                "select_samples_to_pack and pack_selected_samples"
+            )
 
     # -- planning ---------------------------------------------------------------------------
     def _worker_ranges(self) -> List[tuple]:
@@ -86,8 +105,17 @@ class EnergonDataset(Composition):
 
     @property
     def segment_length(self) -> int:
+        """Positions per segment (one Ray task): whole batches, or whole packing buffers."""
+        if self.options.packing_buffer_size:
+            unit = self.options.packing_buffer_size
+            return unit * max(4, math.ceil(self.options.segment_samples / unit))
         size = self.options.batch_size or 1
         return size * max(1, math.ceil(self.options.segment_samples / size))
+
+    @property
+    def groups_batches(self) -> bool:
+        """Whether the task encoder buckets samples with ``batch_group_criterion``."""
+        return is_overridden(self.task_encoder, "batch_group_criterion")
 
     def streams(self, first_epoch: int = 0) -> List[WorkerStream]:
         """One ``WorkerStream`` per local worker; ``first_epoch`` shifts the shuffles (``repeat=False`` passes)."""
@@ -156,6 +184,7 @@ class EnergonDataset(Composition):
                 loader=Shipped(loader, "sample loader"),
                 batch_size=self.options.batch_size,
                 error_handler=self.worker_config.global_error_handler,
+                packing_buffer_size=self.options.packing_buffer_size,
             )
         return self._stages
 

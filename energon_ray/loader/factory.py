@@ -145,7 +145,6 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
     if samples_per_segment is not None:
         _check_positive("samples_per_segment", samples_per_segment, allow_none=False)
         options.segment_samples = samples_per_segment
-    kwargs.pop("packing_buffer_size", None)
     dataset = _open(path, split_part, kwargs)
     kwargs.pop("sample_type", None)
     if kwargs:
@@ -180,7 +179,7 @@ def get_train_dataset(
         worker_config: rank/world/streams; default: rank and world from ``ray.train`` (or 0 of 1), 4 streams.
         batch_size: samples per batch (``None``: no batching).
         batch_drop_last: drop each stream's final short batch.
-        packing_buffer_size: sample packing buffer (not supported yet; must be None).
+        packing_buffer_size: samples per packing buffer (``select_samples_to_pack`` / ``pack_selected_samples``).
         shuffle_buffer_size: sample shuffle buffer size.
         max_samples_per_sequence: longest run of consecutive samples of a shard.
         virtual_epoch_length: batches per ``iter()`` of the loader (0: one pass / endless).
@@ -198,9 +197,9 @@ def get_train_dataset(
     """
     if batch_size is _UNSET:
         raise TypeError("get_train_dataset() needs batch_size= (an int, or None for no batching)")
-    if packing_buffer_size is not None:
-        raise NotImplementedError("packing_buffer_size is not supported by energon_ray yet")
+    _check_positive("packing_buffer_size", packing_buffer_size)
     options = PlanOptions(
+        packing_buffer_size=packing_buffer_size,
         training=True,
         repeat=repeat,
         batch_size=batch_size,
@@ -233,14 +232,16 @@ def get_val_dataset(
         worker_config: rank/world/streams (default as in ``get_train_dataset``).
         batch_size: samples per batch (``None``: no batching).
         batch_drop_last: drop each stream's final short batch.
-        packing_buffer_size: not supported yet (must be None).
+        packing_buffer_size: samples per packing buffer.
         limit: at most this many batches per rank and pass (the same ones every pass).
         task_encoder: the user's hooks.
         **kwargs: as in ``get_train_dataset``.
     """
     if batch_size is _UNSET:
         raise TypeError("get_val_dataset() needs batch_size= (an int, or None for no batching)")
-    if packing_buffer_size is not None:
-        raise NotImplementedError("packing_buffer_size is not supported by energon_ray yet")
-    options = PlanOptions(training=False, repeat=False, batch_size=batch_size, drop_last=batch_drop_last, limit=limit)
+    _check_positive("packing_buffer_size", packing_buffer_size)
+    options = PlanOptions(
+        training=False, repeat=False, batch_size=batch_size, drop_last=batch_drop_last, limit=limit,
+        packing_buffer_size=packing_buffer_size,
+    )  # fmt: skip
     return _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options, kwargs=kwargs)

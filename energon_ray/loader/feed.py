@@ -72,6 +72,7 @@ class SourceFeed:
         prefetch_batches: int = 4,
         ray_remote_args: Optional[dict] = None,
         on_execute: Optional[Callable[[Any], None]] = None,
+        object_store_limit: Optional[int] = None,
     ):
         self.dataset = dataset
         self.plan: SegmentPlan = dataset.plan(first_epoch)
@@ -79,6 +80,7 @@ class SourceFeed:
         self.prefetch_batches = prefetch_batches
         self.ray_remote_args = ray_remote_args
         self.on_execute = on_execute
+        self.object_store_limit = object_store_limit
         self.num_workers = len(self.plan.streams)
         self._batcher: Optional[Batcher] = None
         self.queues = WorkerQueues(
@@ -122,13 +124,13 @@ class SourceFeed:
 
     def _driver_batches(self, worker: int, group: List[Tuple[int, int, Any]]) -> List[Any]:
         ds = self.dataset
-        if ds.options.batch_size is None:
+        if ds.options.batch_size is None and not ds.groups_batches:
             made = [item for _, _, item in group]
         else:
             if self._batcher is None:
                 self._batcher = Batcher(ds.task_encoder, ds.worker_config.global_error_handler, restore_rng=True)
             runs = self._batcher.new_runs()
-            made = self._batcher(group, ds.worker_config.worker_seed(worker), ds.options.batch_size, runs)
+            made = self._batcher(group, ds.worker_config.worker_seed(worker), ds.options.batch_size or len(group), runs)
             self.queues.stats.add_report(
                 rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=len(made), runs=runs),
                 self.queues.chain,
@@ -158,7 +160,10 @@ class SourceFeed:
             specs = self.plan.rounds(first, last)
             if not specs:
                 return
-            ray_ds = build_dataset(specs, reader, config, name=ds.operator_name, ray_remote_args=self.ray_remote_args)
+            ray_ds = build_dataset(
+                specs, reader, config, name=ds.operator_name, ray_remote_args=self.ray_remote_args,
+                object_store_limit=self.object_store_limit,
+            )  # fmt: skip
             if self.on_execute is not None:
                 self.on_execute(ray_ds)
             yield from self._execute(ray_ds, specs)

@@ -62,6 +62,9 @@ class EnergonLoader:
             for i, leaf in enumerate(leaves):
                 leaf.operator_name = f"EnergonSegments{i}"
         self._training = any(leaf.options.training for leaf in leaves)
+        import os
+
+        self._blend_limit = int(os.environ.get("ENERGON_RAY_BLEND_LOOKAHEAD_BYTES", 128 * 2**20))
         ensure_ray()
         warm_up()
         # Close a suspended endless stream before Ray shuts down at exit (Ray's own atexit hook runs
@@ -140,6 +143,7 @@ class EnergonLoader:
                 prefetch_batches=self.prefetch_batches,
                 ray_remote_args=self.ray_remote_args,
                 on_execute=self._remember(leaf.operator_name),
+                object_store_limit=self._blend_limit if len(leaves) > 1 else None,
             )
         provider = self.dataset.provider(PassContext(feeds, self.stats), pass_index)
         try:

@@ -101,16 +101,18 @@ class WorkerQueues:
         self.drop_last = drop_last
         self.stats = stats if stats is not None else LoaderStats()
         self.queues: List[Deque[Any]] = [deque() for _ in range(num_workers)]
-        self.pools: List[List[Any]] = [[] for _ in range(num_workers)]
+        #: per worker: bucket key → (batch size, pooled samples); key None without grouping
+        self.pools: List[Dict[Any, Tuple[int, List[Any]]]] = [{} for _ in range(num_workers)]
         self.done = [False] * num_workers
         self.chain = FailureChain()
 
     def close_worker(self, worker: int) -> None:
-        """The worker's stream has no more segments: flush its pool."""
-        pool = self.pools[worker]
-        if pool and not self.drop_last:
-            self._driver_batches(worker, pool)
-        self.pools[worker] = []
+        """The worker's stream has no more segments: flush its pools (each bucket's short batch)."""
+        if not self.drop_last:
+            for _, items in self.pools[worker].values():
+                if items:
+                    self._driver_batches(worker, items)
+        self.pools[worker] = {}
         self.done[worker] = True
 
     def _driver_batches(self, worker: int, group: List[Any]) -> None:
@@ -128,11 +130,13 @@ class WorkerQueues:
         if kind == rows.ITEM:
             self.queues[worker].append(payload)
         elif kind == rows.LEFTOVER:
-            self.pools[worker].extend(payload)
-            size = self.batch_size or 1
-            while len(self.pools[worker]) >= size:
-                group, self.pools[worker] = self.pools[worker][:size], self.pools[worker][size:]
-                self._driver_batches(worker, group)
+            for key, size, items in payload:
+                limit, pool = self.pools[worker].setdefault(key, (size, []))
+                pool.extend(items)
+                while len(pool) >= limit:
+                    group = pool[:limit]
+                    del pool[:limit]
+                    self._driver_batches(worker, group)
         elif kind == rows.REPORT:
             self.stats.add_report(payload, self.chain)
             if last_segment:

@@ -64,6 +64,7 @@ def build_dataset(
     name: str = "EnergonSegments",
     ray_remote_args: Optional[Dict[str, Any]] = None,
     fuse_stages: bool = True,
+    object_store_limit: Optional[int] = None,
 ) -> "ray.data.Dataset":
     """The Ray Dataset of the given segments: rows of items, leftovers and reports.
 
@@ -74,6 +75,8 @@ def build_dataset(
         name: operator name in Ray's progress bars and stats.
         ray_remote_args: resources per task (e.g. ``{"num_cpus": 1}``).
         fuse_stages: run encoding and batching in one ``map_batches`` stage.
+        object_store_limit: bytes of finished output this stream may hold ahead of the consumer
+            (bounds how far one source of a blend runs ahead of its share).
     """
     remote = dict(ray_remote_args or {})
     ds = ray.data.read_datasource(
@@ -92,4 +95,11 @@ def build_dataset(
     # fused operator that halves the parallelism (measured: 1 of 2 CPUs busy). The plan, not Ray,
     # balances our work, so the reservation is off for our datasets.
     ctx.op_resource_reservation_enabled = False
+    if object_store_limit is not None:
+        from ray.data import ExecutionResources
+
+        limits = ctx.execution_options.resource_limits
+        ctx.execution_options.resource_limits = ExecutionResources(
+            cpu=limits.cpu, gpu=limits.gpu, memory=limits.memory, object_store_memory=object_store_limit
+        )
     return ds

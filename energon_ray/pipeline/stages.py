@@ -15,7 +15,9 @@ import pyarrow as pa
 
 from energon_ray.errors import FatalSampleError, log_exception
 from energon_ray.pipeline import rows, serde
+from energon_ray.pipeline.grouping import Grouper
 from energon_ray.pipeline.load import SampleLoader
+from energon_ray.pipeline.packing import Packer
 from energon_ray.pipeline.policy import HookRunner, StageRun
 from energon_ray.pipeline.shipping import Shipped
 from energon_ray.samples import CrudeSample
@@ -32,6 +34,8 @@ class StageConfig:
     loader: Shipped
     batch_size: Optional[int]
     error_handler: Any = log_exception
+    #: Energon's ``packing_buffer_size`` (None: no packing).
+    packing_buffer_size: Optional[int] = None
 
 
 def _runner(te: TaskEncoder, name: str, stage: str, handler: Any) -> HookRunner:
@@ -69,7 +73,9 @@ class EncodeSamples:
         handler = self.config.error_handler
         load = HookRunner("load", loader, te.__default_failure_tolerance__, handler)
         cook = _runner(te, "cook_crude_sample", "cook_crude_sample", handler)
-        encode = _runner(te, "encode_sample", "encode_sample", handler)
+        # with packing, a preencode_sample override replaces encode_sample before the buffer
+        hook = "preencode_sample" if self.config.packing_buffer_size and is_overridden(te, "preencode_sample") else "encode_sample"
+        encode = _runner(te, hook, "encode_sample", handler)
         runs = {r.stage: r for r in (load.new_run(), cook.new_run(), encode.new_run())}
         data.runs.extend(runs.values())
         if data.fatal is None:
@@ -80,7 +86,9 @@ class EncodeSamples:
         data.raw = []
 
     def _encode_all(self, data, te, loader, load, cook, encode, runs) -> None:
-        do_encode = is_overridden(te, "encode_sample")
+        do_encode = is_overridden(te, "encode_sample") or (
+            self.config.packing_buffer_size is not None and is_overridden(te, "preencode_sample")
+        )
         seed = data.spec.seed
         raws, data.raw = data.raw, []
         raws.reverse()
@@ -162,27 +170,18 @@ class BatchSamples:
 
     def explode(self, data: rows.SegmentData) -> Iterator[Tuple[int, int, int, int, Any]]:
         spec = data.spec
-        size = self.config.batch_size
         items: List[Any] = []
-        leftover: List[Tuple[int, int, Any]] = []
-        if size is None:
-            items = [item for _, _, item in data.encoded]
-        else:
-            batcher = Batcher(self.config.task_encoder.get(), self.config.error_handler)
-            runs = batcher.new_runs()
-            data.runs.extend(runs)
-            full = len(data.encoded) - len(data.encoded) % size
-            try:
-                for start in range(0, full, size):
-                    items.extend(batcher(data.encoded[start : start + size], spec.seed, size, runs))
-            except FatalSampleError as exc:
-                data.fatal = data.fatal or ("FatalSampleError", str(exc))
-            if data.fatal is None:
-                leftover = data.encoded[full:]
+        leftovers: List[Any] = []
+        try:
+            items, leftovers = self._batches(data)
+        except FatalSampleError as exc:
+            data.fatal = data.fatal or ("FatalSampleError", str(exc))
+        if data.fatal is not None:
+            leftovers = []
         for seq, item in enumerate(items):
             yield rows.ITEM, spec.worker, spec.index, seq, item
-        if leftover:
-            yield rows.LEFTOVER, spec.worker, spec.index, len(items), leftover
+        if leftovers:
+            yield rows.LEFTOVER, spec.worker, spec.index, len(items), leftovers
         report = rows.Report(
             worker=spec.worker,
             segment=spec.index,
@@ -193,6 +192,51 @@ class BatchSamples:
             fatal=data.fatal,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report
+
+    def _batches(self, data: rows.SegmentData) -> Tuple[List[Any], List[Any]]:
+        """Items (batches, or samples without batching) and leftover groups ``(key, size, items)``."""
+        te: TaskEncoder = self.config.task_encoder.get()
+        handler, size, seed = self.config.error_handler, self.config.batch_size, data.spec.seed
+        entries = data.encoded
+        if data.fatal is not None:
+            return [], []
+        if self.config.packing_buffer_size:
+            packer = Packer(te, self.config.packing_buffer_size, handler)
+            runs = packer.new_runs()
+            data.runs.extend(runs)
+            entries = packer(entries, seed, runs)
+        elif is_overridden(te, "postencode_sample"):
+            entries = _postencode(te, entries, seed, handler, data.runs)
+        if is_overridden(te, "batch_group_criterion"):
+            grouper = Grouper(te, size, handler)
+            run = grouper.new_run()
+            data.runs.append(run)
+            full, leftovers = grouper(entries, run)
+            batcher = Batcher(te, handler)
+            runs = batcher.new_runs()
+            data.runs.extend(runs)
+            return [b for limit, group in full for b in batcher(group, seed, limit, runs)], leftovers
+        if size is None:
+            return [item for _, _, item in entries], []
+        batcher = Batcher(te, handler)
+        runs = batcher.new_runs()
+        data.runs.extend(runs)
+        cut = len(entries) - len(entries) % size
+        items = [b for start in range(0, cut, size) for b in batcher(entries[start : start + size], seed, size, runs)]
+        return items, ([(None, size, entries[cut:])] if cut < len(entries) else [])
+
+
+def _postencode(te: TaskEncoder, entries, seed: int, handler: Any, runs_out: List[StageRun]):
+    runner = _runner(te, "postencode_sample", "postencode_sample", handler)
+    run = runner.new_run()
+    runs_out.append(run)
+    out = []
+    for position, sub, sample in entries:
+        with hook_call(seed, "postencode", position, sample_index=position):
+            result = runner.call(run, sample, _what(sample))
+        if result is not HookRunner.FAILED and result is not HookRunner.IGNORED:
+            out.append((position, sub, result))
+    return out
 
 
 class EncodeAndBatch:

@@ -81,6 +81,15 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
         """Transform one sample (augment an image, tokenize a text…). Identity by default."""
         return sample  # type: ignore[return-value]
 
+    def preencode_sample(self, sample: T_sample) -> T_sample:
+        """With packing: what runs before the packing buffer instead of ``encode_sample`` (cheap work)."""
+        return sample
+
+    def postencode_sample(self, sample: T_sample) -> T_encoded_sample:  # type: ignore[misc]
+        """With packing: runs on the members of a selected pack, before ``pack_selected_samples``
+        (expensive work only for samples that are used); without packing, right after encoding."""
+        return sample  # type: ignore[return-value]
+
     def select_samples_to_pack(self, samples: List[T_encoded_sample]) -> List[List[T_encoded_sample]]:
         """Group a buffer of samples into packs (only used with ``packing_buffer_size``)."""
         raise NotImplementedError("override select_samples_to_pack to use packing")

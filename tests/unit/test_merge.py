@@ -53,12 +53,12 @@ def test_leftovers_pool_into_full_batches_in_stream_order():
     """Leftover samples of a worker are batched in the driver once batch_size of them are pooled."""
     q = WorkerQueues(1, 3, _pool_batches)
     for row, last in [
-        ((rows.LEFTOVER, 0, 0, 0, [(0, 0, "s0"), (1, 0, "s1")]), False),
+        ((rows.LEFTOVER, 0, 0, 0, [(None, 3, [(0, 0, "s0"), (1, 0, "s1")])]), False),
         (_report(0, 0), False),
         ((rows.ITEM, 0, 1, 0, "B1"), False),
-        ((rows.LEFTOVER, 0, 1, 1, [(5, 0, "s5"), (6, 0, "s6")]), False),
+        ((rows.LEFTOVER, 0, 1, 1, [(None, 3, [(5, 0, "s5"), (6, 0, "s6")])]), False),
         (_report(0, 1), False),
-        ((rows.LEFTOVER, 0, 2, 0, [(9, 0, "s9")]), False),
+        ((rows.LEFTOVER, 0, 2, 0, [(None, 3, [(9, 0, "s9")])]), False),
         (_report(0, 2), True),
     ]:
         q.feed(row, last)
@@ -70,7 +70,7 @@ def test_drop_last_drops_only_the_final_short_batch():
     """With drop_last the pooled remainder at stream end is dropped."""
     q = WorkerQueues(1, 3, _pool_batches, drop_last=True)
     q.feed((rows.ITEM, 0, 0, 0, "B0"), False)
-    q.feed((rows.LEFTOVER, 0, 0, 1, [(3, 0, "s3")]), False)
+    q.feed((rows.LEFTOVER, 0, 0, 1, [(None, 3, [(3, 0, "s3")])]), False)
     q.feed(_report(0, 0), True)
     assert _drain(q, 0) == ["B0"]
 

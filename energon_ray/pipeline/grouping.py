@@ -1,0 +1,72 @@
+"""Grouped batching inside a segment: ``batch_group_criterion(sample) -> (bucket key, bucket size)``.
+
+A bucket's batch is built as soon as it is full; what remains in each bucket at the segment's end
+goes to the driver, which keeps pooling it per worker and bucket (and flushes the buckets when the
+stream ends, unless ``batch_drop_last``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Hashable, List, Optional, Tuple
+
+from energon_ray.errors import FatalSampleError
+from energon_ray.pipeline.policy import HookRunner, StageRun
+from energon_ray.task_encoder.base import TaskEncoder
+from energon_ray.task_encoder.decorators import get_failure_tolerance
+
+Item = Tuple[int, int, Any]
+Leftover = Tuple[Hashable, int, List[Item]]
+
+
+def bucket_size(key: Hashable, size: Optional[int], batch_size: Optional[int], what: str) -> int:
+    """The batch size of a bucket; exactly one of the criterion's size and ``batch_size`` is set.
+
+    Raises:
+        FatalSampleError: if both or neither are set, or the size is not a positive int.
+    """
+    if size is not None and batch_size is not None:
+        raise FatalSampleError(
+            f"{what}: batch_group_criterion returned batch size {size} for bucket {key!r}, but get_*_dataset("
+            f"batch_size={batch_size}) is set too; return None as the size, or pass batch_size=None"
+        )
+    chosen = size if size is not None else batch_size
+    if not isinstance(chosen, int) or isinstance(chosen, bool) or chosen <= 0:
+        raise FatalSampleError(
+            f"{what}: bucket {key!r} has no valid batch size (criterion gave {size!r}, batch_size={batch_size!r})"
+        )
+    return chosen
+
+
+class Grouper:
+    """Sorts a segment's encoded samples into buckets and cuts full buckets into batches."""
+
+    def __init__(self, te: TaskEncoder, batch_size: Optional[int], handler: Any):
+        fn = te.batch_group_criterion
+        self.criterion = HookRunner("batch_group_criterion", fn, get_failure_tolerance(fn, te.__default_failure_tolerance__), handler)
+        self.batch_size = batch_size
+
+    def new_run(self) -> StageRun:
+        return self.criterion.new_run()
+
+    def __call__(self, encoded: List[Item], run: StageRun) -> Tuple[List[Tuple[int, List[Item]]], List[Leftover]]:
+        """``(full groups as (size, items) in completion order, leftover buckets)``."""
+        buckets: Dict[Hashable, Tuple[int, List[Item]]] = {}
+        full: List[Tuple[int, List[Item]]] = []
+        for entry in encoded:
+            sample = entry[2]
+            what = f"sample {getattr(sample, '__key__', '?')!r}"
+            result = self.criterion.call(run, sample, what)
+            if result is HookRunner.FAILED or result is HookRunner.IGNORED:
+                continue
+            if not (isinstance(result, tuple) and len(result) == 2):
+                raise FatalSampleError(f"{what}: batch_group_criterion must return (key, batch_size or None), got {result!r}")
+            key, size = result
+            if key not in buckets:
+                buckets[key] = (bucket_size(key, size, self.batch_size, what), [])
+            limit, items = buckets[key]
+            items.append(entry)
+            if len(items) == limit:
+                full.append((limit, list(items)))
+                items.clear()
+        leftovers = [(key, limit, items) for key, (limit, items) in buckets.items() if items]
+        return full, leftovers

@@ -1,0 +1,120 @@
+"""Sample packing inside a segment, with Energon's buffer semantics.
+
+Fill a reading buffer to ``packing_buffer_size`` encoded samples; when no packs are pending, hand the
+whole buffer to ``select_samples_to_pack`` (samples it does not select are dropped, as in Energon);
+emit one ``pack_selected_samples`` per step (after ``postencode_sample`` on the pack's members) and
+top the buffer up; at the end flush pending packs, then pack the partial buffer. Each Ray task packs
+its own segment, so packing restarts at segment boundaries (``samples_per_segment`` sets how long).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+from energon_ray.errors import FatalSampleError
+from energon_ray.pipeline.policy import HookRunner, StageRun
+from energon_ray.task_encoder.base import TaskEncoder, is_overridden
+from energon_ray.task_encoder.context import hook_call
+from energon_ray.task_encoder.decorators import get_failure_tolerance
+
+Item = Tuple[int, int, Any]
+
+
+def _key(sample: Any) -> Any:
+    return sample.get("__key__") if isinstance(sample, dict) else getattr(sample, "__key__", "?")
+
+
+class Packer:
+    """Runs a task encoder's packing hooks over one segment's encoded samples."""
+
+    def __init__(self, te: TaskEncoder, buffer_size: int, handler: Any):
+        self.te = te
+        self.buffer_size = buffer_size
+        tol = te.__default_failure_tolerance__
+        self.select = HookRunner("select_samples_to_pack", te.select_samples_to_pack, get_failure_tolerance(te.select_samples_to_pack, tol), handler)
+        self.pack = HookRunner("pack_selected_samples", te.pack_selected_samples, get_failure_tolerance(te.pack_selected_samples, tol), handler)
+        self.post = HookRunner("postencode_sample", te.postencode_sample, get_failure_tolerance(te.postencode_sample, tol), handler)
+        self.do_post = is_overridden(te, "postencode_sample")
+        self.tolerance = tol
+
+    def new_runs(self) -> List[StageRun]:
+        return [self.select.new_run(), self.post.new_run(), self.pack.new_run()]
+
+    def _groups(self, buffer: List[Item], seed: int, runs: List[StageRun]) -> List[List[Item]]:
+        samples = [item for _, _, item in buffer]
+        by_id = {id(item): entry for entry, item in zip(buffer, samples)}
+        what = f"select_samples_to_pack on {len(samples)} samples starting at {_key(samples[0])!r}"
+        with hook_call(seed, "pre_pack", buffer[0][0], sample_index=buffer[0][0]):
+            groups = self.select.call(runs[0], samples, what)
+        if groups is HookRunner.FAILED or groups is HookRunner.IGNORED:
+            return []
+        out, seen = [], set()
+        for group in groups:
+            if not group:
+                raise FatalSampleError(f"{what}: returned an empty group")
+            entries = []
+            for sample in group:
+                if id(sample) not in by_id:
+                    raise FatalSampleError(f"{what}: returned sample {_key(sample)!r}, which is not from the buffer")
+                if id(sample) in seen:
+                    raise FatalSampleError(f"{what}: returned sample {_key(sample)!r} twice")
+                seen.add(id(sample))
+                entries.append(by_id[id(sample)])
+            out.append(entries)
+        return out
+
+    def _final(self, group: List[Item], seed: int, runs: List[StageRun]) -> List[Item]:
+        members = []
+        for position, sub, sample in group:
+            if self.do_post:
+                with hook_call(seed, "postencode", position, sample_index=position):
+                    sample = self.post.call(runs[1], sample, f"postencode_sample of {_key(sample)!r}")
+                if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
+                    continue
+            members.append(sample)
+        if not members:
+            return []
+        position, sub = group[0][0], group[0][1]
+        keys = [_key(m) for m in members]
+        with hook_call(seed, "pack", position, sample_index=position):
+            packs = self.pack.call_many(runs[2], members, f"pack_selected_samples of {keys}")
+        if packs is HookRunner.FAILED or packs is HookRunner.IGNORED:
+            return []
+        return [(position, sub * 1000 + i, pack) for i, pack in enumerate(packs)]
+
+    def __call__(self, encoded: List[Item], seed: int, runs: List[StageRun]) -> List[Item]:
+        """Packs of one segment, as ``(position, sub, pack)`` items in emission order."""
+        source = iter(encoded)
+        reading: List[Item] = []
+        pending: List[List[Item]] = []
+        out: List[Item] = []
+        empty_rounds = 0
+
+        def fill() -> bool:
+            while len(reading) < self.buffer_size:
+                try:
+                    reading.append(next(source))
+                except StopIteration:
+                    return False
+            return True
+
+        while fill():
+            if not pending:
+                pending, reading[:] = self._groups(list(reading), seed, runs), []
+                if not pending:
+                    empty_rounds += 1
+                    if self.tolerance and empty_rounds > self.tolerance:
+                        raise FatalSampleError(
+                            f"select_samples_to_pack returned no packs for {empty_rounds} buffers in a row; "
+                            "likely the packing code or the data is broken"
+                        )
+                    continue
+            empty_rounds = 0
+            out += self._final(pending.pop(0), seed, runs)
+        while pending:
+            out += self._final(pending.pop(0), seed, runs)
+        if reading:
+            pending = self._groups(list(reading), seed, runs)
+            while pending:
+                out += self._final(pending.pop(0), seed, runs)
+        return out
