@@ -140,7 +140,7 @@ def _report(result: PrepareResult) -> None:
 
 
 @click.command(name="prepare")
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--split-ratio", callback=_parse_ratio, help="train,val,test shard ratio, e.g. '8,1,1'.")
 @click.option("--split-parts", multiple=True, callback=_parse_split_parts,
               help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Replaces --split-ratio.")
@@ -162,12 +162,22 @@ def prepare_command(
     dataset_yaml_name: str, skip_dataset_yaml: bool, tar_index_only: bool, non_interactive: bool,
     force_overwrite: bool, progress: bool, num_workers: int,
 ) -> None:  # fmt: skip
-    """Index the tar shards under PATH and write PATH/.nv-meta (Energon's format).
+    """Index the tar shards under PATH and write PATH/.nv-meta (Energon's format); for a .jsonl
+    file, write its .jsonl.idx.
 
     \b
     energon-ray prepare ./ds --non-interactive --split-ratio 8,1,1 \\
         --sample-type CaptioningSample --field-map '{"image": "jpg", "caption": "txt"}'
     """
+    if path.is_file():
+        if path.suffix != ".jsonl":
+            raise click.UsageError(f"{path}: PATH must be a dataset folder or a .jsonl file")
+        from energon_ray.format.jsonl import prepare_jsonl
+
+        with user_errors():
+            count = prepare_jsonl(path, progress=progress)
+        click.echo(f"Indexed {count} samples into {path}.idx")
+        return
     interactive = not non_interactive
     defer_yaml = False
     if not tar_index_only:

@@ -40,6 +40,8 @@ class PreparedDataset:
     spec: DatasetSpec
     split_config: str = "split.yaml"
     dataset_config: str = "dataset.yaml"
+    #: ``"tar"`` (WebDataset shards) or ``"jsonl"`` (one JSON object per line).
+    format: str = "tar"
 
     @classmethod
     def open(
@@ -58,6 +60,12 @@ class PreparedDataset:
                 index that disagrees with its tar — each naming the file and the value.
         """
         root = Path(path)
+        if str(root).endswith(".jsonl"):
+            from energon_ray.format.jsonl import open_jsonl
+
+            if not root.is_file():
+                raise DatasetConfigError(f"{root}: JSONL file does not exist")
+            return open_jsonl(root, split_part)
         split_config = split_config or "split.yaml"
         dataset_config = dataset_config or "dataset.yaml"
         counts = read_info(root)
@@ -101,6 +109,8 @@ class PreparedDataset:
                     by_shard.setdefault(shard.name, set()).add(entry[len(prefix) :])
         starts = self.shard_starts
         out = []
+        if self.format != "tar":
+            return np.empty(0, dtype=np.int64)
         for i, shard in enumerate(self.shards):
             keys = by_shard.get(shard.name)
             if not keys:

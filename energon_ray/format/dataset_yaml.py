@@ -48,6 +48,10 @@ class DatasetSpec:
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __reduce__(self):
+        if self.dataset_config == "<jsonl>":
+            from energon_ray.format.jsonl import jsonl_spec
+
+            return (jsonl_spec, (self.root,))
         return (read_dataset_spec, (self.root, self.dataset_config))
 
     @property

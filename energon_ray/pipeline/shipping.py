@@ -46,7 +46,7 @@ class Shipped:
     """
 
     def __init__(self, obj: Any, what: str = "object"):
-        modules = list(_user_modules(obj))
+        modules = list({id(m): m for m in _user_modules(obj)}.values())
         for module in modules:
             cloudpickle.register_pickle_by_value(module)
         try:

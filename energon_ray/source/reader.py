@@ -25,6 +25,7 @@ class ShardTable:
     names: Tuple[str, ...]
     paths: Tuple[str, ...]
     starts: Tuple[int, ...]  # global index of each shard's first sample, plus the total
+    format: str = "tar"
 
     def locate(self, indices: np.ndarray) -> np.ndarray:
         """Shard number of each global sample index."""
@@ -91,7 +92,10 @@ class ReadSegment:
             for j, (index, chunk) in enumerate(reader.read_run(first, last)):
                 k = offset + j
                 try:
-                    key, parts, files = parse_sample(chunk, path, index, self.part_filter)
+                    if self.shards.format == "jsonl":
+                        key, parts, files = str(index), {"json": bytes(chunk).rstrip(b"\r\n")}, (f"{name}#{index}",)
+                    else:
+                        key, parts, files = parse_sample(chunk, path, index, self.part_filter)
                 except ShardReadError as exc:
                     run.failure(f"{path}: sample #{index}: {describe_error(exc)}")
                     continue
@@ -114,4 +118,5 @@ def shard_table(dataset) -> ShardTable:
         names=tuple(s.name for s in dataset.shards),
         paths=tuple(os.path.abspath(s.path) for s in dataset.shards),
         starts=tuple(int(x) for x in dataset.shard_starts),
+        format=dataset.format,
     )
