@@ -29,6 +29,30 @@ class NoisyEncoder(er.DefaultTaskEncoder):
         return batch
 
 
+class PackPairs(er.DefaultTaskEncoder):
+    """Packs captions two by two (shortest with longest), so packs depend on the buffer's content."""
+
+    def select_samples_to_pack(self, samples):
+        order = sorted(samples, key=lambda s: (len(s.caption), s.__key__))
+        return [[order[i], order[-1 - i]] for i in range(len(order) // 2)]
+
+    def pack_selected_samples(self, samples):
+        return er.TextSample.derive_from(samples[0], __key__="+".join(s.__key__ for s in samples), text=" ".join(s.caption for s in samples))
+
+
+class GroupByIndex(er.DefaultTaskEncoder):
+    def batch_group_criterion(self, sample):
+        return int(sample.__key__[-6:]) % 3, None
+
+
+def _keys(dataset, batches: int) -> list:
+    loader = er.get_loader(dataset)
+    it = iter(loader)
+    out = [list(next(it).__key__) for _ in range(batches)]
+    loader.close()
+    return out
+
+
 def record(path: str, batches: int = 12) -> dict:
     """Keys and image checksums of the first ``batches`` batches of a seeded training loader."""
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=3, seed_offset=7)
@@ -43,6 +67,9 @@ def record(path: str, batches: int = 12) -> dict:
         out["keys"].append(list(batch.__key__))
         out["sums"].append(round(float(batch.image.double().sum()), 6))
     loader.close()
+    common = dict(worker_config=wc, shuffle_buffer_size=9, max_samples_per_sequence=4)
+    out["packed"] = _keys(er.get_train_dataset(path, batch_size=2, packing_buffer_size=6, task_encoder=PackPairs(), **common), 8)
+    out["grouped"] = _keys(er.get_train_dataset(path, batch_size=3, task_encoder=GroupByIndex(), **common), 8)
     return out
 
 
