@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import torch
 

@@ -9,7 +9,7 @@ its own segment, so packing restarts at segment boundaries (``samples_per_segmen
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Tuple
 
 from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline.policy import HookRunner, StageRun

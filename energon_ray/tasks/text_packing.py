@@ -9,8 +9,7 @@ padding), ``position_ids`` restarting per document, ``document_ids`` (0 = paddin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 import torch
 

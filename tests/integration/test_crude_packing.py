@@ -6,7 +6,6 @@ import json
 import logging
 
 import pytest
-import torch
 import yaml
 
 import energon_ray as er

@@ -1,0 +1,229 @@
+"""Indexing tar shards: ``<shard>.tar.idx`` offsets, ``.nv-meta/index.sqlite`` and ``index.uuid``.
+
+A sample is the run of consecutive tar members sharing a key; its offset is that of its first
+header, and the index ends with the end offset of the last member (Energon's format).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import re
+import sqlite3
+import tarfile
+import uuid
+from pathlib import Path
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+from tqdm import tqdm
+
+from energon_ray.errors import DatasetConfigError
+from energon_ray.format.info import meta_dir
+from energon_ray.format.tar_index import write_tar_index
+from energon_ray.format.tar_reader import SKIP_META_RE, split_member_name
+
+INDEX_SQLITE = "index.sqlite"
+INDEX_UUID = "index.uuid"
+_BLOCK = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardIndex:
+    """What indexing one tar found: sample offsets (plus the end), keys and part locations."""
+
+    name: str
+    offsets: Tuple[int, ...]
+    keys: Tuple[str, ...]
+    #: ``(sample_index, part_name, content_byte_offset, content_byte_size)`` per member.
+    parts: Tuple[Tuple[int, str, int, int], ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.keys)
+
+
+
+def find_shards(path: Path | str, exclude: Sequence[str] = ()) -> List[str]:
+    """``**/*.tar`` and ``**/*.tgz`` under ``path`` (not hidden) as sorted relative names, minus ``exclude``.
+
+    Raises:
+        ValueError: if an exclude pattern is not a valid regex.
+    """
+    root = Path(path)
+    found = [p.relative_to(root) for pattern in ("**/*.tar", "**/*.tgz") for p in root.glob(pattern) if p.is_file()]
+    # Like Energon: hidden files and folders are not shards; order is by path components.
+    found = sorted((p for p in found if not any(part.startswith(".") for part in p.parts)), key=lambda p: p.parts)
+    names = [p.as_posix() for p in found]
+    for pattern in exclude:
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"exclude pattern {pattern!r} is not a valid regex: {exc}") from None
+        names = [n for n in names if not regex.search(n)]
+    return names
+
+
+def _check_tar_end(file, path: Path, end: int) -> None:
+    # tarfile silently stops at a corrupt header, which would hide the rest of the shard.
+    size = os.fstat(file.fileno()).st_size
+    if end > size:
+        raise DatasetConfigError(f"{path}: truncated tar: the last member ends at byte {end}, the file has {size}")
+    file.seek(end)
+    block = file.read(_BLOCK)
+    if block.strip(b"\0") and len(block) < _BLOCK:
+        raise DatasetConfigError(f"{path}: truncated tar: the file ends inside the header at byte {end}")
+    if block.strip(b"\0"):
+        raise DatasetConfigError(f"{path}: invalid tar header at byte {end}; the shard is corrupt after that point")
+
+
+def index_shard(root: Path | str, name: str) -> ShardIndex:
+    """Index one tar shard and write its ``.tar.idx``.
+
+    Args:
+        root: the dataset folder.
+        name: the shard's path relative to ``root``.
+
+    Returns:
+        The shard's offsets, keys and part locations.
+
+    Raises:
+        DatasetConfigError: unreadable, compressed, corrupt or empty tar, or a key split across runs.
+    """
+    path = Path(root) / name
+    offsets: List[int] = []
+    keys: List[str] = []
+    parts: List[Tuple[int, str, int, int]] = []
+    first_seen: Dict[str, int] = {}
+    with open(path, "rb") as file:
+        if file.read(2) == b"\x1f\x8b":
+            raise DatasetConfigError(
+                f"{path}: gzip-compressed shard; samples cannot be read by byte offset, decompress it to .tar"
+            )
+        file.seek(0)
+        try:
+            with tarfile.open(fileobj=file, mode="r:") as tar:
+                for member in tar:
+                    split = split_member_name(member.name)
+                    if not member.isreg() or SKIP_META_RE.match(member.name) or split is None:
+                        continue
+                    key, part = split
+                    if not keys or keys[-1] != key:
+                        if key in first_seen:
+                            raise DatasetConfigError(
+                                f"{path}: duplicate sample key {key!r} (samples #{first_seen[key]} and "
+                                f"#{len(keys)}); the members of a sample must be consecutive"
+                            )
+                        first_seen[key] = len(keys)
+                        offsets.append(member.offset)
+                        keys.append(key)
+                    parts.append((len(keys) - 1, part, member.offset_data, member.size))
+                end = tar.offset
+        except tarfile.TarError as exc:
+            raise DatasetConfigError(f"{path}: not a readable tar file: {exc}") from None
+        _check_tar_end(file, path, end)
+    if not keys:
+        raise DatasetConfigError(f"{path}: shard holds no samples; remove it or drop it with --exclude")
+    offsets.append(end)
+    write_tar_index(path, offsets)
+    if path.suffix == ".tgz" and not path.with_suffix(".tar").exists():
+        write_tar_index(path.with_suffix(".tar"), offsets)  # megatron-energon names it x.tar.idx
+    return ShardIndex(name=name, offsets=tuple(offsets), keys=tuple(keys), parts=tuple(parts))
+
+
+def _index_shards(root: Path, names: List[str], num_workers: int, progress: bool) -> Iterator[ShardIndex]:
+    workers = min(num_workers, len(names))
+    bar = tqdm(total=len(names), desc="Indexing shards", unit="shard", disable=not progress)
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    samples = 0
+    try:
+        for shard in (pool.map if pool else map)(index_shard, [root] * len(names), names):
+            samples += shard.count
+            bar.set_postfix(samples=samples, refresh=False)
+            bar.update()
+            yield shard
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _create_index_db(file: Path) -> sqlite3.Connection:
+    file.unlink(missing_ok=True)
+    db = sqlite3.connect(file, isolation_level=None)  # one explicit transaction, committed at the end
+    db.execute(
+        "CREATE TABLE samples (tar_file_id INTEGER NOT NULL, sample_key TEXT NOT NULL UNIQUE, "
+        "sample_index INTEGER NOT NULL, byte_offset INTEGER, byte_size INTEGER)"
+    )
+    db.execute(
+        "CREATE TABLE sample_parts (tar_file_id INTEGER, sample_index INTEGER, part_name TEXT, "
+        "content_byte_offset INTEGER, content_byte_size INTEGER)"
+    )
+    db.execute("BEGIN")
+    return db
+
+
+def _insert_shard(db: sqlite3.Connection, shard_id: int, shard: ShardIndex, names: List[str]) -> None:
+    rows = [
+        (shard_id, key, i, shard.offsets[i], shard.offsets[i + 1] - shard.offsets[i])
+        for i, key in enumerate(shard.keys)
+    ]
+    db.execute("SAVEPOINT shard")
+    try:
+        db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?)", rows)
+    except sqlite3.IntegrityError:
+        db.execute("ROLLBACK TO SAVEPOINT shard")
+        for key in shard.keys:
+            hit = db.execute("SELECT tar_file_id FROM samples WHERE sample_key = ?", (key,)).fetchone()
+            if hit is not None:
+                raise DatasetConfigError(
+                    f"duplicate sample key {key!r}: it is in shard {names[hit[0]]} and in shard {shard.name}; "
+                    f"keys must be unique across the dataset (e.g. prefix members with the shard name)"
+                ) from None
+        raise
+    db.execute("RELEASE SAVEPOINT shard")
+    db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", [(shard_id, *p) for p in shard.parts])
+
+
+def _finish_index_db(db: sqlite3.Connection, tmp: Path, final: Path) -> None:
+    db.execute("CREATE INDEX idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)")
+    db.execute("CREATE INDEX idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, content_byte_offset)")
+    db.execute(
+        "CREATE INDEX idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, part_name, "
+        "content_byte_offset, content_byte_size)"
+    )
+    db.execute("COMMIT")
+    db.close()
+    os.replace(tmp, final)
+    (final.parent / INDEX_UUID).write_text(str(uuid.uuid4()))
+
+
+def index_dataset(
+    root: Path, names: List[str], *, num_workers: int = 1, progress: bool = True
+) -> Tuple[Dict[str, int], Tuple[str, ...]]:
+    """Index every shard (``.tar.idx``) and write ``.nv-meta/index.sqlite`` and ``index.uuid``.
+
+    Returns:
+        ``({shard name: sample count} in ``names`` order, sorted part names)``.
+
+    Raises:
+        DatasetConfigError: a bad shard, or a sample key found in two places (both named).
+    """
+    meta = meta_dir(root)
+    meta.mkdir(parents=True, exist_ok=True)
+    tmp = meta / (INDEX_SQLITE + ".tmp")
+    db = _create_index_db(tmp)
+    counts: Dict[str, int] = {}
+    part_types: set = set()
+    try:
+        for shard_id, shard in enumerate(_index_shards(root, names, num_workers, progress)):
+            _insert_shard(db, shard_id, shard, names)
+            counts[shard.name] = shard.count
+            if len(part_types) < 1000:
+                part_types.update(p[1] for p in shard.parts)
+        _finish_index_db(db, tmp, meta / INDEX_SQLITE)
+    except BaseException:
+        db.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return counts, tuple(sorted(part_types))
