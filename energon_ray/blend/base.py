@@ -8,7 +8,7 @@ positions; Ray only makes the items.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 Provider = Callable[[int], Any]
 
@@ -35,7 +35,12 @@ class Composition:
         raise NotImplementedError
 
     def provider(self, ctx: "PassContext", pass_index: int) -> Provider:
-        """``next_item(worker)`` for one pass (``ctx.feeds`` maps ``id(leaf)`` to its ``SourceFeed``)."""
+        """``next_item(worker)`` for one pass (``ctx.feeds`` maps ``id(leaf)`` to its ``LeafFeed``)."""
+        raise NotImplementedError
+
+    def leaf_shares(self) -> Dict[int, Tuple[float, float]]:
+        """``id(leaf) -> (share, offset)``: the expected fraction of a worker's items the leaf gives,
+        and how many items precede its first one (for scheduling Ray work; see ``plan.schedule``)."""
         raise NotImplementedError
 
     def caps(self) -> Optional[List[int]]:

@@ -122,6 +122,13 @@ class BlendDataset(Composition):
 
         return next_item
 
+    def leaf_shares(self):
+        return {
+            leaf: (share * weight, offset)
+            for ds, weight in zip(self.datasets, self.weights)
+            for leaf, (share, offset) in ds.leaf_shares().items()
+        }
+
     def __len__(self) -> int:
         return sum(len(ds) for ds in self.datasets)
 
@@ -164,6 +171,14 @@ class ConcatDataset(Composition):
             return EXHAUSTED
 
         return next_item
+
+    def leaf_shares(self):
+        out, before = {}, 0.0
+        for ds in self.datasets:
+            for leaf, (share, offset) in ds.leaf_shares().items():
+                out[leaf] = (share, offset + before)
+            before += len(ds) / self.num_workers
+        return out
 
     def caps(self) -> Optional[List[int]]:
         if self.limit is None:
@@ -229,6 +244,9 @@ class MixBatchDataset(Composition):
 
         return next_item
 
+    def leaf_shares(self):
+        return self.blend.leaf_shares()
+
     def __len__(self) -> int:
         return -(-len(self.blend) // self.batch_size)
 
@@ -257,6 +275,9 @@ class EpochizeDataset(Composition):
 
     def virtual_epoch_length(self) -> int:
         return self.length
+
+    def leaf_shares(self):
+        return self.dataset.leaf_shares()
 
     def __len__(self) -> int:
         return self.length
@@ -312,6 +333,9 @@ class MapDataset(Composition):
 
     def virtual_epoch_length(self) -> int:
         return self.dataset.virtual_epoch_length()
+
+    def leaf_shares(self):
+        return self.dataset.leaf_shares()
 
     def __len__(self) -> int:
         return len(self.dataset)

@@ -29,12 +29,14 @@ def pin_batch(value: Any) -> Any:
 
 
 class DecodedRows:
-    """The collated result: decoded rows of one block (not a tensor, so Ray passes it through)."""
+    """The collated result: decoded rows of one block and their leaf datasets (not a tensor, so
+    Ray passes it through)."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "sources")
 
-    def __init__(self, rows_: List[Tuple[int, int, int, int, Any]]):
+    def __init__(self, rows_: List[Tuple[int, int, int, int, Any]], sources: List[int]):
         self.rows = rows_
+        self.sources = sources
 
 
 class RowCollate(ArrowBatchCollateFn):
@@ -51,4 +53,4 @@ class RowCollate(ArrowBatchCollateFn):
             if self.pin and kind == rows.ITEM:
                 value = pin_batch(value)
             out.append((kind, worker, segment, seq, value))
-        return DecodedRows(out)
+        return DecodedRows(out, rows.sources(batch))

@@ -145,9 +145,9 @@ class EnergonDataset(Composition):
             )
         return out
 
-    def plan(self, first_epoch: int = 0) -> SegmentPlan:
-        """The segment plan of this rank."""
-        return SegmentPlan(self.streams(first_epoch), self.segment_length)
+    def plan(self, first_epoch: int = 0, source: int = 0) -> SegmentPlan:
+        """The segment plan of this rank (``source``: this dataset's index in a composition)."""
+        return SegmentPlan(self.streams(first_epoch), self.segment_length, source=source)
 
     # -- composition ------------------------------------------------------------------------
     def leaves(self) -> List["EnergonDataset"]:
@@ -159,6 +159,9 @@ class EnergonDataset(Composition):
 
     def provider(self, ctx: PassContext, pass_index: int):
         return ctx.feeds[id(self)].next_item
+
+    def leaf_shares(self) -> Dict[int, tuple]:
+        return {id(self): (1.0, 0.0)}
 
     def caps(self) -> Optional[List[int]]:
         return self.worker_caps()

@@ -1,9 +1,11 @@
-"""``SourceFeed``: one source's worker streams for one pass, executed as Ray Datasets.
+"""Feeds: the leaf datasets' worker streams for one pass, produced by ONE Ray execution.
 
-Rounds of segments run as Ray Datasets (windows); ``iter_torch_batches`` decodes and pins their
-rows in Ray's prefetch threads; ``WorkerQueues`` files the items per worker. A feed is pulled
-lazily: asking for worker ``w``'s next item consumes rows until one is there, so several feeds (a
-blend) each advance only as fast as their items are taken.
+``MultiFeed`` hands Ray the segments of all leaves in one task list, ordered by when the loader is
+expected to need them (``plan.schedule``), executes it window by window through
+``iter_torch_batches`` (which decodes and pins rows in Ray's prefetch threads), and files each row
+into its leaf's per-worker queues. ``LeafFeed.next_item(worker)`` pulls rows until that worker of
+that leaf has an item, so the composition decides the order and Ray only makes the items. One
+execution for all sources keeps the driver's overhead that of a single source.
 """
 
 from __future__ import annotations
@@ -11,19 +13,20 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from energon_ray.errors import DatasetConfigError, FatalSampleError, SampleException, ShardReadError
 from energon_ray.loader.collate import RowCollate, pin_batch
 from energon_ray.loader.merge import EXHAUSTED, LoaderStats, Row, WorkerQueues
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.stages import Batcher
-from energon_ray.plan.stream import SegmentPlan
+from energon_ray.plan.schedule import LeafSchedule, windows
 
 logger = logging.getLogger("energon_ray")
 
-#: Most segments (Ray read tasks) one Ray Dataset execution holds.
-MAX_WINDOW_SEGMENTS = 4096
+#: Most segments (Ray read tasks) one Ray Dataset execution holds. Larger windows cost the driver
+#: more (Ray Data's scheduling loop over thousands of pending tasks measured 2x the driver CPU).
+MAX_WINDOW_SEGMENTS = 512
 #: Segments of the first window of an endless stream (small: a fast first batch).
 FIRST_WINDOW_SEGMENTS = 64
 
@@ -49,47 +52,21 @@ def unwrap_error(exc: BaseException) -> Optional[BaseException]:
     return None
 
 
-class SourceFeed:
-    """Items of one ``EnergonDataset`` per logical worker, produced by Ray for one pass.
+class LeafFeed:
+    """One leaf dataset's items per logical worker, filled by the shared ``MultiFeed``."""
 
-    Args:
-        dataset: the source.
-        first_epoch: epoch of the pass (later ``repeat=False`` passes reshuffle).
-        pin: pin batches (CUDA only).
-        stats: loader counters.
-        prefetch_batches: blocks Ray prefetches.
-        ray_remote_args: resources per segment task.
-        on_execute: called with each Ray Dataset when its execution starts.
-    """
-
-    def __init__(
-        self,
-        dataset,
-        first_epoch: int,
-        *,
-        pin: bool,
-        stats: LoaderStats,
-        prefetch_batches: int = 4,
-        ray_remote_args: Optional[dict] = None,
-        on_execute: Optional[Callable[[Any], None]] = None,
-        object_store_limit: Optional[int] = None,
-    ):
+    def __init__(self, multi: "MultiFeed", dataset, plan, pin: bool, stats: LoaderStats):
+        self.multi = multi
         self.dataset = dataset
-        self.plan: SegmentPlan = dataset.plan(first_epoch)
+        self.plan = plan
         self.pin = pin
-        self.prefetch_batches = prefetch_batches
-        self.ray_remote_args = ray_remote_args
-        self.on_execute = on_execute
-        self.object_store_limit = object_store_limit
-        self.num_workers = len(self.plan.streams)
         self._batcher: Optional[Batcher] = None
         self.queues = WorkerQueues(
-            self.num_workers, dataset.options.batch_size, self._driver_batches, drop_last=dataset.options.drop_last, stats=stats
+            len(plan.streams), dataset.options.batch_size, self._driver_batches, drop_last=dataset.options.drop_last, stats=stats
         )
-        for w in range(self.num_workers):
-            if self.plan.num_segments(w) == 0:
+        for w in range(len(plan.streams)):
+            if plan.num_segments(w) == 0:
                 self.queues.close_worker(w)
-        self._rows: Optional[Iterator[Tuple[Row, bool]]] = None
 
     def next_item(self, worker: int) -> Any:
         """Worker ``worker``'s next item, or ``EXHAUSTED``; pulls rows from Ray as needed."""
@@ -97,30 +74,16 @@ class SourceFeed:
         while not queues.queues[worker]:
             if queues.done[worker]:
                 return EXHAUSTED
-            self._pull()
+            self.multi.pull()
         return queues.queues[worker].popleft()
 
     def exhausted(self, worker: int) -> bool:
         return self.queues.exhausted(worker)
 
-    def close(self) -> None:
-        """Stop the Ray execution of this feed."""
-        if self._rows is not None:
-            self._rows.close()
-            self._rows = None
-
-    # -- internals -----------------------------------------------------------------------------
-    def _pull(self) -> None:
-        if self._rows is None:
-            self._rows = self._row_stream()
-        try:
-            row, last = next(self._rows)
-        except StopIteration:
-            for w in range(self.num_workers):
-                if not self.queues.done[w]:
-                    self.queues.close_worker(w)
-            return
-        self.queues.feed(row, last)
+    def close_open_workers(self) -> None:
+        for w in range(self.queues.num_workers):
+            if not self.queues.done[w]:
+                self.queues.close_worker(w)
 
     def _driver_batches(self, worker: int, group: List[Tuple[int, int, Any]]) -> List[Any]:
         ds = self.dataset
@@ -137,38 +100,79 @@ class SourceFeed:
             )
         return [pin_batch(b) for b in made] if self.pin else made
 
-    def _windows(self) -> Iterator[Tuple[int, int]]:
-        workers = max(1, self.num_workers)
-        total = self.plan.num_rounds
-        if total is not None:
-            step = max(1, MAX_WINDOW_SEGMENTS // workers)
-            for first in range(0, total, step):
-                yield first, min(total, first + step)
-            return
-        first, size = 0, max(1, FIRST_WINDOW_SEGMENTS // workers)
-        while True:
-            yield first, first + size
-            first += size
-            size = min(size * 4, max(1, MAX_WINDOW_SEGMENTS // workers))
 
-    def _row_stream(self) -> Iterator[Tuple[Row, bool]]:
+class MultiFeed:
+    """All leaves of a composition for one pass, executed as one Ray Dataset per window.
+
+    Args:
+        leaves: the leaf datasets, in the composition's order.
+        shares: ``(share, offset)`` of each leaf (see ``plan.schedule``).
+        pass_index: epoch of the pass (later ``repeat=False`` passes reshuffle).
+        pin: pin batches (CUDA only).
+        stats: loader counters.
+        prefetch_batches: blocks Ray prefetches.
+        ray_remote_args: resources per segment task.
+        on_execute: called with each Ray Dataset when its execution starts.
+    """
+
+    def __init__(
+        self,
+        leaves: Sequence[Any],
+        shares: Sequence[Tuple[float, float]],
+        pass_index: int,
+        *,
+        pin: bool,
+        stats: LoaderStats,
+        prefetch_batches: int = 4,
+        ray_remote_args: Optional[dict] = None,
+        on_execute: Optional[Callable[[Any], None]] = None,
+    ):
+        self.leaves = list(leaves)
+        self.prefetch_batches = prefetch_batches
+        self.ray_remote_args = ray_remote_args
+        self.on_execute = on_execute
+        self.pin = pin
+        self.feeds: List[LeafFeed] = []
+        self.schedules: List[LeafSchedule] = []
+        for i, (leaf, (share, offset)) in enumerate(zip(self.leaves, shares)):
+            plan = leaf.plan(pass_index, source=i)
+            self.feeds.append(LeafFeed(self, leaf, plan, pin, stats))
+            items = plan.segment_length / (leaf.options.batch_size or 1)
+            self.schedules.append(LeafSchedule(plan=plan, share=share, offset=offset, items_per_segment=items))
+        self._rows: Optional[Iterator[Tuple[int, Row, bool]]] = None
+        self.endless = any(s.plan.num_rounds is None for s in self.schedules)
+
+    def pull(self) -> None:
+        """Take one row from Ray and file it with its leaf."""
+        if self._rows is None:
+            self._rows = self._row_stream()
+        try:
+            source, row, last = next(self._rows)
+        except StopIteration:
+            for feed in self.feeds:
+                feed.close_open_workers()
+            return
+        self.feeds[source].queues.feed(row, last)
+
+    def close(self) -> None:
+        """Stop the Ray execution."""
+        if self._rows is not None:
+            self._rows.close()
+            self._rows = None
+
+    def _row_stream(self) -> Iterator[Tuple[int, Row, bool]]:
         from energon_ray.pipeline.build import build_dataset
 
-        ds = self.dataset
-        reader, config = ds.reader(), ds.stage_config()
-        for first, last in self._windows():
-            specs = self.plan.rounds(first, last)
-            if not specs:
-                return
-            ray_ds = build_dataset(
-                specs, reader, config, name=ds.operator_name, ray_remote_args=self.ray_remote_args,
-                object_store_limit=self.object_store_limit,
-            )  # fmt: skip
+        readers = {i: leaf.reader() for i, leaf in enumerate(self.leaves)}
+        configs = {i: leaf.stage_config() for i, leaf in enumerate(self.leaves)}
+        name = self.leaves[0].operator_name if len(self.leaves) == 1 else "EnergonSegments"
+        for specs in windows(self.schedules, MAX_WINDOW_SEGMENTS, first=FIRST_WINDOW_SEGMENTS):
+            ray_ds = build_dataset(specs, readers, configs, name=name, ray_remote_args=self.ray_remote_args)
             if self.on_execute is not None:
                 self.on_execute(ray_ds)
             yield from self._execute(ray_ds, specs)
 
-    def _execute(self, ray_ds, specs) -> Iterator[Tuple[Row, bool]]:
+    def _execute(self, ray_ds, specs) -> Iterator[Tuple[int, Row, bool]]:
         cursor = 0
         started = time.perf_counter()
         iterator = ray_ds.iter_torch_batches(
@@ -176,14 +180,14 @@ class SourceFeed:
         )
         try:
             for block in iterator:
-                for row in block.rows:
+                for row, source in zip(block.rows, block.sources):
                     spec = specs[cursor] if cursor < len(specs) else None
-                    if spec is None or (spec.worker, spec.index) != (row[1], row[2]):
+                    if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
                         raise RuntimeError(
-                            f"energon_ray: Ray returned segment ({row[1]}, {row[2]}) where the plan expected "
-                            f"{None if spec is None else (spec.worker, spec.index)}; order is not preserved"
+                            f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "
+                            f"{None if spec is None else (spec.source, spec.worker, spec.index)}; order is not preserved"
                         )
-                    yield row, spec.last
+                    yield source, row, spec.last
                     if row[0] == rows.REPORT:
                         cursor += 1
         except Exception as exc:

@@ -1,6 +1,7 @@
 """``get_loader``: iterate a dataset (or a blend, mix, concatenation of datasets) into training.
 
-Each leaf dataset is its own Ray stream (``SourceFeed``); the composition's provider decides which
+Each leaf dataset is its own stream of segments, all executed by one Ray Dataset per window
+(``MultiFeed``); the composition's provider decides which
 stream gives each worker's next item; ``round_robin`` interleaves the workers like a torch
 ``DataLoader`` does. Nothing about the order depends on Ray's scheduling.
 """
@@ -14,7 +15,7 @@ from typing import Any, Dict, Iterator, Optional
 import torch
 
 from energon_ray.blend.base import Composition, PassContext
-from energon_ray.loader.feed import SourceFeed
+from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import LoaderStats, round_robin
 from energon_ray.loader.ray_env import ensure_ray, warm_up
 
@@ -58,13 +59,7 @@ class EnergonLoader:
         leaves = dataset.leaves()
         if len({id(leaf) for leaf in leaves}) != len(leaves):
             raise ValueError("a dataset object appears twice in this composition; build each source separately")
-        if len(leaves) > 1:
-            for i, leaf in enumerate(leaves):
-                leaf.operator_name = f"EnergonSegments{i}"
         self._training = any(leaf.options.training for leaf in leaves)
-        import os
-
-        self._blend_limit = int(os.environ.get("ENERGON_RAY_BLEND_LOOKAHEAD_BYTES", 128 * 2**20))
         ensure_ray()
         warm_up()
         # Close a suspended endless stream before Ray shuts down at exit (Ray's own atexit hook runs
@@ -133,24 +128,23 @@ class EnergonLoader:
 
     def _one_pass(self, pass_index: int) -> Iterator[Any]:
         leaves = self.dataset.leaves()
-        feeds: Dict[int, SourceFeed] = {}
-        for leaf in leaves:
-            feeds[id(leaf)] = SourceFeed(
-                leaf,
-                pass_index,
-                pin=self.pin,
-                stats=self.stats,
-                prefetch_batches=self.prefetch_batches,
-                ray_remote_args=self.ray_remote_args,
-                on_execute=self._remember(leaf.operator_name),
-                object_store_limit=self._blend_limit if len(leaves) > 1 else None,
-            )
+        shares = self.dataset.leaf_shares()
+        multi = MultiFeed(
+            leaves,
+            [shares[id(leaf)] for leaf in leaves],
+            pass_index,
+            pin=self.pin,
+            stats=self.stats,
+            prefetch_batches=self.prefetch_batches,
+            ray_remote_args=self.ray_remote_args,
+            on_execute=self._remember("all"),
+        )
+        feeds = {id(leaf): feed for leaf, feed in zip(leaves, multi.feeds)}
         provider = self.dataset.provider(PassContext(feeds, self.stats), pass_index)
         try:
             yield from round_robin(self.dataset.num_workers, provider, caps=self.dataset.caps(), stats=self.stats)
         finally:
-            for feed in feeds.values():
-                feed.close()
+            multi.close()
 
 
 def _close_loader(ref: "weakref.ref[EnergonLoader]") -> None:

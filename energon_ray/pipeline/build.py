@@ -9,7 +9,7 @@ the read into the same task, so only finished batches cross the object store. Wi
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 import ray
 import ray.data
@@ -58,8 +58,8 @@ def _map(ds: "ray.data.Dataset", fn, stage, remote: Dict[str, Any]) -> "ray.data
 
 def build_dataset(
     segments: List[SegmentSpec],
-    reader: ReadSegment,
-    config: StageConfig,
+    reader: Union[ReadSegment, Mapping[int, ReadSegment]],
+    config: Union[StageConfig, Mapping[int, StageConfig]],
     *,
     name: str = "EnergonSegments",
     ray_remote_args: Optional[Dict[str, Any]] = None,
@@ -70,8 +70,8 @@ def build_dataset(
 
     Args:
         segments: planned segments, in output order.
-        reader: the read stage.
-        config: what the task-encoder stages need.
+        reader: the read stage, or one per leaf dataset (by ``SegmentSpec.source``).
+        config: what the task-encoder stages need, or one per leaf dataset.
         name: operator name in Ray's progress bars and stats.
         ray_remote_args: resources per task (e.g. ``{"num_cpus": 1}``).
         fuse_stages: run encoding and batching in one ``map_batches`` stage.
@@ -80,7 +80,7 @@ def build_dataset(
     """
     remote = dict(ray_remote_args or {})
     ds = ray.data.read_datasource(
-        SegmentDatasource(segments, reader, name=name),
+        SegmentDatasource(segments, reader if isinstance(reader, Mapping) else {0: reader}, name=name),
         override_num_blocks=max(1, len(segments)),
         **remote,
     )

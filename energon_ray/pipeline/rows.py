@@ -26,6 +26,7 @@ SCHEMA = pa.schema(
         ("worker", pa.int32()),
         ("segment", pa.int64()),
         ("seq", pa.int32()),
+        ("source", pa.int32()),
         ("payload", pa.large_binary()),
     ]
 )
@@ -83,10 +84,11 @@ def _dump(row: Tuple[int, int, int, int, Any]) -> pa.Buffer:
         ) from exc
 
 
-def table(rows: List[Tuple[int, int, int, int, Any]]) -> pa.Table:
-    """Build a table from ``(kind, worker, segment, seq, payload object)`` tuples.
+def table(rows: List[Tuple[int, int, int, int, Any]], source: int = 0) -> pa.Table:
+    """Build a table from ``(kind, worker, segment, seq, payload object)`` tuples of one segment.
 
-    Each payload is serialized straight into an Arrow buffer and wrapped without a copy.
+    ``source`` is the leaf dataset the segment belongs to. Each payload is serialized straight into
+    an Arrow buffer and wrapped without a copy.
     """
     kinds, workers, segments, seqs, payloads = zip(*rows) if rows else ((), (), (), (), ())
     chunks = [_binary_chunk(_dump(row)) for row in rows]
@@ -96,10 +98,16 @@ def table(rows: List[Tuple[int, int, int, int, Any]]) -> pa.Table:
             pa.array(workers, pa.int32()),
             pa.array(segments, pa.int64()),
             pa.array(seqs, pa.int32()),
+            pa.array([source] * len(rows), pa.int32()),
             pa.chunked_array(chunks, pa.large_binary()),
         ],
         schema=SCHEMA,
     )
+
+
+def sources(batch: pa.Table) -> List[int]:
+    """The leaf dataset of each row."""
+    return batch.column("source").to_pylist()
 
 
 def iter_rows(batch: pa.Table) -> Iterator[Tuple[int, int, int, int, Any]]:

@@ -9,7 +9,7 @@ Every hook call is seeded from its stream position, so a stage gives the same ou
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
 
@@ -52,25 +52,42 @@ def _what(sample: Any) -> str:
     return f"{shard}: sample {key!r}"
 
 
-class EncodeSamples:
-    """Stage 1: decode, load, cook and encode every sample of a segment."""
+def _configs(config: Union[StageConfig, Mapping[int, StageConfig]]) -> Dict[int, StageConfig]:
+    return dict(config) if isinstance(config, Mapping) else {0: config}
 
-    def __init__(self, config: StageConfig):
-        self.config = config
+
+def _one_source(batch: pa.Table) -> int:
+    found = set(rows.sources(batch))
+    if len(found) > 1:
+        raise RuntimeError(f"energon_ray: a block mixes segments of sources {sorted(found)}")
+    return found.pop() if found else 0
+
+
+class EncodeSamples:
+    """Stage 1: decode, load, cook and encode every sample of a segment.
+
+    Args:
+        config: the stage config, or one per leaf dataset (by source index) for compositions.
+    """
+
+    def __init__(self, config: Union[StageConfig, Mapping[int, StageConfig]]):
+        self.configs = _configs(config)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out = []
+        source = _one_source(batch)
         for kind, worker, segment, seq, payload in rows.iter_rows(batch):
             data = serde.loads(payload)
             if kind == rows.SEGMENT:
                 self.encode(data)
             out.append((kind, worker, segment, seq, data))
-        return rows.table(out)
+        return rows.table(out, source=source)
 
     def encode(self, data: rows.SegmentData) -> None:
-        te: TaskEncoder = self.config.task_encoder.get()
-        loader: SampleLoader = self.config.loader.get()
-        handler = self.config.error_handler
+        self.config = config = self.configs[data.spec.source]
+        te: TaskEncoder = config.task_encoder.get()
+        loader: SampleLoader = config.loader.get()
+        handler = config.error_handler
         load = HookRunner("load", loader, te.__default_failure_tolerance__, handler)
         cook = _runner(te, "cook_crude_sample", "cook_crude_sample", handler)
         # with packing, a preencode_sample override replaces encode_sample before the buffer
@@ -156,20 +173,22 @@ class Batcher:
 class BatchSamples:
     """Stage 2: cut a segment's encoded samples into batches; emit items, leftovers and a report."""
 
-    def __init__(self, config: StageConfig):
-        self.config = config
+    def __init__(self, config: Union[StageConfig, Mapping[int, StageConfig]]):
+        self.configs = _configs(config)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out: list = []
+        source = _one_source(batch)
         for kind, worker, segment, seq, payload in rows.iter_rows(batch):
             if kind != rows.SEGMENT:
                 out.append((kind, worker, segment, seq, serde.loads(payload)))
                 continue
             out.extend(self.explode(serde.loads(payload)))
-        return rows.table(out)
+        return rows.table(out, source=source)
 
     def explode(self, data: rows.SegmentData) -> Iterator[Tuple[int, int, int, int, Any]]:
         spec = data.spec
+        self.config = self.configs[spec.source]
         items: List[Any] = []
         leftovers: List[Any] = []
         try:
@@ -242,12 +261,13 @@ def _postencode(te: TaskEncoder, entries, seed: int, handler: Any, runs_out: Lis
 class EncodeAndBatch:
     """Stages 1 and 2 in one call: the encoded samples go straight to batching, never serialized."""
 
-    def __init__(self, config: StageConfig):
+    def __init__(self, config: Union[StageConfig, Mapping[int, StageConfig]]):
         self.encode = EncodeSamples(config)
         self.batch = BatchSamples(config)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out: list = []
+        source = _one_source(batch)
         for kind, worker, segment, seq, payload in rows.iter_rows(batch):
             data = serde.loads(payload)
             if kind != rows.SEGMENT:
@@ -255,4 +275,4 @@ class EncodeAndBatch:
                 continue
             self.encode.encode(data)
             out.extend(self.batch.explode(data))
-        return rows.table(out)
+        return rows.table(out, source=source)

@@ -109,11 +109,13 @@ class SegmentSpec:
     samples: np.ndarray
     #: True if the stream ends with this segment.
     last: bool
+    #: Which leaf dataset of a composition the segment belongs to.
+    source: int = 0
 
     def __reduce__(self):
         return (
             SegmentSpec,
-            (self.worker, self.global_worker, self.seed, self.index, self.start, self.samples, self.last),
+            (self.worker, self.global_worker, self.seed, self.index, self.start, self.samples, self.last, self.source),
         )
 
 
@@ -125,11 +127,12 @@ class SegmentPlan:
         segment_length: positions per segment (a multiple of the batch size).
     """
 
-    def __init__(self, streams: Sequence[WorkerStream], segment_length: int):
+    def __init__(self, streams: Sequence[WorkerStream], segment_length: int, source: int = 0):
         if segment_length < 1:
             raise ValueError(f"segment_length must be >= 1, got {segment_length}")
         self.streams = list(streams)
         self.segment_length = segment_length
+        self.source = source
 
     def num_segments(self, worker: int) -> Optional[int]:
         """Segments of a worker's stream (``None`` if endless)."""
@@ -162,6 +165,7 @@ class SegmentPlan:
             start=start,
             samples=samples,
             last=length is not None and start + len(samples) >= length,
+            source=self.source,
         )
 
     def rounds(self, first: int, last: int) -> List[SegmentSpec]:

@@ -6,7 +6,7 @@ and the loader checks it. ``parallelism`` is ignored on purpose: the plan, not R
 
 from __future__ import annotations
 
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Mapping, Optional
 
 import pyarrow as pa
 from ray.data import Datasource, ReadTask
@@ -22,14 +22,14 @@ class SegmentDatasource(Datasource):
 
     Args:
         segments: the segments to read, in output order.
-        reader: the read stage (shard table + part filter).
+        readers: the read stage of each leaf dataset (shard table + part filter), by source index.
         name: operator name shown in Ray's progress and stats.
     """
 
-    def __init__(self, segments: List[SegmentSpec], reader: ReadSegment, name: str = "EnergonSegments"):
+    def __init__(self, segments: List[SegmentSpec], readers: Mapping[int, ReadSegment], name: str = "EnergonSegments"):
         super().__init__()
         self._segments = segments
-        self._reader = reader
+        self._readers = dict(readers)
         self._name = name
 
     def get_name(self) -> str:
@@ -39,12 +39,11 @@ class SegmentDatasource(Datasource):
         return None
 
     def get_read_tasks(self, parallelism: int = -1, per_task_row_limit: Optional[int] = None, data_context=None) -> List[ReadTask]:
-        reader = self._reader
         tasks = []
         for spec in self._segments:
-            def read_fn(spec: SegmentSpec = spec) -> Iterable[pa.Table]:
+            def read_fn(spec: SegmentSpec = spec, reader: ReadSegment = self._readers[spec.source]) -> Iterable[pa.Table]:
                 data = reader(spec)
-                return [table([(SEGMENT, spec.worker, spec.index, 0, data)])]
+                return [table([(SEGMENT, spec.worker, spec.index, 0, data)], source=spec.source)]
 
             meta = BlockMetadata(num_rows=1, size_bytes=None, exec_stats=None, input_files=None)
             tasks.append(ReadTask(read_fn, meta, per_task_row_limit=per_task_row_limit))
