@@ -253,15 +253,12 @@ class MixBatchDataset(Composition):
         return -(-len(self.blend) // self.batch_size)
 
 
-class EpochizeDataset(Composition):
-    """Ends each ``iter()`` of the loader after ``length`` items; the next continues the stream."""
+class _Wrapper(Composition):
+    """A composition around one dataset; everything is delegated unless overridden."""
 
-    def __init__(self, dataset: Composition, length: int, worker_config: Any = None):
-        if not isinstance(length, int) or length <= 0:
-            raise ValueError(f"EpochizeDataset: length must be a positive int, got {length!r}")
+    def __init__(self, dataset: Composition, what: str):
         self.dataset = dataset
-        self.length = length
-        self.worker_config = check_same_workers([dataset], "EpochizeDataset")
+        self.worker_config = check_same_workers([dataset], what)
 
     def leaves(self) -> List[Any]:
         return self.dataset.leaves()
@@ -276,16 +273,32 @@ class EpochizeDataset(Composition):
         return self.dataset.caps()
 
     def virtual_epoch_length(self) -> int:
-        return self.length
+        return self.dataset.virtual_epoch_length()
 
     def leaf_shares(self):
         return self.dataset.leaf_shares()
 
     def __len__(self) -> int:
+        return len(self.dataset)
+
+
+class EpochizeDataset(_Wrapper):
+    """Ends each ``iter()`` of the loader after ``length`` items; the next continues the stream."""
+
+    def __init__(self, dataset: Composition, length: int, worker_config: Any = None):
+        if not isinstance(length, int) or length <= 0:
+            raise ValueError(f"EpochizeDataset: length must be a positive int, got {length!r}")
+        super().__init__(dataset, "EpochizeDataset")
+        self.length = length
+
+    def virtual_epoch_length(self) -> int:
+        return self.length
+
+    def __len__(self) -> int:
         return self.length
 
 
-class MapDataset(Composition):
+class MapDataset(_Wrapper):
     """Applies ``map_fn`` to every item (in the trainer process, after blending or mixing).
 
     ``map_fn`` may be a generator (1 → n items); raising ``SkipSample`` drops the item; other errors
@@ -293,16 +306,9 @@ class MapDataset(Composition):
     """
 
     def __init__(self, dataset: Composition, map_fn: Callable[[Any], Any], *, failure_tolerance: int = 100, worker_config: Any = None, **_ignored: Any):
-        self.dataset = dataset
+        super().__init__(dataset, "MapDataset")
         self.map_fn = map_fn
         self.failure_tolerance = failure_tolerance
-        self.worker_config = check_same_workers([dataset], "MapDataset")
-
-    def leaves(self) -> List[Any]:
-        return self.dataset.leaves()
-
-    def is_endless(self) -> bool:
-        return self.dataset.is_endless()
 
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         inner = self.dataset.provider(ctx, pass_index)
@@ -330,14 +336,3 @@ class MapDataset(Composition):
 
         return next_item
 
-    def caps(self) -> Optional[List[int]]:
-        return self.dataset.caps()
-
-    def virtual_epoch_length(self) -> int:
-        return self.dataset.virtual_epoch_length()
-
-    def leaf_shares(self):
-        return self.dataset.leaf_shares()
-
-    def __len__(self) -> int:
-        return len(self.dataset)
