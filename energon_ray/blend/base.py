@@ -43,6 +43,11 @@ class Composition:
         and how many items precede its first one (for scheduling Ray work; see ``plan.schedule``)."""
         raise NotImplementedError
 
+    def schedule_hints(self, pass_index: int) -> Dict[int, Callable[[int, int], float]]:
+        """``id(leaf) -> need(worker, item_index)``: exact steps at which items will be taken, where
+        the composition can tell them in advance (a blend of endless sources replays its draws)."""
+        return {}
+
     def caps(self) -> Optional[List[int]]:
         """Per-worker item limits of a pass (``limit``), or ``None``."""
         return None

@@ -49,6 +49,40 @@ class _Draws:
         return float(self._buf[self._pos - 1])
 
 
+class _DrawReplay:
+    """Replays a blend's per-worker draws (with every source alive) to tell when each source's
+    ``j``-th item of a worker will be taken — the exact schedule Ray's work should follow."""
+
+    def __init__(self, blend: "BlendDataset", pass_index: int, items_per_step: int = 1):
+        self.workers = blend.num_workers
+        self.weights = np.asarray(blend.weights)
+        self.cumulative = np.cumsum(self.weights)
+        self.items_per_step = items_per_step
+        self.draws = [_Draws(blend.worker_config.worker_seed(w), pass_index, blend.salt) for w in range(self.workers)]
+        self.steps = [0] * self.workers
+        self.positions: List[List[List[int]]] = [[[] for _ in blend.datasets] for _ in range(self.workers)]
+
+    def _extend(self, worker: int) -> None:
+        u = np.asarray([self.draws[worker].next() for _ in range(1024)]) * self.cumulative[-1]
+        choices = np.minimum(np.searchsorted(self.cumulative, u, side="right"), len(self.cumulative) - 1)
+        base = self.steps[worker]
+        for source, positions in enumerate(self.positions[worker]):
+            positions.extend((base + np.flatnonzero(choices == source)).tolist())
+        self.steps[worker] += len(choices)
+
+    def need(self, source: int):
+        if self.weights[source] <= 0:
+            return lambda worker, item: math.inf
+
+        def need(worker: int, item: int) -> float:
+            positions = self.positions[worker][source]
+            while len(positions) <= item:
+                self._extend(worker)
+            return (positions[item] // self.items_per_step) * self.workers + worker
+
+        return need
+
+
 def _check_weight(weight: Any, where: str) -> float:
     try:
         value = float(weight)
@@ -123,6 +157,13 @@ class BlendDataset(Composition):
             return EXHAUSTED
 
         return next_item
+
+    def schedule_hints(self, pass_index: int, items_per_step: int = 1):
+        flat = all(isinstance(ds, Composition) and ds.leaves() == [ds] for ds in self.datasets)
+        if not flat or not all(ds.is_endless() for ds in self.datasets):
+            return {}
+        replay = _DrawReplay(self, pass_index, items_per_step)
+        return {id(ds): replay.need(i) for i, ds in enumerate(self.datasets)}
 
     def leaf_shares(self):
         return {
@@ -249,6 +290,9 @@ class MixBatchDataset(Composition):
     def leaf_shares(self):
         return self.blend.leaf_shares()
 
+    def schedule_hints(self, pass_index: int):
+        return self.blend.schedule_hints(pass_index, items_per_step=self.batch_size)
+
     def __len__(self) -> int:
         return -(-len(self.blend) // self.batch_size)
 
@@ -277,6 +321,9 @@ class _Wrapper(Composition):
 
     def leaf_shares(self):
         return self.dataset.leaf_shares()
+
+    def schedule_hints(self, pass_index: int):
+        return self.dataset.schedule_hints(pass_index)
 
     def __len__(self) -> int:
         return len(self.dataset)

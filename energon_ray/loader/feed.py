@@ -107,6 +107,7 @@ class MultiFeed:
     Args:
         leaves: the leaf datasets, in the composition's order.
         shares: ``(share, offset)`` of each leaf (see ``plan.schedule``).
+        needs: exact ``need(worker, item)`` per leaf where the composition knows it.
         pass_index: epoch of the pass (later ``repeat=False`` passes reshuffle).
         pin: pin batches (CUDA only).
         stats: loader counters.
@@ -120,6 +121,7 @@ class MultiFeed:
         leaves: Sequence[Any],
         shares: Sequence[Tuple[float, float]],
         pass_index: int,
+        needs: Optional[Sequence[Optional[Callable[[int, int], float]]]] = None,
         *,
         pin: bool,
         stats: LoaderStats,
@@ -134,11 +136,12 @@ class MultiFeed:
         self.pin = pin
         self.feeds: List[LeafFeed] = []
         self.schedules: List[LeafSchedule] = []
-        for i, (leaf, (share, offset)) in enumerate(zip(self.leaves, shares)):
+        needs = list(needs) if needs is not None else [None] * len(self.leaves)
+        for i, (leaf, (share, offset), need) in enumerate(zip(self.leaves, shares, needs)):
             plan = leaf.plan(pass_index, source=i)
             self.feeds.append(LeafFeed(self, leaf, plan, pin, stats))
             items = plan.segment_length / (leaf.options.batch_size or 1)
-            self.schedules.append(LeafSchedule(plan=plan, share=share, offset=offset, items_per_segment=items))
+            self.schedules.append(LeafSchedule(plan=plan, share=share, offset=offset, items_per_segment=items, need=need))
         self._rows: Optional[Iterator[Tuple[int, Row, bool]]] = None
         self.endless = any(s.plan.num_rounds is None for s in self.schedules)
 

@@ -129,10 +129,12 @@ class EnergonLoader:
     def _one_pass(self, pass_index: int) -> Iterator[Any]:
         leaves = self.dataset.leaves()
         shares = self.dataset.leaf_shares()
+        hints = self.dataset.schedule_hints(pass_index)
         multi = MultiFeed(
             leaves,
             [shares[id(leaf)] for leaf in leaves],
             pass_index,
+            needs=[hints.get(id(leaf)) for leaf in leaves],
             pin=self.pin,
             stats=self.stats,
             prefetch_batches=self.prefetch_batches,

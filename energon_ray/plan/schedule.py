@@ -13,41 +13,49 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 from energon_ray.plan.stream import SegmentPlan, SegmentSpec
 
 
+#: ``need(worker, item_index) -> step``: when the composition will take that item of a leaf.
+NeedFn = Callable[[int, int], float]
+
+
 @dataclasses.dataclass(frozen=True)
 class LeafSchedule:
-    """How one leaf's segments are spread over the consumer's steps."""
+    """How one leaf's segments are spread over the consumer's steps.
+
+    ``need`` (exact, from the composition's own seeded draws) wins over the ``share``/``offset``
+    estimate when the composition can provide it.
+    """
 
     plan: SegmentPlan
     share: float
     offset: float
     items_per_segment: float
+    need: Optional[NeedFn] = None
 
-    def key(self, index: int) -> float:
+    def key(self, index: int, worker: int = 0) -> float:
+        if self.need is not None:
+            return self.need(worker, int(index * self.items_per_segment))
         return self.offset + index * self.items_per_segment / max(self.share, 1e-9)
 
 
-def _leaf_segments(leaf: LeafSchedule, leaf_index: int) -> Iterator[Tuple[float, int, int, SegmentSpec]]:
-    rounds: Optional[int] = leaf.plan.num_rounds
+def _worker_segments(leaf: LeafSchedule, leaf_index: int, worker: int) -> Iterator[Tuple[float, int, int, SegmentSpec]]:
+    rounds: Optional[int] = leaf.plan.num_segments(worker)
     r = 0
     while rounds is None or r < rounds:
-        found = False
-        for w in range(len(leaf.plan.streams)):
-            spec = leaf.plan.segment(w, r)
-            if spec is not None:
-                found = True
-                yield leaf.key(r), w, leaf_index, spec
-        if not found and rounds is None:
-            return  # an endless plan with empty streams
+        spec = leaf.plan.segment(worker, r)
+        if spec is None:
+            return
+        yield leaf.key(r, worker), worker, leaf_index, spec
         r += 1
 
 
 def merged_segments(leaves: Sequence[LeafSchedule]) -> Iterator[SegmentSpec]:
-    """All segments of all leaves, by need key (then worker, then leaf).
+    """All segments of all leaves, by need key (then worker, then leaf); each (leaf, worker)
+    stream keeps its own order.
 
     Example:
         >>> from energon_ray.plan.stream import StreamConfig, WorkerStream
@@ -58,7 +66,9 @@ def merged_segments(leaves: Sequence[LeafSchedule]) -> Iterator[SegmentSpec]:
         >>> [(s.source, s.index) for s in specs]
         [(0, 0), (1, 0), (0, 1), (0, 2), (0, 3), (1, 1)]
     """
-    streams = [_leaf_segments(leaf, i) for i, leaf in enumerate(leaves)]
+    streams = [
+        _worker_segments(leaf, i, w) for i, leaf in enumerate(leaves) for w in range(len(leaf.plan.streams))
+    ]
     for _, _, _, spec in heapq.merge(*streams, key=lambda entry: entry[:3]):
         yield spec
 
