@@ -49,6 +49,11 @@ class _Draws:
         return float(self._buf[self._pos - 1])
 
 
+def _pick(cumulative: np.ndarray, u: Any) -> Any:
+    """The source index (or indices) a uniform draw ``u`` in [0, 1) selects under cumulative weights."""
+    return np.minimum(np.searchsorted(cumulative, np.asarray(u) * cumulative[-1], side="right"), len(cumulative) - 1)
+
+
 class _DrawReplay:
     """Replays a blend's per-worker draws (with every source alive) to tell when each source's
     ``j``-th item of a worker will be taken — the exact schedule Ray's work should follow."""
@@ -63,8 +68,7 @@ class _DrawReplay:
         self.positions: List[List[List[int]]] = [[[] for _ in blend.datasets] for _ in range(self.workers)]
 
     def _extend(self, worker: int) -> None:
-        u = np.asarray([self.draws[worker].next() for _ in range(1024)]) * self.cumulative[-1]
-        choices = np.minimum(np.searchsorted(self.cumulative, u, side="right"), len(self.cumulative) - 1)
+        choices = _pick(self.cumulative, [self.draws[worker].next() for _ in range(1024)])
         base = self.steps[worker]
         for source, positions in enumerate(self.positions[worker]):
             positions.extend((base + np.flatnonzero(choices == source)).tolist())
@@ -146,8 +150,7 @@ class BlendDataset(Composition):
             while any(live):
                 active = weights * np.asarray(live)
                 cumulative = np.cumsum(active)
-                u = draws[worker].next() * cumulative[-1]
-                choice = min(int(np.searchsorted(cumulative, u, side="right")), len(cumulative) - 1)
+                choice = int(_pick(cumulative, draws[worker].next()))
                 while not live[choice]:  # u landed exactly on a boundary next to a dead source
                     choice -= 1
                 item = subs[choice](worker)
