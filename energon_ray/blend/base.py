@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from energon_ray.plan.schedule import NeedFn
+
 Provider = Callable[[int], Any]
 
 
@@ -43,7 +45,7 @@ class Composition:
         and how many items precede its first one (for scheduling Ray work; see ``plan.schedule``)."""
         raise NotImplementedError
 
-    def schedule_hints(self, pass_index: int) -> Dict[int, Callable[[int, int], float]]:
+    def schedule_hints(self, pass_index: int) -> Dict[int, NeedFn]:
         """``id(leaf) -> need(worker, item_index)``: exact steps at which items will be taken, where
         the composition can tell them in advance (a blend of endless sources replays its draws)."""
         return {}

@@ -28,6 +28,7 @@ from energon_ray.blend.base import Composition, PassContext, Provider, check_sam
 from energon_ray.errors import log_exception
 from energon_ray.loader.merge import EXHAUSTED
 from energon_ray.pipeline.policy import HookRunner
+from energon_ray.plan.schedule import NeedFn
 
 logger = logging.getLogger("energon_ray")
 
@@ -37,14 +38,20 @@ _BLEND_STREAM = 0xB1E4D
 class _Draws:
     """Uniform draws of one worker's blend, generated in chunks from a seeded generator."""
 
+    CHUNK = 1024
+
     def __init__(self, seed: int, pass_index: int, salt: int):
         self._rng = np.random.default_rng([seed & 0xFFFFFFFF, _BLEND_STREAM, pass_index, salt])
         self._buf = np.empty(0)
         self._pos = 0
 
+    def chunk(self) -> np.ndarray:
+        """The next ``CHUNK`` draws at once (for replaying the sequence; do not mix with ``next``)."""
+        return self._rng.random(self.CHUNK)
+
     def next(self) -> float:
         if self._pos >= len(self._buf):
-            self._buf, self._pos = self._rng.random(1024), 0
+            self._buf, self._pos = self.chunk(), 0
         self._pos += 1
         return float(self._buf[self._pos - 1])
 
@@ -54,37 +61,32 @@ def _pick(cumulative: np.ndarray, u: Any) -> Any:
     return np.minimum(np.searchsorted(cumulative, np.asarray(u) * cumulative[-1], side="right"), len(cumulative) - 1)
 
 
-class _DrawReplay:
-    """Replays a blend's per-worker draws (with every source alive) to tell when each source's
-    ``j``-th item of a worker will be taken — the exact schedule Ray's work should follow."""
+class _SourceReplay:
+    """Replays one worker's blend draws (every source alive) to tell at which draw the source's
+    ``j``-th item is taken — the exact schedule Ray's work should follow.
 
-    def __init__(self, blend: "BlendDataset", pass_index: int, items_per_step: int = 1):
-        self.workers = blend.num_workers
-        self.weights = np.asarray(blend.weights)
-        self.cumulative = np.cumsum(self.weights)
-        self.items_per_step = items_per_step
-        self.draws = [_Draws(blend.worker_config.worker_seed(w), pass_index, blend.salt) for w in range(self.workers)]
-        self.steps = [0] * self.workers
-        self.positions: List[List[List[int]]] = [[[] for _ in blend.datasets] for _ in range(self.workers)]
+    Keeps one chunk of the source's positions: the scheduler asks for increasing ``j``, so an
+    endless pass needs constant memory (an earlier ``j`` restarts the replay).
+    """
 
-    def _extend(self, worker: int) -> None:
-        choices = _pick(self.cumulative, [self.draws[worker].next() for _ in range(1024)])
-        base = self.steps[worker]
-        for source, positions in enumerate(self.positions[worker]):
-            positions.extend((base + np.flatnonzero(choices == source)).tolist())
-        self.steps[worker] += len(choices)
+    def __init__(self, make_draws: Callable[[], _Draws], cumulative: np.ndarray, source: int):
+        self._make_draws, self._cumulative, self._source = make_draws, cumulative, source
+        self._restart()
 
-    def need(self, source: int):
-        if self.weights[source] <= 0:
-            return lambda worker, item: math.inf
+    def _restart(self) -> None:
+        self._draws = self._make_draws()
+        self._base = 0  # draw index of the current chunk's start
+        self._first = 0  # item index of self._found[0]
+        self._found = np.empty(0, dtype=np.int64)
 
-        def need(worker: int, item: int) -> float:
-            positions = self.positions[worker][source]
-            while len(positions) <= item:
-                self._extend(worker)
-            return (positions[item] // self.items_per_step) * self.workers + worker
-
-        return need
+    def position(self, item: int) -> int:
+        if item < self._first:
+            self._restart()
+        while self._first + len(self._found) <= item:
+            self._first += len(self._found)
+            self._found = self._base + np.flatnonzero(_pick(self._cumulative, self._draws.chunk()) == self._source)
+            self._base += _Draws.CHUNK
+        return int(self._found[item - self._first])
 
 
 def _check_weight(weight: Any, where: str) -> float:
@@ -165,8 +167,18 @@ class BlendDataset(Composition):
         flat = all(isinstance(ds, Composition) and ds.leaves() == [ds] for ds in self.datasets)
         if not flat or not all(ds.is_endless() for ds in self.datasets):
             return {}
-        replay = _DrawReplay(self, pass_index, items_per_step)
-        return {id(ds): replay.need(i) for i, ds in enumerate(self.datasets)}
+        return {id(ds): self._need(pass_index, i, items_per_step) for i, ds in enumerate(self.datasets)}
+
+    def _need(self, pass_index: int, source: int, items_per_step: int) -> NeedFn:
+        """``need(worker, item)``: the global step that takes the source's ``item``-th item of ``worker``."""
+        if self.weights[source] <= 0:
+            return lambda worker, item: math.inf
+        workers, cumulative = self.num_workers, np.cumsum(self.weights)
+        replays = [
+            _SourceReplay(lambda w=w: _Draws(self.worker_config.worker_seed(w), pass_index, self.salt), cumulative, source)
+            for w in range(workers)
+        ]
+        return lambda worker, item: (replays[worker].position(item) // items_per_step) * workers + worker
 
     def leaf_shares(self):
         return {

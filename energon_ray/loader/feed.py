@@ -20,7 +20,7 @@ from energon_ray.loader.collate import RowCollate, pin_batch
 from energon_ray.loader.merge import EXHAUSTED, LoaderStats, Row, WorkerQueues
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.stages import Batcher
-from energon_ray.plan.schedule import LeafSchedule, windows
+from energon_ray.plan.schedule import LeafSchedule, NeedFn, windows
 
 logger = logging.getLogger("energon_ray")
 
@@ -121,7 +121,7 @@ class MultiFeed:
         leaves: Sequence[Any],
         shares: Sequence[Tuple[float, float]],
         pass_index: int,
-        needs: Optional[Sequence[Optional[Callable[[int, int], float]]]] = None,
+        needs: Optional[Sequence[Optional[NeedFn]]] = None,
         *,
         pin: bool,
         stats: LoaderStats,

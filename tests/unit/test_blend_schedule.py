@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from energon_ray.blend.base import Composition
-from energon_ray.blend.compose import BlendDataset
+from energon_ray.blend.compose import BlendDataset, _Draws, _SourceReplay
 from energon_ray.worker import WorkerConfig
 
 
@@ -46,11 +48,24 @@ def test_replayed_draws_give_the_exact_step_of_every_item():
     leaves = [_Counter(n, wc) for n in "abc"]
     blend = BlendDataset((leaves[0], 0.5), (leaves[1], 0.3), (leaves[2], 0.2))
     for pass_index in (0, 1):
-        taken = _taken_steps(blend, pass_index, 3000)
+        taken = _taken_steps(blend, pass_index, 60000)
         hints = blend.schedule_hints(pass_index)
         assert set(hints) == {id(leaf) for leaf in leaves}
-        for (name, worker, item), step in taken.items():
+        for (name, worker, item), step in taken.items():  # step order: each (leaf, worker) asks in order
             assert hints[id(leaves["abc".index(name)])](worker, item) == step
+
+
+def test_replay_keeps_one_chunk_and_restarts_when_asked_backwards():
+    """Over ~400k draws the replay holds one chunk of positions; an earlier item still answers exactly."""
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=1, seed_offset=0)
+    blend = BlendDataset((_Counter("a", wc), 0.5), (_Counter("b", wc), 0.5))
+    replay = _SourceReplay(lambda: _Draws(wc.worker_seed(0), 0, 0), np.cumsum(blend.weights), 0)
+    early = [replay.position(item) for item in range(100)]
+    for item in range(0, 200000, 64):
+        replay.position(item)
+        assert len(replay._found) <= _Draws.CHUNK
+    assert 390000 < replay.position(200000) < 410000  # ~2 draws per item of a half-weight source
+    assert [replay.position(item) for item in range(100)] == early
 
 
 def test_zero_weight_source_is_never_needed_and_nested_blends_give_no_hints():
