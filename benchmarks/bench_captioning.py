@@ -1,26 +1,27 @@
-"""Captioning throughput, side by side in one run: decode floor, megatron-energon, webdataset's
-WebLoader, plain Ray ``read_webdataset`` + ``map_batches``, and energon_ray.
+"""Captioning throughput, side by side in one run, each contender a fresh process with the same
+CPU budget (N DataLoader workers vs an N-CPU private Ray): megatron-energon, webdataset's WebLoader,
+plain Ray ``read_webdataset`` + ``map_batches``, energon_ray (and the one-process decode floor).
 
 Workload (the same for all): 6000 JPEGs 320x240 + captions in tar shards, batch 32,
 decode → resize to 224x224 → float → tokenize the batch's captions.
 
-    python benchmarks/bench_captioning.py [--samples 6000] [--runs 3] [--workdir /tmp/er_bench]
+    python benchmarks/bench_captioning.py [--samples 6000] [--runs 3] [--cpus 2] [--setup-delay 0]
 
-Prints, per contender: samples/s over the pass and after the first batch (medians of the runs),
-time to first batch, machine-wide CPU-seconds per pass, peak memory growth, and ratios to Energon.
+Prints, per contender (medians of the runs, contenders interleaved run by run): samples/s over the
+full pass and over the middle 80 % of batches, time from ``iter()`` to the first batch, CPU time of
+the training process per batch after the first (``time.process_time()``, all its threads),
+machine-wide CPU-seconds per pass, and the peak PSS of the contender's whole process tree.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import glob
 import os
 import statistics
-import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List
+from typing import Dict, List
 
 import numpy as np
 import torch
@@ -53,63 +54,6 @@ def _cpu_busy_seconds() -> float:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle = fields[3] + fields[4]
     return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _used_memory() -> int:
-    info = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, value = line.split(":")
-            info[key] = int(value.split()[0]) * 1024
-    return info["MemTotal"] - info["MemAvailable"]
-
-
-class MemoryPeak:
-    """Peak of machine-wide used memory above the starting level, sampled every 50 ms."""
-
-    def __enter__(self):
-        self.base = self.peak = _used_memory()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self):
-        while not self._stop.wait(0.05):
-            self.peak = max(self.peak, _used_memory())
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.base
-
-
-def measure(make_iter: Callable[[], Iterable], count: Callable[[object], int], expected: int) -> Dict[str, float]:
-    """One pass: wall time, first batch, steady samples/s, CPU seconds, memory growth."""
-    gc.collect()
-    cpu0 = _cpu_busy_seconds()
-    with MemoryPeak() as mem:
-        start = time.perf_counter()
-        first = None
-        samples = 0
-        for batch in make_iter():
-            samples += count(batch)
-            if first is None:
-                first = time.perf_counter()
-                first_samples = samples
-        end = time.perf_counter()
-    if samples != expected:
-        raise RuntimeError(f"pass yielded {samples} samples, expected {expected}")
-    return {
-        "sps": samples / (end - start),
-        "steady": (samples - first_samples) / (end - first),
-        "first": first - start,
-        "cpu": _cpu_busy_seconds() - cpu0,
-        "mem": mem.growth / 2**20,
-    }
 
 
 # -- contenders --------------------------------------------------------------------------------
@@ -177,11 +121,11 @@ def make_energon_encoder(module):
     return Encoder
 
 
-def energon_iter(path: str):
+def energon_iter(path: str, workers: int):
     import megatron.energon as me
 
     Encoder = make_energon_encoder(me)
-    wc = me.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    wc = me.WorkerConfig(rank=0, world_size=1, num_workers=workers)
     ds = me.get_train_dataset(
         path, split_part="train", worker_config=wc, batch_size=BATCH, shuffle_buffer_size=100,
         max_samples_per_sequence=100, repeat=False, task_encoder=Encoder(),
@@ -193,21 +137,26 @@ _ER_LOADER = {}
 _ER_OPTIONS = {}
 
 
-def energon_ray_iter(path: str):
+def _energon_ray_loader(path: str):
     import energon_ray as er
 
     if "loader" not in _ER_LOADER:
         Encoder = make_energon_encoder(er)
-        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        options = dict(_ER_OPTIONS)
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=options.pop("num_workers", 2))
         ds = er.get_train_dataset(
             path, split_part="train", worker_config=wc, batch_size=BATCH, shuffle_buffer_size=100,
-            max_samples_per_sequence=100, repeat=False, task_encoder=Encoder(), **_ER_OPTIONS,
+            max_samples_per_sequence=100, repeat=False, task_encoder=Encoder(), **options,
         )  # fmt: skip
         _ER_LOADER["loader"] = er.get_loader(ds)
-    return iter(_ER_LOADER["loader"])
+    return _ER_LOADER["loader"]
 
 
-def webloader_iter(shards: List[str]):
+def energon_ray_iter(path: str):
+    return iter(_energon_ray_loader(path))
+
+
+def webloader_iter(shards: List[str], workers: int):
     import webdataset as wds
 
     tok = tokenizer()
@@ -223,7 +172,7 @@ def webloader_iter(shards: List[str]):
         .batched(BATCH, collation_fn=lambda xs: tuple(zip(*xs)))
         .map(to_batch)
     )
-    return iter(wds.WebLoader(dataset, batch_size=None, num_workers=2))
+    return iter(wds.WebLoader(dataset, batch_size=None, num_workers=workers))
 
 
 def ray_iter(shards: List[str]):
@@ -257,69 +206,156 @@ def ray_iter(shards: List[str]):
     return iter(ds.iter_torch_batches(batch_size=BATCH, prefetch_batches=4))
 
 
-# -- main ----------------------------------------------------------------------------------
+# -- fresh-process harness ---------------------------------------------------------------------
+
+
+def _children(pid: int) -> List[int]:
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(x) for x in f.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def tree_pss(root: int) -> int:
+    """PSS in bytes of a process and all its descendants (Ray's raylet and workers, DataLoader workers)."""
+    total, stack, seen = 0, [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            continue
+        stack.extend(_children(pid))
+    return total
+
+
+def run_child(name: str, args) -> Dict[str, float]:
+    """Run one contender in a fresh process; sample the PSS of its process tree while it runs."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, __file__, "--child", name, "--cpus", str(args.cpus), "--samples", str(args.samples),
+           "--workdir", args.workdir, "--setup-delay", str(args.setup_delay)]  # fmt: skip
+    if args.samples_per_segment:
+        cmd += ["--samples-per-segment", str(args.samples_per_segment)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, tree_pss(proc.pid))
+        time.sleep(0.1)
+    out = proc.stdout.read()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{out}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["pss"] = peak / 2**20
+    return result
+
+
+def child(name: str, args, root: Path, shards: List[str]) -> None:
+    """One contender, one pass, in this (fresh) process: prints one JSON line of figures."""
+    import json
+
+    torch.set_num_threads(1)
+    if name in ("ray_data", "energon_ray"):
+        import ray
+
+        ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, logging_level="ERROR")
+    if name == "energon_ray":
+        _ER_OPTIONS["num_workers"] = args.cpus
+    make = {
+        "floor": lambda: floor_iter(shards),
+        "energon": lambda: energon_iter(str(root), args.cpus),
+        "webloader": lambda: webloader_iter(shards, args.cpus),
+        "ray_data": lambda: ray_iter(shards),
+        "energon_ray": lambda: energon_ray_iter(str(root)),
+    }[name]
+    count = {"floor": lambda b: b[0].shape[0], "webloader": lambda b: b[0].shape[0],
+             "ray_data": lambda b: b["image"].shape[0]}.get(name, lambda b: len(b["keys"]))  # fmt: skip
+    if name == "energon_ray":
+        _energon_ray_loader(str(root))  # built before the timer, like a trainer builds its loader
+        time.sleep(args.setup_delay)  # the user's model set-up, overlapping our warm-up
+    cpu0 = _cpu_busy_seconds()
+    start = time.perf_counter()
+    it = make()
+    stamps, sizes = [], []
+    trainer_cpu0 = None
+    for batch in it:
+        stamps.append(time.perf_counter())
+        sizes.append(count(batch))
+        if trainer_cpu0 is None:
+            trainer_cpu0 = time.process_time()
+    trainer_cpu = time.process_time() - (trainer_cpu0 or 0.0)
+    end = time.perf_counter()
+    cpu = _cpu_busy_seconds() - cpu0
+    n = sum(sizes)
+    if n != args.samples:
+        raise RuntimeError(f"{name}: pass yielded {n} samples, expected {args.samples}")
+    lo, hi = len(stamps) // 10, len(stamps) - len(stamps) // 10
+    steady = sum(sizes[lo + 1 : hi + 1]) / (stamps[hi] - stamps[lo]) if hi > lo + 1 else 0.0
+    print(json.dumps({
+        "sps": n / (end - start), "steady": steady, "first": stamps[0] - start, "cpu": cpu,
+        "trainer_ms": 1000 * trainer_cpu / max(1, len(stamps) - 1), "batches": len(stamps),
+    }), flush=True)  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=6000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--cpus", type=int, default=2, help="DataLoader workers = Ray CPUs")
     parser.add_argument("--workdir", default="/tmp/energon_ray_bench")
-    parser.add_argument("--only", default="floor,energon,webloader,ray_data,energon_ray")
+    parser.add_argument("--only", default="energon,webloader,ray_data,energon_ray")
+    parser.add_argument("--setup-delay", type=float, default=0.0, help="seconds between building energon_ray's loader and iter()")
     parser.add_argument("--samples-per-segment", type=int, default=None, help="energon_ray: samples per Ray task")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.samples_per_segment:
         _ER_OPTIONS["samples_per_segment"] = args.samples_per_segment
 
-    from energon_ray.format.prepare import prepare_dataset
     from energon_ray.format.info import meta_dir
+    from energon_ray.format.prepare import prepare_dataset
     from energon_ray.synthetic import write_captioning_dataset
 
     root = Path(args.workdir) / f"captioning_{args.samples}"
+    shards = sorted(glob.glob(str(root / "shards" / "*.tar")))
+    if args.child:
+        child(args.child, args, root, shards)
+        return
     if not (meta_dir(root) / ".info.json").is_file():
         print(f"writing {args.samples} samples to {root} ...")
         write_captioning_dataset(root, args.samples, 500, image_size=(320, 240))
         prepare_dataset(root, split_ratio=(1, 0, 0), sample_type="CaptioningSample",
                         field_map={"image": "jpg", "caption": "txt"}, progress=False)  # fmt: skip
-    shards = sorted(glob.glob(str(root / "shards" / "*.tar")))
-    n = args.samples
-
-    def count_tuple(b):
-        return b[0].shape[0]
-
-    def count_dict(b):
-        return len(b["keys"]) if "keys" in b else b["image"].shape[0]
-
-    contenders = {
-        "floor": (lambda: floor_iter(shards), count_tuple),
-        "energon": (lambda: energon_iter(str(root)), count_dict),
-        "webloader": (lambda: webloader_iter(shards), count_tuple),
-        "ray_data": (lambda: ray_iter(shards), lambda b: b["image"].shape[0]),
-        "energon_ray": (lambda: energon_ray_iter(str(root)), count_dict),
-    }
     wanted = args.only.split(",")
-    if "ray_data" in wanted or "energon_ray" in wanted:
-        from energon_ray.loader.ray_env import ensure_ray
-
-        ensure_ray()
-    results: Dict[str, List[Dict[str, float]]] = {}
-    for name in wanted:
-        make, count = contenders[name]
-        results[name] = []
-        for run in range(args.runs):
-            r = measure(make, count, n)
+    results: Dict[str, List[Dict[str, float]]] = {name: [] for name in wanted}
+    for run in range(args.runs):
+        for name in wanted:  # interleaved: each run sees the machine in the same state for all
+            r = run_child(name, args)
             results[name].append(r)
-            print(f"{name:12s} run {run}: {r['sps']:7.0f}/s pass, {r['steady']:7.0f}/s steady, first {r['first']:5.2f}s, cpu {r['cpu']:6.1f}s, mem +{r['mem']:.0f} MiB", flush=True)
-
+            print(f"{name:12s} run {run}: {r['sps']:6.0f}/s pass, {r['steady']:6.0f}/s steady, first {r['first']:5.2f}s, "
+                  f"trainer {r['trainer_ms']:5.1f} ms/batch, cpu {r['cpu']:6.1f}s, PSS {r['pss']:6.0f} MiB", flush=True)  # fmt: skip
     med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in results.items()}
     base = med.get("energon")
     print()
-    print(f"| contender | pass samples/s | steady samples/s | first batch s | CPU-s/pass | peak mem MiB | steady vs Energon |")
-    print("|---|---|---|---|---|---|---|")
+    print("| contender | pass samples/s | steady samples/s | first batch s | trainer CPU ms/batch | CPU-s/pass | peak PSS MiB | pass vs Energon |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, m in med.items():
-        ratio = f"{m['steady'] / base['steady']:.2f}x" if base else "n/a"
-        print(f"| {name} | {m['sps']:.0f} | {m['steady']:.0f} | {m['first']:.2f} | {m['cpu']:.1f} | {m['mem']:.0f} | {ratio} |")
-    print(f"\nmedians of {args.runs} runs, {n} samples, batch {BATCH}, {os.cpu_count()} CPUs")
+        ratio = f"{m['sps'] / base['sps']:.2f}x" if base else "n/a"
+        print(f"| {name} | {m['sps']:.0f} | {m['steady']:.0f} | {m['first']:.2f} | {m['trainer_ms']:.1f} | {m['cpu']:.1f} | {m['pss']:.0f} | {ratio} |")
+    print(f"\nmedians of {args.runs} runs, {args.samples} samples, batch {BATCH}, {args.cpus} workers/CPUs, "
+          f"each contender a fresh process, {os.cpu_count()} CPUs on the machine")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Feeds: the leaf datasets' worker streams for one pass, produced by ONE Ray execution.
 
 ``MultiFeed`` hands Ray the segments of all leaves in one task list, ordered by when the loader is
-expected to need them (``plan.schedule``), executes it window by window through
-``iter_torch_batches`` (which decodes and pins rows in Ray's prefetch threads), and files each row
-into its leaf's per-worker queues. ``LeafFeed.next_item(worker)`` pulls rows until that worker of
+expected to need them (``plan.schedule``), executes it window by window, and files each row of the
+output blocks into its leaf's per-worker queues. Per batch the trainer only maps a block from the
+object store and unpickles a few hundred bytes of metadata: tensors are views of the shared memory
+(``serde.loads(copy=False)``), and on CUDA each batch is copied once into pinned memory. ``LeafFeed.next_item(worker)`` pulls rows until that worker of
 that leaf has an item, so the composition decides the order and Ray only makes the items. One
 execution for all sources keeps the driver's overhead that of a single source.
 """
@@ -16,11 +17,10 @@ import time
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from energon_ray.errors import DatasetConfigError, FatalSampleError, SampleException, ShardReadError
-from energon_ray.loader.collate import RowCollate, pin_batch
-from energon_ray.loader.merge import EXHAUSTED, LoaderStats, Row, WorkerQueues
-from energon_ray.pipeline import rows
-from energon_ray.pipeline.stages import Batcher
+from energon_ray.loader.merge import EXHAUSTED, NOTHING, LoaderStats, Pending, Row, WorkerQueues
+from energon_ray.pipeline import rows, serde
 from energon_ray.plan.schedule import LeafSchedule, NeedFn, windows
+from energon_ray.samples.base import pin_batch
 
 logger = logging.getLogger("energon_ray")
 
@@ -52,17 +52,31 @@ def unwrap_error(exc: BaseException) -> Optional[BaseException]:
     return None
 
 
+def decode_row(row: Row, pin: bool) -> Row:
+    """A row of an output block with its payload loaded zero-copy (items pinned if asked)."""
+    kind, worker, segment, seq, payload = row
+    value = serde.loads(payload, copy=False)
+    if pin and kind == rows.ITEM:
+        value = pin_batch(value)
+    return kind, worker, segment, seq, value
+
+
+def _ours(exc: BaseException) -> BaseException:
+    return unwrap_error(exc) or exc
+
+
 class LeafFeed:
     """One leaf dataset's items per logical worker, filled by the shared ``MultiFeed``."""
 
-    def __init__(self, multi: "MultiFeed", dataset, plan, pin: bool, stats: LoaderStats):
+    def __init__(self, multi: "MultiFeed", dataset, plan, pin: bool, stats: LoaderStats, source: int = 0):
         self.multi = multi
         self.dataset = dataset
         self.plan = plan
         self.pin = pin
-        self._batcher: Optional[Batcher] = None
+        self.source = source
+        self._seams = None
         self.queues = WorkerQueues(
-            len(plan.streams), dataset.options.batch_size, self._driver_batches, drop_last=dataset.options.drop_last, stats=stats
+            len(plan.streams), dataset.options.batch_size, self._seam_batches, drop_last=dataset.options.drop_last, stats=stats
         )
         for w in range(len(plan.streams)):
             if plan.num_segments(w) == 0:
@@ -71,34 +85,43 @@ class LeafFeed:
     def next_item(self, worker: int) -> Any:
         """Worker ``worker``'s next item, or ``EXHAUSTED``; pulls rows from Ray as needed."""
         queues = self.queues
-        while not queues.queues[worker]:
+        while True:
+            item = queues.pop(worker)
+            if item is not NOTHING:
+                return item
             if queues.done[worker]:
                 return EXHAUSTED
             self.multi.pull()
-        return queues.queues[worker].popleft()
-
-    def exhausted(self, worker: int) -> bool:
-        return self.queues.exhausted(worker)
 
     def close_open_workers(self) -> None:
         for w in range(self.queues.num_workers):
             if not self.queues.done[w]:
                 self.queues.close_worker(w)
 
-    def _driver_batches(self, worker: int, group: List[Tuple[int, int, Any]]) -> List[Any]:
+    def _seam_batches(self, worker: int, group: List[Tuple[int, int, Any]]) -> List[Any]:
+        """Pooled leftover samples (still serialized) → a Ray task batches them; resolved when reached."""
+        if self._seams is None:
+            from energon_ray.pipeline.build import SeamTasks
+
+            self._seams = SeamTasks(self.dataset.stage_config(), self.source, self.multi.ray_remote_args)
         ds = self.dataset
-        if ds.options.batch_size is None and not ds.groups_batches:
-            made = [item for _, _, item in group]
-        else:
-            if self._batcher is None:
-                self._batcher = Batcher(ds.task_encoder, ds.worker_config.global_error_handler, restore_rng=True)
-            runs = self._batcher.new_runs()
-            made = self._batcher(group, ds.worker_config.worker_seed(worker), ds.options.batch_size or len(group), runs)
-            self.queues.stats.add_report(
-                rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=len(made), runs=runs),
-                self.queues.chain,
-            )
-        return [pin_batch(b) for b in made] if self.pin else made
+        wait = self._seams.submit(worker, ds.worker_config.worker_seed(worker), ds.options.batch_size or len(group), group)
+
+        def resolve() -> List[Any]:
+            try:
+                table = wait()
+            except Exception as exc:
+                raise _ours(exc) from None
+            items = []
+            for row in rows.iter_rows(table):
+                kind, _, _, _, value = decode_row(row, self.pin)
+                if kind == rows.REPORT:
+                    self.queues.stats.add_report(value, self.queues.chain)
+                else:
+                    items.append(value)
+            return items
+
+        return [Pending(resolve)]
 
 
 class MultiFeed:
@@ -139,7 +162,7 @@ class MultiFeed:
         needs = list(needs) if needs is not None else [None] * len(self.leaves)
         for i, (leaf, (share, offset), need) in enumerate(zip(self.leaves, shares, needs)):
             plan = leaf.plan(pass_index, source=i)
-            self.feeds.append(LeafFeed(self, leaf, plan, pin, stats))
+            self.feeds.append(LeafFeed(self, leaf, plan, pin, stats, source=i))
             items = plan.segment_length / (leaf.options.batch_size or 1)
             self.schedules.append(LeafSchedule(plan=plan, share=share, offset=offset, items_per_segment=items, need=need))
         self._rows: Optional[Iterator[Tuple[int, Row, bool]]] = None
@@ -176,21 +199,21 @@ class MultiFeed:
             yield from self._execute(ray_ds, specs)
 
     def _execute(self, ray_ds, specs) -> Iterator[Tuple[int, Row, bool]]:
+        from energon_ray.pipeline.build import BlockStream
+
         cursor = 0
         started = time.perf_counter()
-        iterator = ray_ds.iter_torch_batches(
-            batch_size=None, collate_fn=RowCollate(self.pin), pin_memory=self.pin, prefetch_batches=self.prefetch_batches
-        )
+        blocks = BlockStream(ray_ds, self.prefetch_batches)
         try:
-            for block in iterator:
-                for row, source in zip(block.rows, block.sources):
+            for block in blocks:
+                for row, source in zip(rows.iter_rows(block), rows.sources(block)):
                     spec = specs[cursor] if cursor < len(specs) else None
                     if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
                         raise RuntimeError(
                             f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "
                             f"{None if spec is None else (spec.source, spec.worker, spec.index)}; order is not preserved"
                         )
-                    yield source, row, spec.last
+                    yield source, decode_row(row, self.pin), spec.last
                     if row[0] == rows.REPORT:
                         cursor += 1
         except Exception as exc:
@@ -198,4 +221,6 @@ class MultiFeed:
             if ours is not None:
                 raise ours from None
             raise
+        finally:
+            blocks.close()
         logger.debug("window of %d segments took %.2fs", len(specs), time.perf_counter() - started)

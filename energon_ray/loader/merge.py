@@ -1,8 +1,10 @@
 """Driver-side ordering, without Ray: per-worker item queues and the round-robin over workers.
 
 ``WorkerQueues`` takes one source's rows in plan order. Items queue up per logical worker;
-leftover samples (a segment lost samples to errors, or a stream ended) are pooled per worker and
-batched once ``batch_size`` of them are gathered (or the stream ends). ``round_robin`` interleaves
+leftover samples (a segment lost samples to errors, or a stream ended) are pooled per worker, still
+serialized, and once ``batch_size`` of them are gathered (or the stream ends) handed to
+``make_batches``, which starts a Ray task to batch them (a *seam* batch) and queues a ``Pending``
+that the queue resolves when the consumer reaches it. ``round_robin`` interleaves
 the workers exactly like a torch ``DataLoader`` interleaves its worker processes: a finished (or
 capped) worker drops out.
 """
@@ -23,6 +25,21 @@ Row = Tuple[int, int, int, int, Any]
 
 #: What a provider returns when a worker's stream has nothing more.
 EXHAUSTED = object()
+#: What ``WorkerQueues.pop`` returns when nothing is queued (yet) for a worker.
+NOTHING = object()
+
+
+class Pending:
+    """Queued items that are still being made (a seam batch in a Ray task).
+
+    Args:
+        resolve: returns the finished items (0, 1 or more), waiting for them if needed.
+    """
+
+    __slots__ = ("resolve",)
+
+    def __init__(self, resolve: Callable[[], List[Any]]):
+        self.resolve = resolve
 
 
 class LoaderStats:
@@ -32,7 +49,7 @@ class LoaderStats:
         self.samples_read = 0
         self.samples_encoded = 0
         self.batches = 0
-        self.driver_batches = 0
+        self.seam_batches = 0
         self.skipped: Dict[str, int] = {}
         self.ignored: Dict[str, int] = {}
 
@@ -45,7 +62,7 @@ class LoaderStats:
             "samples_read": self.samples_read,
             "samples_encoded": self.samples_encoded,
             "batches": self.batches,
-            "batches_built_in_driver": self.driver_batches,
+            "seam_batches": self.seam_batches,
             "skipped": dict(self.skipped),
             "ignored": dict(self.ignored),
         }
@@ -81,7 +98,7 @@ class WorkerQueues:
     Args:
         num_workers: logical worker streams.
         batch_size: samples per batch (``None``: items are samples, nothing to pool).
-        make_batches: ``(worker, group) -> [batches]`` for pooled groups (runs in the driver).
+        make_batches: ``(worker, group) -> [batches or Pending]`` for pooled groups.
         drop_last: drop each stream's final short batch.
         stats: counters to update.
     """
@@ -111,18 +128,21 @@ class WorkerQueues:
         if not self.drop_last:
             for _, items in self.pools[worker].values():
                 if items:
-                    self._driver_batches(worker, items)
+                    self.queues[worker].extend(self.make_batches(worker, items))
         self.pools[worker] = {}
         self.done[worker] = True
 
-    def _driver_batches(self, worker: int, group: List[Any]) -> None:
-        made = self.make_batches(worker, group)
-        self.stats.driver_batches += len(made)
-        self.queues[worker].extend(made)
-
-    def exhausted(self, worker: int) -> bool:
-        """Nothing queued and nothing more will come for this worker."""
-        return self.done[worker] and not self.queues[worker]
+    def pop(self, worker: int) -> Any:
+        """The worker's next item (resolving seam batches), or ``NOTHING`` if none is queued."""
+        queue = self.queues[worker]
+        while queue:
+            item = queue.popleft()
+            if type(item) is not Pending:
+                return item
+            made = item.resolve()
+            self.stats.seam_batches += len(made)
+            queue.extendleft(reversed(made))
+        return NOTHING
 
     def feed(self, row: Row, last_segment: bool) -> None:
         """Take one row (in plan order). ``last_segment``: its segment ends the worker's stream."""
@@ -136,7 +156,7 @@ class WorkerQueues:
                 while len(pool) >= limit:
                     group = pool[:limit]
                     del pool[:limit]
-                    self._driver_batches(worker, group)
+                    self.queues[worker].extend(self.make_batches(worker, group))
         elif kind == rows.REPORT:
             self.stats.add_report(payload, self.chain)
             if last_segment:

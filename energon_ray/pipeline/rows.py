@@ -2,7 +2,9 @@
 
 A segment travels as a single ``SEGMENT`` row (so Ray can never split it); the last stage explodes
 it into ``ITEM`` rows (one per batch, or per sample without batching), an optional ``LEFTOVER`` row
-and a closing ``REPORT`` row.
+and a closing ``REPORT`` row. A ``LEFTOVER`` row holds ``(bucket key, batch size, [(position, sub,
+sample payload)])`` groups whose samples stay serialized: the trainer pools them without decoding and
+a Ray task (``seam_batches``) batches them.
 """
 
 from __future__ import annotations
@@ -84,6 +86,14 @@ def _dump(row: Tuple[int, int, int, int, Any]) -> pa.Buffer:
         ) from exc
 
 
+def pack_leftovers(groups: List[Tuple[Any, int, List[Tuple[int, int, Any]]]], worker: int, segment: int) -> List[Any]:
+    """Serialize each leftover sample on its own, so the trainer can pool them without decoding."""
+    return [
+        (key, size, [(position, sub, _dump((LEFTOVER, worker, segment, position, sample))) for position, sub, sample in items])
+        for key, size, items in groups
+    ]
+
+
 def table(rows: List[Tuple[int, int, int, int, Any]], source: int = 0) -> pa.Table:
     """Build a table from ``(kind, worker, segment, seq, payload object)`` tuples of one segment.
 
@@ -116,6 +126,18 @@ def iter_rows(batch: pa.Table) -> Iterator[Tuple[int, int, int, int, Any]]:
     workers = batch.column("worker").to_pylist()
     segments = batch.column("segment").to_pylist()
     seqs = batch.column("seq").to_pylist()
-    payload = batch.column("payload")
-    for i in range(batch.num_rows):
-        yield kinds[i], workers[i], segments[i], seqs[i], payload[i].as_buffer()
+    i = 0
+    for payload in _payload_buffers(batch.column("payload")):
+        yield kinds[i], workers[i], segments[i], seqs[i], payload
+        i += 1
+
+
+def _payload_buffers(column: pa.ChunkedArray) -> Iterator[pa.Buffer]:
+    """Each row's payload as a slice of its chunk's data buffer (``column[i]`` would copy it)."""
+    for chunk in column.chunks:
+        if chunk.null_count:
+            raise RuntimeError("energon_ray: a row without payload in a pipeline block")
+        _, offsets_buf, data = chunk.buffers()
+        offsets = np.frombuffer(offsets_buf, dtype=np.int64, count=len(chunk) + 1, offset=chunk.offset * 8)
+        for j in range(len(chunk)):
+            yield data.slice(int(offsets[j]), int(offsets[j + 1] - offsets[j]))

@@ -1,7 +1,9 @@
 """Serialization of samples and batches between stages: pickle 5 with out-of-band tensor buffers.
 
-CPU tensors travel as numpy buffers appended after the pickle stream (no ``torch.save`` per tensor);
-loading makes one writable copy of the whole payload and rebuilds tensors on top of it.
+CPU tensors travel as numpy buffers appended after the pickle stream (no ``torch.save`` per tensor).
+``loads`` either copies the payload once (stages: tensors own their memory) or, with ``copy=False``
+(the trainer), rebuilds tensors as views of the payload itself: a block fetched from Ray's object
+store is mapped shared memory, so a batch reaches the trainer without a single byte copied.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import warnings
 from typing import Any, List
 
 import cloudpickle
@@ -25,8 +28,17 @@ _NUMPY_DTYPES = {
 }  # fmt: skip
 
 
+# A zero-copy load maps tensors onto Ray's shared memory, which Python sees as read-only although
+# the mapping is writable and private to this block (so in-place ops work); torch warns about it once.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=__name__)
+
+
 def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array)
+
+
+def _arrow_buffer(view: Any) -> pa.Buffer:
+    return pa.py_buffer(view)
 
 
 def _tensor_from_bytes(array: np.ndarray, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
@@ -39,6 +51,8 @@ class _Pickler(cloudpickle.Pickler):
     plus out-of-band buffers for CPU tensors."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is pa.Buffer:  # a nested payload (leftover samples): out of band, never copied
+            return _arrow_buffer, (pickle.PickleBuffer(obj),)
         if (
             type(obj) is torch.Tensor
             and obj.device.type == "cpu"
@@ -97,15 +111,22 @@ def dumps(obj: Any) -> pa.Buffer:
     return out
 
 
-def loads(data: Any) -> Any:
+def loads(data: Any, copy: bool = True) -> Any:
     """Inverse of :func:`dumps`; accepts bytes, memoryview or a ``pyarrow.Buffer``.
 
-    The payload is copied once into pooled memory, so tensors come back writable and own their data.
+    Args:
+        data: the payload.
+        copy: copy the payload once into pooled memory, so tensors own their data and two loads are
+            independent. ``False``: tensors and nested buffers are views of ``data`` and keep it
+            alive (no copy at all); numpy arrays are then read-only when ``data`` is.
     """
     source = memoryview(data).cast("B")
-    buf = pa.allocate_buffer(source.nbytes)
-    view = memoryview(buf).cast("B")
-    view[:] = source
+    if copy:
+        buf = pa.allocate_buffer(source.nbytes)
+        view = memoryview(buf).cast("B")
+        view[:] = source
+    else:
+        view = source
     magic, body_len, count = struct.unpack_from("<4sII", view, 0)
     if magic != _MAGIC:
         raise ValueError("payload was not written by energon_ray.pipeline.serde.dumps")

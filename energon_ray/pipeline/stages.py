@@ -200,7 +200,7 @@ class BatchSamples:
         for seq, item in enumerate(items):
             yield rows.ITEM, spec.worker, spec.index, seq, item
         if leftovers:
-            yield rows.LEFTOVER, spec.worker, spec.index, len(items), leftovers
+            yield rows.LEFTOVER, spec.worker, spec.index, len(items), rows.pack_leftovers(leftovers, spec.worker, spec.index)
         report = rows.Report(
             worker=spec.worker,
             segment=spec.index,
@@ -276,3 +276,30 @@ class EncodeAndBatch:
             self.encode.encode(data)
             out.extend(self.batch.explode(data))
         return rows.table(out, source=source)
+
+
+def seam_batches(
+    config: StageConfig, worker: int, seed: int, batch_size: int, group: List[Tuple[int, int, Any]], source: int = 0
+) -> pa.Table:
+    """Batch pooled leftover samples (serialized, in stream order): ``ITEM`` rows and a ``REPORT``.
+
+    This is the rare batch that straddles segments (samples were skipped, or a stream ended); it runs
+    in a Ray task like every other batch, with the same hook seeds as if it had been made in place.
+    """
+    te: TaskEncoder = config.task_encoder.get()
+    batcher = Batcher(te, config.error_handler, restore_rng=True)
+    runs = batcher.new_runs()
+    fatal = None
+    made: List[Any] = []
+    try:
+        samples = [(position, sub, serde.loads(payload)) for position, sub, payload in group]
+        if config.batch_size is None and not is_overridden(te, "batch_group_criterion"):
+            made = [sample for _, _, sample in samples]
+        else:
+            made = batcher(samples, seed, batch_size, runs)
+    except FatalSampleError as exc:
+        fatal = ("FatalSampleError", str(exc))
+    report = rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=len(made), runs=runs, fatal=fatal)
+    out = [(rows.ITEM, worker, -1, seq, item) for seq, item in enumerate(made)]
+    out.append((rows.REPORT, worker, -1, len(made), report))
+    return rows.table(out, source=source)

@@ -46,6 +46,17 @@ def _pin(value: Any) -> Any:
     return value
 
 
+def pin_batch(value: Any) -> Any:
+    """Pin every tensor inside a batch: ``Batch`` dataclasses, other dataclasses, dicts, lists."""
+    if hasattr(value, "pin_memory") and not isinstance(value, torch.Tensor):
+        return value.pin_memory()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            setattr(value, field.name, _pin(getattr(value, field.name)))
+        return value
+    return _pin(value)
+
+
 class PinMemoryMixin:
     """``pin_memory()`` for dataclasses: pins every tensor field, recursing into containers."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from energon_ray.errors import FatalSampleError
-from energon_ray.loader.merge import EXHAUSTED, WorkerQueues, round_robin
+from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, WorkerQueues, round_robin
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.policy import StageRun
 
@@ -15,12 +15,14 @@ def _report(worker, segment, runs=()):
 
 
 def _pool_batches(worker, group):
-    return ["+".join(str(x[2]) for x in group)]
+    """Like the seam tasks: the batch is made later, when the queue reaches it."""
+    return [Pending(lambda: ["+".join(str(x[2]) for x in group)])]
 
 
 def _drain(queues: WorkerQueues, worker: int):
-    out = list(queues.queues[worker])
-    queues.queues[worker].clear()
+    out = []
+    while (item := queues.pop(worker)) is not NOTHING:
+        out.append(item)
     return out
 
 
@@ -44,9 +46,7 @@ def test_items_queue_per_worker_in_plan_order():
     q.feed((rows.ITEM, 1, 0, 0, "b0"), False)
     q.feed(_report(1, 0), True)
     assert list(q.queues[0]) == ["a0"] and list(q.queues[1]) == ["b0"]
-    assert q.done == [False, True] and not q.exhausted(1)
-    q.queues[1].clear()
-    assert q.exhausted(1)
+    assert q.done == [False, True] and q.pop(1) == "b0" and q.pop(1) is NOTHING
 
 
 def test_leftovers_pool_into_full_batches_in_stream_order():
@@ -63,7 +63,7 @@ def test_leftovers_pool_into_full_batches_in_stream_order():
     ]:
         q.feed(row, last)
     assert _drain(q, 0) == ["B1", "s0+s1+s5", "s6+s9"]
-    assert q.stats.driver_batches == 2
+    assert q.stats.seam_batches == 2
 
 
 def test_drop_last_drops_only_the_final_short_batch():
