@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/energon_ray_bench/blend")
     args = parser.parse_args()
     paths = make(Path(args.workdir))
-    from energon_ray.loader.ray_env import ensure_ray
+    from energon_ray.ray_env import ensure_ray
 
     ensure_ray()
     rates = {name: [] for name in [*WEIGHTS, "blend"]}

@@ -38,7 +38,7 @@ def main() -> None:
         docs = lognormal_corpus(args.docs, mean_words=300, sigma=1.0, seed=0)
         path.write_text("\n".join(json.dumps({"text": d}) for d in docs) + "\n")
         prepare_jsonl(path, progress=False)
-    from energon_ray.loader.ray_env import ensure_ray
+    from energon_ray.ray_env import ensure_ray
 
     ensure_ray()
     results = []

@@ -8,6 +8,7 @@ import os
 from typing import Any, Callable, Optional
 
 from energon_ray.errors import log_exception, reraise_exception
+from energon_ray.ray_env import train_rank_world
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -96,13 +97,9 @@ class WorkerConfig:
 
 
 def _detect_rank_world() -> tuple[int, int]:
-    try:
-        import ray.train
-
-        ctx = ray.train.get_context()
-        return int(ctx.get_world_rank()), int(ctx.get_world_size())
-    except Exception:  # not inside a Ray Train worker
-        pass
+    from_train = train_rank_world()
+    if from_train is not None:
+        return from_train
     try:
         import torch.distributed as dist
 

@@ -136,7 +136,8 @@ class MultiFeed:
         stats: loader counters.
         prefetch_batches: blocks Ray prefetches.
         ray_remote_args: resources per segment task.
-        on_execute: called with each Ray Dataset when its execution starts.
+        object_store_limit: bytes of finished blocks an execution may hold ahead of the trainer.
+        on_execute: called with each ``BlockStream`` when its execution starts.
     """
 
     def __init__(
@@ -150,9 +151,11 @@ class MultiFeed:
         stats: LoaderStats,
         prefetch_batches: int = 4,
         ray_remote_args: Optional[dict] = None,
+        object_store_limit: Optional[int] = None,
         on_execute: Optional[Callable[[Any], None]] = None,
     ):
         self.leaves = list(leaves)
+        self.pass_index = pass_index
         self.prefetch_batches = prefetch_batches
         self.ray_remote_args = ray_remote_args
         self.on_execute = on_execute
@@ -166,12 +169,19 @@ class MultiFeed:
             items = plan.segment_length / (leaf.options.batch_size or 1)
             self.schedules.append(LeafSchedule(plan=plan, share=share, offset=offset, items_per_segment=items, need=need))
         self._rows: Optional[Iterator[Tuple[int, Row, bool]]] = None
+        self._first = None
+        self._stream = None
+        self.object_store_limit = object_store_limit
         self.endless = any(s.plan.num_rounds is None for s in self.schedules)
+        self._readers = {i: leaf.reader() for i, leaf in enumerate(self.leaves)}
+        self._configs = {i: leaf.stage_config() for i, leaf in enumerate(self.leaves)}
+        self._name = self.leaves[0].operator_name if len(self.leaves) == 1 else "EnergonSegments"
+        self._windows = iter(windows(self.schedules, MAX_WINDOW_SEGMENTS, first=FIRST_WINDOW_SEGMENTS))
 
     def pull(self) -> None:
         """Take one row from Ray and file it with its leaf."""
         if self._rows is None:
-            self._rows = self._row_stream()
+            self.start()
         try:
             source, row, last = next(self._rows)
         except StopIteration:
@@ -185,25 +195,41 @@ class MultiFeed:
         if self._rows is not None:
             self._rows.close()
             self._rows = None
+        for opened in (self._first, (None, self._stream)):
+            if opened is not None and opened[1] is not None:
+                opened[1].close()
+        self._first = self._stream = None
 
-    def _row_stream(self) -> Iterator[Tuple[int, Row, bool]]:
-        from energon_ray.pipeline.build import build_dataset
+    def start(self) -> None:
+        """Start the first window's execution now (before anyone iterates: a head start)."""
+        if self._rows is None:
+            self._rows = self._row_stream()
+            self._first = self._open(next(self._windows, None))
 
-        readers = {i: leaf.reader() for i, leaf in enumerate(self.leaves)}
-        configs = {i: leaf.stage_config() for i, leaf in enumerate(self.leaves)}
-        name = self.leaves[0].operator_name if len(self.leaves) == 1 else "EnergonSegments"
-        for specs in windows(self.schedules, MAX_WINDOW_SEGMENTS, first=FIRST_WINDOW_SEGMENTS):
-            ray_ds = build_dataset(specs, readers, configs, name=name, ray_remote_args=self.ray_remote_args)
-            if self.on_execute is not None:
-                self.on_execute(ray_ds)
-            yield from self._execute(ray_ds, specs)
-
-    def _execute(self, ray_ds, specs) -> Iterator[Tuple[int, Row, bool]]:
+    def _open(self, specs):
         from energon_ray.pipeline.build import BlockStream
 
+        if specs is None:
+            return None
+        stream = BlockStream(
+            specs, self._readers, self._configs, self.prefetch_batches,
+            name=self._name, ray_remote_args=self.ray_remote_args, object_store_limit=self.object_store_limit,
+        )  # fmt: skip
+        if self.on_execute is not None:
+            self.on_execute(stream)
+        return specs, stream
+
+    def _row_stream(self) -> Iterator[Tuple[int, Row, bool]]:
+        opened = self._first
+        while opened is not None:
+            specs, stream = opened
+            self._stream = stream
+            yield from self._execute(stream, specs)
+            opened = self._open(next(self._windows, None))
+
+    def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool]]:
         cursor = 0
         started = time.perf_counter()
-        blocks = BlockStream(ray_ds, self.prefetch_batches)
         try:
             for block in blocks:
                 for row, source in zip(rows.iter_rows(block), rows.sources(block)):

@@ -17,7 +17,10 @@ import torch
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import LoaderStats, round_robin
-from energon_ray.loader.ray_env import ensure_ray, warm_up
+from energon_ray.ray_env import ensure_ray, warm_up
+
+#: Bytes of finished blocks one execution may hold in the object store ahead of the trainer.
+DEFAULT_OBJECT_STORE_LIMIT = 1 << 30
 
 
 class EnergonLoader:
@@ -29,6 +32,7 @@ class EnergonLoader:
         prefetch_batches: blocks Ray prefetches (and decodes/pins) ahead of the loop, per source.
         ray_remote_args: resources per segment task, e.g. ``{"num_cpus": 1}``.
         pin_memory: pin batches (default: when CUDA is available).
+        object_store_limit: bytes of finished blocks Ray may hold ahead of the trainer (bounds memory).
     """
 
     def __init__(
@@ -38,6 +42,7 @@ class EnergonLoader:
         prefetch_batches: int = 4,
         ray_remote_args: Optional[dict] = None,
         pin_memory: Optional[bool] = None,
+        object_store_limit: Optional[int] = DEFAULT_OBJECT_STORE_LIMIT,
     ):
         if not isinstance(dataset, Composition):
             raise TypeError(
@@ -55,13 +60,19 @@ class EnergonLoader:
         self.stats = LoaderStats()
         self._passes = 0
         self._stream: Optional[Iterator[Any]] = None
-        self._ray_datasets: Dict[str, Any] = {}
+        self._executions: Dict[str, Any] = {}
+        self.object_store_limit = object_store_limit
         leaves = dataset.leaves()
         if len({id(leaf) for leaf in leaves}) != len(leaves):
             raise ValueError("a dataset object appears twice in this composition; build each source separately")
         self._training = any(leaf.options.training for leaf in leaves)
         ensure_ray()
         warm_up()
+        # The first pass starts now, while the caller builds its model: by the first next() the
+        # feeder actor, Ray Data and the first segments are already under way.
+        self._early: Optional[MultiFeed] = self._multi_feed(0)
+        self._early.start()
+        weakref.finalize(self, self._early.close)
         # Close a suspended endless stream before Ray shuts down at exit (Ray's own atexit hook runs
         # after ours, since ours is registered later), instead of letting Ray complain at teardown.
         atexit.register(_close_loader, weakref.ref(self))
@@ -94,15 +105,19 @@ class EnergonLoader:
         stream, self._stream = self._stream, None
         if stream is not None:
             stream.close()
+        early, self._early = self._early, None
+        if early is not None:
+            early.close()
 
     @property
     def ray_dataset(self):
-        """The ``ray.data.Dataset`` most recently executed (for ``stats()`` and Ray-native use)."""
-        return next(reversed(self._ray_datasets.values()), None)
+        """A ``ray.data.Dataset`` of the segments most recently executed (built anew, for Ray-native use)."""
+        stream = next(reversed(self._executions.values()), None)
+        return None if stream is None else stream.dataset()
 
     def ray_stats(self) -> str:
-        """Ray's per-operator stats (throughput per stage) of the latest execution of each source."""
-        return "\n".join(ds.stats() for ds in self._ray_datasets.values())
+        """Ray's per-operator stats (throughput per stage) of the latest execution."""
+        return "\n".join(stream.stats() for stream in self._executions.values())
 
     # -- internals -----------------------------------------------------------------------------
     def _next_pass(self) -> int:
@@ -120,17 +135,22 @@ class EnergonLoader:
                 return
 
     def _remember(self, leaf_name: str):
-        def on_execute(ray_ds) -> None:
-            self._ray_datasets.pop(leaf_name, None)
-            self._ray_datasets[leaf_name] = ray_ds
+        def on_execute(stream) -> None:
+            self._executions.pop(leaf_name, None)
+            self._executions[leaf_name] = stream
 
         return on_execute
 
-    def _one_pass(self, pass_index: int) -> Iterator[Any]:
+    def _multi_feed(self, pass_index: int) -> MultiFeed:
+        early, self._early = getattr(self, "_early", None), None
+        if early is not None:
+            if early.pass_index == pass_index:
+                return early
+            early.close()
         leaves = self.dataset.leaves()
         shares = self.dataset.leaf_shares()
         hints = self.dataset.schedule_hints(pass_index)
-        multi = MultiFeed(
+        return MultiFeed(
             leaves,
             [shares[id(leaf)] for leaf in leaves],
             pass_index,
@@ -139,9 +159,13 @@ class EnergonLoader:
             stats=self.stats,
             prefetch_batches=self.prefetch_batches,
             ray_remote_args=self.ray_remote_args,
+            object_store_limit=self.object_store_limit,
             on_execute=self._remember("all"),
         )
-        feeds = {id(leaf): feed for leaf, feed in zip(leaves, multi.feeds)}
+
+    def _one_pass(self, pass_index: int) -> Iterator[Any]:
+        multi = self._multi_feed(pass_index)
+        feeds = {id(leaf): feed for leaf, feed in zip(multi.leaves, multi.feeds)}
         provider = self.dataset.provider(PassContext(feeds, self.stats), pass_index)
         try:
             yield from round_robin(self.dataset.num_workers, provider, caps=self.dataset.caps(), stats=self.stats)
@@ -166,6 +190,7 @@ def get_loader(
     prefetch_batches: int = 4,
     pin_memory: Optional[bool] = None,
     ray_remote_args: Optional[dict] = None,
+    object_store_limit: Optional[int] = DEFAULT_OBJECT_STORE_LIMIT,
     **_ignored: Any,
 ) -> EnergonLoader:
     """Iterate a dataset's batches, produced by Ray Data.
@@ -177,6 +202,7 @@ def get_loader(
         prefetch_batches: blocks Ray prefetches ahead, per source.
         pin_memory: pin batch tensors (default: when CUDA is available; never fails on a CPU-only box).
         ray_remote_args: resources per segment task.
+        object_store_limit: bytes of finished blocks Ray may hold ahead of the trainer (``None``: Ray's default).
 
     Returns:
         An iterable of the task encoder's batches; ``len()`` is batches per rank and epoch.
@@ -192,4 +218,7 @@ def get_loader(
         )
     if prefetch_factor is not None:
         prefetch_batches = prefetch_factor
-    return EnergonLoader(dataset, prefetch_batches=prefetch_batches, ray_remote_args=ray_remote_args, pin_memory=pin_memory)
+    return EnergonLoader(
+        dataset, prefetch_batches=prefetch_batches, ray_remote_args=ray_remote_args, pin_memory=pin_memory,
+        object_store_limit=object_store_limit,
+    )  # fmt: skip

@@ -52,6 +52,8 @@ class LoaderStats:
         self.seam_batches = 0
         self.skipped: Dict[str, int] = {}
         self.ignored: Dict[str, int] = {}
+        #: segments made per Ray node id
+        self.segments_per_node: Dict[str, int] = {}
 
     @property
     def total_skipped(self) -> int:
@@ -65,6 +67,7 @@ class LoaderStats:
             "seam_batches": self.seam_batches,
             "skipped": dict(self.skipped),
             "ignored": dict(self.ignored),
+            "segments_per_node": dict(self.segments_per_node),
         }
 
     def __repr__(self) -> str:
@@ -74,6 +77,8 @@ class LoaderStats:
         """Count a segment's report, log its skips, and raise its fatal error (in plan order)."""
         self.samples_read += report.samples_read
         self.samples_encoded += report.samples_encoded
+        if report.node is not None:
+            self.segments_per_node[report.node] = self.segments_per_node.get(report.node, 0) + 1
         for run in report.runs:
             if run.failures:
                 self.skipped[run.stage] = self.skipped.get(run.stage, 0) + run.failures

@@ -43,8 +43,16 @@ def _limit_torch_threads() -> None:
     _threads_limited = True
 
 
+def _node() -> Optional[str]:
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return None
+
+
 def encode_and_batch(batch, stage: EncodeAndBatch):
     _limit_torch_threads()
+    stage.batch.node = _node()
     return stage(batch)
 
 
@@ -55,6 +63,7 @@ def encode_samples(batch, stage: EncodeSamples):
 
 def batch_samples(batch, stage: BatchSamples):
     _limit_torch_threads()
+    stage.node = _node()
     return stage(batch)
 
 
@@ -111,54 +120,206 @@ def build_dataset(
     return ds
 
 
-class BlockStream:
-    """The output blocks of a Ray Dataset's execution, in order, as zero-copy Arrow tables.
+class _Run:
+    """One execution inside the feeder: its Dataset, its bundle iterator, the next take's number."""
 
-    Up to ``prefetch`` blocks are asked to be fetched to this node ahead of the consumer (a no-op
-    when they were made here). ``close()`` stops the execution (an abandoned iteration frees its
-    Ray tasks and object-store memory).
+    def __init__(self, build_args: tuple):
+        self.build_args = build_args
+        self.bundles: Optional[Iterator[Any]] = None
+        self.executor = None
+        self.dataset = None
+        self.next_seq = 0
+        self.done = False
+
+    def start(self) -> None:
+        if self.bundles is not None:
+            return
+        self.dataset = build_dataset(*self.build_args[0], **self.build_args[1])
+        execute = getattr(self.dataset, "_execute_to_iterator", None)
+        if execute is not None:  # Ray 2.60: the executor handle lets close() stop it
+            bundles, _, self.executor = execute(capture_executor=False)
+        else:  # pragma: no cover - other Ray versions
+            bundles = self.dataset.iter_internal_ref_bundles()
+        self.bundles = iter(bundles)
+
+    def close(self) -> None:
+        self.done = True
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            executor.shutdown(force=True)
+        self.bundles = None
+
+
+@ray.remote(num_cpus=0, max_concurrency=64)
+class Feeder:
+    """Runs Ray Data executions for the loaders of one trainer process, outside that process.
+
+    Ray Data's streaming executor is a busy thread in whatever process iterates a Dataset; here it
+    lives in this actor (on the trainer's node), and the trainer only receives block references, in
+    order, one bundle per ``take`` call (it keeps a few calls in flight). Runs of one loader are
+    executed one after the other: the next window starts as soon as the previous one is drained.
     """
 
-    def __init__(self, ds: "ray.data.Dataset", prefetch: int = 4):
-        self.prefetch = max(1, prefetch)
-        self._executor = None
-        execute = getattr(ds, "_execute_to_iterator", None)
-        if execute is not None:  # Ray 2.60: the executor handle lets close() stop it
-            self._bundles, _, self._executor = execute(capture_executor=False)
-        else:  # pragma: no cover - other Ray versions
-            self._bundles = ds.iter_internal_ref_bundles()
-        self._bundles = iter(self._bundles)
-        self._ahead: Deque[Any] = deque()
-        self._done = False
+    def __init__(self, verbose: bool = False) -> None:
+        import logging
+        import threading
 
-    def _refill(self) -> None:
-        while not self._done and len(self._ahead) < self.prefetch:
-            bundle = next(self._bundles, None)
+        self._cond = threading.Condition()
+        self._runs: Dict[str, _Run] = {}
+        # calls of a threaded actor may start out of order: a take can arrive before its submit
+        self._closed: Deque[str] = deque(maxlen=4096)
+        self._final_stats: Dict[str, str] = {}
+        if not verbose:  # quiet by default: no progress bars or INFO lines for our executions
+            ray.data.DataContext.get_current().enable_progress_bars = False
+            logging.getLogger("ray.data").setLevel(logging.ERROR)
+
+    def ping(self) -> bool:
+        return True
+
+    def submit(self, run_id: str, segments, readers, configs, kwargs: Dict[str, Any]) -> None:
+        """Register (not start) an execution; ``take`` starts it."""
+        with self._cond:
+            self._runs[run_id] = _Run(((segments, readers, configs), kwargs))
+            self._cond.notify_all()
+
+    def take(self, run_id: str, seq: int) -> Optional[List[Any]]:
+        """The refs of the ``seq``-th output bundle of a run (``None`` once it is drained)."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: run_id in self._closed or (run_id in self._runs and self._runs[run_id].next_seq == seq)
+            )
+            run = self._runs.get(run_id)
+        if run is None or run.done:
+            self._advance(run, seq)
+            return None
+        try:
+            run.start()
+            bundle = next(run.bundles, None)
             if bundle is None:
-                self._done = True
-                return
-            refs = [entry.ref for entry in bundle.blocks]
-            self._ahead.extend(refs)
-            ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
+                run.done = True
+                return None
+            return [entry.ref for entry in bundle.blocks]
+        except Exception:
+            if run.done:  # closed while this take waited: nobody reads its answer
+                return None
+            raise
+        finally:
+            self._advance(run, seq)
+
+    def _advance(self, run: Optional[_Run], seq: int) -> None:
+        with self._cond:
+            if run is not None and run.next_seq == seq:
+                run.next_seq += 1
+            self._cond.notify_all()
+
+    def stats(self, run_id: str) -> str:
+        run = self._runs.get(run_id)
+        if run is not None and run.dataset is not None:
+            return run.dataset.stats()
+        return self._final_stats.get(run_id, "")
+
+    def close(self, run_id: str) -> None:
+        run = self._runs.get(run_id)
+        if run is not None:
+            run.close()
+            if run.dataset is not None:
+                try:  # kept for stats() before the run is forgotten
+                    self._final_stats[run_id] = run.dataset.stats()
+                except Exception:  # stats are a courtesy; a stopped execution may have none
+                    pass
+                while len(self._final_stats) > 64:
+                    self._final_stats.pop(next(iter(self._final_stats)))
+        with self._cond:
+            self._runs.pop(run_id, None)
+            self._closed.append(run_id)
+            self._cond.notify_all()
+
+
+_FEEDER: Dict[str, Any] = {}
+
+
+def feeder() -> Any:
+    """This process's feeder actor (one per Ray job), started on this node on first use."""
+    job = ray.get_runtime_context().get_job_id()
+    handle = _FEEDER.get(job)
+    if handle is None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = ray.get_runtime_context().get_node_id()
+        import os
+
+        verbose = os.environ.get("ENERGON_RAY_VERBOSE", "0") not in ("", "0")
+        handle = Feeder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)).remote(verbose)
+        _FEEDER.clear()
+        _FEEDER[job] = handle
+    return handle
+
+
+class BlockStream:
+    """The output blocks of one execution (run by the feeder), in order, as zero-copy Arrow tables.
+
+    ``prefetch`` ``take`` calls stay in flight; their blocks are pulled to this node as soon as the
+    references arrive. ``close()`` stops the execution (an abandoned iteration frees its Ray tasks
+    and object-store memory).
+    """
+
+    _counter = 0
+
+    def __init__(self, segments, readers, configs, prefetch: int = 4, **kwargs: Any):
+        import os
+
+        BlockStream._counter += 1
+        self.run_id = f"{os.getpid()}-{id(self):x}-{BlockStream._counter}"
+        self.build_args = (segments, readers, configs, kwargs)
+        self.feeder = feeder()
+        self.feeder.submit.remote(self.run_id, segments, readers, configs, kwargs)
+        self.prefetch = max(1, prefetch)
+        self._calls: Deque[Any] = deque()
+        self._blocks: Deque[Any] = deque()
+        self._seq = 0
+        self._drained = False
+        self.start()
+
+    def start(self) -> None:
+        """Keep ``prefetch`` takes in flight (the first ones start the execution)."""
+        while not self._drained and len(self._calls) < self.prefetch:
+            self._calls.append(self.feeder.take.remote(self.run_id, self._seq))
+            self._seq += 1
 
     def __iter__(self) -> Iterator[pa.Table]:
         return self
 
     def __next__(self) -> pa.Table:
-        self._refill()
-        if not self._ahead:
-            raise StopIteration
-        return ray.get(self._ahead.popleft())
+        while not self._blocks:
+            if not self._calls:
+                raise StopIteration
+            refs = ray.get(self._calls.popleft())
+            if refs is None:
+                self._drained = True
+                self._calls.clear()
+                raise StopIteration
+            ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
+            self._blocks.extend(refs)
+            self.start()
+        return ray.get(self._blocks.popleft())
+
+    def stats(self) -> str:
+        """Ray Data's per-operator stats of this execution."""
+        return ray.get(self.feeder.stats.remote(self.run_id))
+
+    def dataset(self) -> "ray.data.Dataset":
+        """A Ray Dataset of the same segments (built here, not executed)."""
+        segments, readers, configs, kwargs = self.build_args
+        return build_dataset(segments, readers, configs, **kwargs)
 
     def close(self) -> None:
-        self._ahead.clear()
-        self._done = True
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(force=True)
-        close = getattr(self._bundles, "close", None)
-        if close is not None:
-            close()
+        self._calls.clear()
+        self._blocks.clear()
+        self._drained = True
+        try:
+            self.feeder.close.remote(self.run_id)
+        except Exception:  # Ray is shutting down: nothing left to stop
+            pass
 
 
 @ray.remote(num_cpus=1, max_retries=3)

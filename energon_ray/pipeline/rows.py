@@ -62,6 +62,8 @@ class Report:
     batches: int
     runs: List[StageRun]
     fatal: Optional[Tuple[str, str]] = None
+    #: Ray node the segment ran on (the loader counts segments per node).
+    node: Optional[str] = None
 
 
 def _binary_chunk(buffer: pa.Buffer) -> pa.Array:

@@ -28,13 +28,14 @@ _NUMPY_DTYPES = {
 }  # fmt: skip
 
 
-# A zero-copy load maps tensors onto Ray's shared memory, which Python sees as read-only although
-# the mapping is writable and private to this block (so in-place ops work); torch warns about it once.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=__name__)
-
-
 def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(array)
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    # A zero-copy load maps tensors onto Ray's shared memory, which Python sees as read-only although
+    # the mapping is writable and private to this block (in-place ops work); torch would warn.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
 
 
 def _arrow_buffer(view: Any) -> pa.Buffer:

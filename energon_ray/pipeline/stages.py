@@ -175,6 +175,8 @@ class BatchSamples:
 
     def __init__(self, config: Union[StageConfig, Mapping[int, StageConfig]]):
         self.configs = _configs(config)
+        #: set by the Ray edge to the node this stage runs on (reported per segment)
+        self.node: Optional[str] = None
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out: list = []
@@ -209,6 +211,7 @@ class BatchSamples:
             batches=len(items),
             runs=data.runs,
             fatal=data.fatal,
+            node=self.node,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report
 

@@ -66,6 +66,7 @@ def record(path: str, batches: int = 12) -> dict:
         batch = next(it)
         out["keys"].append(list(batch.__key__))
         out["sums"].append(round(float(batch.image.double().sum()), 6))
+    out["nodes"] = len(loader.stats.segments_per_node)
     loader.close()
     common = dict(worker_config=wc, shuffle_buffer_size=9, max_samples_per_sequence=4)
     out["packed"] = _keys(er.get_train_dataset(path, batch_size=2, packing_buffer_size=6, task_encoder=PackPairs(), **common), 8)

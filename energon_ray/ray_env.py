@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 logger = logging.getLogger("energon_ray")
 
@@ -36,43 +36,37 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
 _warmed = False
 
 
-def _import_stages(batch):
-    import torch  # noqa: F401
-
-    import energon_ray.pipeline.stages  # noqa: F401
-
-    return batch
-
-
 def warm_up(workers: int = 2) -> None:
     """Get Ray ready for the first batch while the caller does other work (builds its model…).
 
-    Ray workers import torch and energon_ray, and a tiny Ray Data execution starts Ray Data's own
-    actors: together several seconds on a small machine that would otherwise delay the first batch.
-    Runs once per process, in the background; failures are ignored (it is only a head start).
+    Ray workers import torch and energon_ray's stages: several seconds on a small machine that would
+    otherwise delay the first batch. Runs once per process, in the background; failures are ignored
+    (it is only a head start). The loader's feeder actor starts Ray Data itself.
     """
     global _warmed
     if _warmed:
         return
     _warmed = True
-    import threading
-
     import ray
 
     @ray.remote(num_cpus=0)
     def _import() -> bool:
-        _import_stages(None)
+        import torch  # noqa: F401
+
+        import energon_ray.pipeline.stages  # noqa: F401
+
         return True
 
     for _ in range(workers):
         _import.remote()
 
-    def _ray_data() -> None:
-        try:
-            import ray.data
 
-            ray.data.range(1).map_batches(_import_stages, batch_size=None).take_all()
-        except Exception:  # only a head start; the real execution reports real problems
-            pass
+def train_rank_world() -> Optional[Tuple[int, int]]:
+    """World rank and size inside a ``ray.train`` worker, else ``None``."""
+    try:
+        import ray.train
 
-    threading.Thread(target=_ray_data, name="energon-ray-warm-up", daemon=True).start()
+        ctx = ray.train.get_context()
+        return int(ctx.get_world_rank()), int(ctx.get_world_size())
+    except Exception:  # not inside a Ray Train worker
+        return None
