@@ -155,6 +155,21 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
     )  # fmt: skip
 
 
+def _head_start() -> None:
+    """If Ray is already up, start its workers' imports and the feeder actor now (the user builds a
+    model next; the loader's first batch then finds them ready). Never starts Ray itself."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    from energon_ray.pipeline.build import feeder
+    from energon_ray.ray_env import warm_up
+
+    warm_up()
+    feeder()
+
+
 def get_train_dataset(
     path: Any,
     *,
@@ -209,7 +224,9 @@ def get_train_dataset(
         shuffle_over_epochs=shuffle_over_epochs_multiplier,
         virtual_epoch_length=virtual_epoch_length,
     )
-    return _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options, kwargs=kwargs)
+    dataset = _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options, kwargs=kwargs)
+    _head_start()
+    return dataset
 
 
 def get_val_dataset(
@@ -244,4 +261,6 @@ def get_val_dataset(
         training=False, repeat=False, batch_size=batch_size, drop_last=batch_drop_last, limit=limit,
         packing_buffer_size=packing_buffer_size,
     )  # fmt: skip
-    return _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options, kwargs=kwargs)
+    dataset = _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options, kwargs=kwargs)
+    _head_start()
+    return dataset

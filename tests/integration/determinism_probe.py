@@ -66,6 +66,10 @@ def record(path: str, batches: int = 12) -> dict:
         batch = next(it)
         out["keys"].append(list(batch.__key__))
         out["sums"].append(round(float(batch.image.double().sum()), 6))
+    for _ in range(120):  # where segments run (read on, so a slow-starting node gets its share)
+        if len(loader.stats.segments_per_node) >= 2:
+            break
+        next(it)
     out["nodes"] = len(loader.stats.segments_per_node)
     loader.close()
     common = dict(worker_config=wc, shuffle_buffer_size=9, max_samples_per_sequence=4)
