@@ -27,8 +27,9 @@ logger = logging.getLogger("energon_ray")
 #: Most segments (Ray read tasks) one Ray Dataset execution holds. Larger windows cost the driver
 #: more (Ray Data's scheduling loop over thousands of pending tasks measured 2x the driver CPU).
 MAX_WINDOW_SEGMENTS = 512
-#: Segments of the first window of an endless stream (small: a fast first batch).
-FIRST_WINDOW_SEGMENTS = 64
+#: Segments of the first window (small: Ray runs it first, so the first batch comes fast); later
+#: windows grow 4x, each started as soon as the one before delivers.
+FIRST_WINDOW_SEGMENTS = 4
 
 _OUR_ERRORS = (FatalSampleError, ShardReadError, DatasetConfigError, SampleException)
 _ERROR_LINE = re.compile(r"energon_ray\.errors\.(FatalSampleError|ShardReadError|DatasetConfigError|SampleException): (.*)")
@@ -171,6 +172,7 @@ class MultiFeed:
         self._rows: Optional[Iterator[Tuple[int, Row, bool]]] = None
         self._first = None
         self._stream = None
+        self._next = None
         self.object_store_limit = object_store_limit
         self.endless = any(s.plan.num_rounds is None for s in self.schedules)
         self._readers = {i: leaf.reader() for i, leaf in enumerate(self.leaves)}
@@ -195,10 +197,10 @@ class MultiFeed:
         if self._rows is not None:
             self._rows.close()
             self._rows = None
-        for opened in (self._first, (None, self._stream)):
+        for opened in (self._first, (None, self._stream), self._next):
             if opened is not None and opened[1] is not None:
                 opened[1].close()
-        self._first = self._stream = None
+        self._first = self._stream = self._next = None
 
     def start(self) -> None:
         """Start the first window's execution now (before anyone iterates: a head start)."""
@@ -224,8 +226,15 @@ class MultiFeed:
         while opened is not None:
             specs, stream = opened
             self._stream = stream
-            yield from self._execute(stream, specs)
-            opened = self._open(next(self._windows, None))
+            self._next = None
+            for row in self._execute(stream, specs):
+                if self._next is None:
+                    # the next window's execution starts once this one delivers: no gap between them
+                    self._next = self._open(next(self._windows, None)) or (None, None)
+                yield row
+            opened = self._next if self._next is not None else self._open(next(self._windows, None))
+            if opened == (None, None):
+                opened = None
 
     def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool]]:
         cursor = 0
