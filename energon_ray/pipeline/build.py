@@ -150,17 +150,6 @@ class _Run:
         self.bundles = None
 
 
-def _passthrough(batch):
-    return batch
-
-
-def _warm_ray_data() -> None:
-    try:
-        ray.data.range(1, override_num_blocks=1).map_batches(_passthrough, batch_size=None, num_cpus=0).take_all()
-    except Exception:  # only a head start; real executions report real problems
-        pass
-
-
 @ray.remote(num_cpus=0, max_concurrency=64)
 class Feeder:
     """Runs Ray Data executions for the loaders of one trainer process, outside that process.
@@ -183,9 +172,6 @@ class Feeder:
         if not verbose:  # quiet by default: no progress bars or INFO lines for our executions
             ray.data.DataContext.get_current().enable_progress_bars = False
             logging.getLogger("ray.data").setLevel(logging.ERROR)
-        # Ray Data's first execution in a process starts its own helpers (~2 s here): do it now,
-        # while the user builds a model, not on the first batch.
-        threading.Thread(target=_warm_ray_data, name="energon-ray-warm-up", daemon=True).start()
 
     def ping(self) -> bool:
         return True

@@ -410,3 +410,14 @@ def test_failure_chain_with_tolerance_zero_never_raises():
     chain = FailureChain()
     for _ in range(5):
         chain.add(0, _segment("90F", tolerance=0))
+
+
+def test_zero_copy_loads_gives_views_of_the_payload():
+    """loads(copy=False) rebuilds tensors and nested payloads inside the payload's own memory."""
+    inner = serde.dumps({"y": torch.ones(3)})
+    payload = serde.dumps({"x": torch.arange(1000, dtype=torch.float32), "inner": inner})
+    out = serde.loads(payload, copy=False)
+    start, end = payload.address, payload.address + payload.size
+    assert start <= out["x"].data_ptr() < end and out["x"].tolist() == list(range(1000))
+    assert start <= out["inner"].address < end
+    assert serde.loads(out["inner"], copy=False)["y"].tolist() == [1.0, 1.0, 1.0]

@@ -1,0 +1,67 @@
+"""The trainer's share of the data path: no hook, no Ray Data executor, no payload copy in the trainer."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+import energon_ray as er
+from tests.helpers import captioning_dataset
+
+
+class PidBatches(er.DefaultTaskEncoder):
+    """Ignores every 7th sample (so batches straddle segments) and stamps each batch with its process."""
+
+    def encode_sample(self, sample):
+        if int(sample.__key__[-6:]) % 7 == 3:
+            raise er.SkipSample()
+        return sample
+
+    def batch(self, samples):
+        return {"keys": [s.__key__ for s in samples], "pid": os.getpid(), "image": torch.stack([s.image for s in samples])}
+
+
+def test_every_batch_is_made_in_a_ray_worker_even_across_segments(tmp_path):
+    """With skipped samples, full batches still come out (seam batches), and none was made in the trainer."""
+    path = captioning_dataset(tmp_path / "ds", n=60, per_shard=7)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=PidBatches(), samples_per_segment=8)
+    loader = er.get_loader(ds)
+    batches = list(loader)
+    keys = [k for b in batches for k in b["keys"]]
+    skipped = [k for k in (f"sample_{i:06d}" for i in range(60)) if int(k[-6:]) % 7 == 3]
+    assert sorted(keys) == sorted(set(f"sample_{i:06d}" for i in range(60)) - set(skipped))
+    assert all(b["pid"] != os.getpid() for b in batches)
+    assert loader.stats.seam_batches > 0 and loader.stats.ignored == {"encode_sample": len(skipped)}
+    # every batch is full except at most one short one per worker stream at its end
+    assert sum(len(b["keys"]) < 4 for b in batches) <= 2
+
+
+def test_no_ray_data_executor_or_iterator_threads_in_the_trainer(tmp_path):
+    """While batches stream, the trainer process runs no Ray Data executor or iterator thread."""
+    path = captioning_dataset(tmp_path / "ds", n=40, per_shard=7)
+    ds = er.get_train_dataset(path, batch_size=4, shuffle_buffer_size=5, max_samples_per_sequence=5,
+                              worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2))  # fmt: skip
+    loader = er.get_loader(ds)
+    it = iter(loader)
+    for _ in range(12):
+        batch = next(it)
+    names = [t.name for t in threading.enumerate()]
+    loader.close()
+    assert batch.image.shape[0] == 4
+    assert not [n for n in names if n.startswith("StreamingExecutor") or n.startswith("iter_threaded") or n == "Prefetcher"]
+
+
+def test_batch_tensors_are_writable_views_that_outlive_the_loader(tmp_path):
+    """Batch tensors can be modified in place, and stay valid after the loader is closed."""
+    path = captioning_dataset(tmp_path / "ds", n=20, per_shard=7)
+    loader = er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=5))
+    batches = list(loader)
+    loader.close()
+    first = batches[0].image
+    expected = first.clone()
+    first.add_(1)
+    assert torch.equal(first, expected + 1)
+    assert all(torch.isfinite(b.image).all() for b in batches[1:])
