@@ -27,8 +27,8 @@ logger = logging.getLogger("energon_ray")
 #: Most segments (Ray read tasks) one Ray Dataset execution holds. Larger windows cost the driver
 #: more (Ray Data's scheduling loop over thousands of pending tasks measured 2x the driver CPU).
 MAX_WINDOW_SEGMENTS = 512
-#: Segments of the first window, started when the loader is built; later windows grow 4x, each
-#: started as soon as the one before delivers. (4 was measured too: slower first batches on 2 cores.)
+#: Segments of the first window, started when the loader is built; later windows grow 4x. (4 was
+#: measured too: slower first batches on 2 cores.)
 FIRST_WINDOW_SEGMENTS = 64
 
 _OUR_ERRORS = (FatalSampleError, ShardReadError, DatasetConfigError, SampleException)
@@ -226,15 +226,8 @@ class MultiFeed:
         while opened is not None:
             specs, stream = opened
             self._stream = stream
-            self._next = None
-            for row in self._execute(stream, specs):
-                if self._next is None:
-                    # the next window's execution starts once this one delivers: no gap between them
-                    self._next = self._open(next(self._windows, None)) or (None, None)
-                yield row
-            opened = self._next if self._next is not None else self._open(next(self._windows, None))
-            if opened == (None, None):
-                opened = None
+            yield from self._execute(stream, specs)
+            opened = self._open(next(self._windows, None))
 
     def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool]]:
         cursor = 0
