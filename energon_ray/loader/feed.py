@@ -172,7 +172,6 @@ class MultiFeed:
         self._rows: Optional[Iterator[Tuple[int, Row, bool]]] = None
         self._first = None
         self._stream = None
-        self._next = None
         self.object_store_limit = object_store_limit
         self.endless = any(s.plan.num_rounds is None for s in self.schedules)
         self._readers = {i: leaf.reader() for i, leaf in enumerate(self.leaves)}
@@ -197,10 +196,10 @@ class MultiFeed:
         if self._rows is not None:
             self._rows.close()
             self._rows = None
-        for opened in (self._first, (None, self._stream), self._next):
+        for opened in (self._first, (None, self._stream)):
             if opened is not None and opened[1] is not None:
                 opened[1].close()
-        self._first = self._stream = self._next = None
+        self._first = self._stream = None
 
     def start(self) -> None:
         """Start the first window's execution now (before anyone iterates: a head start)."""

@@ -293,7 +293,7 @@ class BlockStream:
         while not self._blocks:
             if not self._calls:
                 raise StopIteration
-            refs = ray.get(self._calls.popleft())
+            refs = self._get(self._calls.popleft())
             if refs is None:
                 self._drained = True
                 self._calls.clear()
@@ -301,7 +301,18 @@ class BlockStream:
             ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
             self._blocks.extend(refs)
             self.start()
-        return ray.get(self._blocks.popleft())
+        return self._get(self._blocks.popleft())
+
+    @staticmethod
+    def _get(ref: Any) -> Any:
+        try:
+            return ray.get(ref)
+        except (ray.exceptions.ActorDiedError, ray.exceptions.OwnerDiedError) as exc:
+            _FEEDER.clear()  # the next execution gets a new feeder
+            raise RuntimeError(
+                "energon_ray: the feeder actor that ran this loader's Ray Data execution died "
+                f"({type(exc).__name__}); iterate a new loader to go on"
+            ) from None
 
     def stats(self) -> str:
         """Ray Data's per-operator stats of this execution."""

@@ -65,3 +65,25 @@ def test_batch_tensors_are_writable_views_that_outlive_the_loader(tmp_path):
     first.add_(1)
     assert torch.equal(first, expected + 1)
     assert all(torch.isfinite(b.image).all() for b in batches[1:])
+
+
+def test_a_dead_feeder_is_a_clear_error_and_the_next_loader_gets_a_new_one(tmp_path):
+    """Killing the feeder actor fails the running loader with a clear error; a new loader works."""
+    import ray
+    import pytest
+
+    from energon_ray.pipeline.build import feeder
+
+    path = captioning_dataset(tmp_path / "ds", n=30, per_shard=7)
+    ds = er.get_train_dataset(path, batch_size=3, shuffle_buffer_size=4, max_samples_per_sequence=4,
+                              worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2))  # fmt: skip
+    loader = er.get_loader(ds)
+    it = iter(loader)
+    next(it)
+    ray.kill(feeder())
+    with pytest.raises(RuntimeError, match="feeder actor .* died"):
+        for _ in range(10_000):
+            next(it)
+    loader.close()
+    again = er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=5))
+    assert sum(len(b.__key__) for b in again) == 30
