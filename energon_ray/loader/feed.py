@@ -4,9 +4,10 @@
 expected to need them (``plan.schedule``), executes it window by window, and files each row of the
 output blocks into its leaf's per-worker queues. Per batch the trainer only maps a block from the
 object store and unpickles a few hundred bytes of metadata: tensors are views of the shared memory
-(``serde.loads(copy=False)``), and on CUDA each batch is copied once into pinned memory. ``LeafFeed.next_item(worker)`` pulls rows until that worker of
-that leaf has an item, so the composition decides the order and Ray only makes the items. One
-execution for all sources keeps the driver's overhead that of a single source.
+(``serde.loads(copy=False)``), and on CUDA each batch is copied once into pinned memory.
+``LeafFeed.next_item(worker)`` pulls rows until that worker of that leaf has an item, so the
+composition decides the order and Ray only makes the items. One execution for all sources keeps
+the driver's overhead that of a single source.
 """
 
 from __future__ import annotations
@@ -170,8 +171,8 @@ class MultiFeed:
             items = plan.segment_length / (leaf.options.batch_size or 1)
             self.schedules.append(LeafSchedule(plan=plan, share=share, offset=offset, items_per_segment=items, need=need))
         self._rows: Optional[Iterator[Tuple[int, Row, bool]]] = None
-        self._first = None
-        self._stream = None
+        #: ``(segments, BlockStream)`` of the window being executed
+        self._current: Optional[Tuple[List[Any], Any]] = None
         self.object_store_limit = object_store_limit
         self.endless = any(s.plan.num_rounds is None for s in self.schedules)
         self._readers = {i: leaf.reader() for i, leaf in enumerate(self.leaves)}
@@ -196,16 +197,15 @@ class MultiFeed:
         if self._rows is not None:
             self._rows.close()
             self._rows = None
-        for opened in (self._first, (None, self._stream)):
-            if opened is not None and opened[1] is not None:
-                opened[1].close()
-        self._first = self._stream = None
+        if self._current is not None:
+            self._current[1].close()
+            self._current = None
 
     def start(self) -> None:
         """Start the first window's execution now (before anyone iterates: a head start)."""
         if self._rows is None:
+            self._current = self._open(next(self._windows, None))
             self._rows = self._row_stream()
-            self._first = self._open(next(self._windows, None))
 
     def _open(self, specs):
         from energon_ray.pipeline.build import BlockStream
@@ -221,12 +221,10 @@ class MultiFeed:
         return specs, stream
 
     def _row_stream(self) -> Iterator[Tuple[int, Row, bool]]:
-        opened = self._first
-        while opened is not None:
-            specs, stream = opened
-            self._stream = stream
+        while self._current is not None:
+            specs, stream = self._current
             yield from self._execute(stream, specs)
-            opened = self._open(next(self._windows, None))
+            self._current = self._open(next(self._windows, None))
 
     def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool]]:
         cursor = 0

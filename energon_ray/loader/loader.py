@@ -68,9 +68,10 @@ class EnergonLoader:
         self._training = any(leaf.options.training for leaf in leaves)
         ensure_ray()
         warm_up()
+        self._early: Optional[MultiFeed] = None
         # The first pass starts now, while the caller builds its model: by the first next() the
         # feeder actor, Ray Data and the first segments are already under way.
-        self._early: Optional[MultiFeed] = self._multi_feed(0)
+        self._early = self._multi_feed(0)
         self._early.start()
         weakref.finalize(self, self._early.close)
         # Close a suspended endless stream before Ray shuts down at exit (Ray's own atexit hook runs
@@ -142,7 +143,7 @@ class EnergonLoader:
         return on_execute
 
     def _multi_feed(self, pass_index: int) -> MultiFeed:
-        early, self._early = getattr(self, "_early", None), None
+        early, self._early = self._early, None
         if early is not None:
             if early.pass_index == pass_index:
                 return early

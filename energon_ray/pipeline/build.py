@@ -6,13 +6,16 @@ the read into the same task, so only finished batches cross the object store. Wi
 ``fuse_stages=False`` encoding and batching are two ``map_batches`` stages (e.g. to give
 ``encode_batch`` other resources). ``preserve_order`` keeps Ray's output in plan order.
 
-``execute`` hands the output blocks to the trainer as Arrow tables mapped from the object store
-(no copy, no per-row work, no Ray iterator threads); ``SeamTasks`` batches leftover samples that
-straddle segments in Ray tasks, so the trainer never runs a task-encoder hook.
+The ``Feeder`` actor runs those executions outside the training process; ``BlockStream`` hands
+their output blocks to the trainer as Arrow tables mapped from the object store (no copy, no per-row
+work, no Ray iterator threads); ``SeamTasks`` batches leftover samples that straddle segments in Ray
+tasks, so the trainer never runs a task-encoder hook.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
@@ -43,11 +46,17 @@ def _limit_torch_threads() -> None:
     _threads_limited = True
 
 
+_NODE: List[Optional[str]] = []
+
+
 def _node() -> Optional[str]:
-    try:
-        return ray.get_runtime_context().get_node_id()
-    except Exception:
-        return None
+    """This worker's Ray node id (looked up once per process)."""
+    if not _NODE:
+        try:
+            _NODE.append(ray.get_runtime_context().get_node_id())
+        except Exception:
+            _NODE.append(None)
+    return _NODE[0]
 
 
 def encode_and_batch(batch, stage: EncodeAndBatch):
@@ -246,8 +255,6 @@ def feeder() -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         node = ray.get_runtime_context().get_node_id()
-        import os
-
         verbose = os.environ.get("ENERGON_RAY_VERBOSE", "0") not in ("", "0")
         handle = Feeder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)).remote(verbose)
         _FEEDER.clear()
@@ -263,13 +270,10 @@ class BlockStream:
     and object-store memory).
     """
 
-    _counter = 0
+    _run_ids = itertools.count()
 
     def __init__(self, segments, readers, configs, prefetch: int = 4, **kwargs: Any):
-        import os
-
-        BlockStream._counter += 1
-        self.run_id = f"{os.getpid()}-{id(self):x}-{BlockStream._counter}"
+        self.run_id = f"{os.getpid()}-{next(BlockStream._run_ids)}"
         self.build_args = (segments, readers, configs, kwargs)
         self.feeder = feeder()
         self.feeder.submit.remote(self.run_id, segments, readers, configs, kwargs)

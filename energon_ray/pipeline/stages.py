@@ -294,12 +294,9 @@ def seam_batches(
     runs = batcher.new_runs()
     fatal = None
     made: List[Any] = []
-    try:
+    try:  # only batched or grouped pipelines leave samples over, so there is always a batcher to run
         samples = [(position, sub, serde.loads(payload)) for position, sub, payload in group]
-        if config.batch_size is None and not is_overridden(te, "batch_group_criterion"):
-            made = [sample for _, _, sample in samples]
-        else:
-            made = batcher(samples, seed, batch_size, runs)
+        made = batcher(samples, seed, batch_size, runs)
     except FatalSampleError as exc:
         fatal = ("FatalSampleError", str(exc))
     report = rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=len(made), runs=runs, fatal=fatal)

@@ -5,10 +5,21 @@ from __future__ import annotations
 import os
 import threading
 
+import pytest
+import ray
 import torch
 
 import energon_ray as er
+from energon_ray.pipeline.build import feeder
 from tests.helpers import captioning_dataset
+
+
+def _endless_loader(path, batch_size: int):
+    """A shuffled, endless 2-worker training loader."""
+    return er.get_loader(er.get_train_dataset(
+        path, batch_size=batch_size, shuffle_buffer_size=5, max_samples_per_sequence=5,
+        worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2),
+    ))  # fmt: skip
 
 
 class PidBatches(er.DefaultTaskEncoder):
@@ -41,10 +52,7 @@ def test_every_batch_is_made_in_a_ray_worker_even_across_segments(tmp_path):
 
 def test_no_ray_data_executor_or_iterator_threads_in_the_trainer(tmp_path):
     """While batches stream, the trainer process runs no Ray Data executor or iterator thread."""
-    path = captioning_dataset(tmp_path / "ds", n=40, per_shard=7)
-    ds = er.get_train_dataset(path, batch_size=4, shuffle_buffer_size=5, max_samples_per_sequence=5,
-                              worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2))  # fmt: skip
-    loader = er.get_loader(ds)
+    loader = _endless_loader(captioning_dataset(tmp_path / "ds", n=40, per_shard=7), batch_size=4)
     it = iter(loader)
     for _ in range(12):
         batch = next(it)
@@ -69,15 +77,8 @@ def test_batch_tensors_are_writable_views_that_outlive_the_loader(tmp_path):
 
 def test_a_dead_feeder_is_a_clear_error_and_the_next_loader_gets_a_new_one(tmp_path):
     """Killing the feeder actor fails the running loader with a clear error; a new loader works."""
-    import ray
-    import pytest
-
-    from energon_ray.pipeline.build import feeder
-
     path = captioning_dataset(tmp_path / "ds", n=30, per_shard=7)
-    ds = er.get_train_dataset(path, batch_size=3, shuffle_buffer_size=4, max_samples_per_sequence=4,
-                              worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2))  # fmt: skip
-    loader = er.get_loader(ds)
+    loader = _endless_loader(path, batch_size=3)
     it = iter(loader)
     next(it)
     ray.kill(feeder())
