@@ -12,6 +12,8 @@ from energon_ray.errors import (
     SampleException,
     ShardReadError,
     SkipSample,
+    UntrustedCodeError,
+    MediaTooLargeError,
     log_exception,
     reraise_exception,
 )
@@ -114,6 +116,8 @@ __all__ = [
     "ShardReadError",
     "SimilarityInterleavedSample",
     "SkipSample",
+    "UntrustedCodeError",
+    "MediaTooLargeError",
     "SourceInfo",
     "TaskEncoder",
     "TextSample",

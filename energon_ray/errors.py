@@ -68,3 +68,59 @@ def log_exception(exc: BaseException, sample: Any = None, sources: Optional[Sequ
 def reraise_exception(exc: BaseException, sample: Any = None, sources: Optional[Sequence[Any]] = None) -> None:
     """Error handler that aborts loading by re-raising the exception."""
     raise exc
+
+
+class UntrustedCodeError(DatasetConfigError):
+    """A dataset asks to run code (a Python module, a pickle, a class outside energon_ray) and the user
+    did not opt in with ``trust_dataset_code=True`` (or ``ENERGON_RAY_TRUST_DATASET_CODE=1``)."""
+
+
+#: Environment variable that trusts every dataset of a job (``1``/``true``/``yes``).
+TRUST_ENV = "ENERGON_RAY_TRUST_DATASET_CODE"
+
+
+def resolve_trust(trust_dataset_code: Optional[bool] = None) -> bool:
+    """The effective opt-in: an explicit ``trust_dataset_code`` wins, else ``ENERGON_RAY_TRUST_DATASET_CODE``."""
+    import os
+
+    if trust_dataset_code is not None:
+        if not isinstance(trust_dataset_code, bool):
+            raise TypeError(f"trust_dataset_code must be a bool or None, got {trust_dataset_code!r}")
+        return trust_dataset_code
+    return os.environ.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def untrusted(what: str, where: str) -> UntrustedCodeError:
+    """The error for code a dataset would run: ``what`` (e.g. ``part 'x.pyd' of sample k``), ``where`` (the dataset)."""
+    return UntrustedCodeError(
+        f"{where}: refusing to run code the dataset brings ({what}); datasets run no code unless you opt "
+        f"in: pass trust_dataset_code=True to get_train_dataset/get_val_dataset (or set {TRUST_ENV}=1 "
+        "for the whole job) if you trust this dataset"
+    )
+
+
+_WARNED_KEYWORDS: set = set()
+
+
+def check_keywords(where: str, kwargs: dict, energon_only: Sequence[str]) -> None:
+    """Keywords Energon accepts and we do not need are warned about once each; any other raises.
+
+    Raises:
+        TypeError: naming ``where`` and the unknown keyword(s) (a misspelling must not pass silently).
+    """
+    unknown = sorted(k for k in kwargs if k not in energon_only)
+    if unknown:
+        raise TypeError(f"{where}() got unexpected keyword argument(s) {unknown}")
+    for key in sorted(kwargs):
+        if (where, key) not in _WARNED_KEYWORDS:
+            _WARNED_KEYWORDS.add((where, key))
+            logger.warning("%s(): %s= is a megatron.energon option that energon_ray does not need; ignored", where, key)
+
+
+class MediaTooLargeError(SampleException):
+    """An image, video or audio part whose header promises more pixels or a longer duration than the
+    decoder allows; it is refused before decoding (a counted skip under the per-sample error policy)."""
+
+
+class IndexMismatchError(ShardReadError):
+    """A shard's ``.tar.idx`` does not match its tar (an offset misses the tar headers): re-run prepare."""

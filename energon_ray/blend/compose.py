@@ -25,7 +25,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import numpy as np
 
 from energon_ray.blend.base import Composition, PassContext, Provider, check_same_workers
-from energon_ray.errors import log_exception
+from energon_ray.errors import check_keywords, log_exception
 from energon_ray.loader.merge import EXHAUSTED
 from energon_ray.pipeline.policy import HookRunner
 from energon_ray.plan.schedule import NeedFn
@@ -365,9 +365,12 @@ class MapDataset(_Wrapper):
 
     ``map_fn`` may be a generator (1 → n items); raising ``SkipSample`` drops the item; other errors
     follow the error policy (logged, counted in ``loader.stats``, fatal after too many in a row).
+    Energon's ``stateless_map_fn`` and ``map_fn_config`` are accepted and ignored (warned once); any
+    other unknown keyword raises ``TypeError``.
     """
 
-    def __init__(self, dataset: Composition, map_fn: Callable[[Any], Any], *, failure_tolerance: int = 100, worker_config: Any = None, **_ignored: Any):
+    def __init__(self, dataset: Composition, map_fn: Callable[[Any], Any], *, failure_tolerance: int = 100, worker_config: Any = None, **energon_options: Any):
+        check_keywords("MapDataset", energon_options, ("stateless_map_fn", "map_fn_config"))
         super().__init__(dataset, "MapDataset")
         self.map_fn = map_fn
         self.failure_tolerance = failure_tolerance

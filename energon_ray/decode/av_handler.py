@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from numbers import Real
 from typing import Any, Optional
 
 from energon_ray.decode.av import AVDecoder
 from energon_ray.decode.av._container import open_container
+from energon_ray.decode.av._metadata import check_limits
+from energon_ray.errors import SampleException
 
 VIDEO_EXTENSIONS = ("mp4", "mkv", "avi", "mov", "webm", "flv")
 AUDIO_EXTENSIONS = ("wav", "flac", "mp3", "ogg")
@@ -13,21 +16,48 @@ AV_EXTENSIONS = VIDEO_EXTENSIONS + AUDIO_EXTENSIONS
 
 AV_DECODE_MODES = ("AVDecoder", "torch", "pyav")
 
+#: Default per-frame pixel limit: two 8K UHD frames (7680×4320×2 = 66,355,200 pixels).
+DEFAULT_MAX_VIDEO_PIXELS = 7680 * 4320 * 2
+#: Default duration limit: 6 hours.
+DEFAULT_MAX_AV_DURATION_S = 6 * 3600.0
+
+
+def check_limit(owner: str, name: str, value: Any, integer: bool = True) -> None:
+    """Validate a size limit: ``None`` (no limit) or a positive number (an int if ``integer``).
+
+    Raises:
+        TypeError: for a value of another type.
+        ValueError: for zero, a negative value or NaN.
+    """
+    if value is None:
+        return
+    kinds = (int,) if integer else (Real,)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind = "an int" if integer else "a number"
+        raise TypeError(f"{owner}: {name} must be {kind} or None, got {value!r}")
+    if not value > 0:  # also NaN
+        raise ValueError(f"{owner}: {name} must be positive (None for no limit), got {value!r}")
+
 
 class AVHandler:
     """webdataset-style handler ``(key, data) -> decoded | None`` for audio and video parts.
 
     The part's last extension decides whether the handler applies (``"mp4"``, ``".mp4"`` and
-    ``"clip.video.mp4"`` all do); other parts get ``None`` so the next handler can try.
+    ``"clip.video.mp4"`` all do); other parts get ``None`` so the next handler can try. Before
+    anything is decoded, the container's headers are checked against the limits (in every mode,
+    also the lazy one); media whose headers cannot be read are refused once decoded.
 
     Args:
         av_decode: ``"AVDecoder"`` returns a lazy :class:`AVDecoder` (nothing decoded yet);
             ``"torch"`` decodes the whole file to an :class:`AVData` of tensors; ``"pyav"`` returns
             the opened ``av.container.InputContainer`` (the caller closes it).
         video_decode_audio: with ``"torch"``, also decode the audio track of videos that have one.
+        max_video_pixels: most pixels (width × height) a video frame may have; ``None``: no limit.
+        max_av_duration_s: longest duration in seconds the headers may state; ``None``: no limit.
 
     Raises:
-        ValueError: for an unknown ``av_decode``.
+        ValueError: for an unknown ``av_decode`` or a limit that is not positive.
+        TypeError: for a limit that is not a number.
 
     Example:
         >>> AVHandler()("caption.txt", b"hello") is None
@@ -36,28 +66,54 @@ class AVHandler:
         AVDecoder(key='clip.mp4', bytes=2)
     """
 
-    def __init__(self, av_decode: str = "AVDecoder", video_decode_audio: bool = False):
+    def __init__(
+        self,
+        av_decode: str = "AVDecoder",
+        video_decode_audio: bool = False,
+        max_video_pixels: Optional[int] = DEFAULT_MAX_VIDEO_PIXELS,
+        max_av_duration_s: Optional[float] = DEFAULT_MAX_AV_DURATION_S,
+    ):
         if av_decode not in AV_DECODE_MODES:
             raise ValueError(f"AVHandler: av_decode={av_decode!r} is not one of {list(AV_DECODE_MODES)}")
+        check_limit("AVHandler", "max_video_pixels", max_video_pixels)
+        check_limit("AVHandler", "max_av_duration_s", max_av_duration_s, integer=False)
         self.av_decode = av_decode
         self.video_decode_audio = video_decode_audio
+        self.max_video_pixels = max_video_pixels
+        self.max_av_duration_s = max_av_duration_s
 
     def __call__(self, key: str, data: bytes) -> Optional[Any]:
         """Decode ``data`` if ``key`` names an audio/video part, else return ``None``.
 
         Raises:
+            MediaTooLargeError: when the headers promise larger frames or a longer duration than allowed.
             SampleException: in ``"torch"`` and ``"pyav"`` modes, when the media cannot be read.
         """
         ext = key.rsplit(".", 1)[-1].lower()
         if ext not in AV_EXTENSIONS:
             return None
         key = key.lstrip(".")  # webdataset passes ".mp4"; messages should name the part as "mp4"
+        try:
+            container = open_container(bytes(data), key)
+        except SampleException:
+            if self.av_decode == "AVDecoder":
+                return AVDecoder(data, key=key)  # lazy: the same error comes when it is decoded
+            raise
+        try:
+            check_limits(container, key, self.max_video_pixels, self.max_av_duration_s)
+        except BaseException:
+            container.close()
+            raise
         if self.av_decode == "pyav":
-            return open_container(bytes(data), key)
+            return container
+        container.close()
         decoder = AVDecoder(data, key=key)
         if self.av_decode == "torch":
             return decoder.get_frames(video_decode_audio=self.video_decode_audio)
         return decoder
 
     def __repr__(self) -> str:
-        return f"AVHandler(av_decode={self.av_decode!r}, video_decode_audio={self.video_decode_audio!r})"
+        return (
+            f"AVHandler(av_decode={self.av_decode!r}, video_decode_audio={self.video_decode_audio!r}, "
+            f"max_video_pixels={self.max_video_pixels!r}, max_av_duration_s={self.max_av_duration_s!r})"
+        )

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import copy
+import io
+import pickle
 from typing import Any, Callable, Dict, Literal, Optional
 
+import PIL.Image
+import torch
 import webdataset.autodecode as wds_decode
 
-from energon_ray.decode.av_handler import AV_EXTENSIONS, AVHandler
+from energon_ray.decode.av_handler import (
+    AV_EXTENSIONS,
+    DEFAULT_MAX_AV_DURATION_S,
+    DEFAULT_MAX_VIDEO_PIXELS,
+    AVHandler,
+    check_limit,
+)
+from energon_ray.errors import MediaTooLargeError, untrusted
 
 ImageDecoderType = Literal[
     "l8", "rgb8", "rgba8", "l", "rgb", "rgba",
@@ -17,6 +29,77 @@ AVDecoderType = Literal["torch", "AVDecoder", "pyav"]
 
 IMAGE_MODES = tuple(wds_decode.imagespecs.keys())
 AV_MODES = ("torch", "AVDecoder", "pyav")
+
+#: Parts webdataset would unpickle; ``pth`` (a torch checkpoint) is a pickle too.
+PICKLE_EXTENSIONS = ("pyd", "pickle", "pkl")
+CODE_EXTENSIONS = PICKLE_EXTENSIONS + ("pth",)
+
+_UNTRUSTED_WHERE = "SampleDecoder(trust_dataset_code=False)"
+
+
+class _CodePartHandler:
+    """Pickled parts and torch checkpoints: webdataset's loaders if trusted, else refused.
+
+    Untrusted ``pth`` parts still load with ``torch.load(weights_only=True)``, which unpickles
+    tensors and plain containers only.
+    """
+
+    def __init__(self, trusted: bool):
+        self.trusted = trusted
+
+    def __call__(self, key: str, data: bytes) -> Any:
+        ext = key.rsplit(".", 1)[-1].lower()
+        if ext not in CODE_EXTENSIONS:
+            return None
+        if self.trusted:
+            return wds_decode.decoders[ext](data)
+        part = key.lstrip(".")
+        if ext != "pth":
+            raise untrusted(f"pickled part {part!r}", _UNTRUSTED_WHERE)
+        try:
+            return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        except pickle.UnpicklingError as exc:
+            raise untrusted(
+                f"part {part!r}, a torch checkpoint holding objects other than tensors", _UNTRUSTED_WHERE
+            ) from exc
+
+
+class _ImageSizeGuard:
+    """Refuse images with more than ``max_pixels`` pixels from their header, then let ``handler`` decode.
+
+    ``max_pixels=None`` follows ``PIL.Image.MAX_IMAGE_PIXELS`` at decode time (``None`` there: no limit).
+    """
+
+    def __init__(self, handler: wds_decode.ImageHandler, max_pixels: Optional[int]):
+        self.handler = handler
+        self.max_pixels = max_pixels
+
+    def __call__(self, key: str, data: bytes) -> Any:
+        if key.rsplit(".", 1)[-1].lower() not in self.handler.extensions:
+            return None
+        self._check(key.lstrip("."), data)
+        return self.handler(key, data)
+
+    def _check(self, part: str, data: bytes) -> None:
+        limit, source = self.max_pixels, "SampleDecoder(max_image_pixels=...)"
+        if limit is None:
+            limit, source = PIL.Image.MAX_IMAGE_PIXELS, "PIL.Image.MAX_IMAGE_PIXELS"
+            if limit is None:
+                return
+        how = "raise it with SampleDecoder(max_image_pixels=...) or PIL.Image.MAX_IMAGE_PIXELS"
+        try:
+            with PIL.Image.open(io.BytesIO(data)) as image:  # lazy: reads the header only
+                width, height = image.size
+        except PIL.Image.DecompressionBombError as exc:
+            raise MediaTooLargeError(
+                f"{part}: image refused before decoding, PIL says: {exc} (PIL refuses twice its "
+                f"MAX_IMAGE_PIXELS; the decoder's limit is {limit:,} pixels from {source}); {how}"
+            ) from exc
+        if width * height > limit:
+            raise MediaTooLargeError(
+                f"{part}: image of {width}×{height} = {width * height:,} pixels exceeds the limit of {limit:,} "
+                f"pixels ({source}); refused before decoding; {how}"
+            )
 
 
 class _GuessingHandler:
@@ -38,17 +121,29 @@ class SampleDecoder:
     """Decodes each part of a raw sample by its last extension.
 
     Images go through webdataset's ``imagehandler(image_decode)``; audio and video through the
-    AV handler (``av_decode``); ``txt``, ``json``, ``cls``, ``npy``, ``pickle``, … through
-    webdataset's basic handlers. Unknown extensions stay ``bytes``.
+    AV handler (``av_decode``); ``txt``, ``json``, ``cls``, ``npy``, … through webdataset's basic
+    handlers. Unknown extensions stay ``bytes``.
+
+    Safe by default: pickled parts (``pyd``, ``pickle``, ``pkl``, any case, also inside ``.gz``)
+    raise :class:`UntrustedCodeError` unless ``trust_dataset_code``; untrusted ``pth`` parts load
+    with ``torch.load(weights_only=True)``. Images, videos and audio whose headers promise more
+    pixels or a longer duration than the limits raise :class:`MediaTooLargeError` before decoding.
 
     Args:
         image_decode: one of webdataset's image specs (``torchrgb`` = float CHW in [0, 1]).
         av_decode: ``"AVDecoder"`` (lazy decoder object), ``"torch"`` (decoded tensors) or ``"pyav"``.
         video_decode_audio: with ``av_decode="torch"``, also decode a video's audio track.
         guess_content: sniff the content type with ``filetype`` instead of trusting the extension.
+        trust_dataset_code: unpickle ``pyd``/``pickle``/``pkl`` parts and fully ``torch.load`` ``pth``.
+        max_image_pixels: most pixels (width × height) an image may have; ``None`` follows
+            ``PIL.Image.MAX_IMAGE_PIXELS`` when decoding (no limit if that is ``None``). PIL itself
+            refuses images over twice its own value, whatever this limit.
+        max_video_pixels: most pixels a video frame may have (default 7680×4320×2); ``None``: no limit.
+        max_av_duration_s: longest duration of a video or audio part (default 6 h); ``None``: no limit.
 
     Raises:
-        ValueError: for an unknown ``image_decode`` or ``av_decode``.
+        ValueError: for an unknown ``image_decode`` or ``av_decode``, or a limit that is not positive.
+        TypeError: for a non-bool ``trust_dataset_code`` or a limit that is not a number.
 
     Example:
         >>> SampleDecoder().decode_part("caption.txt", b"hello")
@@ -62,15 +157,27 @@ class SampleDecoder:
         av_decode: AVDecoderType = "AVDecoder",
         video_decode_audio: bool = False,
         guess_content: bool = False,
+        trust_dataset_code: bool = False,
+        max_image_pixels: Optional[int] = None,
+        max_video_pixels: Optional[int] = DEFAULT_MAX_VIDEO_PIXELS,
+        max_av_duration_s: Optional[float] = DEFAULT_MAX_AV_DURATION_S,
     ):
         if image_decode not in IMAGE_MODES:
             raise ValueError(f"SampleDecoder: image_decode={image_decode!r} is not one of {list(IMAGE_MODES)}")
         if av_decode not in AV_MODES:
             raise ValueError(f"SampleDecoder: av_decode={av_decode!r} is not one of {list(AV_MODES)}")
+        _check_trust(trust_dataset_code)
+        check_limit("SampleDecoder", "max_image_pixels", max_image_pixels)
+        check_limit("SampleDecoder", "max_video_pixels", max_video_pixels)
+        check_limit("SampleDecoder", "max_av_duration_s", max_av_duration_s, integer=False)
         self.image_decode = image_decode
         self.av_decode = av_decode
         self.video_decode_audio = video_decode_audio
         self.guess_content = guess_content
+        self.trust_dataset_code = trust_dataset_code
+        self.max_image_pixels = max_image_pixels
+        self.max_video_pixels = max_video_pixels
+        self.max_av_duration_s = max_av_duration_s
         self._decoder: Optional[wds_decode.Decoder] = None
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -78,14 +185,32 @@ class SampleDecoder:
         state["_decoder"] = None  # handlers are rebuilt where the decoder runs
         return state
 
+    def with_trust(self, trusted: bool) -> SampleDecoder:
+        """A copy of this decoder with ``trust_dataset_code=trusted``.
+
+        Raises:
+            TypeError: when ``trusted`` is not a bool.
+        """
+        _check_trust(trusted)
+        clone = copy.copy(self)
+        clone.trust_dataset_code = trusted
+        clone._decoder = None
+        return clone
+
     def _build(self) -> wds_decode.Decoder:
-        handlers: list = [
-            wds_decode.imagehandler(self.image_decode),
-            AVHandler(av_decode=self.av_decode, video_decode_audio=self.video_decode_audio),
+        media: list = [
+            _ImageSizeGuard(wds_decode.imagehandler(self.image_decode), self.max_image_pixels),
+            AVHandler(
+                av_decode=self.av_decode,
+                video_decode_audio=self.video_decode_audio,
+                max_video_pixels=self.max_video_pixels,
+                max_av_duration_s=self.max_av_duration_s,
+            ),
         ]
         if self.guess_content:
-            handlers = [_GuessingHandler(h) for h in handlers]
-        return wds_decode.Decoder(handlers)
+            media = [_GuessingHandler(h) for h in media]
+        # Runs after webdataset's gz pre-handler and before its basic handlers, which never see pickles.
+        return wds_decode.Decoder([_CodePartHandler(self.trust_dataset_code), *media])
 
     def decode_part(self, part: str, data: bytes) -> Any:
         """Decode the bytes of one part (``jpg``, ``caption.txt``, ``json``, …)."""
@@ -113,6 +238,10 @@ class SampleDecoder:
             "av_decode": self.av_decode,
             "video_decode_audio": self.video_decode_audio,
             "guess_content": self.guess_content,
+            "trust_dataset_code": self.trust_dataset_code,
+            "max_image_pixels": self.max_image_pixels,
+            "max_video_pixels": self.max_video_pixels,
+            "max_av_duration_s": self.max_av_duration_s,
         }
 
     def __repr__(self) -> str:
@@ -123,3 +252,8 @@ class SampleDecoder:
     def is_av_part(part: str) -> bool:
         """Whether a part name has an audio/video extension."""
         return part.rsplit(".", 1)[-1].lower() in AV_EXTENSIONS
+
+
+def _check_trust(trusted: Any) -> None:
+    if not isinstance(trusted, bool):
+        raise TypeError(f"SampleDecoder: trust_dataset_code must be a bool, got {trusted!r}")

@@ -52,6 +52,7 @@ class PreparedDataset:
         split_config: Optional[str] = None,
         dataset_config: Optional[str] = None,
         check: bool = True,
+        trusted: bool = False,
     ) -> "PreparedDataset":
         """Read ``.nv-meta`` and validate every shard's ``.tar.idx`` against its tar.
 
@@ -70,7 +71,7 @@ class PreparedDataset:
         dataset_config = dataset_config or "dataset.yaml"
         counts = read_info(root)
         part = resolve_split_part(root, split_part, counts, split_config)
-        spec = read_dataset_spec(root, dataset_config)
+        spec = read_dataset_spec(root, dataset_config, trusted)
         shards = tuple(ShardInfo(name=n, path=str(root / n), count=counts[n]) for n in part.shards)
         dataset = cls(
             root=str(root),

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
-from energon_ray.errors import DatasetConfigError
+from energon_ray.errors import DatasetConfigError, untrusted
 from energon_ray.format.field_access import parse_field_access
 from energon_ray.format.info import meta_dir
 from energon_ray.samples import SAMPLE_TYPES, CrudeSample
@@ -46,13 +46,15 @@ class DatasetSpec:
     subflavors: Dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Everything else the YAML passes on (kept for ``config()``).
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Whether the user allowed this dataset's code (``sample_loader.py``, classes outside energon_ray).
+    trusted: bool = False
 
     def __reduce__(self):
         if self.dataset_config == "<jsonl>":
             from energon_ray.format.jsonl import jsonl_spec
 
             return (jsonl_spec, (self.root,))
-        return (read_dataset_spec, (self.root, self.dataset_config))
+        return (read_dataset_spec, (self.root, self.dataset_config, self.trusted))
 
     @property
     def is_crude(self) -> bool:
@@ -67,11 +69,14 @@ class DatasetSpec:
         return True
 
 
-def resolve_class(spec: Any, file: str, what: str) -> type:
+def resolve_class(spec: Any, file: str, what: str, trusted: bool = False) -> type:
     """Resolve ``{__module__, __class__}`` (or a bare class name) to a class.
+
+    A module other than energon_ray / megatron.energon is imported only when ``trusted``.
 
     Raises:
         DatasetConfigError: naming the file and the unknown value.
+        UntrustedCodeError: another module without the opt-in.
     """
     if isinstance(spec, str):
         module, name = "energon_ray", spec
@@ -87,17 +92,21 @@ def resolve_class(spec: Any, file: str, what: str) -> type:
         raise DatasetConfigError(
             f"{file}: unknown {what} {name!r}; known: {sorted(SAMPLE_TYPES) + ['CrudeWebdataset']}"
         )
+    if not trusted:
+        raise untrusted(f"{what} {module}.{name} would import module {module!r}", file)
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise DatasetConfigError(f"{file}: cannot import {what} {module}.{name}: {exc}") from None
 
 
-def _load_function(ref: str, meta: Path, file: str, what: str) -> Callable:
+def _load_function(ref: str, meta: Path, file: str, what: str, trusted: bool) -> Callable:
     if ":" not in ref:
         raise DatasetConfigError(f"{file}: {what} must look like 'file.py:function', got {ref!r}")
     module_file, fn_name = ref.split(":", 1)
     source = meta / module_file
+    if not trusted:
+        raise untrusted(f"{what} {ref!r} would execute {source}", file)
     if not source.is_file():
         raise DatasetConfigError(f"{file}: {what} module {source} does not exist")
     mod_name = f"_energon_ray_dsmod_{abs(hash(str(source.resolve())))}"
@@ -145,11 +154,13 @@ def _check_field_map(field_map: Dict[str, str], sample_type: type, file: str) ->
     return parsed
 
 
-def read_dataset_spec(path: Path | str, dataset_config: str = "dataset.yaml") -> DatasetSpec:
-    """Parse and validate ``dataset.yaml``.
+def read_dataset_spec(path: Path | str, dataset_config: str = "dataset.yaml", trusted: bool = False) -> DatasetSpec:
+    """Parse and validate ``dataset.yaml``; code it names (``sample_loader``, ``part_filter`` functions,
+    classes outside energon_ray) is loaded only when ``trusted``.
 
     Raises:
         DatasetConfigError: naming the file and the offending value.
+        UntrustedCodeError: the file names code and ``trusted`` is False.
     """
     meta = meta_dir(path)
     file = meta / dataset_config
@@ -173,7 +184,7 @@ def read_dataset_spec(path: Path | str, dataset_config: str = "dataset.yaml") ->
         else:
             raise DatasetConfigError(f"{fname}: unknown dataset class {cls_name!r}")
     elif "sample_type" in data:
-        sample_type = resolve_class(data.pop("sample_type"), fname, "sample_type")
+        sample_type = resolve_class(data.pop("sample_type"), fname, "sample_type", trusted)
     else:
         raise DatasetConfigError(f"{fname}: needs 'sample_type' (or a top-level '__class__')")
     field_map = data.pop("field_map", None)
@@ -186,12 +197,13 @@ def read_dataset_spec(path: Path | str, dataset_config: str = "dataset.yaml") ->
         sample_type=sample_type,
         subflavors=dict(subflavors),
         extra=data,
+        trusted=trusted,
     )
     if sample_type is CrudeSample:
         if isinstance(part_filter_ref, list):
             spec.parts = frozenset(part_filter_ref)
         elif isinstance(part_filter_ref, str):
-            spec.part_filter = _load_function(part_filter_ref, meta, fname, "part_filter")
+            spec.part_filter = _load_function(part_filter_ref, meta, fname, "part_filter", trusted)
         return spec
     if (field_map is None) == (loader_ref is None):
         raise DatasetConfigError(f"{fname}: give exactly one of 'field_map' or 'sample_loader'")
@@ -201,13 +213,13 @@ def read_dataset_spec(path: Path | str, dataset_config: str = "dataset.yaml") ->
         spec.field_map = _check_field_map(field_map, sample_type, fname)
         spec.parts = frozenset(opt[0] for opts in spec.field_map.values() for opt in opts)
     else:
-        spec.sample_loader = _load_function(str(loader_ref), meta, fname, "sample_loader")
         if part_filter_ref is None:
             raise DatasetConfigError(f"{fname}: 'sample_loader' needs a 'part_filter'")
+        spec.sample_loader = _load_function(str(loader_ref), meta, fname, "sample_loader", trusted)
         if isinstance(part_filter_ref, list):
             spec.parts = frozenset(part_filter_ref)
         else:
-            spec.part_filter = _load_function(str(part_filter_ref), meta, fname, "part_filter")
+            spec.part_filter = _load_function(str(part_filter_ref), meta, fname, "part_filter", trusted)
     return spec
 
 
@@ -236,3 +248,55 @@ def write_dataset_yaml(
     out = meta / dataset_config
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
+
+
+def _first_sample_parts(shard: str, offset: int) -> tuple:
+    """``(key, parts)`` of the sample whose first header is at ``offset``: headers only, no payloads."""
+    import tarfile
+
+    from energon_ray.format.tar_reader import SKIP_META_RE, split_member_name
+
+    key, parts = None, set()
+    with open(shard, "rb") as f:
+        f.seek(offset)
+        with tarfile.open(fileobj=f, mode="r:") as tar:
+            for member in tar:
+                split = split_member_name(member.name)
+                if not member.isfile() or SKIP_META_RE.match(member.name) or split is None:
+                    continue
+                if key is not None and split[0] != key:
+                    break
+                key = split[0]
+                parts.add(split[1])
+    return key, parts
+
+
+def check_field_map_parts(spec: DatasetSpec, samples: List[tuple]) -> None:
+    """Fail before any Ray task when the field_map names a part that none of the given samples has
+    (e.g. ``png`` for a dataset of ``jpg``): otherwise every sample would be skipped as bad.
+
+    Args:
+        samples: ``(shard path, byte offset of a sample's first header)`` of a few samples to look at.
+
+    Raises:
+        DatasetConfigError: naming the field, the part(s), a sample key, its shard and the parts it has.
+    """
+    if spec.field_map is None:
+        return
+    seen = []
+    for shard, offset in samples:
+        try:
+            key, parts = _first_sample_parts(shard, offset)
+        except Exception:  # an unreadable shard is reported, with its sample, when it is read
+            continue
+        if key is not None:
+            seen.append((shard, key, parts))
+    for field, options in spec.field_map.items():
+        if seen and not any(option[0] in parts for _, _, parts in seen for option in options):
+            shard, key, parts = seen[0]
+            wanted = ",".join(option[0] for option in options)
+            raise DatasetConfigError(
+                f"{spec.file}: field_map field {field!r} reads part {wanted!r}, but sample {key!r} of {shard} "
+                f"has no such part (its parts: {sorted(parts)}; {len(seen)} sample(s) checked); fix the "
+                "field_map or the dataset"
+            )

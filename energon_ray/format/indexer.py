@@ -19,9 +19,9 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 from tqdm import tqdm
 
 from energon_ray.errors import DatasetConfigError
-from energon_ray.format.info import meta_dir
+from energon_ray.format.info import check_write_target, meta_dir, write_file
 from energon_ray.format.tar_index import write_tar_index
-from energon_ray.format.tar_reader import SKIP_META_RE, split_member_name
+from energon_ray.format.tar_reader import SKIP_META_RE, TAR_ENCODING, non_utf8_name, split_member_name
 
 INDEX_SQLITE = "index.sqlite"
 INDEX_UUID = "index.uuid"
@@ -88,7 +88,8 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
         The shard's offsets, keys and part locations.
 
     Raises:
-        DatasetConfigError: unreadable, compressed, corrupt or empty tar, or a key split across runs.
+        DatasetConfigError: unreadable, compressed, corrupt or empty tar, a member name that is not
+            UTF-8, a key split across runs, or an index path that leads outside ``root``.
     """
     path = Path(root) / name
     offsets: List[int] = []
@@ -102,8 +103,14 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
             )
         file.seek(0)
         try:
-            with tarfile.open(fileobj=file, mode="r:") as tar:
+            with tarfile.open(fileobj=file, mode="r:", **TAR_ENCODING) as tar:
                 for member in tar:
+                    raw = non_utf8_name(member.name)
+                    if raw is not None:
+                        raise DatasetConfigError(
+                            f"{path}: member name {raw!r} is not valid UTF-8; rename it (sample keys and part "
+                            f"names must be UTF-8 text)"
+                        )
                     split = split_member_name(member.name)
                     if not member.isreg() or SKIP_META_RE.match(member.name) or split is None:
                         continue
@@ -125,9 +132,9 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
     if not keys:
         raise DatasetConfigError(f"{path}: shard holds no samples; remove it or drop it with --exclude")
     offsets.append(end)
-    write_tar_index(path, offsets)
+    write_tar_index(path, offsets, root)
     if path.suffix == ".tgz" and not path.with_suffix(".tar").exists():
-        write_tar_index(path.with_suffix(".tar"), offsets)  # megatron-energon names it x.tar.idx
+        write_tar_index(path.with_suffix(".tar"), offsets, root)  # megatron-energon names it x.tar.idx
     return ShardIndex(name=name, offsets=tuple(offsets), keys=tuple(keys), parts=tuple(parts))
 
 
@@ -195,7 +202,6 @@ def _finish_index_db(db: sqlite3.Connection, tmp: Path, final: Path) -> None:
     db.execute("COMMIT")
     db.close()
     os.replace(tmp, final)
-    (final.parent / INDEX_UUID).write_text(str(uuid.uuid4()))
 
 
 def index_dataset(
@@ -207,9 +213,12 @@ def index_dataset(
         ``({shard name: sample count} in ``names`` order, sorted part names)``.
 
     Raises:
-        DatasetConfigError: a bad shard, or a sample key found in two places (both named).
+        DatasetConfigError: a bad shard, a sample key found in two places (both named), or an output
+            path that leads outside ``root`` (see :func:`~energon_ray.format.info.check_write_target`).
     """
-    meta = meta_dir(root)
+    meta = check_write_target(root, meta_dir(root))
+    for file in (INDEX_SQLITE, INDEX_SQLITE + ".tmp", INDEX_UUID):
+        check_write_target(root, meta / file)
     meta.mkdir(parents=True, exist_ok=True)
     tmp = meta / (INDEX_SQLITE + ".tmp")
     db = _create_index_db(tmp)
@@ -222,6 +231,7 @@ def index_dataset(
             if len(part_types) < 1000:
                 part_types.update(p[1] for p in shard.parts)
         _finish_index_db(db, tmp, meta / INDEX_SQLITE)
+        write_file(root, meta / INDEX_UUID, str(uuid.uuid4()).encode())
     except BaseException:
         db.close()
         tmp.unlink(missing_ok=True)

@@ -1,10 +1,16 @@
-"""``.nv-meta/.info.json`` (and legacy ``.info.yaml``): per-shard sample counts, in shard order."""
+"""``.nv-meta/.info.json`` (and legacy ``.info.yaml``): per-shard sample counts, in shard order.
+
+Also the write guard of ``energon-ray prepare``: it writes only inside the dataset folder, never
+through a symlink.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import yaml
 
@@ -18,6 +24,51 @@ INFO_YAML = ".info.yaml"
 def meta_dir(path: Path | str) -> Path:
     """The ``.nv-meta`` folder of a dataset."""
     return Path(path) / META_DIR
+
+
+def check_write_target(root: Path | str, path: Path | str) -> Path:
+    """``path``, if prepare may write it: not a symlink, not under a symlinked ``.nv-meta``, inside ``root``.
+
+    Raises:
+        DatasetConfigError: naming ``path`` and where it would lead.
+    """
+    target, meta = Path(path), meta_dir(root)
+    inside = Path(root).resolve()
+    if target.is_symlink():
+        why = f"it is a symlink to {os.readlink(target)}"
+    elif meta.is_symlink() and (target == meta or meta in target.parents):
+        why = f"{META_DIR} is a symlink to {os.readlink(meta)}"
+    elif not target.resolve().is_relative_to(inside):
+        why = f"it resolves to {target.resolve()}"
+    else:
+        return target
+    raise DatasetConfigError(
+        f"{target}: {why}; prepare refuses to write through a symlink outside the dataset folder {inside}"
+    )
+
+
+def write_file(root: Path | str, path: Path | str, data: bytes) -> Path:
+    """Write ``path`` inside ``root`` (see :func:`check_write_target`): a new temp file, then a rename."""
+    target = check_write_target(root, path)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # O_EXCL: never opens an existing link
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _count(file: Path, shard: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DatasetConfigError(
+            f"{file}: shard_counts[{shard!r}] is {value!r}; a sample count must be a whole number >= 0 "
+            f"(re-run `energon-ray prepare --force-overwrite {file.parent.parent}` to rewrite it)"
+        )
+    return value
 
 
 def read_info(path: Path | str) -> Dict[str, int]:
@@ -44,18 +95,17 @@ def read_info(path: Path | str) -> Dict[str, int]:
             counts = (data or {}).get("shard_counts")
             if not isinstance(counts, dict):
                 raise DatasetConfigError(f"{file}: has no 'shard_counts' mapping")
-            return {str(k): int(v) for k, v in counts.items()}
+            return {str(k): _count(file, str(k), v) for k, v in counts.items()}
     raise DatasetConfigError(f"{meta}: neither {INFO_JSON} nor {INFO_YAML} exists; run `energon-ray prepare`")
 
 
 def write_info(path: Path | str, shard_counts: Dict[str, int], version: Optional[str] = None) -> Path:
-    """Write ``.info.json`` (and refresh a legacy ``.info.yaml`` if one exists)."""
-    meta = meta_dir(path)
+    """Write ``.info.json`` (and refresh a legacy ``.info.yaml`` if one exists), never through a symlink."""
+    meta = check_write_target(path, meta_dir(path))
     meta.mkdir(parents=True, exist_ok=True)
     data = {"energon_version": version, "shard_counts": dict(shard_counts)}
-    out = meta / INFO_JSON
-    out.write_text(json.dumps(data, indent=2))
+    out = write_file(path, meta / INFO_JSON, json.dumps(data, indent=2).encode())
     legacy = meta / INFO_YAML
-    if legacy.exists():
-        legacy.write_text(yaml.safe_dump(data, sort_keys=False))
+    if legacy.exists() or legacy.is_symlink():
+        write_file(path, legacy, yaml.safe_dump(data, sort_keys=False).encode())
     return out

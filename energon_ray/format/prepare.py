@@ -19,7 +19,9 @@ import braceexpand
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset_yaml import _check_field_map, write_dataset_yaml
-from energon_ray.format.info import INFO_JSON, INFO_YAML, meta_dir, read_info, write_info
+from energon_ray.format.info import (
+    INFO_JSON, INFO_YAML, check_write_target, meta_dir, read_info, write_file, write_info,
+)  # fmt: skip
 from energon_ray.format.split import write_split_file
 from energon_ray.format.indexer import INDEX_SQLITE, INDEX_UUID, ShardIndex, find_shards, index_dataset, index_shard  # noqa: F401
 from energon_ray.samples import SAMPLE_TYPES
@@ -27,6 +29,7 @@ from energon_ray.samples import SAMPLE_TYPES
 #: The megatron-energon release whose on-disk format this module writes.
 ENERGON_FORMAT_VERSION = "7.4.1"
 SAMPLE_LOADER_FILE = "sample_loader.py"
+SPLIT_FILE = "split.yaml"
 CRUDE = "CrudeWebdataset"
 RATIO_PARTS = ("train", "val", "test")
 _BLOCK = 512
@@ -249,16 +252,19 @@ def write_dataset_config(
 
     Raises:
         ValueError: see :func:`check_sample_config`; also when ``sample_type`` is None.
+        DatasetConfigError: a file to write leads outside the dataset folder (see :func:`check_write_target`).
     """
     if sample_type is None:
         raise ValueError("write_dataset_config needs a sample_type")
     check_sample_config(sample_type, field_map)
+    meta = check_write_target(path, meta_dir(path))
+    check_write_target(path, meta / dataset_config)
     if sample_type == CRUDE or field_map is not None:
         fields = dict(field_map) if field_map is not None else None
         return write_dataset_yaml(path, sample_type, field_map=fields, dataset_config=dataset_config), None
-    loader = meta_dir(path) / SAMPLE_LOADER_FILE
+    loader = check_write_target(path, meta / SAMPLE_LOADER_FILE)
     if not loader.exists():
-        loader.write_text(_sample_loader_template(SAMPLE_TYPES[sample_type], part_types))
+        write_file(path, loader, _sample_loader_template(SAMPLE_TYPES[sample_type], part_types).encode())
     out = write_dataset_yaml(
         path, sample_type, sample_loader=f"{SAMPLE_LOADER_FILE}:sample_loader",
         part_filter=f"{SAMPLE_LOADER_FILE}:part_filter", dataset_config=dataset_config,
@@ -279,6 +285,16 @@ def _warnings(
             used_parts = [o[0] for o in options]
             out.append(f"field_map[{field!r}] uses part(s) {used_parts}; the shards have {list(part_types)}")
     return out
+
+
+def _check_meta_targets(root: Path, dataset_config: Optional[str]) -> None:
+    """Refuse before anything is written when a ``.nv-meta`` file that prepare writes leads outside ``root``."""
+    names = [INFO_JSON, INFO_YAML, INDEX_SQLITE, INDEX_SQLITE + ".tmp", INDEX_UUID, SPLIT_FILE]
+    if dataset_config is not None:
+        names += [dataset_config, SAMPLE_LOADER_FILE]
+    meta = check_write_target(root, meta_dir(root))
+    for name in names:
+        check_write_target(root, meta / name)
 
 
 def _reindex(root: Path, num_workers: int, progress: bool, conflicts: Dict[str, object]) -> PrepareResult:
@@ -333,7 +349,8 @@ def prepare_dataset(
 
     Raises:
         ValueError: invalid arguments (named). DatasetConfigError: already prepared, no shards,
-            bad tar, or a duplicate sample key (naming both shards).
+            bad tar, a duplicate sample key (naming both shards), or a file to write that is a
+            symlink or leads outside the dataset folder (nothing is written through it).
 
     Example:
         >>> from energon_ray.synthetic import write_captioning_dataset
@@ -364,6 +381,7 @@ def prepare_dataset(
     existing = already_prepared(root)
     if existing is not None and not force_overwrite:
         raise DatasetConfigError(f"{existing}: the dataset is already prepared; pass force_overwrite=True to redo it")
+    _check_meta_targets(root, dataset_config if sample_type is not None else None)
     names = find_shards(root, exclude)
     if not names:
         excluded = f" after excluding {exclude}" if exclude else ""
@@ -371,7 +389,7 @@ def prepare_dataset(
     counts, part_types = index_dataset(root, names, num_workers=num_workers, progress=progress)
     write_info(root, counts, energon_version_string())
     splits = split_by_ratio(names, ratio, shuffle_tars) if ratio else split_by_patterns(names, patterns or {})
-    write_split_file(root, {part: collapse_names(shards) for part, shards in splits.items()})
+    write_split_file(root, {part: collapse_names(shards) for part, shards in splits.items()}, split_config=SPLIT_FILE)
     warnings = _warnings(splits, names, parsed_map, part_types)
     yaml_path = loader = None
     if sample_type is not None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from energon_ray.errors import DatasetConfigError
+from energon_ray.format.info import write_file
 
 INDEX_SUFFIX = ".idx"
 
@@ -36,13 +37,14 @@ def read_tar_index(shard_path: Path | str) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint64).astype(np.int64)
 
 
-def write_tar_index(shard_path: Path | str, offsets: Sequence[int]) -> Path:
-    """Write the offsets atomically (``.tar.idx.tmp`` then rename)."""
+def write_tar_index(shard_path: Path | str, offsets: Sequence[int], root: Optional[Path | str] = None) -> Path:
+    """Write the offsets atomically, never through a symlink nor outside ``root`` (default: the shard's folder).
+
+    Raises:
+        DatasetConfigError: if the index path is a symlink or leads outside ``root``.
+    """
     path = index_path(shard_path)
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_bytes(np.asarray(offsets, dtype=np.uint64).tobytes())
-    os.replace(tmp, path)
-    return path
+    return write_file(path.parent if root is None else root, path, np.asarray(offsets, dtype=np.uint64).tobytes())
 
 
 def check_tar_index(shard_path: Path | str, offsets: np.ndarray, expected_count: int) -> None:

@@ -1,7 +1,8 @@
 """Random access to samples of a tar shard through its ``.tar.idx`` offsets.
 
 A sample is the run of tar members between two consecutive offsets. Runs of consecutive samples are
-read with one ``pread`` and parsed in memory, so no shard is ever scanned to reach an offset.
+read with one ``pread`` and parsed in memory, so no shard is ever scanned to reach an offset. An
+offset that misses the tar headers is an :class:`~energon_ray.errors.IndexMismatchError`, never a skip.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from energon_ray.errors import ShardReadError
+from energon_ray.errors import IndexMismatchError, ShardReadError
 
 #: ``dir/key.part.ext`` → key ``dir/key``, part ``part.ext`` (the first dot of the last component).
 SPLIT_NAME_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 #: Members like ``__meta__`` are not sample parts.
 SKIP_META_RE = re.compile(r"__[^/]*__($|/)")
+#: How member names are decoded: UTF-8, other bytes kept as surrogates (see :func:`non_utf8_name`).
+TAR_ENCODING = {"encoding": "utf-8", "errors": "surrogateescape"}
 
 
 def split_member_name(name: str) -> Optional[Tuple[str, str]]:
@@ -28,23 +31,63 @@ def split_member_name(name: str) -> Optional[Tuple[str, str]]:
     return (match.group(1), match.group(2)) if match else None
 
 
+def non_utf8_name(name: str) -> Optional[bytes]:
+    """The raw bytes of a member name (decoded with :data:`TAR_ENCODING`) that is not UTF-8, else None."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape")
+    return None
+
+
+def index_mismatch(
+    shard: str, index: int, offset: Optional[int], root: Optional[str], reason: str
+) -> IndexMismatchError:
+    """The error for sample ``index`` whose ``.tar.idx`` offset does not fit the tar, with the fix."""
+    at = "" if offset is None else f" at byte {offset}"
+    return IndexMismatchError(
+        f"{shard}: sample #{index}{at}: {reason}; the shard's .tar.idx does not match the tar (a stale index, "
+        f"or the shard changed after prepare): re-run `energon-ray prepare --tar-index-only {root or '<dataset root>'}`"
+    )
+
+
 def parse_sample(
-    data: bytes | memoryview, shard: str, index_in_shard: int, part_filter: Optional[Callable[[str], bool]] = None
+    data: bytes | memoryview,
+    shard: str,
+    index_in_shard: int,
+    part_filter: Optional[Callable[[str], bool]] = None,
+    *,
+    offset: Optional[int] = None,
+    root: Optional[str] = None,
 ) -> Tuple[str, Dict[str, bytes], List[str]]:
     """Parse the tar members of one sample from its bytes.
+
+    ``offset`` (the sample's byte offset) and ``root`` (the dataset folder) only go into messages.
 
     Returns:
         ``(key, {part: bytes}, member names read)``.
 
     Raises:
-        ShardReadError: if the bytes are not tar members of one sample.
+        IndexMismatchError: the bytes hold members of two samples, no sample member, or a member cut off.
+        ShardReadError: the bytes do not start with a valid tar header (a corrupt record, or an offset
+            that misses the headers: :meth:`ShardReader.parse` tells which), or a member name is not UTF-8.
     """
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:", **TAR_ENCODING)
+    except tarfile.TarError as exc:
+        raise ShardReadError(f"{shard}: sample #{index_in_shard} is not a valid tar record: {exc}") from None
     key: Optional[str] = None
     parts: Dict[str, bytes] = {}
     names: List[str] = []
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+    with tar:
+        try:
             for member in tar:
+                raw = non_utf8_name(member.name)
+                if raw is not None:
+                    raise ShardReadError(
+                        f"{shard}: sample #{index_in_shard}: member name {raw!r} is not valid UTF-8; rename it "
+                        f"and re-run `energon-ray prepare` (sample keys and part names must be UTF-8 text)"
+                    )
                 if not member.isfile() or SKIP_META_RE.match(member.name):
                     continue
                 split = split_member_name(member.name)
@@ -54,18 +97,15 @@ def parse_sample(
                 if key is None:
                     key = base
                 elif base != key:
-                    raise ShardReadError(
-                        f"{shard}: sample #{index_in_shard} mixes keys {key!r} and {base!r}; "
-                        f"the .tar.idx does not match the tar (re-run `energon-ray prepare --tar-index-only`)"
-                    )
+                    raise index_mismatch(shard, index_in_shard, offset, root, f"it mixes keys {key!r} and {base!r}")
                 if part_filter is None or part_filter(part):
                     handle = tar.extractfile(member)
                     parts[part] = handle.read() if handle is not None else b""
                     names.append(member.name)
-    except tarfile.TarError as exc:
-        raise ShardReadError(f"{shard}: sample #{index_in_shard} is not a valid tar record: {exc}") from None
+        except tarfile.TarError as exc:
+            raise index_mismatch(shard, index_in_shard, offset, root, f"a member is cut off ({exc})") from None
     if key is None:
-        raise ShardReadError(f"{shard}: sample #{index_in_shard} holds no sample files")
+        raise index_mismatch(shard, index_in_shard, offset, root, "it holds no sample files")
     return key, parts, names
 
 
@@ -82,6 +122,8 @@ class ShardReader:
         self.path = path
         self.name = name
         self.offsets = offsets
+        #: The dataset folder (``path`` without ``name``), for the re-prepare hint of errors.
+        self.root = path[: -len(name) - 1] if name and path.endswith("/" + name) else os.path.dirname(path)
         self._fd: Optional[int] = None
 
     def _read(self, start: int, end: int) -> bytes:
@@ -108,13 +150,49 @@ class ShardReader:
         for i in range(first, last + 1):
             yield i, buf[int(self.offsets[i]) - base : int(self.offsets[i + 1]) - base]
 
+    def parse(
+        self, index: int, data: bytes | memoryview, part_filter: Optional[Callable[[str], bool]] = None
+    ) -> Tuple[str, Dict[str, bytes], List[str]]:
+        """:func:`parse_sample` of sample ``index``, telling a misaligned offset from a corrupt record.
+
+        Raises:
+            IndexMismatchError: the offset does not fit the tar (e.g. the previous sample's members do
+                not end where this one's offset says it starts).
+            ShardReadError: a corrupt record at a correct offset, or a member name that is not UTF-8.
+        """
+        offset = int(self.offsets[index])
+        try:
+            return parse_sample(data, self.path, index, part_filter, offset=offset, root=self.root)
+        except IndexMismatchError:
+            raise
+        except ShardReadError:
+            if not self._on_member_boundary(index):
+                raise index_mismatch(self.path, index, offset, self.root, "no tar header starts there") from None
+            raise
+
+    def _on_member_boundary(self, index: int) -> bool:
+        """Whether the tar members before sample ``index`` end exactly at its offset."""
+        start = int(self.offsets[index - 1]) if index else 0
+        end = int(self.offsets[index])
+        if start == end:
+            return True
+        try:
+            with tarfile.open(fileobj=io.BytesIO(self._read(start, end)), mode="r:", **TAR_ENCODING) as tar:
+                tar.getmembers()
+                return tar.offset == end - start
+        except tarfile.TarError:
+            return False
+
     def read_key(self, index: int) -> str:
         """The key of sample ``index`` (reads only its first header)."""
         start = int(self.offsets[index])
         header = self._read(start, min(start + 512 * 8, int(self.offsets[index + 1])))
         try:
-            with tarfile.open(fileobj=io.BytesIO(header), mode="r:") as tar:
+            with tarfile.open(fileobj=io.BytesIO(header), mode="r:", **TAR_ENCODING) as tar:
                 for member in tar:
+                    raw = non_utf8_name(member.name)
+                    if raw is not None:
+                        raise ShardReadError(f"{self.path}: sample #{index}: member name {raw!r} is not valid UTF-8")
                     split = split_member_name(member.name)
                     if member.isfile() and split and not SKIP_META_RE.match(member.name):
                         return split[0]

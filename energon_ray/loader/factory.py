@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from energon_ray.decode.sample_decoder import SampleDecoder
-from energon_ray.errors import DatasetConfigError
+from energon_ray.errors import DatasetConfigError, resolve_trust
 from energon_ray.format.dataset import PreparedDataset
+from energon_ray.format.dataset_yaml import check_field_map_parts
+from energon_ray.format.tar_index import read_tar_index
 from energon_ray.blend.base import Composition
 from energon_ray.blend.compose import BlendDataset, ConcatDataset, EpochizeDataset
 from energon_ray.blend.metadataset import is_metadataset_path
@@ -49,7 +51,7 @@ def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
         raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
 
 
-def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict) -> Composition:
+def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict, trusted: bool) -> Composition:
     """Leaves of a metadataset as EnergonDatasets, blended (train) or concatenated (val)."""
     if isinstance(path, dict):
         flat = parse_metadataset(path, "<metadataset dict>", Path.cwd(), split_part)
@@ -61,7 +63,11 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict)
     offset = 0
     for leaf in flat.leaves:
         try:
-            prepared = PreparedDataset.open(leaf.path, leaf.split_part, split_config=leaf.split_config, dataset_config=leaf.dataset_config)
+            prepared = PreparedDataset.open(
+                leaf.path, leaf.split_part, split_config=leaf.split_config, dataset_config=leaf.dataset_config,
+                trusted=trusted,
+            )
+            _check_parts(prepared)
         except DatasetConfigError as exc:
             raise DatasetConfigError(f"{leaf.where}: {exc}") from None
         leaf_options = dataclasses.replace(
@@ -105,13 +111,24 @@ def _multiply(a: Optional[int], b: Optional[int]) -> Optional[int]:
     return a * b
 
 
-def _open(path: Any, split_part: str, kwargs: dict) -> PreparedDataset:
-    return PreparedDataset.open(
-        Path(str(path)), split_part, split_config=kwargs.pop("split_config", None), dataset_config=kwargs.pop("dataset_config", None)
+def _open(path: Any, split_part: str, kwargs: dict, trusted: bool) -> PreparedDataset:
+    prepared = PreparedDataset.open(
+        Path(str(path)), split_part, split_config=kwargs.pop("split_config", None),
+        dataset_config=kwargs.pop("dataset_config", None), trusted=trusted,
     )
+    _check_parts(prepared)
+    return prepared
 
 
-def _build(path, *, split_part, worker_config, task_encoder, options: PlanOptions, kwargs: dict) -> Composition:
+def _check_parts(prepared: PreparedDataset) -> None:
+    """The field_map's parts exist in the first sample of (up to) three shards."""
+    if prepared.format != "tar":
+        return
+    firsts = [(s.path, int(read_tar_index(s.path)[0])) for s in prepared.shards if s.count][:3]
+    check_field_map_parts(prepared.spec, firsts)
+
+
+def _build(path, *, split_part, worker_config, task_encoder, options: PlanOptions, trusted: bool, kwargs: dict) -> Composition:
     if worker_config is None:
         worker_config = WorkerConfig.default_worker_config()
     if not isinstance(worker_config, WorkerConfig):
@@ -128,6 +145,8 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
     if options.limit is not None:
         _check_positive("limit", options.limit)
     decoder = _decoder(task_encoder, kwargs)
+    if decoder is not None and trusted:
+        decoder = decoder.with_trust(True)
     subflavors = kwargs.pop("subflavors", None)
     if is_metadataset_path(path):
         options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
@@ -139,13 +158,13 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
         if kwargs:
             raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
         common = dict(worker_config=worker_config, task_encoder=task_encoder, decoder=decoder)
-        return _metadataset(path, split_part, options, common)
+        return _metadataset(path, split_part, options, common, trusted)
     options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
     samples_per_segment = kwargs.pop("samples_per_segment", None)
     if samples_per_segment is not None:
         _check_positive("samples_per_segment", samples_per_segment, allow_none=False)
         options.segment_samples = samples_per_segment
-    dataset = _open(path, split_part, kwargs)
+    dataset = _open(path, split_part, kwargs, trusted)
     kwargs.pop("sample_type", None)
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
@@ -184,6 +203,7 @@ def get_train_dataset(
     shuffle_over_epochs_multiplier: Optional[int] = 1,
     task_encoder: Optional[TaskEncoder] = None,
     repeat: bool = True,
+    trust_dataset_code: Optional[bool] = None,
     **kwargs: Any,
 ) -> EnergonDataset:
     """The training dataset: shuffled per epoch, endless unless ``repeat=False``.
@@ -201,6 +221,10 @@ def get_train_dataset(
         shuffle_over_epochs_multiplier: slices are shuffled over this many passes (``None``: no shuffle).
         task_encoder: the user's hooks.
         repeat: endless stream of epochs (``False``: one epoch per ``iter()``).
+        trust_dataset_code: run the code a dataset brings (its ``sample_loader.py`` and ``part_filter``,
+            ``sample_type`` classes outside energon_ray/megatron.energon, pickled parts); ``None``: only if
+            the environment sets ``ENERGON_RAY_TRUST_DATASET_CODE=1``. Applies to every dataset of a
+            metadataset.
         **kwargs: ``split_config``, ``dataset_config``, ``subflavors``, ``parallel_shard_iters``,
             ``samples_per_segment`` (samples one Ray task processes, rounded up to whole batches;
             default 64 — lower it for large media), and the deprecated decoder arguments
@@ -224,7 +248,8 @@ def get_train_dataset(
         shuffle_over_epochs=shuffle_over_epochs_multiplier,
         virtual_epoch_length=virtual_epoch_length,
     )
-    dataset = _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options, kwargs=kwargs)
+    dataset = _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options,
+                     trusted=resolve_trust(trust_dataset_code), kwargs=kwargs)
     _head_start()
     return dataset
 
@@ -239,6 +264,7 @@ def get_val_dataset(
     packing_buffer_size: Optional[int] = None,
     limit: Optional[int] = None,
     task_encoder: Optional[TaskEncoder] = None,
+    trust_dataset_code: Optional[bool] = None,
     **kwargs: Any,
 ) -> EnergonDataset:
     """The validation dataset: one unshuffled pass per ``iter()``, in Energon's exact order.
@@ -252,6 +278,7 @@ def get_val_dataset(
         packing_buffer_size: samples per packing buffer.
         limit: at most this many batches per rank and pass (the same ones every pass).
         task_encoder: the user's hooks.
+        trust_dataset_code: as in ``get_train_dataset``.
         **kwargs: as in ``get_train_dataset``.
     """
     if batch_size is _UNSET:
@@ -261,6 +288,7 @@ def get_val_dataset(
         training=False, repeat=False, batch_size=batch_size, drop_last=batch_drop_last, limit=limit,
         packing_buffer_size=packing_buffer_size,
     )  # fmt: skip
-    dataset = _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options, kwargs=kwargs)
+    dataset = _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options,
+                     trusted=resolve_trust(trust_dataset_code), kwargs=kwargs)
     _head_start()
     return dataset

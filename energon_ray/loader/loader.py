@@ -15,9 +15,16 @@ from typing import Any, Dict, Iterator, Optional
 import torch
 
 from energon_ray.blend.base import Composition, PassContext
+from energon_ray.errors import check_keywords
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import LoaderStats, round_robin
 from energon_ray.ray_env import ensure_ray, warm_up
+
+#: ``get_loader`` keywords of Energon that do not apply here (Ray has its own watchdogs and caching).
+ENERGON_LOADER_OPTIONS = (
+    "cache_pool", "watchdog_timeout_seconds", "watchdog_initial_timeout_seconds", "fail_on_timeout",
+    "gc_collect_every_n_steps", "gc_freeze_at_start",
+)  # fmt: skip
 
 #: Bytes of finished blocks one execution may hold in the object store ahead of the trainer.
 DEFAULT_OBJECT_STORE_LIMIT = 1 << 30
@@ -84,22 +91,29 @@ class EnergonLoader:
 
     def __iter__(self) -> Iterator[Any]:
         epoch_len = self.dataset.virtual_epoch_length()
-        if epoch_len:
-            if self._stream is None:
-                self._stream = self._forever()
-            for _ in range(epoch_len):
-                try:
-                    yield next(self._stream)
-                except StopIteration:
-                    self._stream = None
-                    return
-            return
-        if self.dataset.is_endless():
-            if self._stream is None:
-                self._stream = self._forever()
-            yield from self._stream
-            return
+        if epoch_len or self.dataset.is_endless():
+            return self._continue(epoch_len or None)
+        return self._pass()
+
+    def _pass(self) -> Iterator[Any]:
         yield from self._one_pass(self._next_pass())
+
+    def _continue(self, count: Optional[int]) -> Iterator[Any]:
+        """``count`` (``None``: all) items of the loader's one endless stream. The stream outlives
+        this iterator: a ``break`` or an abandoned ``iter()`` leaves it where it was, and the next
+        ``iter()`` continues from there (as Energon's loaders do). ``next()`` rather than ``yield
+        from``, which would close the shared stream along with this iterator."""
+        produced = 0
+        while count is None or produced < count:
+            if self._stream is None:
+                self._stream = self._forever()
+            try:
+                item = next(self._stream)
+            except StopIteration:
+                self._stream = None
+                return
+            produced += 1
+            yield item
 
     def close(self) -> None:
         """Stop a running endless stream and release its Ray executions."""
@@ -136,9 +150,14 @@ class EnergonLoader:
                 return
 
     def _remember(self, leaf_name: str):
+        # a weak reference: a feed (kept by the close-at-collection finalizer) must not keep its loader alive
+        loader_ref = weakref.ref(self)
+
         def on_execute(stream) -> None:
-            self._executions.pop(leaf_name, None)
-            self._executions[leaf_name] = stream
+            loader = loader_ref()
+            if loader is not None:
+                loader._executions.pop(leaf_name, None)
+                loader._executions[leaf_name] = stream
 
         return on_execute
 
@@ -192,7 +211,7 @@ def get_loader(
     pin_memory: Optional[bool] = None,
     ray_remote_args: Optional[dict] = None,
     object_store_limit: Optional[int] = DEFAULT_OBJECT_STORE_LIMIT,
-    **_ignored: Any,
+    **energon_options: Any,
 ) -> EnergonLoader:
     """Iterate a dataset's batches, produced by Ray Data.
 
@@ -204,6 +223,12 @@ def get_loader(
         pin_memory: pin batch tensors (default: when CUDA is available; never fails on a CPU-only box).
         ray_remote_args: resources per segment task.
         object_store_limit: bytes of finished blocks Ray may hold ahead of the trainer (``None``: Ray's default).
+        **energon_options: Energon's ``cache_pool``, ``watchdog_timeout_seconds``,
+            ``watchdog_initial_timeout_seconds``, ``fail_on_timeout``, ``gc_collect_every_n_steps``,
+            ``gc_freeze_at_start``: accepted and ignored (a warning, once each).
+
+    Raises:
+        TypeError: any other keyword.
 
     Returns:
         An iterable of the task encoder's batches; ``len()`` is batches per rank and epoch.
@@ -212,6 +237,7 @@ def get_loader(
         >>> loader = get_loader(get_val_dataset(path, batch_size=4))  # doctest: +SKIP
         >>> next(iter(loader))  # doctest: +SKIP
     """
+    check_keywords("get_loader", energon_options, ENERGON_LOADER_OPTIONS)
     if worker_config is not None and isinstance(dataset, Composition) and worker_config != dataset.worker_config:
         raise ValueError(
             f"get_loader: worker_config {worker_config.config()} differs from the dataset's "

@@ -14,6 +14,7 @@ tasks, so the trainer never runs a task-encoder hook.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 from collections import deque
@@ -221,6 +222,15 @@ class Feeder:
                 run.next_seq += 1
             self._cond.notify_all()
 
+    def usage(self) -> Dict[str, int]:
+        """Executions not yet closed and object references this actor holds (an abandoned
+        iteration must leave neither behind)."""
+        with self._cond:
+            runs = len(self._runs)
+        gc.collect()  # count what is still reachable, not cycles awaiting collection
+        refs = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
+        return {"runs": runs, "refs": len(refs)}
+
     def stats(self, run_id: str) -> str:
         run = self._runs.get(run_id)
         if run is not None and run.dataset is not None:
@@ -242,6 +252,10 @@ class Feeder:
             self._runs.pop(run_id, None)
             self._closed.append(run_id)
             self._cond.notify_all()
+        if run is not None:
+            # a stopped executor's objects form reference cycles that hold block refs (object-store
+            # memory) until Python's cyclic GC runs; free them now
+            gc.collect()
 
 
 _FEEDER: Dict[str, Any] = {}
@@ -331,6 +345,8 @@ class BlockStream:
         self._calls.clear()
         self._blocks.clear()
         self._drained = True
+        if not ray.is_initialized():  # Ray was shut down (its executions with it); never start it again
+            return
         try:
             self.feeder.close.remote(self.run_id)
         except Exception:  # Ray is shutting down: nothing left to stop

@@ -11,11 +11,40 @@ T = TypeVar("T")
 
 
 def edataclass(cls: Optional[type] = None, **kwargs: Any):
-    """``dataclass(kw_only=True, slots=True)``, the decorator Energon's sample types use."""
+    """``dataclass(kw_only=True, slots=True)``, the decorator Energon's sample types use.
+
+    Instances pickle as ``{field: value}``, whatever the class's layout on the other side: a class
+    declared in ``__main__`` or a notebook travels to Ray workers by value (cloudpickle rebuilds it
+    there, with a ``__dict__``), and its instances come back to the original slotted class.
+    """
     opts = {"kw_only": True, "slots": True, **kwargs}
     if cls is None:
-        return lambda c: dataclasses.dataclass(c, **opts)
-    return dataclasses.dataclass(cls, **opts)
+        return lambda c: _edataclass(c, opts)
+    return _edataclass(cls, opts)
+
+
+def _edataclass(cls: type, opts: Dict[str, Any]) -> type:
+    own = set(vars(cls))
+    out = dataclasses.dataclass(cls, **opts)
+    if "__getstate__" not in own and "__setstate__" not in own:
+        out.__getstate__ = _fields_state
+        out.__setstate__ = _set_fields_state
+    return out
+
+
+def _fields_state(self: Any) -> Dict[str, Any]:
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if hasattr(self, f.name)}
+
+
+def _set_fields_state(self: Any, state: Any) -> None:
+    if isinstance(state, tuple) and len(state) == 2:  # (dict state, slot state) of a default reduce
+        state = {**(state[0] or {}), **(state[1] or {})}
+    if isinstance(state, dict):
+        items = state.items()
+    else:  # the value list of dataclasses' own frozen-slots state
+        items = zip((f.name for f in dataclasses.fields(self)), state)
+    for name, value in items:
+        object.__setattr__(self, name, value)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

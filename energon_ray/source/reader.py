@@ -8,9 +8,9 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from energon_ray.errors import FatalSampleError, ShardReadError
+from energon_ray.errors import FatalSampleError, IndexMismatchError, ShardReadError
 from energon_ray.format.tar_index import read_tar_index
-from energon_ray.format.tar_reader import ShardReader, consecutive_runs, parse_sample
+from energon_ray.format.tar_reader import ShardReader, consecutive_runs
 from energon_ray.pipeline.policy import StageRun, describe_error
 from energon_ray.pipeline.rows import SegmentData
 from energon_ray.plan.stream import SegmentSpec
@@ -54,7 +54,8 @@ class ReadSegment:
     Args:
         shards: the split's shard table.
         part_filter: which parts to keep (``None`` keeps all).
-        tolerance: consecutive unreadable samples before ``FatalSampleError``.
+        tolerance: consecutive unreadable samples before ``FatalSampleError``. A ``.tar.idx`` that
+            does not match its tar is no unreadable sample: it stops the read at once (``ShardReadError``).
     """
 
     def __init__(self, shards: ShardTable, part_filter: Optional[Callable[[str], bool]], tolerance: int = 100):
@@ -79,7 +80,8 @@ class ReadSegment:
                 self._read_shard(data, run, shard, local[pos:end], spec.start + pos, spec.samples[pos:end])
                 pos = end
         except (FatalSampleError, ShardReadError) as exc:
-            data.fatal = (type(exc).__name__, str(exc))
+            # The driver re-raises by base name, so an IndexMismatchError travels as a ShardReadError.
+            data.fatal = ("ShardReadError" if isinstance(exc, ShardReadError) else type(exc).__name__, str(exc))
         data.samples_read = len(data.raw)
         return data
 
@@ -95,7 +97,9 @@ class ReadSegment:
                     if self.shards.format == "jsonl":
                         key, parts, files = str(index), {"json": bytes(chunk).rstrip(b"\r\n")}, (f"{name}#{index}",)
                     else:
-                        key, parts, files = parse_sample(chunk, path, index, self.part_filter)
+                        key, parts, files = reader.parse(index, chunk, self.part_filter)
+                except IndexMismatchError:
+                    raise
                 except ShardReadError as exc:
                     run.failure(f"{path}: sample #{index}: {describe_error(exc)}")
                     continue

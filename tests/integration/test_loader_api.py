@@ -125,11 +125,14 @@ def test_decoder_none_gives_bytes_and_image_modes_apply(ds_path):
     assert sample.image.shape == (48, 64, 3) and str(sample.image.dtype) == "uint8"
 
 
-def test_cpu_loader_does_not_pin_and_never_fails(ds_path):
-    """On a CPU-only box batches are plain (unpinned) tensors; asking to pin explains why it cannot."""
+def test_batches_are_pinned_only_with_cuda_and_asking_without_cuda_explains(ds_path):
+    """Batches are pinned exactly when CUDA is available (default) and never with pin_memory=False; on a
+    CPU-only box asking to pin explains why it cannot."""
     loader = er.get_loader(er.get_val_dataset(ds_path, split_part="train", batch_size=4))
     batch = next(iter(loader))
-    assert isinstance(batch.image, torch.Tensor) and not batch.image.is_pinned()
+    assert isinstance(batch.image, torch.Tensor) and batch.image.is_pinned() == torch.cuda.is_available()
+    unpinned = er.get_loader(er.get_val_dataset(ds_path, split_part="train", batch_size=4), pin_memory=False)
+    assert not next(iter(unpinned)).image.is_pinned()
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="pin_memory=True needs CUDA"):
             er.get_loader(er.get_val_dataset(ds_path, split_part="train", batch_size=4), pin_memory=True)

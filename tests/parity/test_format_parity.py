@@ -162,12 +162,20 @@ def test_both_preparers_write_identical_indexes_and_equivalent_metadata(tmp_path
 
 
 def test_known_divergence_energon_drops_the_last_shard_when_the_ratio_sum_rounds_below_one(tmp_path):
+    """Energon accumulates normalized float ratios; where the total rounds below one (0.1,0.2,0.3 on
+    Python < 3.12, whose float sum() is not compensated) it loses the last shard. We never do."""
     for name in ("theirs", "ours"):
         write_shards(tmp_path / name / "shards", captioning_samples(10, image_size=(4, 4)), 1)
     energon_prepare(tmp_path / "theirs", "--split-ratio", "0.1,0.2,0.3")
     ours_prepare(tmp_path / "ours", "--split-ratio", "0.1,0.2,0.3")
     theirs, ours = expanded_splits(tmp_path / "theirs"), expanded_splits(tmp_path / "ours")
-    assert theirs["split_parts"]["test"] + ["shards/shard_0009.tar"] == ours["split_parts"]["test"]
+    ratios = [0.1, 0.2, 0.3]
+    total, reached = sum(ratios), 0.0
+    for ratio in ratios:
+        reached += ratio / total
+    lost = [] if int(10 * reached) == 10 else ["shards/shard_0009.tar"]
+    assert ours["split_parts"]["test"][-1] == "shards/shard_0009.tar"
+    assert theirs["split_parts"]["test"] + lost == ours["split_parts"]["test"]
     assert theirs["split_parts"]["train"] == ours["split_parts"]["train"]
     assert theirs["split_parts"]["val"] == ours["split_parts"]["val"]
 

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from energon_ray.decode.sample_decoder import SampleDecoder
-from energon_ray.errors import DatasetConfigError, SampleException
+from energon_ray.errors import TRUST_ENV, DatasetConfigError, SampleException, UntrustedCodeError, resolve_trust
 from energon_ray.format.dataset_yaml import read_dataset_spec, write_dataset_yaml
 from energon_ray import samples as samples_module
 from energon_ray.pipeline.load import SampleLoader
@@ -21,7 +21,9 @@ from energon_ray.samples import (
     CaptioningSample,
     CrudeSample,
     ImageClassificationSample,
+    Sample,
     SourceInfo,
+    edataclass,
 )
 from energon_ray.synthetic import encode_image, sample_image
 
@@ -192,7 +194,7 @@ def test_subflavors_are_not_mistaken_for_extra_options(classification):
 
 def test_sample_loader_and_part_filter_functions_are_used(loader_dataset):
     """sample_loader: loader.py:load builds the fields and part_filter: loader.py:parts selects parts."""
-    spec = read_dataset_spec(loader_dataset)
+    spec = read_dataset_spec(loader_dataset, trusted=True)
     assert spec.wants_part("png") and spec.wants_part("txt") and not spec.wants_part("jpg")
     sample = SampleLoader(spec, SampleDecoder(image_decode="torchrgb8"), {"x": 1})(_raw("k7", png=PNG, txt=b"a dog"))
     assert isinstance(sample, CaptioningSample)
@@ -203,7 +205,7 @@ def test_sample_loader_and_part_filter_functions_are_used(loader_dataset):
 
 def test_sample_loader_errors_are_wrapped_naming_the_sample(loader_dataset):
     """An exception inside the user's sample_loader becomes SampleException naming shard and key."""
-    loader = SampleLoader(read_dataset_spec(loader_dataset), SampleDecoder(), None)
+    loader = SampleLoader(read_dataset_spec(loader_dataset, trusted=True), SampleDecoder(), None)
     with pytest.raises(SampleException) as info:
         loader(_raw("k8", txt=b"no image"))
     assert "k8" in str(info.value) and SHARD in str(info.value)
@@ -216,7 +218,7 @@ def test_sample_loader_returning_an_unknown_field_raises_naming_the_type(tmp_pat
         "def load(raw):\n    return {'text': raw['txt'], 'colour': 'red'}\n"
     )
     with pytest.raises(SampleException) as info:
-        SampleLoader(read_dataset_spec(tmp_path), SampleDecoder(), None)(_raw("k3", txt=b"x"))
+        SampleLoader(read_dataset_spec(tmp_path, trusted=True), SampleDecoder(), None)(_raw("k3", txt=b"x"))
     assert "TextSample" in str(info.value) and "k3" in str(info.value)
 
 
@@ -224,15 +226,15 @@ def test_part_filter_may_be_a_list(tmp_path):
     """part_filter given as a list of part names selects exactly those parts."""
     write_dataset_yaml(tmp_path, "CaptioningSample", sample_loader="loader.py:load", part_filter=["png", "txt"])
     (tmp_path / ".nv-meta" / "loader.py").write_text(LOADER_PY)
-    spec = read_dataset_spec(tmp_path)
+    spec = read_dataset_spec(tmp_path, trusted=True)
     assert spec.wants_part("txt") and not spec.wants_part("json")
 
 
 def test_dataset_spec_pickles_by_rereading_the_yaml(loader_dataset):
     """A pickled DatasetSpec re-reads dataset.yaml when unpickled and loads samples the same way."""
-    spec = read_dataset_spec(loader_dataset)
+    spec = read_dataset_spec(loader_dataset, trusted=True)
     clone = pickle.loads(pickle.dumps(spec))
-    assert clone.file == spec.file and clone.sample_type is CaptioningSample
+    assert clone.trusted and clone.file == spec.file and clone.sample_type is CaptioningSample
     assert clone.wants_part("png") and not clone.wants_part("json")
     sample = SampleLoader(clone, SampleDecoder(), None)(_raw("k", png=PNG, txt=b"x y"))
     assert sample.caption == "X Y"
@@ -337,7 +339,7 @@ def test_every_legacy_webdataset_class_resolves_to_its_sample_type(tmp_path):
         (root / ".nv-meta" / "loader.py").write_text(LOADER_PY)
         expected[name] = getattr(samples_module, f"{name}Sample").__name__
         try:
-            resolved[name] = read_dataset_spec(root).sample_type.__name__
+            resolved[name] = read_dataset_spec(root, trusted=True).sample_type.__name__
         except DatasetConfigError as exc:
             resolved[name] = f"DatasetConfigError: {exc}"
     assert resolved == expected
@@ -433,3 +435,64 @@ def test_missing_dataset_yaml_is_rejected_naming_the_path(tmp_path):
 def test_dataset_config_error_is_a_value_error():
     """DatasetConfigError is a ValueError."""
     assert issubclass(DatasetConfigError, ValueError)
+
+
+# -- a dataset runs no code unless trusted -----------------------------------------------------
+
+@edataclass
+class LocalSample(Sample):
+    text: str
+
+
+MARKER_PY = "import pathlib\npathlib.Path(__file__).with_name('ran').write_text('yes')\n" + LOADER_PY
+
+
+def test_untrusted_sample_loader_is_neither_imported_nor_run(tmp_path, monkeypatch):
+    """Without the opt-in, a sample_loader/part_filter module is refused before it is imported; the
+    error names dataset.yaml, the module file and the opt-in. With it, the module runs."""
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    write_dataset_yaml(tmp_path, "CaptioningSample", sample_loader="loader.py:load", part_filter="loader.py:parts")
+    (tmp_path / ".nv-meta" / "loader.py").write_text(MARKER_PY)
+    with pytest.raises(UntrustedCodeError) as info:
+        read_dataset_spec(tmp_path)
+    message = str(info.value)
+    assert str(tmp_path / ".nv-meta" / "dataset.yaml") in message and "loader.py" in message
+    assert "trust_dataset_code=True" in message and TRUST_ENV in message
+    assert not (tmp_path / ".nv-meta" / "ran").exists()
+    read_dataset_spec(tmp_path, trusted=True)
+    assert (tmp_path / ".nv-meta" / "ran").read_text() == "yes"
+
+
+def test_untrusted_crude_part_filter_module_is_refused(tmp_path):
+    """A crude dataset's part_filter given as a module function needs the opt-in; a list does not."""
+    _write_raw_yaml(tmp_path, {"__module__": "megatron.energon", "__class__": "CrudeWebdataset", "part_filter": "loader.py:parts"})
+    (tmp_path / ".nv-meta" / "loader.py").write_text(MARKER_PY)
+    with pytest.raises(UntrustedCodeError, match="part_filter"):
+        read_dataset_spec(tmp_path)
+    assert not (tmp_path / ".nv-meta" / "ran").exists()
+    _write_raw_yaml(tmp_path, {"__module__": "megatron.energon", "__class__": "CrudeWebdataset", "part_filter": ["txt"]})
+    assert read_dataset_spec(tmp_path).wants_part("txt")
+
+
+def test_untrusted_sample_type_may_only_name_our_classes(tmp_path):
+    """sample_type from another module is not imported without the opt-in; megatron.energon and
+    energon_ray names resolve to our classes either way."""
+    _write_raw_yaml(tmp_path, {"sample_type": {"__module__": "tests.unit.test_load", "__class__": "LocalSample"}, "field_map": {"text": "txt"}})
+    with pytest.raises(UntrustedCodeError, match="tests.unit.test_load.LocalSample"):
+        read_dataset_spec(tmp_path)
+    assert read_dataset_spec(tmp_path, trusted=True).sample_type is LocalSample
+    for module in ("megatron.energon", "energon_ray", "megatron.energon.flavors"):
+        _write_raw_yaml(tmp_path, {"sample_type": {"__module__": module, "__class__": "TextSample"}, "field_map": {"text": "txt"}})
+        assert read_dataset_spec(tmp_path).sample_type is samples_module.TextSample
+
+
+def test_trust_comes_from_the_environment_when_not_given(monkeypatch):
+    """resolve_trust: an explicit bool wins; otherwise ENERGON_RAY_TRUST_DATASET_CODE=1 trusts."""
+    monkeypatch.setenv(TRUST_ENV, "1")
+    assert resolve_trust(None) is True and resolve_trust(False) is False
+    monkeypatch.setenv(TRUST_ENV, "0")
+    assert resolve_trust(None) is False and resolve_trust(True) is True
+    monkeypatch.delenv(TRUST_ENV)
+    assert resolve_trust(None) is False
+    with pytest.raises(TypeError):
+        resolve_trust("yes")

@@ -95,8 +95,8 @@ def test_png_decodes_losslessly_in_rgb8():
 
 
 def test_text_json_cls_npy_and_pickle_parts():
-    """txt → str, json → object, cls → int, npy → array, pickle → object, also after a compound name."""
-    dec = SampleDecoder()
+    """txt → str, json → object, cls → int, npy → array, trusted pickle → object, also in a compound name."""
+    dec = SampleDecoder(trust_dataset_code=True)
     buf = io.BytesIO()
     np.save(buf, np.arange(6, dtype=np.int32).reshape(2, 3))
     assert dec.decode_part("txt", "héllo".encode()) == "héllo"
@@ -168,9 +168,12 @@ def test_without_guess_content_an_image_under_an_unknown_extension_stays_bytes()
 
 
 def test_config_matches_energons_config():
-    """config() has Energon's keys and values for the same arguments."""
+    """config() has Energon's keys and values for the same arguments, plus the safety settings."""
     kwargs = dict(image_decode="pil", av_decode="torch", video_decode_audio=True, guess_content=True)
-    assert SampleDecoder(**kwargs).config() == EnergonSampleDecoder(**kwargs).config()
+    ours, theirs = SampleDecoder(**kwargs).config(), EnergonSampleDecoder(**kwargs).config()
+    assert {k: ours[k] for k in theirs} == theirs
+    safety = {"trust_dataset_code", "max_image_pixels", "max_video_pixels", "max_av_duration_s"}
+    assert set(ours) - set(theirs) == safety
 
 
 def test_repr_shows_the_settings():

@@ -1,0 +1,231 @@
+"""What users hit on day one: re-iteration, misspelled keywords, a wrong field_map, dataset code
+without the opt-in, abandoned iterations, user types declared in ``__main__``, exit code and quiet."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+import energon_ray as er
+from energon_ray.format.dataset_yaml import write_dataset_yaml
+from energon_ray.pipeline.build import feeder
+from tests.helpers import captioning_dataset
+
+REPO = Path(__file__).resolve().parents[2]
+WC = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    return captioning_dataset(tmp_path_factory.mktemp("day_one") / "ds", n=30, per_shard=7)
+
+
+def _train(path, **kwargs):
+    return er.get_train_dataset(
+        path, batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=5, worker_config=WC, **kwargs
+    )
+
+
+def test_an_endless_loader_iterated_again_continues_where_it_stopped(ds):
+    """After a ``break`` and after ``next(iter(loader))``, the next ``iter()`` goes on with the very
+    batches a single uninterrupted iteration gives (as Energon's loaders do), never with nothing."""
+    loader = er.get_loader(_train(ds))
+    got = []
+    for batch in loader:
+        got.append(batch.__key__)
+        if len(got) == 4:
+            break
+    got.append(next(iter(loader)).__key__)
+    it = iter(loader)
+    got += [next(it).__key__ for _ in range(5)]
+    loader.close()
+    reference = er.get_loader(_train(ds))
+    it = iter(reference)
+    expected = [next(it).__key__ for _ in range(10)]
+    reference.close()
+    assert got == expected
+
+
+def test_misspelled_loader_and_map_keywords_raise_and_energon_only_ones_warn_once(ds, caplog):
+    """``get_loader(pin_memroy=...)`` and ``MapDataset(..., bad=...)`` raise TypeError naming the
+    keyword; Energon's watchdog/cache options are accepted with one warning each."""
+    val = er.get_val_dataset(ds, split_part="train", batch_size=5, worker_config=WC)
+    with pytest.raises(TypeError, match=r"get_loader\(\) got unexpected keyword argument\(s\) \['pin_memroy'\]"):
+        er.get_loader(val, pin_memroy=True)
+    with pytest.raises(TypeError, match=r"MapDataset\(\) got unexpected keyword argument\(s\) \['stateles'\]"):
+        er.MapDataset(val, lambda b: b, stateles=True)
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    for _ in range(2):
+        loader = er.get_loader(er.get_val_dataset(ds, split_part="train", batch_size=5, worker_config=WC),
+                               watchdog_timeout_seconds=60, fail_on_timeout=False)  # fmt: skip
+    warned = [r.getMessage() for r in caplog.records if "does not need" in r.getMessage()]
+    assert sorted(w.split("(): ")[1].split("=")[0] for w in warned) == ["fail_on_timeout", "watchdog_timeout_seconds"]
+    assert sum(len(b.__key__) for b in loader) == 30
+
+
+def test_a_field_map_naming_a_missing_part_is_an_error_naming_part_and_sample(ds, tmp_path):
+    """A field_map reading ``png`` from a dataset of ``jpg`` fails at get_*_dataset, naming the field,
+    the part, a sample key and the parts it has (it used to warn and yield 0 batches)."""
+    path = captioning_dataset(tmp_path / "ds", n=6, per_shard=3)
+    write_dataset_yaml(path, "CaptioningSample", field_map={"image": "png", "caption": "txt"})
+    with pytest.raises(er.DatasetConfigError) as info:
+        er.get_val_dataset(path, split_part="train", batch_size=2)
+    message = str(info.value)
+    assert "field 'image'" in message and "part 'png'" in message and "sample_000000" in message
+    assert "its parts: ['jpg', 'json', 'txt']" in message
+
+
+LOADER_PY = textwrap.dedent(
+    """
+    import os, pathlib
+    pathlib.Path(__file__).with_name(f"ran-{os.getpid()}").write_text("yes")
+
+    def load(raw):
+        return {"image": raw["jpg"], "caption": "loaded: " + raw["txt"]}
+    """
+)
+
+
+def test_dataset_code_runs_only_with_the_opt_in(tmp_path, monkeypatch):
+    """A dataset with a sample_loader.py is refused (nothing imported) unless trust_dataset_code=True
+    or ENERGON_RAY_TRUST_DATASET_CODE=1; trusted, its loader runs in the Ray workers too."""
+    monkeypatch.delenv("ENERGON_RAY_TRUST_DATASET_CODE", raising=False)
+    path = captioning_dataset(tmp_path / "ds", n=8, per_shard=4)
+    write_dataset_yaml(path, "CaptioningSample", sample_loader="sample_loader.py:load", part_filter=["jpg", "txt"])
+    meta = path / ".nv-meta"
+    (meta / "sample_loader.py").write_text(LOADER_PY)
+    for build in (er.get_train_dataset, er.get_val_dataset):
+        with pytest.raises(er.UntrustedCodeError, match="trust_dataset_code=True") as info:
+            build(path, split_part="train", batch_size=2)
+        assert "sample_loader.py" in str(info.value) and str(meta / "dataset.yaml") in str(info.value)
+    assert not list(meta.glob("ran-*"))
+    loader = er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=4, trust_dataset_code=True))
+    captions = [c for b in loader for c in b.caption]
+    assert len(captions) == 8 and all(c.startswith("loaded: ") for c in captions)
+    assert {p.name for p in meta.glob("ran-*")} - {f"ran-{os.getpid()}"}  # the Ray workers ran it too
+    monkeypatch.setenv("ENERGON_RAY_TRUST_DATASET_CODE", "1")
+    assert er.get_val_dataset(path, split_part="train", batch_size=4).dataset.spec.trusted
+
+
+def _trainer_threads() -> set:
+    return {t.ident for t in threading.enumerate()}
+
+
+def _settled(probe, want, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        value = probe()
+        if value == want or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)
+
+
+def test_abandoned_iterations_release_their_executions_threads_and_objects(ds):
+    """20 iterations abandoned by ``break`` or by an exception in the loop, then an endless loader
+    dropped mid-stream: no execution, thread or object reference stays behind."""
+    warm = er.get_loader(er.get_val_dataset(ds, split_part="train", batch_size=5, worker_config=WC))
+    assert sum(len(b.__key__) for b in warm) == 30
+    del warm
+    base_threads = _settled(_trainer_threads, None, timeout=0)
+    core = ray._private.worker.global_worker.core_worker
+    base_refs = len(core.get_all_reference_counts())
+    base_feeder = _settled(lambda: ray.get(feeder().usage.remote()), None, timeout=0)
+    loader = er.get_loader(er.get_val_dataset(ds, split_part="train", batch_size=5, worker_config=WC))
+    for i in range(20):
+        try:
+            for n, batch in enumerate(loader):
+                if n == i % 3:
+                    if i % 2:
+                        raise ValueError("training step failed")
+                    break
+        except ValueError:
+            pass
+    endless = er.get_loader(_train(ds))
+    it = iter(endless)
+    for _ in range(3):
+        next(it)
+    del loader, endless, it, batch
+    assert _settled(lambda: ray.get(feeder().usage.remote()), base_feeder) == base_feeder
+    assert _settled(lambda: len(core.get_all_reference_counts()), base_refs) == base_refs
+    assert _settled(_trainer_threads, base_threads) == base_threads
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import energon_ray as er
+    from user_types import ModuleBatch
+
+    @er.edataclass
+    class MainSample(er.Sample):
+        image: torch.Tensor
+        caption: str
+
+    @er.edataclass
+    class MainBatch(er.Batch):
+        image: torch.Tensor
+        caption: list
+
+    class Encoder(er.DefaultTaskEncoder):
+        def encode_sample(self, sample):
+            return MainSample.derive_from(sample, image=sample.image, caption=sample.caption)
+
+        def batch(self, samples):
+            return MainBatch.from_samples(samples)
+
+    class ModuleEncoder(er.DefaultTaskEncoder):
+        def batch(self, samples):
+            return ModuleBatch(__key__=[s.__key__ for s in samples], n=len(samples))
+
+    path = sys.argv[1]
+    loader = er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=4, task_encoder=Encoder()))
+    batches = list(loader)
+    assert all(type(b) is MainBatch for b in batches), {type(b) for b in batches}
+    print("main", sum(len(b.caption) for b in batches), tuple(batches[0].image.shape))
+    module = er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=4, task_encoder=ModuleEncoder()))
+    print("module", sum(b.n for b in module), type(next(iter(module))).__module__)
+    endless = er.get_loader(er.get_train_dataset(path, batch_size=4, shuffle_buffer_size=5, max_samples_per_sequence=5))
+    it = iter(endless)
+    print("endless", [len(next(it).__key__) for _ in range(5)])
+    """
+)
+
+USER_TYPES = textwrap.dedent(
+    """
+    import energon_ray as er
+
+    @er.edataclass
+    class ModuleBatch(er.Batch):
+        n: int
+    """
+)
+
+
+def test_a_script_with_its_own_types_runs_quietly_and_exits_0(ds, tmp_path):
+    """A user script (own private Ray) declaring @edataclass types in __main__ and in a module next to
+    it gets batches of those types, leaves an endless loader running at exit, prints nothing of Ray's
+    and exits with code 0."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "user_types.py").write_text(USER_TYPES)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_DATA_", "RAY_ADDRESS", "RAY_DEDUP"))}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "train.py"), str(ds)], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["main 30 (4, 3, 48, 64)", "module 30 user_types", "endless [4, 4, 4, 4, 4]"]
+    noise = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert noise == [], noise[:20]

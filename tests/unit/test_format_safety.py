@@ -1,0 +1,230 @@
+"""Issue 12, format layer: prepare never writes outside the dataset, a bad index or a bad name is a clear error."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from energon_ray.errors import DatasetConfigError, ShardReadError
+from energon_ray.format.dataset import PreparedDataset
+from energon_ray.format.info import read_info
+from energon_ray.format.prepare import prepare_dataset
+from energon_ray.format.tar_index import read_tar_index
+from energon_ray.format.tar_reader import ShardReader, parse_sample
+from energon_ray.plan.stream import SegmentSpec
+from energon_ray.source.reader import ReadSegment, shard_table
+from energon_ray.synthetic import add_member, text_samples, write_shards
+
+TEXT = dict(sample_type="TextSample", field_map={"text": "txt"}, progress=False)
+#: ``000001`` with its first two bytes replaced by ones that are not UTF-8, as tarfile decodes the name.
+BAD_KEY = b"\xff\xfe0001".decode("utf-8", "surrogateescape")
+
+
+def text_shards(root: Path, num: int = 6, per_shard: int = 3) -> None:
+    write_shards(root / "shards", text_samples(num), per_shard)
+
+
+def outside_dir(tmp_path: Path) -> Path:
+    out = tmp_path / "outside"
+    out.mkdir()
+    return out
+
+
+def read_all(root: Path, tolerance: int = 100, samples=None):
+    """Read the given (default: all) samples of the train split with the Stage-0 reader (no Ray)."""
+    table = shard_table(PreparedDataset.open(root, "train"))
+    samples = np.arange(table.starts[-1], dtype=np.int64) if samples is None else np.asarray(samples, dtype=np.int64)
+    spec = SegmentSpec(worker=0, global_worker=0, seed=0, index=0, start=0, samples=samples, last=True)
+    return ReadSegment(table, None, tolerance=tolerance)(spec)
+
+
+# --- 1. prepare writes nothing through a symlink ------------------------------------------------
+
+
+def test_prepare_refuses_a_symlinked_nv_meta_folder_and_writes_nothing_outside(tmp_path):
+    root, outside = tmp_path / "ds", outside_dir(tmp_path)
+    text_shards(root)
+    (root / ".nv-meta").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(DatasetConfigError, match=r"\.nv-meta.*refuses to write through a symlink outside the dataset"):
+        prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("split.yaml", TEXT),
+        ("dataset.yaml", TEXT),
+        ("custom.yaml", dict(TEXT, dataset_config="custom.yaml")),
+        (".info.json", TEXT),
+        (".info.yaml", TEXT),
+        ("index.sqlite", TEXT),
+        ("index.uuid", TEXT),
+        ("sample_loader.py", dict(sample_type="TextSample", progress=False)),
+    ],
+)
+def test_prepare_refuses_a_symlinked_meta_file_and_leaves_its_target_alone(tmp_path, name, kwargs):
+    root, outside = tmp_path / "ds", outside_dir(tmp_path)
+    text_shards(root)
+    (root / ".nv-meta").mkdir()
+    target = outside / "target"
+    target.write_text("precious")
+    (root / ".nv-meta" / name).symlink_to(target)
+    with pytest.raises(DatasetConfigError, match=rf"{name}.*refuses to write through a symlink"):
+        prepare_dataset(root, split_ratio=[1, 0, 0], force_overwrite=True, **kwargs)
+    assert target.read_text() == "precious"
+    assert sorted(p.name for p in outside.iterdir()) == ["target"]
+
+
+def test_prepare_refuses_a_dangling_symlinked_sample_loader(tmp_path):
+    root, outside = tmp_path / "ds", outside_dir(tmp_path)
+    text_shards(root)
+    (root / ".nv-meta").mkdir()
+    (root / ".nv-meta" / "sample_loader.py").symlink_to(outside / "planted.py")
+    with pytest.raises(DatasetConfigError, match="sample_loader.py.*refuses to write through a symlink"):
+        prepare_dataset(root, split_ratio=[1, 0, 0], sample_type="TextSample", progress=False)
+    assert list(outside.iterdir()) == []
+
+
+def test_dataset_config_name_may_not_leave_the_nv_meta_folder(tmp_path):
+    root = tmp_path / "ds"
+    text_shards(root)
+    with pytest.raises(DatasetConfigError, match="refuses to write through a symlink outside the dataset"):
+        prepare_dataset(root, split_ratio=[1, 0, 0], dataset_config="../../escaped.yaml", **TEXT)
+    assert not (tmp_path / "escaped.yaml").exists()
+
+
+def test_prepare_refuses_a_symlinked_tar_idx(tmp_path):
+    root, outside = tmp_path / "ds", outside_dir(tmp_path)
+    text_shards(root)
+    target = outside / "target"
+    target.write_text("precious")
+    (root / "shards" / "shard_0001.tar.idx").symlink_to(target)
+    with pytest.raises(DatasetConfigError, match=r"shard_0001\.tar\.idx.*refuses to write through a symlink"):
+        prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    assert target.read_text() == "precious"
+
+
+def test_reindexing_refuses_shards_whose_folder_links_outside_the_dataset(tmp_path):
+    root, outside = tmp_path / "ds", outside_dir(tmp_path)
+    text_shards(root)
+    prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    shutil.move(root / "shards", outside / "shards")
+    for idx in (outside / "shards").glob("*.idx"):
+        idx.unlink()
+    (root / "shards").symlink_to(outside / "shards", target_is_directory=True)
+    with pytest.raises(DatasetConfigError, match=r"shard_0000\.tar\.idx.*refuses to write through a symlink"):
+        prepare_dataset(root, tar_index_only=True, progress=False)
+    assert not list((outside / "shards").glob("*.idx"))
+
+
+def test_prepare_still_accepts_symlinked_shard_files_and_a_symlinked_root(tmp_path):
+    store, root = outside_dir(tmp_path), tmp_path / "ds"
+    text_shards(store)
+    (root / "shards").mkdir(parents=True)
+    for shard in (store / "shards").glob("*.tar"):
+        (root / "shards" / shard.name).symlink_to(shard)
+    (tmp_path / "alias").symlink_to(root, target_is_directory=True)
+    result = prepare_dataset(tmp_path / "alias", split_ratio=[1, 0, 0], **TEXT)
+    assert result.total_samples == 6 and (root / "shards" / "shard_0000.tar.idx").is_file()
+    assert not list((store / "shards").glob("*.idx"))
+
+
+# --- 2. a .tar.idx that misses the tar headers is an error, not a skip -----------------------------
+
+
+@pytest.mark.parametrize("shift", [7, 512])
+def test_misaligned_tar_idx_is_a_shard_read_error_naming_shard_sample_and_fix(tmp_path, shift):
+    root = tmp_path / "ds"
+    text_shards(root)
+    prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    shard = root / "shards" / "shard_0001.tar"
+    offsets = read_tar_index(shard)
+    offsets[1:-1] += shift
+    Path(str(shard) + ".idx").write_bytes(offsets.astype(np.uint64).tobytes())
+    data = read_all(root, tolerance=1000)
+    assert data.fatal is not None and data.fatal[0] == "ShardReadError"
+    message = data.fatal[1]
+    assert str(shard) in message and re.search(r"sample #\d+ at byte \d+", message)
+    assert f"energon-ray prepare --tar-index-only {root}" in message
+    assert all(run.failures == 0 for run in data.runs)
+
+
+def test_misaligned_first_offset_is_an_error_even_when_read_alone(tmp_path):
+    root = tmp_path / "ds"
+    text_shards(root)
+    prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    shard = root / "shards" / "shard_0000.tar"
+    offsets = read_tar_index(shard)
+    offsets[1] -= 512
+    Path(str(shard) + ".idx").write_bytes(offsets.astype(np.uint64).tobytes())
+    data = read_all(root, tolerance=1000, samples=[1])
+    assert data.fatal is not None and data.runs[0].failures == 0
+    expected = rf"shard_0000\.tar: sample #1 at byte {int(offsets[1])}: no tar header .*prepare --tar-index-only {root}"
+    assert re.search(expected, data.fatal[1])
+
+
+def test_a_corrupt_header_at_a_correct_offset_stays_a_counted_skip(tmp_path):
+    root = tmp_path / "ds"
+    text_shards(root)
+    prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    shard = root / "shards" / "shard_0001.tar"
+    offsets = read_tar_index(shard)
+    with open(shard, "r+b") as f:
+        f.seek(int(offsets[1]))
+        f.write(b"\x00garbage" * 64)
+    data = read_all(root)
+    assert data.fatal is None
+    assert len(data.raw) == 5 and data.runs[0].failures == 1
+    assert "shard_0001.tar: sample #1 is not a valid tar record" in data.runs[0].messages[0]
+
+
+# --- 3. names that are not UTF-8, counts that are not counts ----------------------------------------
+
+
+def write_tar(path: Path, members) -> None:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="surrogateescape") as tar:
+        for name, data in members:
+            add_member(tar, name, data, mtime=0)
+
+
+def test_prepare_names_the_shard_and_raw_member_name_that_is_not_utf8(tmp_path):
+    root = tmp_path / "ds"
+    text_shards(root)
+    write_tar(root / "shards" / "shard_0001.tar", [("a.txt", b"a"), (BAD_KEY + ".txt", b"b")])
+    with pytest.raises(DatasetConfigError, match=r"shard_0001\.tar: member name b'\\xff\\xfe0001\.txt' is not"):
+        prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+
+
+def test_reading_a_member_name_that_is_not_utf8_is_a_named_error(tmp_path):
+    root = tmp_path / "ds"
+    text_shards(root)
+    prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    shard = root / "shards" / "shard_0000.tar"
+    members = [(f"{key}.txt", parts["txt"]) for key, parts in text_samples(3)]
+    members[1] = (BAD_KEY + ".txt", members[1][1])  # same length: the index stays valid
+    write_tar(shard, members)
+    (index, chunk), = ShardReader(str(shard), "shards/shard_0000.tar", read_tar_index(shard)).read_run(1, 1)
+    with pytest.raises(ShardReadError, match=r"shard_0000\.tar: sample #1: member name b'\\xff\\xfe0001\.txt'"):
+        parse_sample(chunk, str(shard), index)
+    data = read_all(root, tolerance=1000)
+    assert data.fatal is None and len(data.raw) == 5
+    assert "b'\\xff\\xfe0001.txt' is not valid UTF-8" in data.runs[0].messages[0]
+
+
+@pytest.mark.parametrize("value", ["abc", -1, 2.5, True, None])
+@pytest.mark.parametrize("file_name", [".info.json", ".info.yaml"])
+def test_a_shard_count_that_is_not_a_count_is_a_config_error_naming_file_and_shard(tmp_path, value, file_name):
+    meta = tmp_path / ".nv-meta"
+    meta.mkdir()
+    data = {"shard_counts": {"shards/shard_0000.tar": 3, "shards/shard_0001.tar": value}}
+    (meta / file_name).write_text(json.dumps(data) if file_name.endswith(".json") else yaml.safe_dump(data))
+    with pytest.raises(DatasetConfigError, match=rf"{file_name}: shard_counts\['shards/shard_0001.tar'\] is {value!r}"):
+        read_info(tmp_path)
