@@ -219,6 +219,10 @@ class ConcatDataset(Composition):
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         subs = [ds.provider(ctx, pass_index) for ds in self.datasets]
         current = [0] * self.num_workers
+        for a, b in zip(self.datasets, self.datasets[1:]):
+            if getattr(getattr(b, "options", None), "batch_across_sources", False) and id(a) in ctx.feeds:
+                # a's remainder of each worker stream opens b's first batch
+                ctx.feeds[id(a)].queues.chain_to(ctx.feeds[id(b)].queues)
 
         def next_item(worker: int) -> Any:
             while current[worker] < len(subs):
@@ -245,6 +249,15 @@ class ConcatDataset(Composition):
         return [self.limit // workers + (1 if w < self.limit % workers else 0) for w in range(workers)]
 
     def __len__(self) -> int:
+        if all(getattr(getattr(ds, "options", None), "batch_across_sources", False) for ds in self.datasets):
+            # one batched stream per worker through all datasets
+            options = self.datasets[0].options
+            per_worker = [sum(n) for n in zip(*(ds.worker_lengths() for ds in self.datasets))]
+            size = options.batch_size
+            batches = [n // size if options.drop_last else -(-n // size) for n in per_worker]
+            caps = self.caps()
+            total = sum(batches if caps is None else [min(b, c) for b, c in zip(batches, caps)])
+            return total
         total = sum(len(ds) for ds in self.datasets)
         return min(total, self.limit) if self.limit is not None else total
 

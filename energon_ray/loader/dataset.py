@@ -47,6 +47,8 @@ class PlanOptions:
     repetitions: Optional[float] = None
     #: Energon's ``packing_buffer_size`` (None: no packing).
     packing_buffer_size: Optional[int] = None
+    #: Batched together with the neighbouring datasets of a validation metadataset (see ConcatDataset).
+    batch_across_sources: bool = False
 
 
 class EnergonDataset(Composition):
@@ -188,6 +190,7 @@ class EnergonDataset(Composition):
                 batch_size=self.options.batch_size,
                 error_handler=self.worker_config.global_error_handler,
                 packing_buffer_size=self.options.packing_buffer_size,
+                batch_across_sources=self.options.batch_across_sources,
             )
         return self._stages
 

@@ -78,6 +78,8 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
             repetitions=leaf.repetitions if options.training else None,
             virtual_epoch_length=0,
             limit=None,
+            # validation batches run across the end of one dataset into the next, as in Energon
+            batch_across_sources=not options.training and len(flat.leaves) > 1 and options.batch_size is not None,
         )
         try:
             leaves.append(

@@ -100,14 +100,13 @@ class LeafFeed:
             if not self.queues.done[w]:
                 self.queues.close_worker(w)
 
-    def _seam_batches(self, worker: int, group: List[Tuple[int, int, Any]]) -> List[Any]:
-        """Pooled leftover samples (still serialized) → a Ray task batches them; resolved when reached."""
+    def _seam_batches(self, worker: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]]) -> List[Any]:
+        """Pooled samples (still serialized) → one Ray task batches the groups; resolved when reached."""
         if self._seams is None:
             from energon_ray.pipeline.build import SeamTasks
 
             self._seams = SeamTasks(self.dataset.stage_config(), self.source, self.multi.ray_remote_args)
-        ds = self.dataset
-        wait = self._seams.submit(worker, ds.worker_config.worker_seed(worker), ds.options.batch_size or len(group), group)
+        wait = self._seams.submit(worker, self.dataset.worker_config.worker_seed(worker), groups)
 
         def resolve() -> List[Any]:
             try:

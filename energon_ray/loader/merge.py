@@ -1,10 +1,10 @@
 """Driver-side ordering, without Ray: per-worker item queues and the round-robin over workers.
 
 ``WorkerQueues`` takes one source's rows in plan order. Items queue up per logical worker;
-leftover samples (a segment lost samples to errors, or a stream ended) are pooled per worker, still
-serialized, and once ``batch_size`` of them are gathered (or the stream ends) handed to
-``make_batches``, which starts a Ray task to batch them (a *seam* batch) and queues a ``Pending``
-that the queue resolves when the consumer reaches it. ``round_robin`` interleaves
+leftover samples (a segment lost samples to errors, or a stream ended) and the keyed samples of
+grouped batching are pooled per worker and bucket, still serialized, and the groups that fill (or
+remain when the stream ends) are handed to ``make_batches``, which starts one Ray task to batch them
+(*seam* batches) and queues a ``Pending`` that the queue resolves when the consumer reaches it. ``round_robin`` interleaves
 the workers exactly like a torch ``DataLoader`` interleaves its worker processes: a finished (or
 capped) worker drops out.
 """
@@ -103,7 +103,7 @@ class WorkerQueues:
     Args:
         num_workers: logical worker streams.
         batch_size: samples per batch (``None``: items are samples, nothing to pool).
-        make_batches: ``(worker, group) -> [batches or Pending]`` for pooled groups.
+        make_batches: ``(worker, [(batch size, group), ...]) -> [batches or Pending]`` for pooled groups.
         drop_last: drop each stream's final short batch.
         stats: counters to update.
     """
@@ -112,7 +112,7 @@ class WorkerQueues:
         self,
         num_workers: int,
         batch_size: Optional[int],
-        make_batches: Callable[[int, List[Any]], List[Any]],
+        make_batches: Callable[[int, List[Tuple[int, List[Any]]]], List[Any]],
         *,
         drop_last: bool = False,
         stats: Optional[LoaderStats] = None,
@@ -127,15 +127,62 @@ class WorkerQueues:
         self.pools: List[Dict[Any, Tuple[int, List[Any]]]] = [{} for _ in range(num_workers)]
         self.done = [False] * num_workers
         self.chain = FailureChain()
+        #: the next source of a concatenation batched as one stream: it takes over our remainders
+        self.downstream: Optional["WorkerQueues"] = None
+        #: per worker: the upstream's remainder has not arrived yet (hold rows' samples, cut nothing)
+        self.waiting = [False] * num_workers
+        self.held: List[List[Tuple[Any, int, Any]]] = [[] for _ in range(num_workers)]
+
+    def chain_to(self, downstream: "WorkerQueues") -> None:
+        """Each worker's remainder (its pools) goes to ``downstream``, ahead of its samples, instead of
+        being flushed as short batches; ``downstream`` cuts no batch before it has it."""
+        self.downstream = downstream
+        downstream.waiting = [True] * downstream.num_workers
+        for w in range(self.num_workers):
+            if self.done[w]:  # closed before the chain existed (no segments for this worker)
+                downstream.carry_in(w, {})
+
+    def carry_in(self, worker: int, pools: Dict[Any, Tuple[int, List[Any]]]) -> None:
+        """The upstream's remainder of ``worker``'s stream: its pools, then the samples held here."""
+        self.pools[worker] = pools
+        self.waiting[worker] = False
+        held, self.held[worker] = self.held[worker], []
+        self._pool(worker, held)
+        if self.done[worker]:
+            self._finish(worker)
 
     def close_worker(self, worker: int) -> None:
-        """The worker's stream has no more segments: flush its pools (each bucket's short batch)."""
-        if not self.drop_last:
-            for _, items in self.pools[worker].values():
-                if items:
-                    self.queues[worker].extend(self.make_batches(worker, items))
-        self.pools[worker] = {}
+        """The worker's stream has no more segments: flush its pools (each bucket's short batch), or
+        hand them on to the next source of a concatenation."""
         self.done[worker] = True
+        if not self.waiting[worker]:  # else: finished when the upstream's remainder arrives
+            self._finish(worker)
+
+    def _finish(self, worker: int) -> None:
+        pools, self.pools[worker] = self.pools[worker], {}
+        if self.downstream is not None:
+            self.downstream.carry_in(worker, pools)
+        elif not self.drop_last:
+            short = [(limit, items) for limit, items in pools.values() if items]
+            if short:
+                self.queues[worker].extend(self.make_batches(worker, short))
+
+    def _pool(self, worker: int, entries: List[Tuple[Any, int, Any]]) -> None:
+        """Pool ``(bucket key, bucket size, sample)`` in stream order; the groups that fill go to
+        ``make_batches`` (one Ray task), in the order they filled."""
+        if self.waiting[worker]:
+            self.held[worker].extend(entries)
+            return
+        full = []
+        pools = self.pools[worker]
+        for key, size, item in entries:
+            limit, pool = pools.setdefault(key, (size, []))
+            pool.append(item)
+            if len(pool) >= limit:
+                full.append((limit, pool[:limit]))
+                del pool[:limit]
+        if full:
+            self.queues[worker].extend(self.make_batches(worker, full))
 
     def pop(self, worker: int) -> Any:
         """The worker's next item (resolving seam batches), or ``NOTHING`` if none is queued."""
@@ -155,13 +202,7 @@ class WorkerQueues:
         if kind == rows.ITEM:
             self.queues[worker].append(payload)
         elif kind == rows.LEFTOVER:
-            for key, size, items in payload:
-                limit, pool = self.pools[worker].setdefault(key, (size, []))
-                pool.extend(items)
-                while len(pool) >= limit:
-                    group = pool[:limit]
-                    del pool[:limit]
-                    self.queues[worker].extend(self.make_batches(worker, group))
+            self._pool(worker, [(key, size, item) for key, size, items in payload for item in items])
         elif kind == rows.REPORT:
             self.stats.add_report(payload, self.chain)
             if last_segment:

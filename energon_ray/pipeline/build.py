@@ -354,9 +354,9 @@ class BlockStream:
 
 
 @ray.remote(num_cpus=1, max_retries=3)
-def _seam_task(config: StageConfig, worker: int, seed: int, batch_size: int, group, source: int) -> pa.Table:
+def _seam_task(config: StageConfig, worker: int, seed: int, groups, source: int) -> pa.Table:
     _limit_torch_threads()
-    return seam_batches(config, worker, seed, batch_size, group, source)
+    return seam_batches(config, worker, seed, groups, source)
 
 
 class SeamTasks:
@@ -368,10 +368,11 @@ class SeamTasks:
         self.source = source
         self.remote_args = {k: v for k, v in (remote_args or {}).items() if k in ("num_cpus", "memory", "resources")}
 
-    def submit(self, worker: int, seed: int, batch_size: int, group: List[Tuple[int, int, Any]]) -> Callable[[], pa.Table]:
-        """Start the task now; the returned function waits for its rows (a zero-copy table)."""
+    def submit(self, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]]) -> Callable[[], pa.Table]:
+        """Start one task for ``(batch size, group)`` pairs; the returned function waits for its rows
+        (a zero-copy table)."""
         if self._config_ref is None:
             self._config_ref = ray.put(self._config)
         task = _seam_task.options(**self.remote_args) if self.remote_args else _seam_task
-        ref = task.remote(self._config_ref, worker, seed, batch_size, group, self.source)
+        ref = task.remote(self._config_ref, worker, seed, groups, self.source)
         return lambda: ray.get(ref)

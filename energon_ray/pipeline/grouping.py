@@ -1,8 +1,9 @@
-"""Grouped batching inside a segment: ``batch_group_criterion(sample) -> (bucket key, bucket size)``.
+"""Grouped batching: ``batch_group_criterion(sample) -> (bucket key, bucket size)``.
 
-A bucket's batch is built as soon as it is full; what remains in each bucket at the segment's end
-goes to the driver, which keeps pooling it per worker and bucket (and flushes the buckets when the
-stream ends, unless ``batch_drop_last``).
+A segment (Ray task) only keys its samples: which samples share a batch depends on the buckets that
+earlier segments of the worker's stream left half full. The trainer pools the keyed samples, still
+serialized, per worker and bucket in stream order, exactly as Energon's buckets fill, and a Ray task
+batches each bucket as it fills (and every bucket at the stream's end, unless ``batch_drop_last``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def bucket_size(key: Hashable, size: Optional[int], batch_size: Optional[int], w
 
 
 class Grouper:
-    """Sorts a segment's encoded samples into buckets and cuts full buckets into batches."""
+    """Keys a segment's encoded samples by bucket (the batches themselves are cut across segments)."""
 
     def __init__(self, te: TaskEncoder, batch_size: Optional[int], handler: Any):
         fn = te.batch_group_criterion
@@ -48,10 +49,11 @@ class Grouper:
     def new_run(self) -> StageRun:
         return self.criterion.new_run()
 
-    def __call__(self, encoded: List[Item], run: StageRun) -> Tuple[List[Tuple[int, List[Item]]], List[Leftover]]:
-        """``(full groups as (size, items) in completion order, leftover buckets)``."""
-        buckets: Dict[Hashable, Tuple[int, List[Item]]] = {}
-        full: List[Tuple[int, List[Item]]] = []
+    def __call__(self, encoded: List[Item], run: StageRun) -> List[Leftover]:
+        """``(bucket key, bucket batch size, [item])`` per sample, in stream order (failed or
+        ignored criterion calls drop their sample)."""
+        sizes: Dict[Hashable, int] = {}
+        keyed: List[Leftover] = []
         for entry in encoded:
             sample = entry[2]
             what = f"sample {getattr(sample, '__key__', '?')!r}"
@@ -61,12 +63,7 @@ class Grouper:
             if not (isinstance(result, tuple) and len(result) == 2):
                 raise FatalSampleError(f"{what}: batch_group_criterion must return (key, batch_size or None), got {result!r}")
             key, size = result
-            if key not in buckets:
-                buckets[key] = (bucket_size(key, size, self.batch_size, what), [])
-            limit, items = buckets[key]
-            items.append(entry)
-            if len(items) == limit:
-                full.append((limit, list(items)))
-                items.clear()
-        leftovers = [(key, limit, items) for key, (limit, items) in buckets.items() if items]
-        return full, leftovers
+            if key not in sizes:
+                sizes[key] = bucket_size(key, size, self.batch_size, what)
+            keyed.append((key, sizes[key], [entry]))
+        return keyed

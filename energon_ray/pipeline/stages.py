@@ -36,6 +36,9 @@ class StageConfig:
     error_handler: Any = log_exception
     #: Energon's ``packing_buffer_size`` (None: no packing).
     packing_buffer_size: Optional[int] = None
+    #: Leave every sample to the trainer's pool, batched across datasets (a validation metadataset
+    #: batches its datasets' streams as one, like Energon's concatenation before batching).
+    batch_across_sources: bool = False
 
 
 def _runner(te: TaskEncoder, name: str, stage: str, handler: Any) -> HookRunner:
@@ -233,13 +236,11 @@ class BatchSamples:
             grouper = Grouper(te, size, handler)
             run = grouper.new_run()
             data.runs.append(run)
-            full, leftovers = grouper(entries, run)
-            batcher = Batcher(te, handler)
-            runs = batcher.new_runs()
-            data.runs.extend(runs)
-            return [b for limit, group in full for b in batcher(group, seed, limit, runs)], leftovers
+            return [], grouper(entries, run)  # batched where the buckets fill, across segments
         if size is None:
             return [item for _, _, item in entries], []
+        if self.config.batch_across_sources:
+            return [], ([(None, size, entries)] if entries else [])
         batcher = Batcher(te, handler)
         runs = batcher.new_runs()
         data.runs.extend(runs)
@@ -282,21 +283,24 @@ class EncodeAndBatch:
 
 
 def seam_batches(
-    config: StageConfig, worker: int, seed: int, batch_size: int, group: List[Tuple[int, int, Any]], source: int = 0
+    config: StageConfig, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]], source: int = 0
 ) -> pa.Table:
-    """Batch pooled leftover samples (serialized, in stream order): ``ITEM`` rows and a ``REPORT``.
+    """Batch pooled samples (serialized, in stream order), ``(batch size, group)`` after another:
+    ``ITEM`` rows and a ``REPORT``.
 
-    This is the rare batch that straddles segments (samples were skipped, or a stream ended); it runs
-    in a Ray task like every other batch, with the same hook seeds as if it had been made in place.
+    These are the batches that straddle segments (samples were skipped, a stream ended, or buckets of
+    grouped batching filled across segments); they run in a Ray task like every other batch, with the
+    same hook seeds as if they had been made in place.
     """
     te: TaskEncoder = config.task_encoder.get()
     batcher = Batcher(te, config.error_handler, restore_rng=True)
     runs = batcher.new_runs()
     fatal = None
     made: List[Any] = []
-    try:  # only batched or grouped pipelines leave samples over, so there is always a batcher to run
-        samples = [(position, sub, serde.loads(payload)) for position, sub, payload in group]
-        made = batcher(samples, seed, batch_size, runs)
+    try:  # only batched or grouped pipelines pool samples, so there is always a batcher to run
+        for batch_size, group in groups:
+            samples = [(position, sub, serde.loads(payload)) for position, sub, payload in group]
+            made.extend(batcher(samples, seed, batch_size, runs))
     except FatalSampleError as exc:
         fatal = ("FatalSampleError", str(exc))
     report = rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=len(made), runs=runs, fatal=fatal)

@@ -74,3 +74,27 @@ def test_blend_shares_agree_with_energon(root):
     share = lambda keys: sum(k.startswith("a") for k in keys) / len(keys)  # noqa: E731
     assert abs(share(ours) - 0.7) <= 0.04 and abs(share(theirs) - 0.7) <= 0.04
     assert abs(share(ours) - share(theirs)) <= 0.04
+
+
+@pytest.mark.parametrize("workers,segment", [(0, None), (2, None), (2, 4), (3, 8)])
+def test_val_metadataset_batches_across_datasets_like_energon(root, workers, segment):
+    """A validation metadataset batches its datasets as one stream per worker: a batch runs from the
+    end of one dataset into the next (lengths 30 and 44 are not multiples of 4), exactly as Energon,
+    with its datasets split into several segments (Ray tasks) or not."""
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    yaml_file = root / "val_concat.yaml"
+    yaml_file.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  val:\n    blend:\n"
+        "      - {weight: 1, path: a, split_part: train}\n      - {weight: 1, path: b, split_part: train}\n"
+    )
+    extra = {} if segment is None else {"samples_per_segment": segment}
+    their_ds = get_val_dataset(yaml_file, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=4)
+    our_ds = er.get_val_dataset(
+        yaml_file, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=4, **extra
+    )  # fmt: skip
+    theirs = [list(b.__key__) for b in get_loader(their_ds)]
+    ours = [list(b.__key__) for b in er.get_loader(our_ds)]
+    assert any(k[0] != b[0][0] for b in theirs for k in b)  # some batch straddles the two datasets
+    assert ours == theirs
+    assert len(our_ds) == len(their_ds) == len(theirs)

@@ -76,10 +76,15 @@ def test_pack_patterns_match_energon(text, workers):
     assert any("+" in k for b in got for k in b)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_grouped_batches_match_energon(text, workers):
-    """batch_group_criterion buckets (text % 3) with batch 4 give Energon's batches, flushes included."""
-    ours = er.get_val_dataset(text, split_part="train", worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=4, task_encoder=OurGroup())
+@pytest.mark.parametrize("workers,segment", [(0, None), (2, None), (0, 4), (2, 8)])
+def test_grouped_batches_match_energon(text, workers, segment):
+    """batch_group_criterion buckets (text % 3) with batch 4 give Energon's batches, flushes included,
+    also when each worker's stream spans several segments (Ray tasks) whose buckets straddle them."""
+    extra = {} if segment is None else {"samples_per_segment": segment}
+    ours = er.get_val_dataset(
+        text, split_part="train", worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=4,
+        task_encoder=OurGroup(), **extra,
+    )  # fmt: skip
     theirs = me.get_val_dataset(text, split_part="train", worker_config=me.WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=4, task_encoder=TheirGroup())
     got, expected = _keys(er.get_loader(ours)), _keys(me.get_loader(theirs))
     assert sorted(map(tuple, got)) == sorted(map(tuple, expected))

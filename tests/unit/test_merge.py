@@ -14,9 +14,9 @@ def _report(worker, segment, runs=()):
     return (rows.REPORT, worker, segment, 99, rows.Report(worker, segment, 0, 0, 0, list(runs)))
 
 
-def _pool_batches(worker, group):
-    """Like the seam tasks: the batch is made later, when the queue reaches it."""
-    return [Pending(lambda: ["+".join(str(x[2]) for x in group)])]
+def _pool_batches(worker, groups):
+    """Like the seam tasks: one task for the groups, its batches made when the queue reaches it."""
+    return [Pending(lambda: ["+".join(str(x[2]) for x in group) for _, group in groups])]
 
 
 def _drain(queues: WorkerQueues, worker: int):
@@ -66,6 +66,28 @@ def test_leftovers_pool_into_full_batches_in_stream_order():
     assert q.stats.seam_batches == 2
 
 
+def test_keyed_samples_fill_buckets_across_segments_like_energon():
+    """Grouped batching: buckets fill across segments in stream order (a bucket started in one
+    segment completes with the next one's samples); the rest flush in first-seen bucket order."""
+    calls = []
+
+    def batches(worker, groups):
+        calls.append(len(groups))
+        return _pool_batches(worker, groups)
+
+    q = WorkerQueues(1, None, batches)
+
+    def keyed(*pairs):
+        return [(key, 2, [(int(name[1:]), 0, name)]) for key, name in pairs]
+
+    q.feed((rows.LEFTOVER, 0, 0, 0, keyed(("b", "s0"), ("a", "s1"), ("a", "s2"), ("c", "s3"))), False)
+    q.feed(_report(0, 0), False)
+    q.feed((rows.LEFTOVER, 0, 1, 0, keyed(("c", "s4"), ("b", "s5"), ("a", "s6"))), False)
+    q.feed(_report(0, 1), True)
+    assert _drain(q, 0) == ["s1+s2", "s3+s4", "s0+s5", "s6"]
+    assert calls == [1, 2, 1]
+
+
 def test_drop_last_drops_only_the_final_short_batch():
     """With drop_last the pooled remainder at stream end is dropped."""
     q = WorkerQueues(1, 3, _pool_batches, drop_last=True)
@@ -94,3 +116,22 @@ def test_fatal_report_raises_in_plan_order():
 
     with pytest.raises(ShardReadError, match="x.tar: truncated"):
         q.feed((rows.REPORT, 0, 0, 0, report), False)
+
+
+def test_chained_sources_batch_across_the_end_of_one_into_the_next():
+    """A validation concatenation: the first source's remainder opens the second one's first batch,
+    even when the second source's rows arrive before the first one's stream ends."""
+    first, second = WorkerQueues(1, 3, _pool_batches), WorkerQueues(1, 3, _pool_batches)
+    first.chain_to(second)
+
+    def pooled(segment, *names):
+        return (rows.LEFTOVER, 0, segment, 0, [(None, 3, [(int(n[1:]), 0, n) for n in names])])
+
+    second.feed(pooled(0, "b0", "b1", "b2", "b3"), False)
+    second.feed(_report(0, 0), True)
+    assert second.waiting == [True] and _drain(second, 0) == []
+    first.feed(pooled(0, "a0", "a1", "a2", "a3"), False)
+    first.feed(_report(0, 0), True)
+    assert _drain(first, 0) == ["a0+a1+a2"]
+    assert _drain(second, 0) == ["a3+b0+b1", "b2+b3"]
+    assert first.done == second.done == [True]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from energon_ray import DefaultTaskEncoder, TextSample
-from energon_ray.errors import FatalSampleError, log_exception
+from energon_ray.errors import FatalSampleError, SkipSample, log_exception
 from energon_ray.pipeline.grouping import Grouper, bucket_size
 from energon_ray.pipeline.packing import Packer
 from energon_ray.tasks.text_packing import first_fit_decreasing
@@ -48,17 +48,22 @@ def test_packer_postencode_runs_on_members_only():
     assert seen == ["s0", "s1", "s2", "s3"]
 
 
-def test_grouper_buckets_and_leftovers():
-    """Full buckets become groups in completion order; partial buckets are returned as leftovers with their size."""
+def test_grouper_keys_each_sample_in_stream_order():
+    """A segment only keys its samples (bucket, bucket size), in order; ignored samples drop out."""
 
     class ByParity(DefaultTaskEncoder):
         def batch_group_criterion(self, sample):
+            if sample.text == "3":
+                raise SkipSample()
             return int(sample.text) % 2, None
 
     grouper = Grouper(ByParity(), 2, log_exception)
-    full, leftovers = grouper(_items(5), grouper.new_run())
-    assert [[e[2].__key__ for e in group] for _, group in full] == [["s0", "s2"], ["s1", "s3"]]
-    assert [(key, size, [e[2].__key__ for e in items]) for key, size, items in leftovers] == [(0, 2, ["s4"])]
+    run = grouper.new_run()
+    keyed = grouper(_items(5), run)
+    assert [(key, size, [e[2].__key__ for e in items]) for key, size, items in keyed] == [
+        (0, 2, ["s0"]), (1, 2, ["s1"]), (0, 2, ["s2"]), (0, 2, ["s4"]),
+    ]  # fmt: skip
+    assert run.ignored == 1
 
 
 def test_bucket_size_rules():
