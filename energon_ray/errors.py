@@ -75,6 +75,9 @@ class UntrustedCodeError(DatasetConfigError):
     did not opt in with ``trust_dataset_code=True`` (or ``ENERGON_RAY_TRUST_DATASET_CODE=1``)."""
 
 
+#: Refused dataset code is never a bad sample to skip: loading stops with the opt-in in the message.
+SYSTEM_EXCEPTIONS = SYSTEM_EXCEPTIONS + (UntrustedCodeError,)
+
 #: Environment variable that trusts every dataset of a job (``1``/``true``/``yes``).
 TRUST_ENV = "ENERGON_RAY_TRUST_DATASET_CODE"
 

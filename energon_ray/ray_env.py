@@ -9,6 +9,11 @@ from typing import Any, Optional, Tuple
 logger = logging.getLogger("energon_ray")
 
 
+def verbose() -> bool:
+    """Whether the user asked for Ray's own output (``ENERGON_RAY_VERBOSE=1``); quiet by default."""
+    return os.environ.get("ENERGON_RAY_VERBOSE", "0").strip().lower() not in ("", "0", "false", "no")
+
+
 def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     """Make sure Ray is initialized.
 
@@ -29,7 +34,7 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
         return
     init_kwargs.setdefault("include_dashboard", False)
     init_kwargs.setdefault("configure_logging", True)
-    init_kwargs.setdefault("logging_level", logging.WARNING)
+    init_kwargs.setdefault("logging_level", logging.INFO if verbose() else logging.WARNING)
     ray.init(address="local", **init_kwargs)
 
 

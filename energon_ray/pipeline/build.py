@@ -26,6 +26,7 @@ import ray.data
 
 from energon_ray.pipeline.stages import BatchSamples, EncodeAndBatch, EncodeSamples, StageConfig, seam_batches
 from energon_ray.plan.stream import SegmentSpec
+from energon_ray.ray_env import verbose
 from energon_ray.source.datasource import SegmentDatasource
 from energon_ray.source.reader import ReadSegment
 
@@ -269,8 +270,7 @@ def feeder() -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         node = ray.get_runtime_context().get_node_id()
-        verbose = os.environ.get("ENERGON_RAY_VERBOSE", "0") not in ("", "0")
-        handle = Feeder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)).remote(verbose)
+        handle = Feeder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)).remote(verbose())
         _FEEDER.clear()
         _FEEDER[job] = handle
     return handle

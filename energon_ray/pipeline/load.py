@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from energon_ray.decode.sample_decoder import SampleDecoder
-from energon_ray.errors import SampleException
+from energon_ray.errors import SampleException, UntrustedCodeError
 from energon_ray.format.dataset_yaml import DatasetSpec
 from energon_ray.format.field_access import FieldAccessError, field_access
 from energon_ray.samples import CrudeSample
@@ -44,6 +44,8 @@ class SampleLoader:
                 continue
             try:
                 out[part] = self.decoder.decode_part(part, data)
+            except UntrustedCodeError as exc:
+                raise UntrustedCodeError(f"dataset {self.spec.root}: {self._where(raw)}: part {part!r}: {exc}") from None
             except Exception as exc:
                 raise SampleException(
                     f"{self._where(raw)}: cannot decode part {part!r} ({len(data)} bytes): {type(exc).__name__}: {exc}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,7 @@ import ray
 import energon_ray as er
 from energon_ray.format.dataset_yaml import write_dataset_yaml
 from energon_ray.pipeline.build import feeder
-from tests.helpers import captioning_dataset
+from tests.helpers import captioning_dataset, prepared
 
 REPO = Path(__file__).resolve().parents[2]
 WC = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
@@ -233,3 +234,30 @@ def test_a_script_with_its_own_types_runs_quietly_and_exits_0(ds, tmp_path):
     assert proc.stdout.splitlines() == ["main 30 (4, 3, 48, 64)", "module 30 user_types", "endless [4, 4, 4, 4, 4]"]
     noise = [line for line in proc.stderr.splitlines() if line.strip()]
     assert noise == [], noise[:20]
+
+
+class _Tripwire:
+    """Unpickling this creates a file: proof that a pickle from the dataset was executed."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_pickled_parts_stop_loading_unless_trusted(tmp_path):
+    """A dataset whose field_map reads a pickled part stops at once with an error naming the shard,
+    sample, part and the opt-in (no sample is unpickled); trusted, the pickles load."""
+    trip = tmp_path / "unpickled"
+    samples = [(f"s{i:03d}", {"pyd": pickle.dumps(_Tripwire(str(trip)) if i == 0 else f"text {i}")}) for i in range(6)]
+    path = prepared(tmp_path / "ds", samples, 3, sample_type="TextSample", field_map={"text": "pyd"})
+    with pytest.raises(er.FatalSampleError) as info:
+        list(er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=2, worker_config=WC)))
+    message = str(info.value)
+    assert "UntrustedCodeError" in message and "part 'pyd'" in message and "trust_dataset_code=True" in message
+    assert f"dataset {path}: shards/shard_0000.tar: sample 's000'" in message
+    assert not trip.exists()
+    clean = prepared(tmp_path / "clean", samples[1:], 3, sample_type="TextSample", field_map={"text": "pyd"})
+    loader = er.get_loader(er.get_val_dataset(clean, split_part="train", batch_size=5, trust_dataset_code=True))
+    assert sorted(t for b in loader for t in b.text) == [f"text {i}" for i in range(1, 6)]
