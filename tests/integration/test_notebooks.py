@@ -24,3 +24,4 @@ def test_notebook_runs_in_a_kernel(path, tmp_path, monkeypatch):
     client.execute()
     text = "\n".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "stream")
     assert "CaptioningSample" in text and "batches; first: ((16, 3, 64, 64)" in text
+    assert "PairBatch is PairBatch: True, " in text  # a batch type declared in a cell
