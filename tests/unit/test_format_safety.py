@@ -31,6 +31,13 @@ def text_shards(root: Path, num: int = 6, per_shard: int = 3) -> None:
     write_shards(root / "shards", text_samples(num), per_shard)
 
 
+def prepared_text(root: Path) -> Path:
+    """Two shards of three text samples, prepared."""
+    text_shards(root)
+    prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    return root
+
+
 def outside_dir(tmp_path: Path) -> Path:
     out = tmp_path / "outside"
     out.mkdir()
@@ -142,9 +149,7 @@ def test_prepare_still_accepts_symlinked_shard_files_and_a_symlinked_root(tmp_pa
 
 @pytest.mark.parametrize("shift", [7, 512])
 def test_misaligned_tar_idx_is_a_shard_read_error_naming_shard_sample_and_fix(tmp_path, shift):
-    root = tmp_path / "ds"
-    text_shards(root)
-    prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    root = prepared_text(tmp_path / "ds")
     shard = root / "shards" / "shard_0001.tar"
     offsets = read_tar_index(shard)
     offsets[1:-1] += shift
@@ -158,9 +163,7 @@ def test_misaligned_tar_idx_is_a_shard_read_error_naming_shard_sample_and_fix(tm
 
 
 def test_misaligned_first_offset_is_an_error_even_when_read_alone(tmp_path):
-    root = tmp_path / "ds"
-    text_shards(root)
-    prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    root = prepared_text(tmp_path / "ds")
     shard = root / "shards" / "shard_0000.tar"
     offsets = read_tar_index(shard)
     offsets[1] -= 512
@@ -172,9 +175,7 @@ def test_misaligned_first_offset_is_an_error_even_when_read_alone(tmp_path):
 
 
 def test_a_corrupt_header_at_a_correct_offset_stays_a_counted_skip(tmp_path):
-    root = tmp_path / "ds"
-    text_shards(root)
-    prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    root = prepared_text(tmp_path / "ds")
     shard = root / "shards" / "shard_0001.tar"
     offsets = read_tar_index(shard)
     with open(shard, "r+b") as f:
@@ -204,9 +205,7 @@ def test_prepare_names_the_shard_and_raw_member_name_that_is_not_utf8(tmp_path):
 
 
 def test_reading_a_member_name_that_is_not_utf8_is_a_named_error(tmp_path):
-    root = tmp_path / "ds"
-    text_shards(root)
-    prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    root = prepared_text(tmp_path / "ds")
     shard = root / "shards" / "shard_0000.tar"
     members = [(f"{key}.txt", parts["txt"]) for key, parts in text_samples(3)]
     members[1] = (BAD_KEY + ".txt", members[1][1])  # same length: the index stays valid
