@@ -17,7 +17,7 @@ import yaml
 
 from energon_ray.errors import DatasetConfigError, untrusted
 from energon_ray.format.field_access import parse_field_access
-from energon_ray.format.info import meta_dir
+from energon_ray.format.info import check_write_target, meta_dir, write_file
 from energon_ray.samples import SAMPLE_TYPES, CrudeSample
 
 #: Modules whose sample classes we provide under the same names.
@@ -232,8 +232,9 @@ def write_dataset_yaml(
     dataset_config: str = "dataset.yaml",
     module: str = "megatron.energon",
 ) -> Path:
-    """Write a ``dataset.yaml`` that both energon_ray and megatron-energon read."""
-    meta = meta_dir(path)
+    """Write a ``dataset.yaml`` that both energon_ray and megatron-energon read (never through a
+    symlink out of the dataset folder)."""
+    meta = check_write_target(path, meta_dir(path))
     meta.mkdir(parents=True, exist_ok=True)
     if sample_type == "CrudeWebdataset":
         data: Dict[str, Any] = {"__module__": module, "__class__": "CrudeWebdataset"}
@@ -245,9 +246,7 @@ def write_dataset_yaml(
         data["sample_loader"] = sample_loader
     if part_filter is not None:
         data["part_filter"] = part_filter
-    out = meta / dataset_config
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return out
+    return write_file(path, meta / dataset_config, yaml.safe_dump(data, sort_keys=False).encode())
 
 
 def _first_sample_parts(shard: str, offset: int) -> tuple:

@@ -11,7 +11,7 @@ import braceexpand
 import yaml
 
 from energon_ray.errors import DatasetConfigError
-from energon_ray.format.info import meta_dir
+from energon_ray.format.info import check_write_target, meta_dir, write_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,9 +83,9 @@ def write_split_file(
     path: Path | str, split_parts: Dict[str, List[str]], exclude: List[str] | None = None,
     split_config: str = "split.yaml",
 ) -> Path:
-    """Write ``split.yaml`` with the given shard lists (names relative to the dataset root)."""
-    meta = meta_dir(path)
+    """Write ``split.yaml`` with the given shard lists (names relative to the dataset root), never
+    through a symlink out of the dataset folder."""
+    meta = check_write_target(path, meta_dir(path))
     meta.mkdir(parents=True, exist_ok=True)
-    out = meta / split_config
-    out.write_text(yaml.safe_dump({"split_parts": split_parts, "exclude": list(exclude or [])}, sort_keys=False))
-    return out
+    text = yaml.safe_dump({"split_parts": split_parts, "exclude": list(exclude or [])}, sort_keys=False)
+    return write_file(path, meta / split_config, text.encode())

@@ -227,3 +227,24 @@ def test_a_shard_count_that_is_not_a_count_is_a_config_error_naming_file_and_sha
     (meta / file_name).write_text(json.dumps(data) if file_name.endswith(".json") else yaml.safe_dump(data))
     with pytest.raises(DatasetConfigError, match=rf"{file_name}: shard_counts\['shards/shard_0001.tar'\] is {value!r}"):
         read_info(tmp_path)
+
+
+def test_split_and_dataset_yaml_writers_refuse_symlinked_targets(tmp_path):
+    """write_split_file and write_dataset_yaml (also used outside prepare) refuse a symlinked target
+    and leave what it points to untouched."""
+    from energon_ray.format.dataset_yaml import write_dataset_yaml
+    from energon_ray.format.split import write_split_file
+
+    root = prepared_text(tmp_path / "ds")
+    outside = tmp_path / "outside.yaml"
+    outside.write_text("keep: me\n")
+    for name, write in (
+        ("split.yaml", lambda: write_split_file(root, {"train": ["shards/shard_0000.tar"]})),
+        ("dataset.yaml", lambda: write_dataset_yaml(root, "TextSample", field_map={"text": "txt"})),
+    ):
+        target = root / ".nv-meta" / name
+        target.unlink()
+        target.symlink_to(outside)
+        with pytest.raises(DatasetConfigError, match="refuses to write through a symlink"):
+            write()
+        assert outside.read_text() == "keep: me\n"
