@@ -68,6 +68,9 @@ _LAZY = {
     "get_val_dataset": "energon_ray.loader.factory",
     "EnergonLoader": "energon_ray.loader.loader",
     "get_loader": "energon_ray.loader.loader",
+    "get_savable_loader": "energon_ray.loader.loader",
+    "LoaderState": "energon_ray.loader.state",
+    "StateError": "energon_ray.loader.state",
 }
 
 
@@ -132,6 +135,9 @@ __all__ = [
     "edataclass",
     "generic_batch",
     "get_loader",
+    "get_savable_loader",
+    "LoaderState",
+    "StateError",
     "get_stateless",
     "get_train_dataset",
     "get_val_dataset",

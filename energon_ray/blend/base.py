@@ -15,12 +15,40 @@ from energon_ray.plan.schedule import NeedFn
 Provider = Callable[[int], Any]
 
 
+class Node:
+    """A composition's per-worker state for one pass (small JSON values: counters and flags)."""
+
+    def save(self, worker: int) -> Any:
+        raise NotImplementedError
+
+    def restore(self, worker: int, state: Any) -> None:
+        raise NotImplementedError
+
+
 class PassContext:
-    """What providers of one pass share: the leaves' feeds and the loader's counters."""
+    """What providers of one pass share: the leaves' feeds, the loader's counters, and the stateful
+    nodes the compositions register (children before their parent, in a fixed order)."""
 
     def __init__(self, feeds: Mapping[int, Any], stats: Any):
         self.feeds = feeds
         self.stats = stats
+        self.nodes: List[Node] = []
+
+    def register(self, node: Node) -> int:
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+    def leaf_indices(self, composition: "Composition") -> List[int]:
+        """Indices (in the loader's leaf order) of the leaves under ``composition``."""
+        return [self.feeds[id(leaf)].source for leaf in composition.leaves()]
+
+    def capture(self, worker: int, nodes: range, leaves: List[int]) -> Dict[str, Dict[int, Any]]:
+        """The state of one worker in a sub-tree (its nodes and leaf streams), e.g. before a pull."""
+        by_index = {feed.source: feed for feed in self.feeds.values()}
+        return {
+            "nodes": {i: self.nodes[i].save(worker) for i in nodes},
+            "streams": {leaf: by_index[leaf].queues.state(worker) for leaf in leaves},
+        }
 
 
 class Composition:

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from energon_ray.blend.base import Composition, PassContext, Provider, check_same_workers
+from energon_ray.blend.base import Composition, Node, PassContext, Provider, check_same_workers
 from energon_ray.errors import check_keywords, log_exception
 from energon_ray.loader.merge import EXHAUSTED
 from energon_ray.pipeline.policy import HookRunner
@@ -44,6 +44,15 @@ class _Draws:
         self._rng = np.random.default_rng([seed & 0xFFFFFFFF, _BLEND_STREAM, pass_index, salt])
         self._buf = np.empty(0)
         self._pos = 0
+        #: draws taken with ``next``
+        self.count = 0
+
+    def skip_to(self, count: int) -> None:
+        """Continue as if ``count`` draws had been taken with ``next`` (a fresh ``_Draws`` only)."""
+        chunks, self._pos = divmod(count, self.CHUNK)
+        self._rng.bit_generator.advance(chunks * self.CHUNK)  # one 64-bit output per double
+        self._buf = self.chunk() if self._pos else np.empty(0)
+        self.count = count
 
     def chunk(self) -> np.ndarray:
         """The next ``CHUNK`` draws at once (for replaying the sequence; do not mix with ``next``)."""
@@ -53,7 +62,35 @@ class _Draws:
         if self._pos >= len(self._buf):
             self._buf, self._pos = self.chunk(), 0
         self._pos += 1
+        self.count += 1
         return float(self._buf[self._pos - 1])
+
+
+class _BlendNode(Node):
+    def __init__(self, draws: List[_Draws], alive: List[List[bool]], seeds: Callable[[], List[_Draws]]):
+        self.draws, self.alive, self._fresh = draws, alive, seeds
+
+    def save(self, worker: int) -> Any:
+        return {"draws": self.draws[worker].count, "alive": list(self.alive[worker])}
+
+    def restore(self, worker: int, state: Any) -> None:
+        fresh = self._fresh()[worker]
+        fresh.skip_to(int(state["draws"]))
+        self.draws[worker] = fresh
+        self.alive[worker][:] = [bool(x) for x in state["alive"]]
+
+
+class _ListNode(Node):
+    """One JSON value per worker, kept in a list the provider reads."""
+
+    def __init__(self, values: List[Any]):
+        self.values = values
+
+    def save(self, worker: int) -> Any:
+        return self.values[worker]
+
+    def restore(self, worker: int, state: Any) -> None:
+        self.values[worker] = state
 
 
 def _pick(cumulative: np.ndarray, u: Any) -> Any:
@@ -143,8 +180,13 @@ class BlendDataset(Composition):
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         subs = [ds.provider(ctx, pass_index) for ds in self.datasets]
         workers = self.num_workers
-        draws = [_Draws(self.worker_config.worker_seed(w), pass_index, self.salt) for w in range(workers)]
+
+        def fresh() -> List[_Draws]:
+            return [_Draws(self.worker_config.worker_seed(w), pass_index, self.salt) for w in range(workers)]
+
+        draws = fresh()
         alive = [[w > 0 for w in self.weights] for _ in range(workers)]
+        ctx.register(_BlendNode(draws, alive, fresh))
         weights = np.asarray(self.weights)
 
         def next_item(worker: int) -> Any:
@@ -219,6 +261,7 @@ class ConcatDataset(Composition):
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         subs = [ds.provider(ctx, pass_index) for ds in self.datasets]
         current = [0] * self.num_workers
+        ctx.register(_ListNode(current))
         for a, b in zip(self.datasets, self.datasets[1:]):
             if getattr(getattr(b, "options", None), "batch_across_sources", False) and id(a) in ctx.feeds:
                 # a's remainder of each worker stream opens b's first batch
@@ -389,14 +432,18 @@ class MapDataset(_Wrapper):
         self.failure_tolerance = failure_tolerance
 
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        first_node = len(ctx.nodes)
         inner = self.dataset.provider(ctx, pass_index)
         handler = getattr(self.worker_config, "global_error_handler", log_exception)
         runner = HookRunner("map_fn", self.map_fn, self.failure_tolerance, handler)
         runs = [runner.new_run() for _ in range(self.num_workers)]
         pending: List[List[Any]] = [[] for _ in range(self.num_workers)]
+        node = _MapNode(ctx, range(first_node, len(ctx.nodes)), ctx.leaf_indices(self.dataset), pending, self.num_workers)
+        ctx.register(node)
 
         def next_item(worker: int) -> Any:
             while not pending[worker]:
+                node.before_pull(worker)
                 item = inner(worker)
                 if item is EXHAUSTED:
                     return EXHAUSTED
@@ -410,7 +457,44 @@ class MapDataset(_Wrapper):
                     ctx.stats.ignored["map_fn"] = ctx.stats.ignored.get("map_fn", 0) + 1
                     continue
                 pending[worker].extend(reversed(out))
+                node.expanded(worker)
+            node.taken[worker] += 1
             return pending[worker].pop()
 
         return next_item
+
+
+class _MapNode(Node):
+    """A ``MapDataset``'s state: with outputs of a 1 → n ``map_fn`` still pending, the sub-tree's
+    state from before the item was pulled, and how many of its outputs were given (the restore
+    pulls the item again, maps it again and drops those)."""
+
+    def __init__(self, ctx: PassContext, nodes: range, leaves: List[int], pending: List[List[Any]], workers: int):
+        self.ctx, self.nodes, self.leaves, self.pending = ctx, nodes, leaves, pending
+        self.before: List[Any] = [None] * workers
+        self.taken = [0] * workers
+        self.discard = [0] * workers
+
+    def before_pull(self, worker: int) -> None:
+        self.before[worker] = self.ctx.capture(worker, self.nodes, self.leaves)
+
+    def expanded(self, worker: int) -> None:
+        self.taken[worker] = 0
+        drop, self.discard[worker] = self.discard[worker], 0
+        for _ in range(min(drop, len(self.pending[worker]))):
+            self.pending[worker].pop()
+            self.taken[worker] += 1
+
+    def save(self, worker: int) -> Any:
+        if self.pending[worker]:
+            return {"discard": self.taken[worker]}
+        return {"discard": 0}
+
+    def overrides(self, worker: int) -> Optional[Dict[str, Dict[int, Any]]]:
+        """The sub-tree's state to save instead of the current one (an expansion is half given)."""
+        return self.before[worker] if self.pending[worker] else None
+
+    def restore(self, worker: int, state: Any) -> None:
+        self.pending[worker].clear()
+        self.discard[worker] = int(state["discard"])
 

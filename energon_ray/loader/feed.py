@@ -15,12 +15,16 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from energon_ray.errors import DatasetConfigError, FatalSampleError, SampleException, ShardReadError
 from energon_ray.loader.merge import EXHAUSTED, NOTHING, LoaderStats, Pending, Row, WorkerQueues
+from energon_ray.loader.state import StateError, StreamState
 from energon_ray.pipeline import rows, serde
 from energon_ray.plan.schedule import LeafSchedule, NeedFn, windows
+from energon_ray.plan.stream import SegmentPlan, SegmentSpec
 from energon_ray.samples.base import pin_batch
 
 logger = logging.getLogger("energon_ray")
@@ -78,8 +82,9 @@ class LeafFeed:
         self.source = source
         self._seams = None
         self.queues = WorkerQueues(
-            len(plan.streams), dataset.options.batch_size, self._seam_batches, drop_last=dataset.options.drop_last, stats=stats
-        )
+            len(plan.streams), dataset.options.batch_size, self._seam_batches, drop_last=dataset.options.drop_last,
+            stats=stats, leaf=source,
+        )  # fmt: skip
         for w in range(len(plan.streams)):
             if plan.num_segments(w) == 0:
                 self.queues.close_worker(w)
@@ -106,7 +111,7 @@ class LeafFeed:
             from energon_ray.pipeline.build import SeamTasks
 
             self._seams = SeamTasks(self.dataset.stage_config(), self.source, self.multi.ray_remote_args)
-        wait = self._seams.submit(worker, self.dataset.worker_config.worker_seed(worker), groups)
+        wait = self._seams.submit(worker, self.plan.streams[worker].config.hook_seed, groups)
 
         def resolve() -> List[Any]:
             try:
@@ -154,9 +159,13 @@ class MultiFeed:
         ray_remote_args: Optional[dict] = None,
         object_store_limit: Optional[int] = None,
         on_execute: Optional[Callable[[Any], None]] = None,
+        starts: Optional[Sequence[Sequence[int]]] = None,
+        restored: Any = None,
     ):
         self.leaves = list(leaves)
         self.pass_index = pass_index
+        #: the loader state this pass was restored from (None: a pass from its start)
+        self.restored = restored
         self.prefetch_batches = prefetch_batches
         self.ray_remote_args = ray_remote_args
         self.on_execute = on_execute
@@ -168,7 +177,10 @@ class MultiFeed:
             plan = leaf.plan(pass_index, source=i)
             self.feeds.append(LeafFeed(self, leaf, plan, pin, stats, source=i))
             items = plan.segment_length / (leaf.options.batch_size or 1)
-            self.schedules.append(LeafSchedule(plan=plan, share=share, offset=offset, items_per_segment=items, need=need))
+            first = None if starts is None else tuple(starts[i])
+            self.schedules.append(
+                LeafSchedule(plan=plan, share=share, offset=offset, items_per_segment=items, need=need, starts=first)
+            )
         self._rows: Optional[Iterator[Tuple[int, Row, bool]]] = None
         #: ``(segments, BlockStream)`` of the window being executed
         self._current: Optional[Tuple[List[Any], Any]] = None
@@ -178,6 +190,51 @@ class MultiFeed:
         self._configs = {i: leaf.stage_config() for i, leaf in enumerate(self.leaves)}
         self._name = self.leaves[0].operator_name if len(self.leaves) == 1 else "EnergonSegments"
         self._windows = iter(windows(self.schedules, MAX_WINDOW_SEGMENTS, first=FIRST_WINDOW_SEGMENTS))
+
+    def reread(self, streams: Sequence[Sequence[StreamState]]) -> Dict[Tuple[int, int, int, int], Any]:
+        """The serialized samples (or packs) a restored state's pools hold, re-made by Ray tasks, by
+        ``(worker, leaf, position, sub)``.
+
+        Raises:
+            StateError: a sample could not be made again (the dataset changed since the save).
+        """
+        specs = restore_reads(self.leaves, [s.plan for s in self.schedules], streams)
+        if not specs:
+            return {}
+        from energon_ray.pipeline.build import BlockStream
+
+        wanted = {(spec.source, spec.worker, p, s) for spec in specs for p, s in spec.keep}
+        found: Dict[Tuple[int, int, int, int], Any] = {}
+        stream = BlockStream(
+            specs, self._readers, self._configs, self.prefetch_batches, name="EnergonRestore",
+            ray_remote_args=self.ray_remote_args, object_store_limit=self.object_store_limit,
+        )  # fmt: skip
+        try:
+            for block in stream:
+                for (kind, worker, _, _, payload), source in zip(rows.iter_rows(block), rows.sources(block)):
+                    value = serde.loads(payload, copy=False)
+                    if kind == rows.LEFTOVER:
+                        for _, _, items in value:
+                            for position, sub, sample in items:
+                                found[(source, worker, position, sub)] = sample
+                    elif kind == rows.REPORT and value.fatal is not None:
+                        raise StateError(f"restoring the loader state: re-reading pooled samples failed: {value.fatal[1]}")
+        except Exception as exc:
+            ours = unwrap_error(exc)
+            if ours is not None:
+                raise StateError(f"restoring the loader state: re-reading pooled samples failed: {ours}") from None
+            raise
+        finally:
+            stream.close()
+        missing = sorted(wanted - set(found))
+        if missing:
+            source, worker, position, sub = missing[0]
+            raise StateError(
+                f"restoring the loader state: {len(missing)} pooled sample(s) could not be made again, e.g. position "
+                f"{position} (sub {sub}) of worker stream {worker} of {self.leaves[source]!r}; the dataset, its task "
+                "encoder or the error policy changed since the state was saved"
+            )
+        return {(worker, source, position, sub): value for (source, worker, position, sub), value in found.items()}
 
     def pull(self) -> None:
         """Take one row from Ray and file it with its leaf."""
@@ -248,3 +305,44 @@ class MultiFeed:
         finally:
             blocks.close()
         logger.debug("window of %d segments took %.2fs", len(specs), time.perf_counter() - started)
+
+
+def restore_reads(leaves: Sequence[Any], plans: Sequence[SegmentPlan], streams: Sequence[Sequence[StreamState]]) -> List[SegmentSpec]:
+    """Segments that make the pooled samples of a saved state again, returning only those.
+
+    A plain sample is re-read at its own position (hook seeds follow positions, so it comes out the
+    same); a pack is only defined by its segment's packing buffer, so its whole segment is re-run.
+    """
+    wanted: Dict[Tuple[int, int], set] = {}
+    for per_worker in streams:
+        for worker, state in enumerate(per_worker):
+            for leaf, position, sub in state.checkpoint.refs():
+                wanted.setdefault((leaf, worker), set()).add((int(position), int(sub)))
+    specs: List[SegmentSpec] = []
+    for (leaf, worker), refs in sorted(wanted.items()):
+        plan = plans[leaf]
+        if leaves[leaf].options.packing_buffer_size:
+            length = plan.segment_length
+            for index in sorted({p // length for p, _ in refs}):
+                spec = plan.segment(worker, index)
+                keep = tuple(sorted(r for r in refs if r[0] // length == index))
+                specs.append(SegmentSpec(**{**_spec_fields(spec), "keep": keep}))
+            continue
+        stream = plan.streams[worker]
+        positions = np.array(sorted({p for p, _ in refs}), dtype=np.int64)
+        samples = np.concatenate([stream.samples(int(p), int(p) + 1) for p in positions])
+        if len(samples) != len(positions):
+            raise StateError(f"restoring the loader state: positions {positions.tolist()} lie beyond worker stream {worker}'s end")
+        specs.append(
+            SegmentSpec(
+                worker=worker, global_worker=stream.config.global_worker, seed=stream.config.hook_seed,
+                index=-2 - len(specs), start=int(positions[0]), samples=samples, last=False, source=leaf,
+                positions=positions, keep=tuple(sorted(refs)),
+            )  # fmt: skip
+        )
+    return specs
+
+
+def _spec_fields(spec: SegmentSpec) -> Dict[str, Any]:
+    names = ("worker", "global_worker", "seed", "index", "start", "samples", "last", "source", "positions", "keep")
+    return {name: getattr(spec, name) for name in names}

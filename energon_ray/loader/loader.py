@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
+import torch.distributed as dist
 
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.errors import check_keywords
 from energon_ray.loader.feed import MultiFeed
-from energon_ray.loader.merge import LoaderStats, round_robin
+from energon_ray.loader.merge import LoaderStats, RoundRobin
+from energon_ray.loader.savable import PassRun, check_fits, new_state, starts_of
+from energon_ray.loader.state import LoaderState, StateError
 from energon_ray.ray_env import ensure_ray, warm_up
 
 #: ``get_loader`` keywords of Energon that do not apply here (Ray has its own watchdogs and caching).
@@ -67,6 +70,12 @@ class EnergonLoader:
         self.stats = LoaderStats()
         self._passes = 0
         self._stream: Optional[Iterator[Any]] = None
+        #: the pass being iterated (what a save reads), a state waiting for the next iter(), items of
+        #: the current iter() of an epochized loader
+        self._live: Optional[PassRun] = None
+        self._restore: Optional[LoaderState] = None
+        self._epoch_items = 0
+        self._started = False
         self._executions: Dict[str, Any] = {}
         self.object_store_limit = object_store_limit
         leaves = dataset.leaves()
@@ -96,14 +105,21 @@ class EnergonLoader:
         return self._pass()
 
     def _pass(self) -> Iterator[Any]:
-        yield from self._one_pass(self._next_pass())
+        restore, self._restore = self._restore, None
+        self._started = True
+        if restore is not None and restore.pass_index is not None:
+            yield from self._one_pass(restore.pass_index, restore)
+        else:
+            yield from self._one_pass(self._next_pass())
 
     def _continue(self, count: Optional[int]) -> Iterator[Any]:
         """``count`` (``None``: all) items of the loader's one endless stream. The stream outlives
         this iterator: a ``break`` or an abandoned ``iter()`` leaves it where it was, and the next
         ``iter()`` continues from there (as Energon's loaders do). ``next()`` rather than ``yield
         from``, which would close the shared stream along with this iterator."""
-        produced = 0
+        produced = self._restore.epoch_items if self._restore is not None and count is not None else 0
+        self._epoch_items = produced
+        self._started = True
         while count is None or produced < count:
             if self._stream is None:
                 self._stream = self._forever()
@@ -113,6 +129,7 @@ class EnergonLoader:
                 self._stream = None
                 return
             produced += 1
+            self._epoch_items = produced
             yield item
 
     def close(self) -> None:
@@ -123,6 +140,66 @@ class EnergonLoader:
         early, self._early = self._early, None
         if early is not None:
             early.close()
+        live, self._live = self._live, None
+        if live is not None:
+            live.multi.close()
+
+    # -- save / restore ----------------------------------------------------------------------------
+    def save_state_rank(self) -> Optional[LoaderState]:
+        """This rank's state: positions, counters and flags (no sample data), or ``None`` before the
+        first iteration. Restoring it into a loader built with the same arguments continues with
+        exactly the batches this loader yields next."""
+        if self._restore is not None:
+            return self._restore
+        if not self._started:
+            return None
+        state = new_state(self.dataset, self._passes, self._epoch_items if self.dataset.virtual_epoch_length() else 0)
+        live = self._live
+        return state if live is None else live.save(state)
+
+    def restore_state_rank(self, state: Any) -> None:
+        """Continue from a state of ``save_state_rank`` (the object, its ``to_dict()`` or ``to_json()``);
+        ``None`` does nothing. The next ``iter()`` yields what the saved loader would have yielded next.
+
+        Raises:
+            StateError: another state version, WorkerConfig or dataset configuration.
+        """
+        if state is None:
+            return
+        state = LoaderState.coerce(state)
+        check_fits(state, self.dataset)
+        self.close()
+        self._passes = state.passes
+        self._epoch_items = state.epoch_items
+        self._restore = state
+        self._started = True
+        if state.pass_index is not None:  # start Ray's work now, as for a new loader
+            self._early = self._multi_feed(state.pass_index, state)
+            self._early.start()
+
+    def save_state_global(self, global_dst_rank: int) -> Optional[List[Optional[LoaderState]]]:
+        """Every rank's state, gathered on ``global_dst_rank`` (``torch.distributed``; a list of one
+        without it); ``None`` on the other ranks."""
+        state = self.save_state_rank()
+        if not (dist.is_available() and dist.is_initialized()):
+            return [state]
+        out: Optional[List[Any]] = [None] * dist.get_world_size() if dist.get_rank() == global_dst_rank else None
+        dist.gather_object(state, out, dst=global_dst_rank)
+        return out
+
+    def restore_state_global(self, state: Optional[List[Any]], src_rank: Optional[int] = None) -> None:
+        """Restore from ``save_state_global``'s list: each rank takes its own entry, or (with ``src_rank``)
+        the list is scattered from that rank (the others pass ``None``)."""
+        distributed = dist.is_available() and dist.is_initialized()
+        rank = dist.get_rank() if distributed else 0
+        if src_rank is not None and distributed:
+            mine: List[Any] = [None]
+            dist.scatter_object_list(mine, state if rank == src_rank else None, src=src_rank)
+            self.restore_state_rank(mine[0])
+            return
+        if state is None:
+            raise StateError("restore_state_global needs the list of states (or src_rank to scatter it from)")
+        self.restore_state_rank(state[rank])
 
     @property
     def ray_dataset(self):
@@ -141,9 +218,15 @@ class EnergonLoader:
         return index
 
     def _forever(self) -> Iterator[Any]:
+        restore, self._restore = self._restore, None
         while True:
             produced = False
-            for item in self._one_pass(self._next_pass()):
+            if restore is not None and restore.pass_index is not None:
+                items = self._one_pass(restore.pass_index, restore)
+            else:
+                items = self._one_pass(self._next_pass())
+            restore = None
+            for item in items:
                 produced = True
                 yield item
             if not produced:
@@ -161,10 +244,10 @@ class EnergonLoader:
 
         return on_execute
 
-    def _multi_feed(self, pass_index: int) -> MultiFeed:
+    def _multi_feed(self, pass_index: int, restore: Optional[LoaderState] = None) -> MultiFeed:
         early, self._early = self._early, None
         if early is not None:
-            if early.pass_index == pass_index:
+            if early.pass_index == pass_index and early.restored is restore:
                 return early
             early.close()
         leaves = self.dataset.leaves()
@@ -181,16 +264,25 @@ class EnergonLoader:
             ray_remote_args=self.ray_remote_args,
             object_store_limit=self.object_store_limit,
             on_execute=self._remember("all"),
+            starts=starts_of(restore),
+            restored=restore,
         )
 
-    def _one_pass(self, pass_index: int) -> Iterator[Any]:
-        multi = self._multi_feed(pass_index)
+    def _one_pass(self, pass_index: int, restore: Optional[LoaderState] = None) -> Iterator[Any]:
+        multi = self._multi_feed(pass_index, restore)
         feeds = {id(leaf): feed for leaf, feed in zip(multi.leaves, multi.feeds)}
-        provider = self.dataset.provider(PassContext(feeds, self.stats), pass_index)
+        ctx = PassContext(feeds, self.stats)
+        provider = self.dataset.provider(ctx, pass_index)
+        run = PassRun(pass_index, multi, ctx, RoundRobin(self.dataset.num_workers, provider, caps=self.dataset.caps(), stats=self.stats))
         try:
-            yield from round_robin(self.dataset.num_workers, provider, caps=self.dataset.caps(), stats=self.stats)
+            if restore is not None:
+                run.restore(restore)
+            self._live = run
+            yield from run.round_robin
         finally:
             multi.close()
+            if self._live is run:
+                self._live = None
 
 
 def _close_loader(ref: "weakref.ref[EnergonLoader]") -> None:
@@ -249,3 +341,26 @@ def get_loader(
         dataset, prefetch_batches=prefetch_batches, ray_remote_args=ray_remote_args, pin_memory=pin_memory,
         object_store_limit=object_store_limit,
     )  # fmt: skip
+
+
+#: ``get_savable_loader`` keywords of Energon's snapshot cadence: every item is an exact save point here.
+SAVABLE_OPTIONS = ("checkpoint_every_sec", "checkpoint_every_min_n_samples", "n_checkpoints")
+
+
+def get_savable_loader(dataset: Composition, **kwargs: Any) -> EnergonLoader:
+    """``get_loader`` for checkpointed training: ``save_state_rank()``/``restore_state_rank(state)``,
+    ``save_state_global(dst)``/``restore_state_global(states)``.
+
+    Every loader of energon_ray can save and restore at any item (there are no snapshots to take),
+    so Energon's ``checkpoint_every_sec``, ``checkpoint_every_min_n_samples`` and ``n_checkpoints``
+    are accepted and have nothing to do; every other keyword is ``get_loader``'s.
+
+    Example:
+        >>> loader = get_savable_loader(get_train_dataset(path, batch_size=32, task_encoder=te))  # doctest: +SKIP
+        >>> state = loader.save_state_rank()            # in the checkpoint   # doctest: +SKIP
+        >>> fresh = get_savable_loader(get_train_dataset(path, batch_size=32, task_encoder=te))  # doctest: +SKIP
+        >>> fresh.restore_state_rank(state)              # continues exactly  # doctest: +SKIP
+    """
+    for name in SAVABLE_OPTIONS:
+        kwargs.pop(name, None)
+    return get_loader(dataset, **kwargs)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 
 from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.pipeline import rows
+from energon_ray.loader.state import QueueCheckpoint, RoundRobinState, SampleRef, StateError, StreamState
 from energon_ray.pipeline.policy import FailureChain
 
 logger = logging.getLogger("energon_ray")
@@ -100,12 +101,19 @@ class LoaderStats:
 class WorkerQueues:
     """Per-worker queues of one source's items, fed with its rows in plan order.
 
+    Every event that can queue items (a segment's rows, the previous dataset's remainder, the end of
+    the stream) first records a ``QueueCheckpoint`` of the worker's pools in positions, and its items
+    are tagged with it. A save takes the checkpoint of the oldest item not yet consumed and how
+    many of that event's items were; a restore re-reads the pooled samples, replays the event and
+    drops those items (see ``state()``/``restore()``).
+
     Args:
         num_workers: logical worker streams.
         batch_size: samples per batch (``None``: items are samples, nothing to pool).
         make_batches: ``(worker, [(batch size, group), ...]) -> [batches or Pending]`` for pooled groups.
         drop_last: drop each stream's final short batch.
         stats: counters to update.
+        leaf: this source's index in the composition (pooled samples remember where they come from).
     """
 
     def __init__(
@@ -116,14 +124,16 @@ class WorkerQueues:
         *,
         drop_last: bool = False,
         stats: Optional[LoaderStats] = None,
+        leaf: int = 0,
     ):
         self.num_workers = num_workers
         self.batch_size = batch_size
         self.make_batches = make_batches
         self.drop_last = drop_last
         self.stats = stats if stats is not None else LoaderStats()
+        self.leaf = leaf
         self.queues: List[Deque[Any]] = [deque() for _ in range(num_workers)]
-        #: per worker: bucket key → (batch size, pooled samples); key None without grouping
+        #: per worker: bucket key → (batch size, pooled ``(position, sub, payload, leaf)``); key None without grouping
         self.pools: List[Dict[Any, Tuple[int, List[Any]]]] = [{} for _ in range(num_workers)]
         self.done = [False] * num_workers
         self.chain = FailureChain()
@@ -132,7 +142,21 @@ class WorkerQueues:
         #: per worker: the upstream's remainder has not arrived yet (hold rows' samples, cut nothing)
         self.waiting = [False] * num_workers
         self.held: List[List[Tuple[Any, int, Any]]] = [[] for _ in range(num_workers)]
+        # -- save/restore bookkeeping (positions only) --
+        #: per worker: the checkpoint tag of each queued entry
+        self.tags: List[Deque[int]] = [deque() for _ in range(num_workers)]
+        #: per worker: tag → [checkpoint, items consumed from that event]
+        self.records: List[Dict[int, list]] = [{} for _ in range(num_workers)]
+        self.current = [-1] * num_workers
+        self.feeding: List[Optional[int]] = [None] * num_workers
+        self.next_segment = [0] * num_workers
+        #: per worker: items to drop at the next pops (a restore's consumed items)
+        self.skip = [0] * num_workers
+        #: per worker: the restored ``StreamState`` until the first event after the restore
+        self.restored: List[Optional[StreamState]] = [None] * num_workers
+        self._tag = 0
 
+    # -- events ---------------------------------------------------------------------------------
     def chain_to(self, downstream: "WorkerQueues") -> None:
         """Each worker's remainder (its pools) goes to ``downstream``, ahead of its samples, instead of
         being flushed as short batches; ``downstream`` cuts no batch before it has it."""
@@ -144,6 +168,7 @@ class WorkerQueues:
 
     def carry_in(self, worker: int, pools: Dict[Any, Tuple[int, List[Any]]]) -> None:
         """The upstream's remainder of ``worker``'s stream: its pools, then the samples held here."""
+        self._event(worker, "carry", carried=_pool_refs(pools))
         self.pools[worker] = pools
         self.waiting[worker] = False
         held, self.held[worker] = self.held[worker], []
@@ -154,22 +179,45 @@ class WorkerQueues:
     def close_worker(self, worker: int) -> None:
         """The worker's stream has no more segments: flush its pools (each bucket's short batch), or
         hand them on to the next source of a concatenation."""
+        self._event(worker, "close")
         self.done[worker] = True
+        self.feeding[worker] = None
         if not self.waiting[worker]:  # else: finished when the upstream's remainder arrives
             self._finish(worker)
+
+    def feed(self, row: Row, last_segment: bool) -> None:
+        """Take one row (in plan order). ``last_segment``: its segment ends the worker's stream."""
+        kind, worker, segment, _, payload = row
+        if self.feeding[worker] != segment:
+            self.next_segment[worker] = segment
+            self._event(worker, "feed")
+            self.feeding[worker] = segment
+        if kind == rows.ITEM:
+            self.queues[worker].append(payload)
+            self.tags[worker].append(self.current[worker])
+        elif kind == rows.LEFTOVER:
+            self._pool(worker, [(key, size, (*item, self.leaf)) for key, size, items in payload for item in items])
+        elif kind == rows.REPORT:
+            self.stats.add_report(payload, self.chain)
+            self.feeding[worker] = None
+            self.next_segment[worker] = segment + 1
+            if last_segment:
+                self.close_worker(worker)
+        else:
+            raise RuntimeError(f"unexpected row kind {kind} from worker {worker}, segment {segment}")
 
     def _finish(self, worker: int) -> None:
         pools, self.pools[worker] = self.pools[worker], {}
         if self.downstream is not None:
             self.downstream.carry_in(worker, pools)
         elif not self.drop_last:
-            short = [(limit, items) for limit, items in pools.values() if items]
+            short = [(limit, _strip(items)) for limit, items in pools.values() if items]
             if short:
-                self.queues[worker].extend(self.make_batches(worker, short))
+                self._put(worker, self.make_batches(worker, short))
 
     def _pool(self, worker: int, entries: List[Tuple[Any, int, Any]]) -> None:
-        """Pool ``(bucket key, bucket size, sample)`` in stream order; the groups that fill go to
-        ``make_batches`` (one Ray task), in the order they filled."""
+        """Pool ``(bucket key, bucket size, (position, sub, payload, leaf))`` in stream order; the
+        groups that fill go to ``make_batches`` (one Ray task), in the order they filled."""
         if self.waiting[worker]:
             self.held[worker].extend(entries)
             return
@@ -179,36 +227,167 @@ class WorkerQueues:
             limit, pool = pools.setdefault(key, (size, []))
             pool.append(item)
             if len(pool) >= limit:
-                full.append((limit, pool[:limit]))
+                full.append((limit, _strip(pool[:limit])))
                 del pool[:limit]
         if full:
-            self.queues[worker].extend(self.make_batches(worker, full))
+            self._put(worker, self.make_batches(worker, full))
 
+    def _put(self, worker: int, items: List[Any]) -> None:
+        self.queues[worker].extend(items)
+        self.tags[worker].extend([self.current[worker]] * len(items))
+
+    # -- consumption ----------------------------------------------------------------------------
     def pop(self, worker: int) -> Any:
         """The worker's next item (resolving seam batches), or ``NOTHING`` if none is queued."""
-        queue = self.queues[worker]
+        queue, tags = self.queues[worker], self.tags[worker]
         while queue:
-            item = queue.popleft()
-            if type(item) is not Pending:
-                return item
-            made = item.resolve()
-            self.stats.seam_batches += len(made)
-            queue.extendleft(reversed(made))
+            item, tag = queue.popleft(), tags.popleft()
+            if type(item) is Pending:
+                made = item.resolve()
+                self.stats.seam_batches += len(made)
+                queue.extendleft(reversed(made))
+                tags.extendleft([tag] * len(made))
+                continue
+            if self.skip[worker]:  # consumed before the state this queue was restored from
+                self.skip[worker] -= 1
+                continue
+            records = self.records[worker]
+            records[tag][1] += 1
+            while True:  # events before this one have nothing left in the queue
+                oldest = next(iter(records))
+                if oldest >= tag:
+                    break
+                del records[oldest]
+            return item
         return NOTHING
 
-    def feed(self, row: Row, last_segment: bool) -> None:
-        """Take one row (in plan order). ``last_segment``: its segment ends the worker's stream."""
-        kind, worker, segment, _, payload = row
-        if kind == rows.ITEM:
-            self.queues[worker].append(payload)
-        elif kind == rows.LEFTOVER:
-            self._pool(worker, [(key, size, item) for key, size, items in payload for item in items])
-        elif kind == rows.REPORT:
-            self.stats.add_report(payload, self.chain)
-            if last_segment:
-                self.close_worker(worker)
-        else:
-            raise RuntimeError(f"unexpected row kind {kind} from worker {worker}, segment {segment}")
+    # -- save/restore ---------------------------------------------------------------------------
+    def _event(self, worker: int, event: str, carried: Optional[list] = None) -> None:
+        tag, self._tag = self._tag, self._tag + 1
+        checkpoint = self._checkpoint(worker, event, carried or [])
+        records = self.records[worker]
+        if not self.queues[worker]:
+            records.clear()
+        consumed = 0
+        restored, self.restored[worker] = self.restored[worker], None
+        if restored is not None:
+            consumed = restored.consumed
+        records[tag] = [checkpoint, consumed]
+        self.current[worker] = tag
+
+    def _checkpoint(self, worker: int, event: str, carried: list) -> QueueCheckpoint:
+        return QueueCheckpoint(
+            event=event,
+            segment=self.next_segment[worker],
+            pools=_pool_refs(self.pools[worker]),
+            held=[(key, size, (item[3], item[0], item[1])) for key, size, item in self.held[worker]],
+            waiting=self.waiting[worker],
+            done=self.done[worker],
+            carried=carried,
+        )
+
+    def state(self, worker: int) -> StreamState:
+        """Where ``worker``'s stream stands: the checkpoint of its oldest unconsumed item (or of now)."""
+        if self.restored[worker] is not None:
+            return self.restored[worker]
+        if self.tags[worker]:
+            checkpoint, consumed = self.records[worker][self.tags[worker][0]]
+            return StreamState(checkpoint, consumed)
+        if self.feeding[worker] is not None:  # a segment is half fed: replay it
+            checkpoint, consumed = self.records[worker][self.current[worker]]
+            return StreamState(checkpoint, consumed)
+        return StreamState(self._checkpoint(worker, "feed", []), 0)
+
+    def restore(self, worker: int, state: StreamState, payloads: Dict[Tuple[int, int, int, int], Any]) -> None:
+        """Put ``worker``'s stream where ``state`` says: pools from ``payloads`` (re-read samples by
+        ``(worker, leaf, position, sub)``), the checkpoint's event replayed, its consumed items to be dropped."""
+        cp = state.checkpoint
+
+        def item(ref: SampleRef) -> Tuple[int, int, Any, int]:
+            leaf, position, sub = ref
+            return position, sub, payloads[(worker, leaf, position, sub)], leaf
+
+        self.queues[worker].clear()
+        self.tags[worker].clear()
+        self.records[worker].clear()
+        self.pools[worker] = {key: (size, [item(r) for r in refs]) for key, size, refs in cp.pools}
+        self.held[worker] = [(key, size, item(ref)) for key, size, ref in cp.held]
+        self.waiting[worker] = cp.waiting
+        self.done[worker] = cp.done
+        self.next_segment[worker] = cp.segment
+        self.feeding[worker] = None
+        self.skip[worker] = state.consumed
+        self.restored[worker] = state
+        if cp.event == "carry":
+            self.carry_in(worker, {key: (size, [item(r) for r in refs]) for key, size, refs in cp.carried})
+        elif cp.event == "close":
+            self.close_worker(worker)
+
+
+def _strip(items: List[Any]) -> List[Tuple[int, int, Any]]:
+    """Pooled ``(position, sub, payload, leaf)`` → the ``(position, sub, payload)`` a seam batch takes."""
+    return [(position, sub, payload) for position, sub, payload, _ in items]
+
+
+def _pool_refs(pools: Dict[Any, Tuple[int, List[Any]]]) -> List[Tuple[Any, int, List[SampleRef]]]:
+    return [(key, size, [(item[3], item[0], item[1]) for item in items]) for key, (size, items) in pools.items()]
+
+
+class RoundRobin:
+    """Interleave workers item by item, like a torch ``DataLoader`` interleaves its worker processes;
+    ``next_item(w)`` returns an item or ``EXHAUSTED``; a finished (or capped) worker drops out.
+
+    Example:
+        >>> streams = {0: iter("ab"), 1: iter("x")}
+        >>> list(RoundRobin(2, lambda w: next(streams[w], EXHAUSTED)))
+        ['a', 'x', 'b']
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        next_item: Callable[[int], Any],
+        *,
+        caps: Optional[Sequence[int]] = None,
+        start_worker: int = 0,
+        stats: Optional[LoaderStats] = None,
+    ):
+        self.num_workers = num_workers
+        self.next_item = next_item
+        self.caps = caps
+        self.stats = stats
+        self.active = [True] * num_workers
+        self.emitted = [0] * num_workers
+        self.worker = start_worker % max(1, num_workers)
+
+    def __iter__(self) -> "RoundRobin":
+        return self
+
+    def __next__(self) -> Any:
+        while any(self.active):
+            w = self.worker
+            if self.active[w] and self.caps is not None and self.emitted[w] >= self.caps[w]:
+                self.active[w] = False
+            if self.active[w]:
+                item = self.next_item(w)
+                if item is EXHAUSTED:
+                    self.active[w] = False
+                else:
+                    self.emitted[w] += 1
+                    if self.stats is not None:
+                        self.stats.batches += 1
+                    self.worker = (w + 1) % self.num_workers
+                    return item
+            self.worker = (w + 1) % self.num_workers
+        raise StopIteration
+
+    def state(self) -> RoundRobinState:
+        return RoundRobinState(self.worker, list(self.emitted), list(self.active))
+
+    def restore(self, state: RoundRobinState) -> None:
+        if len(state.emitted) != self.num_workers:
+            raise StateError(f"the state has {len(state.emitted)} worker streams, this loader {self.num_workers}")
+        self.worker, self.emitted, self.active = state.next_worker, list(state.emitted), list(state.active)
 
 
 def round_robin(
@@ -219,26 +398,11 @@ def round_robin(
     start_worker: int = 0,
     stats: Optional[LoaderStats] = None,
 ) -> Iterator[Any]:
-    """Interleave workers item by item; ``next_item(w)`` returns an item or ``EXHAUSTED``.
+    """``RoundRobin`` as a plain iterator.
 
     Example:
         >>> streams = {0: iter("ab"), 1: iter("x")}
         >>> list(round_robin(2, lambda w: next(streams[w], EXHAUSTED)))
         ['a', 'x', 'b']
     """
-    active = [True] * num_workers
-    emitted = [0] * num_workers
-    w = start_worker % max(1, num_workers)
-    while any(active):
-        if active[w] and caps is not None and emitted[w] >= caps[w]:
-            active[w] = False
-        if active[w]:
-            item = next_item(w)
-            if item is EXHAUSTED:
-                active[w] = False
-            else:
-                emitted[w] += 1
-                if stats is not None:
-                    stats.batches += 1
-                yield item
-        w = (w + 1) % num_workers
+    return RoundRobin(num_workers, next_item, caps=caps, start_worker=start_worker, stats=stats)

@@ -232,6 +232,9 @@ class BatchSamples:
             entries = packer(entries, seed, runs)
         elif is_overridden(te, "postencode_sample"):
             entries = _postencode(te, entries, seed, handler, data.runs)
+        if data.spec.keep is not None:  # a restore read: the listed samples (or packs) for the trainer's pools
+            wanted = {(int(p), int(s)) for p, s in data.spec.keep}
+            return [], [(None, 0, [e for e in entries if (e[0], e[1]) in wanted])]
         if is_overridden(te, "batch_group_criterion"):
             grouper = Grouper(te, size, handler)
             run = grouper.new_run()

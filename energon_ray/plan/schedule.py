@@ -35,6 +35,8 @@ class LeafSchedule:
     offset: float
     items_per_segment: float
     need: Optional[NeedFn] = None
+    #: First segment of each worker (a restored loader resumes there); ``None``: all from 0.
+    starts: Optional[Tuple[int, ...]] = None
 
     def key(self, index: int, worker: int = 0) -> float:
         if self.need is not None:
@@ -44,7 +46,7 @@ class LeafSchedule:
 
 def _worker_segments(leaf: LeafSchedule, leaf_index: int, worker: int) -> Iterator[Tuple[float, int, int, SegmentSpec]]:
     rounds: Optional[int] = leaf.plan.num_segments(worker)
-    r = 0
+    r = 0 if leaf.starts is None else leaf.starts[worker]
     while rounds is None or r < rounds:
         spec = leaf.plan.segment(worker, r)
         if spec is None:

@@ -8,6 +8,7 @@ round ``s``. Ray runs segments as tasks; the order of outputs is decided here, n
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from functools import lru_cache
 from typing import List, Optional, Sequence, Tuple
 
@@ -35,6 +36,14 @@ class StreamConfig:
     #: ``blend_epochized`` repetitions: the stream ends after ``floor(repetitions * epoch length)``
     #: positions (2 → two shuffled epochs, 0.5 → half of one).
     repetitions: Optional[float] = None
+
+    @property
+    def hook_seed(self) -> int:
+        """Seed of the stream's hook calls: the worker seed for the first pass, a fresh one for each
+        later ``repeat=False`` pass (its augmentations differ from the first pass's)."""
+        if self.first_epoch == 0:
+            return self.seed
+        return int.from_bytes(hashlib.sha1(f"{self.seed}|pass|{self.first_epoch}".encode()).digest()[:4], "big")
 
 
 class WorkerStream:
@@ -111,12 +120,21 @@ class SegmentSpec:
     last: bool
     #: Which leaf dataset of a composition the segment belongs to.
     source: int = 0
+    #: Stream position of each sample when they are not ``start, start + 1, …`` (a restore read).
+    positions: Optional[np.ndarray] = None
+    #: Restore read: return only these ``(position, sub)`` encoded samples (or packs), unbatched.
+    keep: Optional[Tuple[Tuple[int, int], ...]] = None
+
+    def position(self, k: int) -> int:
+        """Stream position of the ``k``-th sample."""
+        return self.start + k if self.positions is None else int(self.positions[k])
 
     def __reduce__(self):
         return (
             SegmentSpec,
-            (self.worker, self.global_worker, self.seed, self.index, self.start, self.samples, self.last, self.source),
-        )
+            (self.worker, self.global_worker, self.seed, self.index, self.start, self.samples, self.last, self.source,
+             self.positions, self.keep),
+        )  # fmt: skip
 
 
 class SegmentPlan:
@@ -160,7 +178,7 @@ class SegmentPlan:
         return SegmentSpec(
             worker=worker,
             global_worker=stream.config.global_worker,
-            seed=stream.config.seed,
+            seed=stream.config.hook_seed,
             index=index,
             start=start,
             samples=samples,

@@ -77,7 +77,7 @@ class ReadSegment:
                 end = pos
                 while end < n and shard_ids[end] == shard:
                     end += 1
-                self._read_shard(data, run, shard, local[pos:end], spec.start + pos, spec.samples[pos:end])
+                self._read_shard(data, run, shard, local[pos:end], spec, pos, spec.samples[pos:end])
                 pos = end
         except (FatalSampleError, ShardReadError) as exc:
             # The driver re-raises by base name, so an IndexMismatchError travels as a ShardReadError.
@@ -86,7 +86,7 @@ class ReadSegment:
         return data
 
     def _read_shard(
-        self, data: SegmentData, run: StageRun, shard: int, local: np.ndarray, first_pos: int, globals_: np.ndarray
+        self, data: SegmentData, run: StageRun, shard: int, local: np.ndarray, spec: SegmentSpec, base: int, globals_: np.ndarray
     ) -> None:
         name, path = self.shards.names[shard], self.shards.paths[shard]
         reader = _reader(path, name)
@@ -112,7 +112,7 @@ class ReadSegment:
                 raw["__sources__"] = (
                     SourceInfo(dataset_path=self.shards.dataset_path, index=gindex, shard_name=name, file_names=tuple(files)),
                 )
-                data.raw.append((first_pos + k, gindex, raw))
+                data.raw.append((spec.position(base + k), gindex, raw))
 
 
 def shard_table(dataset) -> ShardTable:

@@ -1,0 +1,124 @@
+"""One pass of a loader as saveable parts: leaf streams, composition nodes, the round-robin.
+
+``PassRun.save()`` collects each part's small state; ``PassRun.restore()`` re-reads the samples the
+saved pools held (one small Ray execution, only if any), then puts every part back. The
+``MultiFeed`` of a restored pass starts each worker stream at its checkpoint's segment, so nothing
+before it is read or decoded again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+from energon_ray.blend.base import Composition, PassContext
+from energon_ray.loader.feed import MultiFeed
+from energon_ray.loader.merge import RoundRobin
+from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
+
+
+class PassRun:
+    """The live parts of the pass a loader is iterating."""
+
+    def __init__(self, pass_index: int, multi: MultiFeed, ctx: PassContext, round_robin: RoundRobin):
+        self.pass_index = pass_index
+        self.multi = multi
+        self.ctx = ctx
+        self.round_robin = round_robin
+
+    def save(self, state: LoaderState) -> LoaderState:
+        workers = self.round_robin.num_workers
+        nodes = [[node.save(w) for w in range(workers)] for node in self.ctx.nodes]
+        streams = [[feed.queues.state(w) for w in range(workers)] for feed in self.multi.feeds]
+        for node in self.ctx.nodes:  # children first: an outer map's override wins
+            overrides = getattr(node, "overrides", None)
+            if overrides is None:
+                continue
+            for w in range(workers):
+                before = overrides(w)
+                if before is None:
+                    continue
+                for i, value in before["nodes"].items():
+                    nodes[i][w] = value
+                for leaf, value in before["streams"].items():
+                    streams[leaf][w] = value
+        return dataclasses.replace(
+            state, pass_index=self.pass_index, round_robin=self.round_robin.state(), nodes=nodes, streams=streams
+        )
+
+    def restore(self, state: LoaderState) -> None:
+        feeds = self.multi.feeds
+        if len(state.streams) != len(feeds) or len(state.nodes) != len(self.ctx.nodes):
+            raise StateError(
+                f"the state has {len(state.streams)} datasets and {len(state.nodes)} composition steps, this loader "
+                f"{len(feeds)} and {len(self.ctx.nodes)}"
+            )
+        payloads = self.multi.reread(state.streams)
+        for feed, per_worker in zip(feeds, state.streams):  # in leaf order: a concatenation's next dataset last
+            for w, stream in enumerate(per_worker):
+                feed.queues.restore(w, stream, payloads)
+        for node, per_worker in zip(self.ctx.nodes, state.nodes):
+            for w, value in enumerate(per_worker):
+                node.restore(w, value)
+        if state.round_robin is not None:
+            self.round_robin.restore(state.round_robin)
+
+
+def starts_of(state: Optional[LoaderState]) -> Optional[List[List[int]]]:
+    """First segment of each leaf's worker streams in a restored pass."""
+    if state is None or state.pass_index is None:
+        return None
+    return [[stream.checkpoint.segment for stream in per_worker] for per_worker in state.streams]
+
+
+def describe(dataset: Composition) -> Any:
+    """What decides a composition's batches, without machine-specific paths (for the fingerprint)."""
+    options = getattr(dataset, "options", None)
+    if options is not None:  # a leaf dataset
+        return {
+            "dataset": [dataset.dataset.split_part, dataset.dataset.total, [s.name for s in dataset.dataset.shards]],
+            "options": dataclasses.asdict(options),
+            "task_encoder": type(dataset.task_encoder).__qualname__,
+            "subflavors": dataset.subflavors,
+            "rotation": dataset.rotation_offset,
+        }
+    out: Dict[str, Any] = {"type": type(dataset).__name__}
+    for name in ("weights", "batch_size", "length", "limit", "salt"):
+        if hasattr(dataset, name):
+            out[name] = getattr(dataset, name)
+    parts = getattr(dataset, "datasets", None)
+    if parts is None:
+        inner = getattr(dataset, "dataset", None) or getattr(dataset, "blend", None)
+        parts = [] if inner is None else [inner]
+    out["parts"] = [describe(part) for part in parts]
+    return out
+
+
+def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderState:
+    wc = dataset.worker_config
+    return LoaderState(
+        version=STATE_VERSION,
+        rank=wc.rank,
+        world_size=wc.world_size,
+        num_workers=dataset.num_workers,
+        fingerprint=fingerprint(describe(dataset)),
+        passes=passes,
+        epoch_items=epoch_items,
+    )
+
+
+def check_fits(state: LoaderState, dataset: Composition) -> None:
+    """Raises ``StateError`` naming what differs between the saved loader and this one."""
+    expected = new_state(dataset, 0, 0)
+    for name in ("rank", "world_size", "num_workers"):
+        if getattr(state, name) != getattr(expected, name):
+            raise StateError(
+                f"the state was saved with {name}={getattr(state, name)}, this loader has {name}={getattr(expected, name)}; "
+                "restore each rank's own state into a loader with the same WorkerConfig (rank, world_size, num_workers)"
+            )
+    if state.fingerprint != expected.fingerprint:
+        raise StateError(
+            "the state was saved for another dataset configuration (datasets, split, options, weights or task "
+            f"encoder differ: fingerprint {state.fingerprint} vs {expected.fingerprint}); build the loader with the "
+            "arguments it was saved with"
+        )

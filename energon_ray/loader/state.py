@@ -1,0 +1,178 @@
+"""The loader's saved state: positions, counters and flags, never sample data.
+
+A state says, per logical worker stream, where consumption stood; restoring rebuilds the same
+plan (it is a pure function of seeds and positions) and starts Ray's work right there. Every
+piece is a small dataclass of ints, bools and lists; ``LoaderState.to_dict()`` is plain JSON and
+``LoaderState.from_dict()`` checks the version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, Dict, List, Optional, Tuple
+
+#: Bump when the meaning of a field changes; ``from_dict`` refuses other versions.
+STATE_VERSION = 1
+
+#: ``(leaf index, stream position, sub-index)`` of a pooled sample (or pack).
+SampleRef = Tuple[int, int, int]
+
+
+class StateError(ValueError):
+    """A saved state that does not fit this loader (version, dataset, ranks, workers)."""
+
+
+@dataclasses.dataclass
+class QueueCheckpoint:
+    """One worker stream's queue just before an event that queues items.
+
+    ``event``: ``"feed"`` (segment ``segment`` is fed next), ``"carry"`` (the previous dataset's
+    remainder ``carried`` arrives) or ``"close"`` (the stream ends: pools are flushed).
+    ``pools``: bucket key, bucket batch size and the pooled samples of each bucket, in the buckets'
+    order (empty buckets included: their order decides the order of the final short batches).
+    """
+
+    event: str
+    segment: int
+    pools: List[Tuple[Any, int, List[SampleRef]]]
+    held: List[Tuple[Any, int, SampleRef]]
+    waiting: bool
+    done: bool
+    carried: List[Tuple[Any, int, List[SampleRef]]] = dataclasses.field(default_factory=list)
+
+    def refs(self) -> List[SampleRef]:
+        """Every sample this checkpoint needs re-read."""
+        out = [ref for _, _, refs in self.pools for ref in refs]
+        out += [ref for _, _, ref in self.held]
+        out += [ref for _, _, refs in self.carried for ref in refs]
+        return out
+
+
+@dataclasses.dataclass
+class StreamState:
+    """A leaf's worker stream: replay from ``checkpoint``, then drop the first ``consumed`` items."""
+
+    checkpoint: QueueCheckpoint
+    consumed: int
+
+
+@dataclasses.dataclass
+class RoundRobinState:
+    """Which worker gives the next item, items per worker so far, and which workers are still active."""
+
+    next_worker: int
+    emitted: List[int]
+    active: List[bool]
+
+
+@dataclasses.dataclass
+class LoaderState:
+    """What ``save_state_rank`` returns.
+
+    ``passes``: passes started so far; ``pass_index``: the pass in progress (``None`` between
+    passes); ``epoch_items``: items of the current ``iter()`` of an epochized loader; ``nodes``: per
+    composition node (blend, concatenation, map), per worker; ``streams``: per leaf, per worker.
+    """
+
+    version: int
+    rank: int
+    world_size: int
+    num_workers: int
+    fingerprint: str
+    passes: int
+    pass_index: Optional[int] = None
+    epoch_items: int = 0
+    round_robin: Optional[RoundRobinState] = None
+    nodes: List[List[Any]] = dataclasses.field(default_factory=list)
+    streams: List[List[StreamState]] = dataclasses.field(default_factory=list)
+
+    # -- JSON --------------------------------------------------------------------------------
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain JSON types only (bucket keys must be str, int, float, bool, None or tuples of them)."""
+        return _jsonable(dataclasses.asdict(self), "state")
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "LoaderState":
+        """Rebuild a state from ``to_dict()``'s output.
+
+        Raises:
+            StateError: not a loader state, or saved by another state version.
+        """
+        if not isinstance(data, dict) or "version" not in data:
+            raise StateError(f"not an energon_ray loader state: {type(data).__name__} without a 'version'")
+        if data["version"] != STATE_VERSION:
+            raise StateError(
+                f"loader state version {data['version']!r} is not supported (this energon_ray reads version "
+                f"{STATE_VERSION}); save the state again with the energon_ray version that restores it"
+            )
+        data = _unjson(data)
+        rr = data.get("round_robin")
+        return cls(
+            version=data["version"],
+            rank=data["rank"],
+            world_size=data["world_size"],
+            num_workers=data["num_workers"],
+            fingerprint=data["fingerprint"],
+            passes=data["passes"],
+            pass_index=data.get("pass_index"),
+            epoch_items=data.get("epoch_items", 0),
+            round_robin=None if rr is None else RoundRobinState(**rr),
+            nodes=data.get("nodes", []),
+            streams=[
+                [StreamState(QueueCheckpoint(**s["checkpoint"]), s["consumed"]) for s in workers]
+                for workers in data.get("streams", [])
+            ],
+        )
+
+    @classmethod
+    def coerce(cls, state: Any) -> "LoaderState":
+        """A ``LoaderState``, its ``to_dict()`` or its ``to_json()``."""
+        if isinstance(state, cls):
+            if state.version != STATE_VERSION:
+                raise StateError(f"loader state version {state.version!r} is not supported (expected {STATE_VERSION})")
+            return state
+        if isinstance(state, (str, bytes)):
+            state = json.loads(state)
+        return cls.from_dict(state)
+
+
+def fingerprint(description: Any) -> str:
+    """A short digest of what decides the batches (datasets, options, weights, task encoders)."""
+    text = json.dumps(description, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+_TUPLE = "__tuple__"
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, tuple):
+        return {_TUPLE: [_jsonable(v, where) for v in value]}
+    if isinstance(value, list):
+        return [_jsonable(v, where) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v, where) for k, v in value.items()}
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return _jsonable(value.item(), where)
+    raise StateError(
+        f"{where}: a {type(value).__name__} ({value!r}) is not JSON-serializable; bucket keys of "
+        "batch_group_criterion must be str, int, float, bool, None or tuples of them for to_dict() "
+        "(the state object itself still pickles)"
+    )
+
+
+def _unjson(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_TUPLE}:
+            return tuple(_unjson(v) for v in value[_TUPLE])
+        return {k: _unjson(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unjson(v) for v in value]
+    return value
