@@ -199,41 +199,7 @@ class MultiFeed:
             StateError: a sample could not be made again (the dataset changed since the save).
         """
         specs = restore_reads(self.leaves, [s.plan for s in self.schedules], streams)
-        if not specs:
-            return {}
-        from energon_ray.pipeline.build import BlockStream
-
-        wanted = {(spec.source, spec.worker, p, s) for spec in specs for p, s in spec.keep}
-        found: Dict[Tuple[int, int, int, int], Any] = {}
-        stream = BlockStream(
-            specs, self._readers, self._configs, self.prefetch_batches, name="EnergonRestore",
-            ray_remote_args=self.ray_remote_args, object_store_limit=self.object_store_limit,
-        )  # fmt: skip
-        try:
-            for block in stream:
-                for (kind, worker, _, _, payload), source in zip(rows.iter_rows(block), rows.sources(block)):
-                    value = serde.loads(payload, copy=False)
-                    if kind == rows.LEFTOVER:
-                        for _, _, items in value:
-                            for position, sub, sample in items:
-                                found[(source, worker, position, sub)] = sample
-                    elif kind == rows.REPORT and value.fatal is not None:
-                        raise StateError(f"restoring the loader state: re-reading pooled samples failed: {value.fatal[1]}")
-        except Exception as exc:
-            ours = unwrap_error(exc)
-            if ours is not None:
-                raise StateError(f"restoring the loader state: re-reading pooled samples failed: {ours}") from None
-            raise
-        finally:
-            stream.close()
-        missing = sorted(wanted - set(found))
-        if missing:
-            source, worker, position, sub = missing[0]
-            raise StateError(
-                f"restoring the loader state: {len(missing)} pooled sample(s) could not be made again, e.g. position "
-                f"{position} (sub {sub}) of worker stream {worker} of {self.leaves[source]!r}; the dataset, its task "
-                "encoder or the error policy changed since the state was saved"
-            )
+        found = run_reads(specs, self._readers, self._configs, self.ray_remote_args, self.leaves)
         return {(worker, source, position, sub): value for (source, worker, position, sub), value in found.items()}
 
     def pull(self) -> None:
@@ -346,3 +312,73 @@ def restore_reads(leaves: Sequence[Any], plans: Sequence[SegmentPlan], streams: 
 def _spec_fields(spec: SegmentSpec) -> Dict[str, Any]:
     names = ("worker", "global_worker", "seed", "index", "start", "samples", "last", "source", "positions", "keep")
     return {name: getattr(spec, name) for name in names}
+
+
+def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -> Dict[Tuple[int, int, int, int], Any]:
+    """Run restore reads (``spec.keep``) in one small Ray execution: ``(leaf, worker, position, sub)``
+    → the serialized sample or pack.
+
+    Raises:
+        StateError: a read failed, or a kept sample was not made again.
+    """
+    if not specs:
+        return {}
+    from energon_ray.pipeline.build import BlockStream
+
+    wanted = {(spec.source, spec.worker, p, s) for spec in specs for p, s in spec.keep}
+    found: Dict[Tuple[int, int, int, int], Any] = {}
+    stream = BlockStream(specs, readers, configs, 2, name="EnergonRestore", ray_remote_args=remote_args)
+    try:
+        for block in stream:
+            for (kind, worker, _, _, payload), source in zip(rows.iter_rows(block), rows.sources(block)):
+                value = serde.loads(payload, copy=False)
+                if kind == rows.LEFTOVER:
+                    for _, _, items in value:
+                        for position, sub, sample in items:
+                            found[(source, worker, position, sub)] = sample
+                elif kind == rows.REPORT and value.fatal is not None:
+                    raise StateError(f"restoring: re-reading samples failed: {value.fatal[1]}")
+    except StateError:
+        raise
+    except Exception as exc:
+        ours = unwrap_error(exc)
+        if ours is not None:
+            raise StateError(f"restoring: re-reading samples failed: {ours}") from None
+        raise
+    finally:
+        stream.close()
+    missing = sorted(wanted - set(found))
+    if missing:
+        source, worker, position, sub = missing[0]
+        raise StateError(
+            f"restoring: {len(missing)} sample(s) could not be made again, e.g. position {position} (sub {sub}) of "
+            f"worker stream {worker} of {leaves[source]!r}; the dataset, its task encoder or the error policy changed "
+            "since they were saved"
+        )
+    return found
+
+
+def rebuild_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], remote_args=None) -> Any:
+    """One batch made again from its samples' restore keys ``("Webdataset", index, leaf, worker,
+    position, hook seed)``: the samples are re-read and encoded at their positions and batched by
+    the seam-batch task, with the hook seeds they had."""
+    from energon_ray.pipeline.build import SeamTasks
+
+    ordered = sorted(keys, key=lambda k: k[4])
+    positions = np.array([k[4] for k in ordered], dtype=np.int64)
+    stream = leaf.plan().streams[worker].config
+    spec = SegmentSpec(
+        worker=worker, global_worker=stream.global_worker, seed=seed, index=-1, start=int(positions[0]),
+        samples=np.array([k[1] for k in ordered], dtype=np.int64), last=False, source=source, positions=positions,
+        keep=tuple((int(p), 0) for p in positions),
+    )  # fmt: skip
+    config = leaf.stage_config()
+    found = run_reads([spec], {source: leaf.reader()}, {source: config}, remote_args, {source: leaf})
+    group = [(int(p), 0, found[(source, worker, int(p), 0)]) for p in positions]
+    if leaf.options.batch_size is None:
+        return serde.loads(group[0][2])
+    table = SeamTasks(config, source, remote_args).submit(worker, seed, [(len(group), group)])()
+    items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
+    if len(items) != 1:
+        raise StateError(f"restore_sample: the batch hooks made {len(items)} batches from the {len(group)} samples, not one")
+    return items[0]

@@ -9,6 +9,7 @@ stream gives each worker's next item; ``round_robin`` interleaves the workers li
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import weakref
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -19,7 +20,7 @@ from energon_ray.blend.base import Composition, PassContext
 from energon_ray.errors import check_keywords
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import LoaderStats, RoundRobin
-from energon_ray.loader.savable import PassRun, check_fits, new_state, starts_of
+from energon_ray.loader.savable import PassRun, check_fits, new_state, restore_sample, starts_of
 from energon_ray.loader.state import LoaderState, StateError
 from energon_ray.ray_env import ensure_ray, warm_up
 
@@ -117,7 +118,10 @@ class EnergonLoader:
         this iterator: a ``break`` or an abandoned ``iter()`` leaves it where it was, and the next
         ``iter()`` continues from there (as Energon's loaders do). ``next()`` rather than ``yield
         from``, which would close the shared stream along with this iterator."""
-        produced = self._restore.epoch_items if self._restore is not None and count is not None else 0
+        produced = 0
+        if self._restore is not None and count is not None:  # the restored iter() ends its epoch
+            produced = self._restore.epoch_items
+            self._restore = dataclasses.replace(self._restore, epoch_items=0)
         self._epoch_items = produced
         self._started = True
         while count is None or produced < count:
@@ -127,10 +131,12 @@ class EnergonLoader:
                 item = next(self._stream)
             except StopIteration:
                 self._stream = None
+                self._epoch_items = 0
                 return
             produced += 1
             self._epoch_items = produced
             yield item
+        self._epoch_items = 0  # this iter() is over: the next one starts a new epoch
 
     def close(self) -> None:
         """Stop a running endless stream and release its Ray executions."""
@@ -176,6 +182,19 @@ class EnergonLoader:
         if state.pass_index is not None:  # start Ray's work now, as for a new loader
             self._early = self._multi_feed(state.pass_index, state)
             self._early.start()
+
+    def restore_sample(self, restore_key: Any) -> Any:
+        """The batch whose ``__restore_key__`` this is (or the sample, without batching), made again:
+        its samples re-read at their positions, encoded and batched with the same hook seeds.
+
+        Raises:
+            StateError: a key of another loader or version, of several datasets, or of packed batches.
+        """
+        return restore_sample(self.dataset, restore_key, self.ray_remote_args)
+
+    def can_restore_sample(self) -> bool:
+        """Whether ``restore_sample`` can rebuild this loader's batches (not for packed datasets)."""
+        return not any(leaf.options.packing_buffer_size for leaf in self.dataset.leaves())
 
     def save_state_global(self, global_dst_rank: int) -> Optional[List[Optional[LoaderState]]]:
         """Every rank's state, gathered on ``global_dst_rank`` (``torch.distributed``; a list of one

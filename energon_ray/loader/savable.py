@@ -122,3 +122,44 @@ def check_fits(state: LoaderState, dataset: Composition) -> None:
             f"encoder differ: fingerprint {state.fingerprint} vs {expected.fingerprint}); build the loader with the "
             "arguments it was saved with"
         )
+
+
+def sample_keys(restore_key: Any) -> List[tuple]:
+    """The samples' restore keys inside a batch's ``__restore_key__`` (nested tuples or lists)."""
+    if isinstance(restore_key, (tuple, list)) and restore_key and restore_key[0] == "Webdataset":
+        if len(restore_key) != 6:
+            raise StateError(
+                f"restore key {tuple(restore_key)!r} has no plan position (an Energon key, or one made by another "
+                "energon_ray version); energon_ray keys are ('Webdataset', index, dataset, worker, position, seed)"
+            )
+        return [tuple(restore_key)]
+    if isinstance(restore_key, (tuple, list)):
+        return [key for part in restore_key for key in sample_keys(part)]
+    raise StateError(f"not a restore key: {restore_key!r}")
+
+
+def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional[dict] = None) -> Any:
+    """The batch (or sample) whose ``__restore_key__`` this is, made again exactly.
+
+    Raises:
+        StateError: an unusable key, samples of several datasets or worker streams, or a packing dataset.
+    """
+    from energon_ray.loader.feed import rebuild_batch
+
+    keys = sample_keys(restore_key)
+    if not keys:
+        raise StateError(f"restore key {restore_key!r} names no sample")
+    origins = {(k[2], k[3], k[5]) for k in keys}
+    if len(origins) != 1:
+        raise StateError(
+            f"restore_sample rebuilds a batch of one dataset's worker stream; this key holds samples of "
+            f"(dataset, worker, seed) {sorted(origins)}"
+        )
+    source, worker, seed = origins.pop()
+    leaves = dataset.leaves()
+    if not 0 <= source < len(leaves):
+        raise StateError(f"restore key names dataset {source}, this loader has {len(leaves)}")
+    leaf = leaves[source]
+    if leaf.options.packing_buffer_size:
+        raise StateError(f"restore_sample cannot rebuild packed batches ({leaf!r} packs samples)")
+    return rebuild_batch(leaf, source, worker, seed, keys, remote_args)

@@ -108,11 +108,13 @@ class ReadSegment:
                 raw = dict(parts)
                 raw["__key__"] = key
                 raw["__shard__"] = name
-                raw["__restore_key__"] = ("Webdataset", gindex)
+                position = spec.position(base + k)
+                # Energon's ("Webdataset", index), then where the sample sits in our plan (restore_sample)
+                raw["__restore_key__"] = ("Webdataset", gindex, spec.source, spec.worker, position, spec.seed)
                 raw["__sources__"] = (
                     SourceInfo(dataset_path=self.shards.dataset_path, index=gindex, shard_name=name, file_names=tuple(files)),
                 )
-                data.raw.append((spec.position(base + k), gindex, raw))
+                data.raw.append((position, gindex, raw))
 
 
 def shard_table(dataset) -> ShardTable:

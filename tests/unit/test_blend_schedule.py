@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from energon_ray.blend.base import Composition
+from energon_ray.blend.base import Composition, PassContext
 from energon_ray.blend.compose import BlendDataset, _Draws, _SourceReplay
 from energon_ray.worker import WorkerConfig
 
@@ -34,7 +34,7 @@ class _Counter(Composition):
 
 def _taken_steps(blend: BlendDataset, pass_index: int, steps: int):
     """``(leaf, worker, item) -> global step`` as the loader's round-robin over workers takes them."""
-    next_item = blend.provider(None, pass_index)
+    next_item = blend.provider(PassContext({}, stats=None), pass_index)
     taken = {}
     for step in range(steps):
         worker = step % blend.num_workers

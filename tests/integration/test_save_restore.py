@@ -1,0 +1,367 @@
+"""``get_savable_loader`` on Ray: a restored loader yields exactly what the saved one would have.
+
+Every check goes through ``tests/roundtrip.assert_round_trip`` (save before item k during one
+reference run, restore a fresh loader, compare the rest) with the state carried through JSON.
+Items are compared by keys and contents, including the augmentations hooks draw from ``random``,
+numpy and torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import energon_ray as er
+from energon_ray.format.jsonl import prepare_jsonl
+from energon_ray.tasks.text_packing import TextPackingTaskEncoder, lognormal_corpus
+from tests.helpers import prefixed_text_dataset
+from tests.roundtrip import END, assert_round_trip, json_transport
+
+WC = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    base = tmp_path_factory.mktemp("restore")
+    a = prefixed_text_dataset(base / "a", "a", 45, per_shard=8)
+    b = prefixed_text_dataset(base / "b", "b", 30, per_shard=7)
+    docs = base / "docs.jsonl"
+    docs.write_text("\n".join(json.dumps({"text": d}) for d in lognormal_corpus(160, mean_words=30, seed=5)) + "\n")
+    prepare_jsonl(docs, progress=False)
+    (base / "val.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  val:\n    blend:\n"
+        "      - {path: a, split_part: train}\n      - {path: b, split_part: train}\n"
+    )
+    return {"a": a, "b": b, "docs": docs, "val": base / "val.yaml"}
+
+
+class Augmented(er.DefaultTaskEncoder):
+    """Draws from python, numpy and torch RNGs in sample and batch hooks; fails on some keys."""
+
+    def __init__(self, fail_every: int = 0):
+        super().__init__()
+        self.fail_every = fail_every
+
+    @er.stateless(restore_seeds=True)
+    def encode_sample(self, sample):
+        index = int(sample.__key__.split("_")[-1])
+        if self.fail_every and index % self.fail_every == 3:
+            raise ValueError(f"cannot encode {sample.__key__}")
+        sample.text = f"{sample.text}|{random.random():.6f}|{np.random.rand():.6f}|{torch.rand(1).item():.6f}"
+        return sample
+
+    def batch(self, samples):
+        return {"keys": [s.__key__ for s in samples], "texts": [s.text for s in samples], "r": random.random()}
+
+
+class Grouped(Augmented):
+    def batch_group_criterion(self, sample):
+        return int(sample.__key__.split("_")[-1]) % 3, None
+
+
+def describe(item):
+    if isinstance(item, list):  # a mix of batches, as the mix function returns it
+        return tuple(item)
+    if isinstance(item, dict):
+        return (tuple(item["keys"]), tuple(item["texts"]), item["r"])
+    if hasattr(item, "documents"):  # packed text
+        return (tuple(tuple(d) for d in item.documents), item.input_ids.sum().item())
+    return tuple(item.__key__) if isinstance(item.__key__, (list, tuple)) else item.__key__
+
+
+class LoaderRun:
+    """A savable loader as the round-trip helper drives it; passes are separated by ``END``."""
+
+    def __init__(self, build):
+        self.loader = er.get_savable_loader(build())
+        self.it = None
+
+    def __next__(self):
+        if self.it is None:
+            self.it = iter(self.loader)
+        try:
+            return describe(next(self.it))
+        except StopIteration:
+            self.it = None
+            return END
+
+    def save(self):
+        return self.loader.save_state_rank()
+
+    def restore(self, state):
+        self.loader.restore_state_rank(state)
+
+
+def round_trip(build, ks, count):
+    runs = []
+
+    def make():
+        run = LoaderRun(build)
+        runs.append(run)
+        return run
+
+    try:
+        return assert_round_trip(make, ks, count=count, transport=json_transport)
+    finally:
+        for run in runs:
+            run.loader.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+def test_train_restores_mid_epoch_and_across_epochs(roots, num_workers):
+    """Shuffle buffer, slices, augmentations; endless training, states taken early, late and past an epoch."""
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+
+    def build():
+        return er.get_train_dataset(roots["a"], batch_size=4, shuffle_buffer_size=9, max_samples_per_sequence=4,
+                                    worker_config=wc, task_encoder=Augmented(), samples_per_segment=8)  # fmt: skip
+
+    items = round_trip(build, [1, 6, 13, 19], count=24)
+    keys = [k for item in items[:9] for k in item[0]]
+    assert len(keys) == len(set(keys)) == 36  # within each worker's first epoch nothing repeats
+
+
+def test_repeat_false_passes_get_fresh_hook_seeds_and_restore_across_passes(roots):
+    def build():
+        return er.get_train_dataset(roots["b"], batch_size=4, shuffle_buffer_size=5, worker_config=WC, repeat=False, task_encoder=Augmented())
+
+    items = round_trip(build, [0, 3, 8, 9, 12], count=18)  # 8 batches, END, 8 batches, END
+    assert items[8] == END and items[17] == END
+    first, second = items[:8], items[9:17]
+    assert sorted(k for b in first for k in b[0]) == sorted(k for b in second for k in b[0])
+    texts = lambda batches: {k: t for b in batches for k, t in zip(b[0], b[1])}  # noqa: E731
+    one, two = texts(first), texts(second)
+    assert all(one[k] != two[k] for k in one)  # each pass draws new augmentations
+
+
+def test_skipped_samples_and_seam_batches_restore(roots):
+    """Samples dropped by the error policy leave pools across segments; they are re-read on restore."""
+
+    def build():
+        return er.get_train_dataset(roots["a"], batch_size=3, shuffle_buffer_size=6, worker_config=WC, repeat=False,
+                                    task_encoder=Augmented(fail_every=7), samples_per_segment=6)  # fmt: skip
+
+    items = round_trip(build, [1, 4, 7, 10, 13], count=14)
+    keys = [k for b in items if b != END for k in b[0]]
+    assert len(keys) == len(set(keys)) == 45 - len([i for i in range(45) if i % 7 == 3])
+
+
+def test_grouped_batches_restore(roots):
+    def build():
+        return er.get_train_dataset(roots["a"], batch_size=4, shuffle_buffer_size=6, worker_config=WC, repeat=False, task_encoder=Grouped(),
+                                    samples_per_segment=5)  # fmt: skip
+
+    items = round_trip(build, [1, 3, 6, 9, 11], count=13)
+    for b in items:
+        if b != END:
+            assert len({int(k.split("_")[-1]) % 3 for k in b[0]}) == 1
+
+
+def test_packing_restores(roots):
+    """Pooled packs are made again by re-running their segment's packing buffer."""
+
+    def build():
+        return er.get_train_dataset(roots["docs"], batch_size=3, shuffle_buffer_size=10, max_samples_per_sequence=10,
+                                    worker_config=WC, packing_buffer_size=12, task_encoder=TextPackingTaskEncoder(max_length=96))  # fmt: skip
+
+    round_trip(build, [1, 4, 9, 14], count=16)
+
+
+def test_blend_and_mix_restore_with_small_states(roots):
+    def blend():
+        return er.BlendDataset(
+            (er.get_train_dataset(roots["a"], batch_size=3, shuffle_buffer_size=20, worker_config=WC, task_encoder=Augmented()), 0.6),
+            (er.get_train_dataset(roots["b"], batch_size=3, shuffle_buffer_size=20, worker_config=WC, task_encoder=Augmented()), 0.4),
+        )
+
+    items = round_trip(blend, [2, 9, 17], count=22)
+    assert {b[0][0][0] for b in items} == {"a", "b"}
+    loader = er.get_savable_loader(blend())
+    it = iter(loader)
+    for _ in range(11):
+        next(it)
+    size = len(loader.save_state_rank().to_json())
+    loader.close()
+    assert size <= 16 * 1024, size
+
+    def mix():
+        return er.MixBatchDataset(
+            (er.get_train_dataset(roots["a"], batch_size=1, shuffle_buffer_size=10, worker_config=WC), 1),
+            (er.get_train_dataset(roots["b"], batch_size=1, shuffle_buffer_size=10, worker_config=WC), 1),
+            batch_size=4,
+            batch_mix_fn=lambda batches: sorted(k for b in batches for k in b.__key__),
+        )
+
+    round_trip(mix, [1, 5, 8], count=10)
+
+
+def test_val_metadataset_across_datasets_and_epochized(roots):
+    """A validation metadataset batches from one dataset into the next; restores on both sides of the seam."""
+
+    def val():
+        return er.get_val_dataset(roots["val"], batch_size=4, worker_config=WC, samples_per_segment=8)
+
+    items = round_trip(val, [1, 5, 9, 10, 12, 19, 20], count=21)  # 45 + 30 samples over 2 streams: 20 batches
+    assert items[-1] == END and items.count(END) == 1
+
+    def epochized():
+        return er.EpochizeDataset(er.get_train_dataset(roots["b"], batch_size=4, shuffle_buffer_size=5, worker_config=WC), 5)
+
+    items = round_trip(epochized, [2, 5, 6, 8, 11], count=13)
+    assert [i for i, item in enumerate(items) if item == END] == [5, 11]
+
+
+def test_save_before_iterating_and_mismatched_restores(roots):
+    loader = er.get_savable_loader(er.get_train_dataset(roots["a"], batch_size=4, worker_config=WC))
+    assert loader.save_state_rank() is None
+    loader.restore_state_rank(None)
+    it = iter(loader)
+    next(it)
+    state = loader.save_state_rank()
+    loader.close()
+    other = er.get_savable_loader(er.get_train_dataset(roots["a"], batch_size=5, worker_config=WC))
+    with pytest.raises(er.StateError, match="another dataset configuration"):
+        other.restore_state_rank(state)
+    other.close()
+    three = er.get_savable_loader(er.get_train_dataset(roots["a"], batch_size=4, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=3)))
+    with pytest.raises(er.StateError, match="num_workers=2, this loader has num_workers=3"):
+        three.restore_state_rank(state)
+    with pytest.raises(er.StateError, match="version 7 is not supported"):
+        three.restore_state_rank({**state.to_dict(), "version": 7})
+    three.close()
+
+
+def test_global_save_and_restore_without_distributed(roots):
+    build = lambda: er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=2, worker_config=WC))  # noqa: E731
+    loader = build()
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    states = loader.save_state_global(global_dst_rank=0)
+    expected = [next(it).__key__ for _ in range(4)]
+    loader.close()
+    fresh = build()
+    fresh.restore_state_global(states)
+    assert [b.__key__ for b in (next(iter(fresh)) for _ in range(1))] == expected[:1]
+    fresh.close()
+
+
+_ELASTIC = textwrap.dedent(
+    """
+    import json, sys
+    import ray
+    import energon_ray as er
+    ray.init(address="local", num_cpus=int(sys.argv[2]), include_dashboard=False, log_to_driver=False)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    loader = er.get_savable_loader(er.get_train_dataset(sys.argv[1], batch_size=4, shuffle_buffer_size=9, worker_config=wc))
+    if sys.argv[3] == "save":
+        it = iter(loader)
+        for _ in range(7):
+            next(it)
+        state = loader.save_state_rank().to_json()
+        print(json.dumps({"state": state, "next": [next(it).__key__ for _ in range(6)]}))
+    else:
+        loader.restore_state_rank(sys.stdin.read())
+        it = iter(loader)
+        print(json.dumps({"next": [next(it).__key__ for _ in range(6)]}))
+    loader.close()
+    ray.shutdown()
+    """
+)
+
+
+def test_state_restores_in_a_fresh_process_on_a_ray_of_another_size(roots, tmp_path):
+    """Saved on a 2-CPU Ray, restored in a new process on a 1-CPU Ray: the same batches."""
+    script = tmp_path / "elastic.py"
+    script.write_text(_ELASTIC)
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAY_ADDRESS": ""}
+    env.pop("RAY_ADDRESS")
+    saved = subprocess.run([sys.executable, str(script), str(roots["a"]), "2", "save"], capture_output=True, text=True, env=env, timeout=240)
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    first = json.loads(saved.stdout.strip().splitlines()[-1])
+    started = time.perf_counter()
+    restored = subprocess.run(
+        [sys.executable, str(script), str(roots["a"]), "1", "restore"], input=first["state"], capture_output=True, text=True, env=env, timeout=240
+    )
+    assert restored.returncode == 0, restored.stderr[-2000:]
+    assert json.loads(restored.stdout.strip().splitlines()[-1])["next"] == first["next"]
+    assert time.perf_counter() - started < 200
+
+
+class Pids(er.DefaultTaskEncoder):
+    def batch(self, samples):
+        return {"keys": [s.__key__ for s in samples], "pid": os.getpid()}
+
+
+def test_killed_ray_workers_lose_and_repeat_nothing_and_a_later_state_restores(roots):
+    """SIGKILL the Ray worker processes that made the batches so far, mid-epoch: Ray re-runs their
+    tasks; the keys equal an undisturbed run's, and a state saved afterwards restores exactly."""
+
+    def build():
+        return er.get_train_dataset(roots["a"], batch_size=3, shuffle_buffer_size=6, worker_config=WC, repeat=False,
+                                    task_encoder=Pids(), samples_per_segment=3)  # fmt: skip
+
+    reference = [tuple(b["keys"]) for b in er.get_loader(build())]
+    loader = er.get_savable_loader(build())
+    it = iter(loader)
+    got = [next(it) for _ in range(3)]
+    killed = {b["pid"] for b in got} - {os.getpid()}
+    assert killed
+    for pid in killed:
+        os.kill(pid, 9)
+    got += [next(it) for _ in range(4)]
+    state = loader.save_state_rank()
+    got += list(it)
+    assert [tuple(b["keys"]) for b in got] == reference
+    assert len({b["pid"] for b in got[3:]} - killed) >= 1  # later batches came from new workers
+    fresh = er.get_savable_loader(build())
+    fresh.restore_state_rank(json_transport(state))
+    assert [tuple(b["keys"]) for b in fresh] == reference[7:]
+    fresh.close()
+
+
+class Keyed(er.DefaultTaskEncoder):
+    """Default batches (they carry ``__restore_key__``) of augmented samples."""
+
+    @er.stateless(restore_seeds=True)
+    def encode_sample(self, sample):
+        sample.text = f"{sample.text}|{random.random():.6f}|{torch.rand(1).item():.6f}"
+        return sample
+
+
+def test_restore_sample_rebuilds_batches_exactly(roots):
+    """Batches of both passes (their own hook seeds), of a short last batch and of a grouped loader."""
+    loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=4, shuffle_buffer_size=5, worker_config=WC,
+                                                        repeat=False, task_encoder=Keyed(), samples_per_segment=4))  # fmt: skip
+    first, second = list(loader), list(loader)
+    assert loader.can_restore_sample()
+    for batch in (first[0], first[5], first[-1], second[2], second[-1]):
+        again = loader.restore_sample(batch.__restore_key__)
+        assert list(again.__key__) == list(batch.__key__) and list(again.text) == list(batch.text)
+    with pytest.raises(er.StateError, match="no plan position"):
+        loader.restore_sample(("Webdataset", 3))
+    loader.close()
+
+    class KeyedGroups(Keyed):
+        def batch_group_criterion(self, sample):
+            return int(sample.__key__.split("_")[-1]) % 2, None
+
+    grouped = er.get_savable_loader(er.get_val_dataset(roots["a"], split_part="train", batch_size=3, worker_config=WC, task_encoder=KeyedGroups()))
+    batches = list(grouped)
+    for batch in batches[::4]:
+        again = grouped.restore_sample(batch.__restore_key__)
+        assert list(again.__key__) == list(batch.__key__) and list(again.text) == list(batch.text)
+    grouped.close()
+    packed = er.get_savable_loader(er.get_val_dataset(roots["docs"], split_part="train", batch_size=2, worker_config=WC, packing_buffer_size=8,
+                                                      task_encoder=TextPackingTaskEncoder(max_length=96)))  # fmt: skip
+    assert not packed.can_restore_sample()
+    packed.close()
