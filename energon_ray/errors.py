@@ -127,3 +127,8 @@ class MediaTooLargeError(SampleException):
 
 class IndexMismatchError(ShardReadError):
     """A shard's ``.tar.idx`` does not match its tar (an offset misses the tar headers): re-run prepare."""
+
+
+class ExecutionLost(RuntimeError):
+    """Ray lost an execution of the loader's segments (its feeder actor, a node, or objects no retry
+    could rebuild); the loader restarts it from its worker streams' checkpoints."""

@@ -12,6 +12,7 @@ the driver's overhead that of a single source.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -19,7 +20,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from energon_ray.errors import DatasetConfigError, FatalSampleError, SampleException, ShardReadError
+from energon_ray.errors import DatasetConfigError, ExecutionLost, FatalSampleError, SampleException, ShardReadError
 from energon_ray.loader.merge import EXHAUSTED, NOTHING, LoaderStats, Pending, Row, WorkerQueues
 from energon_ray.loader.state import StateError, StreamState
 from energon_ray.pipeline import rows, serde
@@ -35,6 +36,8 @@ MAX_WINDOW_SEGMENTS = 512
 #: Segments of the first window, started when the loader is built; later windows grow 4x. (4 was
 #: measured too: slower first batches on 2 cores.)
 FIRST_WINDOW_SEGMENTS = 64
+#: Restarts of a lost execution (feeder actor, node) within one pass before the loader gives up.
+MAX_RECOVERIES = 3
 
 _OUR_ERRORS = (FatalSampleError, ShardReadError, DatasetConfigError, SampleException)
 _ERROR_LINE = re.compile(r"energon_ray\.errors\.(FatalSampleError|ShardReadError|DatasetConfigError|SampleException): (.*)")
@@ -190,6 +193,7 @@ class MultiFeed:
         self._configs = {i: leaf.stage_config() for i, leaf in enumerate(self.leaves)}
         self._name = self.leaves[0].operator_name if len(self.leaves) == 1 else "EnergonSegments"
         self._windows = iter(windows(self.schedules, MAX_WINDOW_SEGMENTS, first=FIRST_WINDOW_SEGMENTS))
+        self._recoveries = 0
 
     def reread(self, streams: Sequence[Sequence[StreamState]]) -> Dict[Tuple[int, int, int, int], Any]:
         """The serialized samples (or packs) a restored state's pools hold, re-made by Ray tasks, by
@@ -203,16 +207,46 @@ class MultiFeed:
         return {(worker, source, position, sub): value for (source, worker, position, sub), value in found.items()}
 
     def pull(self) -> None:
-        """Take one row from Ray and file it with its leaf."""
-        if self._rows is None:
-            self.start()
-        try:
-            source, row, last = next(self._rows)
-        except StopIteration:
-            for feed in self.feeds:
-                feed.close_open_workers()
+        """Take one row from Ray and file it with its leaf (restarting a lost execution)."""
+        while True:
+            if self._rows is None:
+                self.start()
+            try:
+                source, row, last = next(self._rows)
+            except StopIteration:
+                for feed in self.feeds:
+                    feed.close_open_workers()
+                return
+            except ExecutionLost as exc:
+                while True:  # a restart can be lost too (the node is still going down)
+                    try:
+                        self._recover(exc)
+                        break
+                    except ExecutionLost as again:
+                        exc = again
+                continue
+            self.feeds[source].queues.feed(row, last)
             return
-        self.feeds[source].queues.feed(row, last)
+
+    def _recover(self, exc: ExecutionLost) -> None:
+        """Start the execution again where every worker stream's queue stands (its checkpoint), as a
+        restore does; what was consumed is dropped again, nothing is lost or repeated."""
+        self._recoveries += 1
+        if self._recoveries > MAX_RECOVERIES:
+            raise RuntimeError(f"{exc}; gave up after restarting it {MAX_RECOVERIES} times") from None
+        logger.warning("%s; restarting it from the worker streams' checkpoints (%d/%d)", exc, self._recoveries, MAX_RECOVERIES)
+        workers = range(len(self.schedules[0].plan.streams)) if self.schedules else range(0)
+        states = [[feed.queues.state(w) for w in workers] for feed in self.feeds]
+        self.close()
+        self.schedules = [
+            dataclasses.replace(schedule, starts=tuple(s.checkpoint.segment for s in per_worker))
+            for schedule, per_worker in zip(self.schedules, states)
+        ]
+        self._windows = iter(windows(self.schedules, MAX_WINDOW_SEGMENTS, first=FIRST_WINDOW_SEGMENTS))
+        payloads = self.reread(states)
+        for feed, per_worker in zip(self.feeds, states):
+            for w, state in enumerate(per_worker):
+                feed.queues.restore(w, state, payloads)
 
     def close(self) -> None:
         """Stop the Ray execution."""

@@ -24,6 +24,7 @@ import pyarrow as pa
 import ray
 import ray.data
 
+from energon_ray.errors import ExecutionLost
 from energon_ray.pipeline.stages import BatchSamples, EncodeAndBatch, EncodeSamples, StageConfig, seam_batches
 from energon_ray.plan.stream import SegmentSpec
 from energon_ray.ray_env import verbose
@@ -262,6 +263,16 @@ class Feeder:
 _FEEDER: Dict[str, Any] = {}
 
 
+#: Ray's errors for a lost actor, owner, node or object (``_get`` turns them into ``ExecutionLost``).
+_LOST = (
+    ray.exceptions.ActorDiedError,
+    ray.exceptions.ActorUnavailableError,
+    ray.exceptions.OwnerDiedError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.NodeDiedError,
+)
+
+
 def feeder() -> Any:
     """This process's feeder actor (one per Ray job), started on this node on first use."""
     job = ray.get_runtime_context().get_job_id()
@@ -325,11 +336,11 @@ class BlockStream:
     def _get(ref: Any) -> Any:
         try:
             return ray.get(ref)
-        except (ray.exceptions.ActorDiedError, ray.exceptions.OwnerDiedError) as exc:
+        except _LOST as exc:
             _FEEDER.clear()  # the next execution gets a new feeder
-            raise RuntimeError(
-                "energon_ray: the feeder actor that ran this loader's Ray Data execution died "
-                f"({type(exc).__name__}); iterate a new loader to go on"
+            raise ExecutionLost(
+                f"energon_ray: Ray lost the execution of this loader's segments ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''})"
             ) from None
 
     def stats(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import torch
 
@@ -78,13 +79,54 @@ def record(path: str, batches: int = 12) -> dict:
     return out
 
 
+def node_loss(path: str, cluster) -> dict:
+    """Iterate until segments ran on both nodes, remove the worker node (no grace), read on; then
+    save, restore into a new loader and compare. The reference is an undisturbed loader."""
+    import ray
+
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2, seed_offset=3)
+
+    def build():
+        return er.get_train_dataset(path, worker_config=wc, batch_size=4, shuffle_buffer_size=7, samples_per_segment=4)
+
+    loader = er.get_savable_loader(build())
+    it = iter(loader)
+    keys = []
+    while len(loader.stats.segments_per_node) < 2 and len(keys) < 200:
+        keys.append(list(next(it).__key__))
+    both_nodes = len(loader.stats.segments_per_node) == 2
+    head = ray.get_runtime_context().get_node_id()
+    for node in list(cluster.worker_nodes):
+        cluster.remove_node(node, allow_graceful=False)
+    for _ in range(300):  # the GCS marks the node dead after its heartbeat times out
+        alive = len([n for n in ray.nodes() if n["Alive"]])
+        if alive == 1:
+            break
+        time.sleep(0.1)
+    keys += [list(next(it).__key__) for _ in range(30)]
+    state = loader.save_state_rank().to_json()
+    after = [list(next(it).__key__) for _ in range(10)]
+    loader.close()
+    restored = er.get_savable_loader(build())
+    restored.restore_state_rank(state)
+    it = iter(restored)
+    again = [list(next(it).__key__) for _ in range(10)]
+    restored.close()
+    reference = er.get_loader(build())
+    it = iter(reference)
+    expected = [list(next(it).__key__) for _ in range(len(keys) + 10)]
+    reference.close()
+    return {"both_nodes": both_nodes, "alive_after": alive, "head": bool(head), "same": keys + after == expected,
+            "restored_same": again == after, "batches": len(keys)}  # fmt: skip
+
+
 def main(mode: str, path: str, out: str) -> None:
     import ray
 
     cluster = None
     if mode == "local1":
         ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    elif mode == "cluster2":
+    elif mode in ("cluster2", "node-loss"):
         from ray.cluster_utils import Cluster
 
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
@@ -96,7 +138,7 @@ def main(mode: str, path: str, out: str) -> None:
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     try:
-        result = record(path)
+        result = node_loss(path, cluster) if mode == "node-loss" else record(path)
     finally:
         ray.shutdown()
         if cluster is not None:
