@@ -71,6 +71,8 @@ _LAZY = {
     "get_savable_loader": "energon_ray.loader.loader",
     "LoaderState": "energon_ray.loader.state",
     "StateError": "energon_ray.loader.state",
+    "save_loader_state": "energon_ray.loader.state",
+    "restore_loader_state": "energon_ray.loader.state",
 }
 
 
@@ -138,6 +140,8 @@ __all__ = [
     "get_savable_loader",
     "LoaderState",
     "StateError",
+    "save_loader_state",
+    "restore_loader_state",
     "get_stateless",
     "get_train_dataset",
     "get_val_dataset",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from typing import Any, Dict, List, Optional, Tuple
 
 #: Bump when the meaning of a field changes; ``from_dict`` refuses other versions.
@@ -176,3 +177,45 @@ def _unjson(value: Any) -> Any:
     if isinstance(value, list):
         return [_unjson(v) for v in value]
     return value
+
+
+#: One file per rank in a checkpoint folder, so every rank of a ``ray.train`` run reports into one checkpoint.
+STATE_FILE = "energon_ray_loader_rank{rank}.json"
+
+
+def save_loader_state(loader: Any, directory: str) -> Optional[str]:
+    """Write ``loader.save_state_rank()`` into ``directory`` as ``energon_ray_loader_rank{rank}.json``
+    (nothing before the first iteration); returns the file's path.
+
+    Example:
+        >>> with tempfile.TemporaryDirectory() as d:                       # doctest: +SKIP
+        ...     save_loader_state(loader, d)
+        ...     ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
+    """
+    state = loader.save_state_rank()
+    if state is None:
+        return None
+    path = os.path.join(directory, STATE_FILE.format(rank=state.rank))
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(state.to_json())
+    os.replace(tmp, path)
+    return path
+
+
+def restore_loader_state(loader: Any, directory: str) -> bool:
+    """Restore ``loader`` from its rank's file in ``directory`` (see ``save_loader_state``); ``False``
+    if the folder has none (a checkpoint taken before the loader first iterated).
+
+    Example:
+        >>> checkpoint = ray.train.get_checkpoint()                          # doctest: +SKIP
+        >>> if checkpoint:
+        ...     with checkpoint.as_directory() as d:
+        ...         restore_loader_state(loader, d)
+    """
+    path = os.path.join(directory, STATE_FILE.format(rank=loader.dataset.worker_config.rank))
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        loader.restore_state_rank(f.read())
+    return True
