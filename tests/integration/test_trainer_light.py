@@ -7,7 +7,6 @@ import logging
 import os
 import threading
 
-import pytest
 import ray
 import torch
 
