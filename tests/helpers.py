@@ -96,3 +96,16 @@ def classification_dataset(root: Path, prefix: str, n: int, per_shard: int = 10)
         root, split_ratio=(1, 0, 0), sample_type="ImageClassificationSample", field_map={"image": "jpg", "label": "cls"}, progress=False
     )
     return root
+
+
+def tiny_job_config(folder: Path) -> Path:
+    """``jobs/captioning.yaml`` shrunk for tests (60 small images, batch 8, 32x32 crops), written to ``folder``."""
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "jobs" / "captioning.yaml").read_text())
+    config["dataset"].update(num_samples=60, samples_per_shard=10, image_size=[64, 48])
+    config["loader"].update(batch_size=8)
+    config["task"].update(image_size=32)
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path

@@ -6,19 +6,14 @@ import runpy
 import sys
 from pathlib import Path
 
-import yaml
+from tests.helpers import tiny_job_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_captioning_job_prints_shapes_and_throughput(tmp_path, monkeypatch, capsys):
     """The job generates, prepares and loads a dataset, printing batch shapes, samples/s and Ray stats."""
-    config = yaml.safe_load((ROOT / "jobs" / "captioning.yaml").read_text())
-    config["dataset"].update(num_samples=60, samples_per_shard=10, image_size=[64, 48])
-    config["loader"].update(batch_size=8)
-    config["task"].update(image_size=32)
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump(config))
+    cfg = tiny_job_config(tmp_path)
     monkeypatch.setattr(sys, "argv", ["captioning_job.py", "--config", str(cfg), "--workdir", str(tmp_path / "run")])
     runpy.run_path(str(ROOT / "jobs" / "captioning_job.py"), run_name="__main__")
     out = capsys.readouterr().out

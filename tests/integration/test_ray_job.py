@@ -19,7 +19,8 @@ from pathlib import Path
 
 import psutil
 import ray
-import yaml
+
+from tests.helpers import tiny_job_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -70,12 +71,7 @@ def test_ray_job_submit_runs_the_main_job_on_a_real_head(tmp_path):
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     address = f"http://127.0.0.1:{dashboard}"
-    config = yaml.safe_load((ROOT / "jobs" / "captioning.yaml").read_text())
-    config["dataset"].update(num_samples=60, samples_per_shard=10, image_size=[64, 48])
-    config["loader"].update(batch_size=8)
-    config["task"].update(image_size=32)
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump(config))
+    cfg = tiny_job_config(tmp_path)
     # every port of its own: another Ray on this machine (the session's) holds the default agent ports
     agent_ports = [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
                    f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"]  # fmt: skip
