@@ -8,6 +8,7 @@ many happen in a row, which raises :class:`FatalSampleError`.
 from __future__ import annotations
 
 import logging
+import re
 import traceback
 from typing import Any, Optional, Sequence
 
@@ -132,3 +133,25 @@ class IndexMismatchError(ShardReadError):
 class ExecutionLost(RuntimeError):
     """Ray lost an execution of the loader's segments (its feeder actor, a node, or objects no retry
     could rebuild); the loader restarts it from its worker streams' checkpoints."""
+
+
+_OUR_ERRORS = (FatalSampleError, ShardReadError, DatasetConfigError, SampleException)
+_ERROR_LINE = re.compile(r"energon_ray\.errors\.(FatalSampleError|ShardReadError|DatasetConfigError|SampleException): (.*)")
+
+
+def unwrap_error(exc: BaseException) -> Optional[BaseException]:
+    """Our exception behind Ray's wrappers: the object if Ray kept it, else rebuilt from the text."""
+    seen, stack = set(), [exc]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, _OUR_ERRORS) and current is not exc:
+            return type(current)(str(current))
+        stack.extend([getattr(current, "cause", None), current.__cause__, current.__context__])
+    matches = _ERROR_LINE.findall(str(exc))
+    if matches:
+        name, message = matches[-1]
+        return {e.__name__: e for e in _OUR_ERRORS}[name](message)
+    return None

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import RoundRobin
+from energon_ray.loader.restore import rebuild_batch, restore_streams
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
 
 
@@ -53,10 +54,7 @@ class PassRun:
                 f"the state has {len(state.streams)} datasets and {len(state.nodes)} composition steps, this loader "
                 f"{len(feeds)} and {len(self.ctx.nodes)}"
             )
-        payloads = self.multi.reread(state.streams)
-        for feed, per_worker in zip(feeds, state.streams):  # in leaf order: a concatenation's next dataset last
-            for w, stream in enumerate(per_worker):
-                feed.queues.restore(w, stream, payloads)
+        restore_streams(feeds, state.streams, self.multi.reread)
         for node, per_worker in zip(self.ctx.nodes, state.nodes):
             for w, value in enumerate(per_worker):
                 node.restore(w, value)
@@ -144,8 +142,6 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     Raises:
         StateError: an unusable key, samples of several datasets or worker streams, or a packing dataset.
     """
-    from energon_ray.loader.feed import rebuild_batch
-
     keys = sample_keys(restore_key)
     if not keys:
         raise StateError(f"restore key {restore_key!r} names no sample")

@@ -1,0 +1,139 @@
+"""Making pooled samples again for a restore, and one batch again for ``restore_sample``.
+
+A saved state names pooled samples by ``(leaf, position, sub)``; ``restore_reads`` turns them into
+restore segments (``SegmentSpec.keep``), ``run_reads`` runs those in one small Ray execution, and
+``restore_streams`` puts every worker stream of every leaf where its state says.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from energon_ray.errors import unwrap_error
+from energon_ray.loader.state import StateError, StreamState
+from energon_ray.pipeline import rows, serde
+from energon_ray.plan.stream import SegmentPlan, SegmentSpec
+
+
+def restore_streams(
+    feeds: Sequence[Any], states: Sequence[Sequence[StreamState]], reread: Callable[[Sequence[Sequence[StreamState]]], Dict]
+) -> None:
+    """Re-make the pooled samples the states name (``reread``), then restore every leaf's worker
+    queues, in leaf order (a concatenation's next dataset after the one that hands it its remainder)."""
+    payloads = reread(states)
+    for feed, per_worker in zip(feeds, states):
+        for worker, state in enumerate(per_worker):
+            feed.queues.restore(worker, state, payloads)
+
+
+def restore_reads(leaves: Sequence[Any], plans: Sequence[SegmentPlan], streams: Sequence[Sequence[StreamState]]) -> List[SegmentSpec]:
+    """Segments that make the pooled samples of a saved state again, returning only those.
+
+    A plain sample is re-read at its own position (hook seeds follow positions, so it comes out the
+    same); a pack is only defined by its segment's packing buffer, so its whole segment is re-run.
+    """
+    wanted: Dict[Tuple[int, int], set] = {}
+    for per_worker in streams:
+        for worker, state in enumerate(per_worker):
+            for leaf, position, sub in state.checkpoint.refs():
+                wanted.setdefault((leaf, worker), set()).add((int(position), int(sub)))
+    specs: List[SegmentSpec] = []
+    for (leaf, worker), refs in sorted(wanted.items()):
+        plan = plans[leaf]
+        if leaves[leaf].options.packing_buffer_size:
+            length = plan.segment_length
+            for index in sorted({p // length for p, _ in refs}):
+                spec = plan.segment(worker, index)
+                keep = tuple(sorted(r for r in refs if r[0] // length == index))
+                specs.append(SegmentSpec(**{**_spec_fields(spec), "keep": keep}))
+            continue
+        stream = plan.streams[worker]
+        positions = np.array(sorted({p for p, _ in refs}), dtype=np.int64)
+        samples = np.concatenate([stream.samples(int(p), int(p) + 1) for p in positions])
+        if len(samples) != len(positions):
+            raise StateError(f"restoring the loader state: positions {positions.tolist()} lie beyond worker stream {worker}'s end")
+        specs.append(
+            SegmentSpec(
+                worker=worker, global_worker=stream.config.global_worker, seed=stream.config.hook_seed,
+                index=-2 - len(specs), start=int(positions[0]), samples=samples, last=False, source=leaf,
+                positions=positions, keep=tuple(sorted(refs)),
+            )  # fmt: skip
+        )
+    return specs
+
+
+def _spec_fields(spec: SegmentSpec) -> Dict[str, Any]:
+    names = ("worker", "global_worker", "seed", "index", "start", "samples", "last", "source", "positions", "keep")
+    return {name: getattr(spec, name) for name in names}
+
+
+def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -> Dict[Tuple[int, int, int, int], Any]:
+    """Run restore reads (``spec.keep``) in one small Ray execution: ``(leaf, worker, position, sub)``
+    → the serialized sample or pack.
+
+    Raises:
+        StateError: a read failed, or a kept sample was not made again.
+    """
+    if not specs:
+        return {}
+    from energon_ray.pipeline.build import BlockStream
+
+    wanted = {(spec.source, spec.worker, p, s) for spec in specs for p, s in spec.keep}
+    found: Dict[Tuple[int, int, int, int], Any] = {}
+    stream = BlockStream(specs, readers, configs, 2, name="EnergonRestore", ray_remote_args=remote_args)
+    try:
+        for block in stream:
+            for (kind, worker, _, _, payload), source in zip(rows.iter_rows(block), rows.sources(block)):
+                value = serde.loads(payload, copy=False)
+                if kind == rows.LEFTOVER:
+                    for _, _, items in value:
+                        for position, sub, sample in items:
+                            found[(source, worker, position, sub)] = sample
+                elif kind == rows.REPORT and value.fatal is not None:
+                    raise StateError(f"restoring: re-reading samples failed: {value.fatal[1]}")
+    except StateError:
+        raise
+    except Exception as exc:
+        ours = unwrap_error(exc)
+        if ours is not None:
+            raise StateError(f"restoring: re-reading samples failed: {ours}") from None
+        raise
+    finally:
+        stream.close()
+    missing = sorted(wanted - set(found))
+    if missing:
+        source, worker, position, sub = missing[0]
+        raise StateError(
+            f"restoring: {len(missing)} sample(s) could not be made again, e.g. position {position} (sub {sub}) of "
+            f"worker stream {worker} of {leaves[source]!r}; the dataset, its task encoder or the error policy changed "
+            "since they were saved"
+        )
+    return found
+
+
+def rebuild_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], remote_args=None) -> Any:
+    """One batch made again from its samples' restore keys ``("Webdataset", index, leaf, worker,
+    position, hook seed)``: the samples are re-read and encoded at their positions and batched by
+    the seam-batch task, with the hook seeds they had."""
+    from energon_ray.pipeline.build import SeamTasks
+
+    ordered = sorted(keys, key=lambda k: k[4])
+    positions = np.array([k[4] for k in ordered], dtype=np.int64)
+    stream = leaf.plan().streams[worker].config
+    spec = SegmentSpec(
+        worker=worker, global_worker=stream.global_worker, seed=seed, index=-1, start=int(positions[0]),
+        samples=np.array([k[1] for k in ordered], dtype=np.int64), last=False, source=source, positions=positions,
+        keep=tuple((int(p), 0) for p in positions),
+    )  # fmt: skip
+    config = leaf.stage_config()
+    found = run_reads([spec], {source: leaf.reader()}, {source: config}, remote_args, {source: leaf})
+    group = [(int(p), 0, found[(source, worker, int(p), 0)]) for p in positions]
+    if leaf.options.batch_size is None:
+        return serde.loads(group[0][2])
+    table = SeamTasks(config, source, remote_args).submit(worker, seed, [(len(group), group)])()
+    items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
+    if len(items) != 1:
+        raise StateError(f"restore_sample: the batch hooks made {len(items)} batches from the {len(group)} samples, not one")
+    return items[0]
