@@ -54,7 +54,7 @@ class PlanOptions:
 class EnergonDataset(Composition):
     """A planned, not yet running, Energon dataset on Ray.
 
-    Use it with ``get_loader``; ``ray_dataset()`` gives the underlying ``ray.data.Dataset``.
+    Use it with ``get_loader`` (or ``get_savable_loader``): the loader runs its segments on Ray.
     """
 
     def __init__(
@@ -200,22 +200,6 @@ class EnergonDataset(Composition):
             self.dataset.spec.wants_part if (self.dataset.spec.parts is not None or self.dataset.spec.part_filter) else None,
             tolerance=self.task_encoder.__default_failure_tolerance__,
         )
-
-    def ray_dataset(self, first_round: int = 0, num_rounds: Optional[int] = None, **kwargs: Any):
-        """The ``ray.data.Dataset`` of rounds ``[first_round, first_round + num_rounds)``.
-
-        Rows are ``(kind, worker, segment, seq, payload)``; decode payloads with
-        ``energon_ray.pipeline.serde.loads``. Without ``num_rounds``, a finite plan is taken whole.
-        """
-        from energon_ray.pipeline.build import build_dataset
-
-        plan = self.plan()
-        if num_rounds is None:
-            num_rounds = plan.num_rounds
-            if num_rounds is None:
-                raise ValueError("the dataset is endless (repeat=True): pass num_rounds")
-        segments = plan.rounds(first_round, first_round + num_rounds)
-        return build_dataset(segments, self.reader(), self.stage_config(), **kwargs)
 
     # -- sizes ---------------------------------------------------------------------------------
     def worker_lengths(self) -> List[int]:

@@ -220,12 +220,6 @@ class EnergonLoader:
             raise StateError("restore_state_global needs the list of states (or src_rank to scatter it from)")
         self.restore_state_rank(state[rank])
 
-    @property
-    def ray_dataset(self):
-        """A ``ray.data.Dataset`` of the segments most recently executed (built anew, for Ray-native use)."""
-        stream = next(reversed(self._executions.values()), None)
-        return None if stream is None else stream.dataset()
-
     def ray_stats(self) -> str:
         """Ray's per-operator stats (throughput per stage) of the latest execution."""
         return "\n".join(stream.stats() for stream in self._executions.values())

@@ -299,7 +299,6 @@ class BlockStream:
 
     def __init__(self, segments, readers, configs, prefetch: int = 4, **kwargs: Any):
         self.run_id = f"{os.getpid()}-{next(BlockStream._run_ids)}"
-        self.build_args = (segments, readers, configs, kwargs)
         self.feeder = feeder()
         self.feeder.submit.remote(self.run_id, segments, readers, configs, kwargs)
         self.prefetch = max(1, prefetch)
@@ -346,11 +345,6 @@ class BlockStream:
     def stats(self) -> str:
         """Ray Data's per-operator stats of this execution."""
         return ray.get(self.feeder.stats.remote(self.run_id))
-
-    def dataset(self) -> "ray.data.Dataset":
-        """A Ray Dataset of the same segments (built here, not executed)."""
-        segments, readers, configs, kwargs = self.build_args
-        return build_dataset(segments, readers, configs, **kwargs)
 
     def close(self) -> None:
         self._calls.clear()
