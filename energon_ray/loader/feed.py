@@ -97,16 +97,19 @@ class LeafFeed:
                 table = wait()
             except Exception as exc:
                 raise _ours(exc) from None
-            items = []
-            for row in rows.iter_rows(table):
+            items, spans = [], []
+            for row, positions in zip(rows.iter_rows(table), rows.positions(table)):
                 kind, _, _, _, value = decode_row(row, self.pin)
                 if kind == rows.REPORT:
                     self.queues.stats.add_report(value, self.queues.chain)
                 else:
                     items.append(value)
+                    spans.append(positions or [])
+            pending.positions = spans
             return items
 
-        return [Pending(resolve)]
+        pending = Pending(resolve)
+        return [pending]
 
 
 class MultiFeed:
@@ -160,7 +163,7 @@ class MultiFeed:
             self.schedules.append(
                 LeafSchedule(plan=plan, share=share, offset=offset, items_per_segment=items, need=need, starts=first)
             )
-        self._rows: Optional[Iterator[Tuple[int, Row, bool]]] = None
+        self._rows: Optional[Iterator[Tuple[int, Row, bool, Optional[List[int]]]]] = None
         #: ``(segments, BlockStream)`` of the window being executed
         self._current: Optional[Tuple[List[Any], Any]] = None
         self.object_store_limit = object_store_limit
@@ -188,7 +191,7 @@ class MultiFeed:
             if self._rows is None:
                 self.start()
             try:
-                source, row, last = next(self._rows)
+                source, row, last, positions = next(self._rows)
             except StopIteration:
                 for feed in self.feeds:
                     feed.close_open_workers()
@@ -201,7 +204,7 @@ class MultiFeed:
                     except ExecutionLost as again:
                         exc = again
                 continue
-            self.feeds[source].queues.feed(row, last)
+            self.feeds[source].queues.feed(row, last, positions)
             return
 
     def _recover(self, exc: ExecutionLost) -> None:
@@ -249,25 +252,25 @@ class MultiFeed:
             self.on_execute(stream)
         return specs, stream
 
-    def _row_stream(self) -> Iterator[Tuple[int, Row, bool]]:
+    def _row_stream(self) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:
         while self._current is not None:
             specs, stream = self._current
             yield from self._execute(stream, specs)
             self._current = self._open(next(self._windows, None))
 
-    def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool]]:
+    def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:
         cursor = 0
         started = time.perf_counter()
         try:
             for block in blocks:
-                for row, source in zip(rows.iter_rows(block), rows.sources(block)):
+                for row, source, positions in zip(rows.iter_rows(block), rows.sources(block), rows.positions(block)):
                     spec = specs[cursor] if cursor < len(specs) else None
                     if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
                         raise RuntimeError(
                             f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "
                             f"{None if spec is None else (spec.source, spec.worker, spec.index)}; order is not preserved"
                         )
-                    yield source, decode_row(row, self.pin), spec.last
+                    yield source, decode_row(row, self.pin), spec.last, positions
                     if row[0] == rows.REPORT:
                         cursor += 1
         except Exception as exc:

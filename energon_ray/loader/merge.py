@@ -17,7 +17,9 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 
 from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.pipeline import rows
-from energon_ray.loader.state import QueueCheckpoint, RoundRobinState, SampleRef, StateError, StreamState
+from energon_ray.loader.state import (
+    QueueCheckpoint, RoundRobinState, SampleRef, StateError, StreamState, expand_ranges, to_ranges,
+)  # fmt: skip
 from energon_ray.pipeline.policy import FailureChain
 
 logger = logging.getLogger("energon_ray")
@@ -37,10 +39,12 @@ class Pending:
         resolve: returns the finished items (0, 1 or more), waiting for them if needed.
     """
 
-    __slots__ = ("resolve",)
+    __slots__ = ("resolve", "positions")
 
     def __init__(self, resolve: Callable[[], List[Any]]):
         self.resolve = resolve
+        #: set by ``resolve`` where known: the stream positions of each made item's samples
+        self.positions: Optional[List[List[int]]] = None
 
 
 class LoaderStats:
@@ -145,7 +149,9 @@ class WorkerQueues:
         # -- save/restore bookkeeping (positions only) --
         #: per worker: the checkpoint tag of each queued entry
         self.tags: List[Deque[int]] = [deque() for _ in range(num_workers)]
-        #: per worker: tag → [checkpoint, items consumed from that event]
+        #: per worker: the stream positions of each queued entry's samples
+        self.spans: List[Deque[List[int]]] = [deque() for _ in range(num_workers)]
+        #: per worker: tag → [checkpoint, items consumed from that event, their samples' positions]
         self.records: List[Dict[int, list]] = [{} for _ in range(num_workers)]
         self.current = [-1] * num_workers
         self.feeding: List[Optional[int]] = [None] * num_workers
@@ -185,8 +191,9 @@ class WorkerQueues:
         if not self.waiting[worker]:  # else: finished when the upstream's remainder arrives
             self._finish(worker)
 
-    def feed(self, row: Row, last_segment: bool) -> None:
-        """Take one row (in plan order). ``last_segment``: its segment ends the worker's stream."""
+    def feed(self, row: Row, last_segment: bool, positions: Optional[List[int]] = None) -> None:
+        """Take one row (in plan order). ``last_segment``: its segment ends the worker's stream;
+        ``positions``: an item's samples' stream positions."""
         kind, worker, segment, _, payload = row
         if self.feeding[worker] != segment:
             self.next_segment[worker] = segment
@@ -195,6 +202,7 @@ class WorkerQueues:
         if kind == rows.ITEM:
             self.queues[worker].append(payload)
             self.tags[worker].append(self.current[worker])
+            self.spans[worker].append(positions or [])
         elif kind == rows.LEFTOVER:
             self._pool(worker, [(key, size, (*item, self.leaf)) for key, size, items in payload for item in items])
         elif kind == rows.REPORT:
@@ -235,24 +243,27 @@ class WorkerQueues:
     def _put(self, worker: int, items: List[Any]) -> None:
         self.queues[worker].extend(items)
         self.tags[worker].extend([self.current[worker]] * len(items))
+        self.spans[worker].extend([[] for _ in items])
 
     # -- consumption ----------------------------------------------------------------------------
     def pop(self, worker: int) -> Any:
         """The worker's next item (resolving seam batches), or ``NOTHING`` if none is queued."""
-        queue, tags = self.queues[worker], self.tags[worker]
+        queue, tags, spans = self.queues[worker], self.tags[worker], self.spans[worker]
         while queue:
-            item, tag = queue.popleft(), tags.popleft()
+            item, tag, span = queue.popleft(), tags.popleft(), spans.popleft()
             if type(item) is Pending:
                 made = item.resolve()
                 self.stats.seam_batches += len(made)
                 queue.extendleft(reversed(made))
                 tags.extendleft([tag] * len(made))
+                spans.extendleft(reversed(item.positions or [[] for _ in made]))
                 continue
             if self.skip[worker]:  # consumed before the state this queue was restored from
                 self.skip[worker] -= 1
                 continue
             records = self.records[worker]
             records[tag][1] += 1
+            records[tag][2].extend(span)
             while True:  # events before this one have nothing left in the queue
                 oldest = next(iter(records))
                 if oldest >= tag:
@@ -268,11 +279,11 @@ class WorkerQueues:
         records = self.records[worker]
         if not self.queues[worker]:
             records.clear()
-        consumed = 0
+        consumed, positions = 0, []
         restored, self.restored[worker] = self.restored[worker], None
         if restored is not None:
-            consumed = restored.consumed
-        records[tag] = [checkpoint, consumed]
+            consumed, positions = restored.consumed, expand_ranges(restored.positions)
+        records[tag] = [checkpoint, consumed, positions]
         self.current[worker] = tag
 
     def _checkpoint(self, worker: int, event: str, carried: list) -> QueueCheckpoint:
@@ -291,11 +302,11 @@ class WorkerQueues:
         if self.restored[worker] is not None:
             return self.restored[worker]
         if self.tags[worker]:
-            checkpoint, consumed = self.records[worker][self.tags[worker][0]]
-            return StreamState(checkpoint, consumed)
+            checkpoint, consumed, positions = self.records[worker][self.tags[worker][0]]
+            return StreamState(checkpoint, consumed, to_ranges(positions))
         if self.feeding[worker] is not None:  # a segment is half fed: replay it
-            checkpoint, consumed = self.records[worker][self.current[worker]]
-            return StreamState(checkpoint, consumed)
+            checkpoint, consumed, positions = self.records[worker][self.current[worker]]
+            return StreamState(checkpoint, consumed, to_ranges(positions))
         return StreamState(self._checkpoint(worker, "feed", []), 0)
 
     def restore(self, worker: int, state: StreamState, payloads: Dict[Tuple[int, int, int, int], Any]) -> None:
@@ -309,6 +320,7 @@ class WorkerQueues:
 
         self.queues[worker].clear()
         self.tags[worker].clear()
+        self.spans[worker].clear()
         self.records[worker].clear()
         self.pools[worker] = {key: (size, [item(r) for r in refs]) for key, size, refs in cp.pools}
         self.held[worker] = [(key, size, item(ref)) for key, size, ref in cp.held]

@@ -53,10 +53,36 @@ class QueueCheckpoint:
 
 @dataclasses.dataclass
 class StreamState:
-    """A leaf's worker stream: replay from ``checkpoint``, then drop the first ``consumed`` items."""
+    """A leaf's worker stream: replay from ``checkpoint``, then drop the first ``consumed`` items.
+
+    ``positions``: the stream positions of those consumed items' samples, as ``[start, stop)``
+    ranges (what a restore with another world size needs to know was seen).
+    """
 
     checkpoint: QueueCheckpoint
     consumed: int
+    positions: List[List[int]] = dataclasses.field(default_factory=list)
+
+
+def to_ranges(positions: List[int]) -> List[List[int]]:
+    """Sorted ``[start, stop)`` runs of a list of positions.
+
+    Example:
+        >>> to_ranges([5, 1, 2, 3, 7, 6])
+        [[1, 4], [5, 8]]
+    """
+    out: List[List[int]] = []
+    for p in sorted(set(int(p) for p in positions)):
+        if out and out[-1][1] == p:
+            out[-1][1] = p + 1
+        else:
+            out.append([p, p + 1])
+    return out
+
+
+def expand_ranges(ranges: List[List[int]]) -> List[int]:
+    """The positions of ``to_ranges``' runs."""
+    return [p for start, stop in ranges for p in range(start, stop)]
 
 
 @dataclasses.dataclass
@@ -125,7 +151,7 @@ class LoaderState:
             round_robin=None if rr is None else RoundRobinState(**rr),
             nodes=data.get("nodes", []),
             streams=[
-                [StreamState(QueueCheckpoint(**s["checkpoint"]), s["consumed"]) for s in workers]
+                [StreamState(QueueCheckpoint(**s["checkpoint"]), s["consumed"], s.get("positions", [])) for s in workers]
                 for workers in data.get("streams", [])
             ],
         )

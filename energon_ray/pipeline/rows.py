@@ -4,7 +4,8 @@ A segment travels as a single ``SEGMENT`` row (so Ray can never split it); the l
 it into ``ITEM`` rows (one per batch, or per sample without batching), an optional ``LEFTOVER`` row
 and a closing ``REPORT`` row. A ``LEFTOVER`` row holds ``(bucket key, batch size, [(position, sub,
 sample payload)])`` groups whose samples stay serialized: the trainer pools them without decoding and
-a Ray task (``seam_batches``) batches them.
+a Ray task (``seam_batches``) batches them. An ``ITEM`` row lists the stream positions of the
+samples it holds (``positions``): a saved state records what was consumed by position.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ SCHEMA = pa.schema(
         ("seq", pa.int32()),
         ("source", pa.int32()),
         ("payload", pa.large_binary()),
+        ("positions", pa.list_(pa.int64())),
     ]
 )
 
@@ -96,11 +98,14 @@ def pack_leftovers(groups: List[Tuple[Any, int, List[Tuple[int, int, Any]]]], wo
     ]
 
 
-def table(rows: List[Tuple[int, int, int, int, Any]], source: int = 0) -> pa.Table:
+def table(
+    rows: List[Tuple[int, int, int, int, Any]], source: int = 0, positions: Optional[List[Optional[List[int]]]] = None
+) -> pa.Table:
     """Build a table from ``(kind, worker, segment, seq, payload object)`` tuples of one segment.
 
-    ``source`` is the leaf dataset the segment belongs to. Each payload is serialized straight into
-    an Arrow buffer and wrapped without a copy.
+    ``source`` is the leaf dataset the segment belongs to; ``positions``, per row, the stream positions
+    of an item's samples (``None``: none). Each payload is serialized straight into an Arrow buffer
+    and wrapped without a copy.
     """
     kinds, workers, segments, seqs, payloads = zip(*rows) if rows else ((), (), (), (), ())
     chunks = [_binary_chunk(_dump(row)) for row in rows]
@@ -112,6 +117,7 @@ def table(rows: List[Tuple[int, int, int, int, Any]], source: int = 0) -> pa.Tab
             pa.array(seqs, pa.int32()),
             pa.array([source] * len(rows), pa.int32()),
             pa.chunked_array(chunks, pa.large_binary()),
+            pa.array(positions if positions is not None else [None] * len(rows), pa.list_(pa.int64())),
         ],
         schema=SCHEMA,
     )
@@ -120,6 +126,11 @@ def table(rows: List[Tuple[int, int, int, int, Any]], source: int = 0) -> pa.Tab
 def sources(batch: pa.Table) -> List[int]:
     """The leaf dataset of each row."""
     return batch.column("source").to_pylist()
+
+
+def positions(batch: pa.Table) -> List[Optional[List[int]]]:
+    """The stream positions of each row's samples (``None`` for rows that are not items)."""
+    return batch.column("positions").to_pylist()
 
 
 def iter_rows(batch: pa.Table) -> Iterator[Tuple[int, int, int, int, Any]]:

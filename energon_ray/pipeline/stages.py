@@ -173,6 +173,16 @@ class Batcher:
         return out
 
 
+    def with_positions(
+        self, group: List[Tuple[int, int, Any]], seed: int, batch_size: int, runs: List[StageRun]
+    ) -> List[Tuple[Any, List[int]]]:
+        """``__call__``'s batches, the last one carrying the group's positions (the group is consumed
+        when its last batch is)."""
+        made = self(group, seed, batch_size, runs)
+        positions = [position for position, _, _ in group]
+        return [(item, positions if i == len(made) - 1 else []) for i, item in enumerate(made)]
+
+
 class BatchSamples:
     """Stage 2: cut a segment's encoded samples into batches; emit items, leftovers and a report."""
 
@@ -186,15 +196,16 @@ class BatchSamples:
         source = _one_source(batch)
         for kind, worker, segment, seq, payload in rows.iter_rows(batch):
             if kind != rows.SEGMENT:
-                out.append((kind, worker, segment, seq, serde.loads(payload)))
+                out.append((kind, worker, segment, seq, serde.loads(payload), None))
                 continue
             out.extend(self.explode(serde.loads(payload)))
-        return rows.table(out, source=source)
+        return _table(out, source)
 
-    def explode(self, data: rows.SegmentData) -> Iterator[Tuple[int, int, int, int, Any]]:
+    def explode(self, data: rows.SegmentData) -> Iterator[Tuple[int, int, int, int, Any, Optional[List[int]]]]:
+        """The segment's rows, each with the stream positions of an item's samples (``None`` otherwise)."""
         spec = data.spec
         self.config = self.configs[spec.source]
-        items: List[Any] = []
+        items: List[Tuple[Any, List[int]]] = []
         leftovers: List[Any] = []
         try:
             items, leftovers = self._batches(data)
@@ -202,10 +213,10 @@ class BatchSamples:
             data.fatal = data.fatal or ("FatalSampleError", str(exc))
         if data.fatal is not None:
             leftovers = []
-        for seq, item in enumerate(items):
-            yield rows.ITEM, spec.worker, spec.index, seq, item
+        for seq, (item, positions) in enumerate(items):
+            yield rows.ITEM, spec.worker, spec.index, seq, item, positions
         if leftovers:
-            yield rows.LEFTOVER, spec.worker, spec.index, len(items), rows.pack_leftovers(leftovers, spec.worker, spec.index)
+            yield rows.LEFTOVER, spec.worker, spec.index, len(items), rows.pack_leftovers(leftovers, spec.worker, spec.index), None
         report = rows.Report(
             worker=spec.worker,
             segment=spec.index,
@@ -216,10 +227,11 @@ class BatchSamples:
             fatal=data.fatal,
             node=self.node,
         )
-        yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report
+        yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report, None
 
-    def _batches(self, data: rows.SegmentData) -> Tuple[List[Any], List[Any]]:
-        """Items (batches, or samples without batching) and leftover groups ``(key, size, items)``."""
+    def _batches(self, data: rows.SegmentData) -> Tuple[List[Tuple[Any, List[int]]], List[Any]]:
+        """Items (batches, or samples without batching) with their samples' positions, and leftover
+        groups ``(key, size, items)``."""
         te: TaskEncoder = self.config.task_encoder.get()
         handler, size, seed = self.config.error_handler, self.config.batch_size, data.spec.seed
         entries = data.encoded
@@ -241,14 +253,14 @@ class BatchSamples:
             data.runs.append(run)
             return [], grouper(entries, run)  # batched where the buckets fill, across segments
         if size is None:
-            return [item for _, _, item in entries], []
+            return [(item, [position]) for position, _, item in entries], []
         if self.config.batch_across_sources:
             return [], ([(None, size, entries)] if entries else [])
         batcher = Batcher(te, handler)
         runs = batcher.new_runs()
         data.runs.extend(runs)
         cut = len(entries) - len(entries) % size
-        items = [b for start in range(0, cut, size) for b in batcher(entries[start : start + size], seed, size, runs)]
+        items = [b for start in range(0, cut, size) for b in batcher.with_positions(entries[start : start + size], seed, size, runs)]
         return items, ([(None, size, entries[cut:])] if cut < len(entries) else [])
 
 
@@ -278,11 +290,15 @@ class EncodeAndBatch:
         for kind, worker, segment, seq, payload in rows.iter_rows(batch):
             data = serde.loads(payload)
             if kind != rows.SEGMENT:
-                out.append((kind, worker, segment, seq, data))
+                out.append((kind, worker, segment, seq, data, None))
                 continue
             self.encode.encode(data)
             out.extend(self.batch.explode(data))
-        return rows.table(out, source=source)
+        return _table(out, source)
+
+
+def _table(out: List[Tuple[int, int, int, int, Any, Optional[List[int]]]], source: int) -> pa.Table:
+    return rows.table([row[:5] for row in out], source=source, positions=[row[5] for row in out])
 
 
 def seam_batches(
@@ -299,14 +315,14 @@ def seam_batches(
     batcher = Batcher(te, config.error_handler, restore_rng=True)
     runs = batcher.new_runs()
     fatal = None
-    made: List[Any] = []
+    made: List[Tuple[Any, List[int]]] = []
     try:  # only batched or grouped pipelines pool samples, so there is always a batcher to run
         for batch_size, group in groups:
             samples = [(position, sub, serde.loads(payload)) for position, sub, payload in group]
-            made.extend(batcher(samples, seed, batch_size, runs))
+            made.extend(batcher.with_positions(samples, seed, batch_size, runs))
     except FatalSampleError as exc:
         fatal = ("FatalSampleError", str(exc))
     report = rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=len(made), runs=runs, fatal=fatal)
-    out = [(rows.ITEM, worker, -1, seq, item) for seq, item in enumerate(made)]
-    out.append((rows.REPORT, worker, -1, len(made), report))
-    return rows.table(out, source=source)
+    out = [(rows.ITEM, worker, -1, seq, item, positions) for seq, (item, positions) in enumerate(made)]
+    out.append((rows.REPORT, worker, -1, len(made), report, None))
+    return _table(out, source)
