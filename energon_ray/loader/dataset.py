@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.format.dataset import PreparedDataset
@@ -67,6 +67,7 @@ class EnergonDataset(Composition):
         decoder: Any,
         subflavors: Optional[Dict[str, Any]] = None,
         rotation_offset: int = 0,
+        rotation_base: Optional[int] = None,
     ):
         self.dataset = dataset
         self.worker_config = worker_config
@@ -75,6 +76,8 @@ class EnergonDataset(Composition):
         self.decoder = decoder
         self.subflavors = {**dataset.spec.subflavors, **(subflavors or {})}
         self.rotation_offset = rotation_offset
+        #: samples of the datasets before this one in its metadataset (its rotation for any worker count)
+        self.rotation_base = rotation_offset if rotation_base is None else rotation_base
         self._check_hooks()
         self._excluded = tuple(int(i) for i in dataset.excluded_indices()) if dataset.sample_excludes else ()
         self._ranges = self._worker_ranges()
@@ -97,12 +100,15 @@ class EnergonDataset(Composition):
             )
 
     # -- planning ---------------------------------------------------------------------------
-    def _worker_ranges(self) -> List[tuple]:
-        wc = self.worker_config
+    def _worker_ranges(self, wc: Optional[WorkerConfig] = None) -> List[tuple]:
+        rotation = self.rotation_offset
+        if wc is None:
+            wc = self.worker_config
+        else:
+            rotation = self.rotation_base % (max(1, wc.num_workers) * wc.world_size)
         start, end = compute_subset(self.dataset.total, self.options.subset_absolute, self.options.subset_ratio)
         return worker_ranges(
-            start, end, rank=wc.rank, world_size=wc.world_size, num_workers=wc.num_workers,
-            rotation_offset=self.rotation_offset,
+            start, end, rank=wc.rank, world_size=wc.world_size, num_workers=wc.num_workers, rotation_offset=rotation,
         )  # fmt: skip
 
     @property
@@ -119,12 +125,20 @@ class EnergonDataset(Composition):
         """Whether the task encoder buckets samples with ``batch_group_criterion``."""
         return is_overridden(self.task_encoder, "batch_group_criterion")
 
-    def streams(self, first_epoch: int = 0) -> List[WorkerStream]:
-        """One ``WorkerStream`` per local worker; ``first_epoch`` shifts the shuffles (``repeat=False`` passes)."""
-        o, wc = self.options, self.worker_config
+    def streams(
+        self, first_epoch: int = 0, worker_config: Optional[WorkerConfig] = None, prefixes: Optional[Sequence[Any]] = None
+    ) -> List[WorkerStream]:
+        """One ``WorkerStream`` per local worker; ``first_epoch`` shifts the shuffles (``repeat=False`` passes).
+
+        ``worker_config``: another rank/world size/worker count than the loader's (a saved state's);
+        ``prefixes``: per local worker, samples that come before its epochs (``loader.elastic``).
+        """
+        o = self.options
+        wc = self.worker_config if worker_config is None else worker_config
+        ranges = self._ranges if worker_config is None else self._worker_ranges(worker_config)
         starts = [int(x) for x in self.dataset.shard_starts]
         out = []
-        for local, (a, b) in enumerate(self._ranges):
+        for local, (a, b) in enumerate(ranges):
             offsets = slice_offsets(a, b, starts, o.max_samples_per_sequence if o.training else None)
             excluded = tuple(i for i in self._excluded if a <= i < b)
             out.append(
@@ -142,14 +156,15 @@ class EnergonDataset(Composition):
                         excluded=excluded,
                         first_epoch=first_epoch,
                         repetitions=o.repetitions,
-                    )
+                    ),
+                    prefix=None if prefixes is None else prefixes[local],
                 )
             )
         return out
 
-    def plan(self, first_epoch: int = 0, source: int = 0) -> SegmentPlan:
+    def plan(self, first_epoch: int = 0, source: int = 0, prefixes: Optional[Sequence[Any]] = None) -> SegmentPlan:
         """The segment plan of this rank (``source``: this dataset's index in a composition)."""
-        return SegmentPlan(self.streams(first_epoch), self.segment_length, source=source)
+        return SegmentPlan(self.streams(first_epoch, prefixes=prefixes), self.segment_length, source=source)
 
     # -- composition ------------------------------------------------------------------------
     def leaves(self) -> List["EnergonDataset"]:

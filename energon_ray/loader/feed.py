@@ -126,6 +126,9 @@ class MultiFeed:
         ray_remote_args: resources per segment task.
         object_store_limit: bytes of finished blocks an execution may hold ahead of the trainer.
         on_execute: called with each ``BlockStream`` when its execution starts.
+        starts: first segment of each leaf's worker streams (a restored pass).
+        restored: the loader state this pass restores (kept to recognise an early start).
+        plan_for: ``(leaf, index) -> SegmentPlan`` instead of the leaf's own plan (redistributed pass).
     """
 
     def __init__(
@@ -143,6 +146,7 @@ class MultiFeed:
         on_execute: Optional[Callable[[Any], None]] = None,
         starts: Optional[Sequence[Sequence[int]]] = None,
         restored: Any = None,
+        plan_for: Optional[Callable[[Any, int], Any]] = None,
     ):
         self.leaves = list(leaves)
         self.pass_index = pass_index
@@ -156,7 +160,7 @@ class MultiFeed:
         self.schedules: List[LeafSchedule] = []
         needs = list(needs) if needs is not None else [None] * len(self.leaves)
         for i, (leaf, (share, offset), need) in enumerate(zip(self.leaves, shares, needs)):
-            plan = leaf.plan(pass_index, source=i)
+            plan = leaf.plan(pass_index, source=i) if plan_for is None else plan_for(leaf, i)
             self.feeds.append(LeafFeed(self, leaf, plan, pin, stats, source=i))
             items = plan.segment_length / (leaf.options.batch_size or 1)
             first = None if starts is None else tuple(starts[i])

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.errors import check_keywords
+from energon_ray.loader.elastic import Redistribution, from_origin, needs_redistribution, redistribute
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import LoaderStats, RoundRobin
 from energon_ray.loader.savable import PassRun, check_fits, new_state, restore_sample, starts_of
@@ -75,6 +76,8 @@ class EnergonLoader:
         #: the current iter() of an epochized loader
         self._live: Optional[PassRun] = None
         self._restore: Optional[LoaderState] = None
+        #: a pass whose streams start with another world size's unfinished epoch (see loader.elastic)
+        self._redist: Optional[Redistribution] = None
         self._epoch_items = 0
         self._started = False
         self._executions: Dict[str, Any] = {}
@@ -161,23 +164,44 @@ class EnergonLoader:
             return None
         state = new_state(self.dataset, self._passes, self._epoch_items if self.dataset.virtual_epoch_length() else 0)
         live = self._live
-        return state if live is None else live.save(state)
+        if live is None:
+            return state
+        state = live.save(state)
+        if self._redist is not None and self._redist.pass_index == live.pass_index:
+            state.elastic = {"pass_index": live.pass_index, "states": self._redist.origin}
+        return state
 
     def restore_state_rank(self, state: Any) -> None:
         """Continue from a state of ``save_state_rank`` (the object, its ``to_dict()`` or ``to_json()``);
         ``None`` does nothing. The next ``iter()`` yields what the saved loader would have yielded next.
 
         Raises:
-            StateError: another state version, WorkerConfig or dataset configuration.
+            StateError: another state version, dataset configuration or WorkerConfig (for another world
+                size or worker count, pass every rank's state to ``restore_state_global``).
         """
         if state is None:
             return
         state = LoaderState.coerce(state)
+        wc = self.dataset.worker_config
+        if (state.world_size, state.num_workers) != (wc.world_size, wc.num_workers):
+            raise StateError(
+                f"the state was saved with world_size={state.world_size}, num_workers={state.num_workers}; this loader "
+                f"has world_size={wc.world_size}, num_workers={wc.num_workers}. To continue on another world size or "
+                "worker count, pass the states of all saved ranks to restore_state_global(states) (or use "
+                "restore_loader_state(loader, folder) on a folder holding every rank's file)"
+            )
         check_fits(state, self.dataset)
+        redist = None
+        if state.elastic is not None and state.pass_index == state.elastic["pass_index"]:
+            redist = from_origin(self.dataset, state.elastic)
+        self._start_restore(state, redist)
+
+    def _start_restore(self, state: LoaderState, redist: Optional[Redistribution]) -> None:
         self.close()
         self._passes = state.passes
         self._epoch_items = state.epoch_items
         self._restore = state
+        self._redist = redist
         self._started = True
         if state.pass_index is not None:  # start Ray's work now, as for a new loader
             self._early = self._multi_feed(state.pass_index, state)
@@ -207,18 +231,25 @@ class EnergonLoader:
         return out
 
     def restore_state_global(self, state: Optional[List[Any]], src_rank: Optional[int] = None) -> None:
-        """Restore from ``save_state_global``'s list: each rank takes its own entry, or (with ``src_rank``)
-        the list is scattered from that rank (the others pass ``None``)."""
+        """Restore from ``save_state_global``'s list (with ``src_rank``, only that rank passes it and it is
+        broadcast). Each rank takes its own entry; states of another world size or worker count are
+        shared out anew (``loader.elastic``: the rest of the epoch, nothing lost or repeated)."""
         distributed = dist.is_available() and dist.is_initialized()
-        rank = dist.get_rank() if distributed else 0
         if src_rank is not None and distributed:
-            mine: List[Any] = [None]
-            dist.scatter_object_list(mine, state if rank == src_rank else None, src=src_rank)
-            self.restore_state_rank(mine[0])
-            return
+            box: List[Any] = [state if dist.get_rank() == src_rank else None]
+            dist.broadcast_object_list(box, src=src_rank)
+            state = box[0]
         if state is None:
-            raise StateError("restore_state_global needs the list of states (or src_rank to scatter it from)")
-        self.restore_state_rank(state[rank])
+            raise StateError("restore_state_global needs the list of states (or src_rank to broadcast it from)")
+        states = [LoaderState.coerce(s) for s in state if s is not None]
+        if not states:  # saved before any iteration
+            return
+        wc = self.dataset.worker_config
+        if not needs_redistribution(states, wc):
+            self.restore_state_rank(next((s for s in states if s.rank == wc.rank), states[min(wc.rank, len(states) - 1)]))
+            return
+        mine, redist = redistribute(self.dataset, states)
+        self._start_restore(mine, redist)
 
     def ray_stats(self) -> str:
         """Ray's per-operator stats (throughput per stage) of the latest execution."""
@@ -279,6 +310,7 @@ class EnergonLoader:
             on_execute=self._remember("all"),
             starts=starts_of(restore),
             restored=restore,
+            plan_for=self._redist.plan if self._redist is not None and self._redist.pass_index == pass_index else None,
         )
 
     def _one_pass(self, pass_index: int, restore: Optional[LoaderState] = None) -> Iterator[Any]:
@@ -288,7 +320,7 @@ class EnergonLoader:
         provider = self.dataset.provider(ctx, pass_index)
         run = PassRun(pass_index, multi, ctx, RoundRobin(self.dataset.num_workers, provider, caps=self.dataset.caps(), stats=self.stats))
         try:
-            if restore is not None:
+            if restore is not None and restore.streams:
                 run.restore(restore)
             self._live = run
             yield from run.round_robin

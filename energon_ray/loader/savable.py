@@ -64,31 +64,38 @@ class PassRun:
 
 def starts_of(state: Optional[LoaderState]) -> Optional[List[List[int]]]:
     """First segment of each leaf's worker streams in a restored pass."""
-    if state is None or state.pass_index is None:
+    if state is None or state.pass_index is None or not state.streams:
         return None
     return [[stream.checkpoint.segment for stream in per_worker] for per_worker in state.streams]
 
 
-def describe(dataset: Composition) -> Any:
-    """What decides a composition's batches, without machine-specific paths (for the fingerprint)."""
+def describe(dataset: Composition, order_only: bool = False) -> Any:
+    """What decides a composition's batches, without machine-specific paths (for the fingerprint).
+
+    ``order_only``: what decides which samples come in which order, whatever the batch sizes and
+    worker counts (a state may move to another world size with the same global batch size).
+    """
     options = getattr(dataset, "options", None)
     if options is not None:  # a leaf dataset
+        fields = dataclasses.asdict(options)
+        if order_only:
+            fields.pop("batch_size", None)
         return {
             "dataset": [dataset.dataset.split_part, dataset.dataset.total, [s.name for s in dataset.dataset.shards]],
-            "options": dataclasses.asdict(options),
+            "options": fields,
             "task_encoder": type(dataset.task_encoder).__qualname__,
             "subflavors": dataset.subflavors,
-            "rotation": dataset.rotation_offset,
+            "rotation": dataset.rotation_base if order_only else dataset.rotation_offset,
         }
     out: Dict[str, Any] = {"type": type(dataset).__name__}
     for name in ("weights", "batch_size", "length", "limit", "salt"):
-        if hasattr(dataset, name):
+        if hasattr(dataset, name) and not (order_only and name == "batch_size"):
             out[name] = getattr(dataset, name)
     parts = getattr(dataset, "datasets", None)
     if parts is None:
         inner = getattr(dataset, "dataset", None) or getattr(dataset, "blend", None)
         parts = [] if inner is None else [inner]
-    out["parts"] = [describe(part) for part in parts]
+    out["parts"] = [describe(part, order_only) for part in parts]
     return out
 
 
@@ -102,6 +109,8 @@ def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderStat
         fingerprint=fingerprint(describe(dataset)),
         passes=passes,
         epoch_items=epoch_items,
+        segment_lengths=[leaf.segment_length for leaf in dataset.leaves()],
+        order_fingerprint=fingerprint(describe(dataset, order_only=True)),
     )
 
 

@@ -114,6 +114,13 @@ class LoaderState:
     round_robin: Optional[RoundRobinState] = None
     nodes: List[List[Any]] = dataclasses.field(default_factory=list)
     streams: List[List[StreamState]] = dataclasses.field(default_factory=list)
+    #: positions per segment of each leaf (a restore with another world size maps segments to positions)
+    segment_lengths: List[int] = dataclasses.field(default_factory=list)
+    #: digest of what decides the sample order, batch sizes and worker counts left out
+    order_fingerprint: str = ""
+    #: the pass ``pass_index`` runs on streams redistributed from ``states`` (another world size's
+    #: states, as dicts): ``{"pass_index": int, "states": [...]}``; see ``loader.elastic``
+    elastic: Optional[Dict[str, Any]] = None
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -154,6 +161,9 @@ class LoaderState:
                 [StreamState(QueueCheckpoint(**s["checkpoint"]), s["consumed"], s.get("positions", [])) for s in workers]
                 for workers in data.get("streams", [])
             ],
+            segment_lengths=list(data.get("segment_lengths", [])),
+            order_fingerprint=data.get("order_fingerprint", ""),
+            elastic=data.get("elastic"),
         )
 
     @classmethod
@@ -231,7 +241,9 @@ def save_loader_state(loader: Any, directory: str) -> Optional[str]:
 
 def restore_loader_state(loader: Any, directory: str) -> bool:
     """Restore ``loader`` from its rank's file in ``directory`` (see ``save_loader_state``); ``False``
-    if the folder has none (a checkpoint taken before the loader first iterated).
+    if the folder has none (a checkpoint taken before the loader first iterated). When the files were
+    saved by another world size or worker count, every rank's file is read and the rest of the epoch
+    is shared out anew (``restore_state_global``).
 
     Example:
         >>> checkpoint = ray.train.get_checkpoint()                          # doctest: +SKIP
@@ -239,9 +251,21 @@ def restore_loader_state(loader: Any, directory: str) -> bool:
         ...     with checkpoint.as_directory() as d:
         ...         restore_loader_state(loader, d)
     """
-    path = os.path.join(directory, STATE_FILE.format(rank=loader.dataset.worker_config.rank))
-    if not os.path.isfile(path):
+    wc = loader.dataset.worker_config
+    path = os.path.join(directory, STATE_FILE.format(rank=wc.rank))
+    if os.path.isfile(path):
+        with open(path) as f:
+            state = LoaderState.coerce(f.read())
+        if (state.world_size, state.num_workers) == (wc.world_size, wc.num_workers):
+            loader.restore_state_rank(state)
+            return True
+    prefix, suffix = STATE_FILE.split("{rank}")
+    names = sorted(n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(suffix))
+    if not names:
         return False
-    with open(path) as f:
-        loader.restore_state_rank(f.read())
+    states = []
+    for name in names:
+        with open(os.path.join(directory, name)) as f:
+            states.append(LoaderState.coerce(f.read()))
+    loader.restore_state_global(states)
     return True

@@ -49,17 +49,56 @@ class StreamConfig:
 class WorkerStream:
     """Maps stream positions of one worker to global sample indices.
 
+    ``prefix``: sample indices that come first (the rest of an epoch that another world size left
+    unfinished, see ``loader.elastic``); the stream's own epochs follow it, or, for a finite stream,
+    the stream ends with it.
+
     Example:
         >>> cfg = StreamConfig(worker=0, global_worker=0, seed=1, offsets=(0, 4), training=False, repeat=False)
         >>> WorkerStream(cfg).samples(1, 3).tolist()
         [1, 2]
+        >>> WorkerStream(cfg, prefix=np.array([9, 8])).samples(0, 5).tolist()
+        [9, 8]
     """
 
-    def __init__(self, config: StreamConfig):
+    def __init__(self, config: StreamConfig, prefix: Optional[np.ndarray] = None):
         self.config = config
+        self.prefix = None if prefix is None else np.asarray(prefix, dtype=np.int64)
         self._excluded = np.asarray(config.excluded, dtype=np.int64)
         self._epoch_cached = lru_cache(maxsize=2)(self._compute_epoch)
         self.epoch_length = len(self.epoch(0))
+
+    @property
+    def prefix_length(self) -> int:
+        return 0 if self.prefix is None else len(self.prefix)
+
+    def epoch_end(self, position: int) -> int:
+        """The end of the epoch a reader at ``position`` is in: the first epoch boundary after 0, or at
+        or after ``position`` (the prefix's end is a boundary; so is the stream's end).
+
+        Example:
+            >>> cfg = StreamConfig(worker=0, global_worker=0, seed=1, offsets=(0, 4), training=True, repeat=True)
+            >>> [WorkerStream(cfg).epoch_end(p) for p in (0, 1, 4, 5)]
+            [4, 4, 4, 8]
+        """
+        length = self.length
+        if length is not None and position >= length:
+            return length
+        p, e = self.prefix_length, self.epoch_length
+        if self.prefix is not None and position <= p and (p > 0 or position > 0):
+            return p if length is None else min(p, length)
+        if not e:
+            return position
+        offset = max(position - p, 1)
+        end = p + -(-offset // e) * e
+        return end if length is None else min(end, length)
+
+    def epoch_at(self, position: int) -> int:
+        """Epoch number (``first_epoch`` based) of the epoch that starts at boundary ``position``."""
+        p = self.prefix_length
+        if position <= p or not self.epoch_length:
+            return self.config.first_epoch
+        return self.config.first_epoch + (position - p) // self.epoch_length
 
     def _compute_epoch(self, epoch: int) -> np.ndarray:
         c = self.config
@@ -83,6 +122,8 @@ class WorkerStream:
     def length(self) -> Optional[int]:
         """Total positions (``None`` for an endless stream)."""
         reps = self.config.repetitions
+        if self.prefix is not None:
+            return None if self.config.repeat and reps is None and self.epoch_length > 0 else len(self.prefix)
         if reps is not None:
             whole = int(reps)
             return whole * self.epoch_length + int(self.epoch_length * (reps - whole))
@@ -94,6 +135,15 @@ class WorkerStream:
         """Global sample indices at positions ``[start, stop)`` (clipped to the stream's end)."""
         if self.length is not None:
             stop = min(stop, self.length)
+        if self.prefix is not None:
+            p = len(self.prefix)
+            head = self.prefix[min(start, p) : min(stop, p)]
+            if stop <= p:
+                return head
+            return np.concatenate([head, self._epochs(max(start, p) - p, stop - p)])
+        return self._epochs(start, stop)
+
+    def _epochs(self, start: int, stop: int) -> np.ndarray:
         if stop <= start or self.epoch_length == 0:
             return np.empty(0, dtype=np.int64)
         parts = []

@@ -1,0 +1,178 @@
+"""Restoring on another world size or worker count: the unfinished epoch, shared out again.
+
+The saved states of all ranks say, per leaf and old worker stream, what was read (the checkpoint's
+segment), what is pooled and which positions of the items since the checkpoint were consumed. What
+is left of each old stream's current epoch (or of a finite pass) is therefore a list of sample
+indices, in the old stream's order. ``redistribute`` concatenates those lists over the old global
+workers and cuts them into one contiguous *prefix* per new global worker; each new worker stream
+reads its prefix first and then its own epochs with the new sharding (``WorkerStream.prefix``), from
+the first epoch no old stream had started. Nothing is lost and nothing is repeated; the order is
+the old streams' order, but batches, hook seeds and blend draws are the new configuration's, so this
+is lossless, not exact. A state saved during such a pass carries the old states (``elastic``), from
+which the prefixes are computed again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, expand_ranges
+from energon_ray.worker import WorkerConfig
+
+
+@dataclasses.dataclass
+class Redistribution:
+    """A pass whose worker streams start with the rest of another configuration's epoch."""
+
+    pass_index: int
+    #: epoch number of the new streams' own epochs (after their prefixes)
+    first_epoch: int
+    #: per leaf, per local worker: the sample indices its stream reads first
+    prefixes: List[List[np.ndarray]]
+    #: the states it was computed from (``LoaderState.to_dict()`` each)
+    origin: List[Dict[str, Any]]
+
+    def plan(self, leaf: Any, source: int):
+        return leaf.plan(self.first_epoch, source=source, prefixes=self.prefixes[source])
+
+    def streams(self, leaf: Any, source: int, worker_config: WorkerConfig):
+        return leaf.streams(self.first_epoch, worker_config=worker_config, prefixes=self.prefixes[source])
+
+
+def needs_redistribution(states: Sequence[LoaderState], wc: WorkerConfig) -> bool:
+    """Whether saved states come from another world size or worker count than ``wc``."""
+    first = states[0]
+    return (len(states), first.world_size, first.num_workers) != (wc.world_size, wc.world_size, wc.num_workers)
+
+
+def redistribute(dataset: Any, states: Sequence[LoaderState]) -> Tuple[LoaderState, Optional[Redistribution]]:
+    """This rank's state and stream prefixes from every rank's state of another configuration.
+
+    Raises:
+        StateError: states missing or of different loaders, another sample order, or a dataset that
+            packs samples, repeats whole epochs (``blend_epochized``) or batches across datasets.
+    """
+    from energon_ray.loader.savable import new_state  # savable imports this module's users
+
+    states = _check(dataset, states)
+    wc = dataset.worker_config
+    mine = new_state(dataset, states[0].passes, states[0].epoch_items)
+    first = states[0]
+    if first.pass_index is None:  # saved between passes: the next pass starts fresh anyway
+        return mine, None
+    redist = _prefixes(dataset, states, wc)
+    origin = [s.to_dict() for s in states]
+    mine = dataclasses.replace(mine, pass_index=first.pass_index, elastic={"pass_index": first.pass_index, "states": origin})
+    return mine, redist
+
+
+def from_origin(dataset: Any, elastic: Dict[str, Any], wc: Optional[WorkerConfig] = None) -> Redistribution:
+    """The redistribution a state saved during a redistributed pass was running on (for ``wc``,
+    by default the loader's own worker config)."""
+    states = [LoaderState.coerce(s) for s in elastic["states"]]
+    return _prefixes(dataset, _check(dataset, states), wc or dataset.worker_config)
+
+
+def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
+    from energon_ray.loader.savable import describe
+    from energon_ray.loader.state import fingerprint
+
+    states = sorted((LoaderState.coerce(s) for s in states), key=lambda s: s.rank)
+    if not states:
+        raise StateError("restoring on another world size needs the states of all ranks; got none")
+    world, workers = states[0].world_size, states[0].num_workers
+    if [s.rank for s in states] != list(range(world)) or any((s.world_size, s.num_workers) != (world, workers) for s in states):
+        raise StateError(
+            f"restoring on another world size needs the states of all {world} ranks of one run (ranks 0..{world - 1}, "
+            f"one each); got ranks {[s.rank for s in states]} of world sizes {sorted({s.world_size for s in states})}"
+        )
+    if len({(s.passes, s.pass_index) for s in states}) != 1:
+        raise StateError("the ranks' states are from different passes; save every rank's state at the same step")
+    ours = fingerprint(describe(dataset, order_only=True))
+    for s in states:
+        if s.version != STATE_VERSION or s.order_fingerprint != ours:
+            raise StateError(
+                "the states were saved for another dataset or sample order (datasets, split, seeds, shuffle, weights or "
+                f"task encoder differ: order fingerprint {s.order_fingerprint or 'none'} vs {ours}); only the world size, "
+                "worker count and batch size may change"
+            )
+    for i, leaf in enumerate(dataset.leaves()):
+        o = leaf.options
+        why = (
+            "packs samples (packs are made per segment of a worker stream)" if o.packing_buffer_size else
+            "repeats epochs as a blend_epochized part" if o.repetitions is not None else
+            "batches across the datasets of a validation metadataset" if o.batch_across_sources else None
+        )  # fmt: skip
+        if why is not None:
+            raise StateError(
+                f"restoring on another world size or worker count is not supported for {leaf!r}: it {why}; restore "
+                "with the world size and num_workers it was saved with"
+            )
+    return states
+
+
+def _old_config(wc: WorkerConfig, state: LoaderState) -> WorkerConfig:
+    return dataclasses.replace(wc, rank=state.rank, world_size=state.world_size, num_workers=state.num_workers)
+
+
+def _prefixes(dataset: Any, states: List[LoaderState], wc: WorkerConfig) -> Redistribution:
+    """Every leaf's unfinished epoch over the old global workers, cut into ``wc``'s share."""
+    leaves = dataset.leaves()
+    pass_index = states[0].pass_index
+    new_workers = max(1, wc.num_workers)
+    global_workers = new_workers * wc.world_size
+    prefixes: List[List[np.ndarray]] = []
+    next_epoch = pass_index
+    for i, leaf in enumerate(leaves):
+        rest: List[np.ndarray] = []
+        for state in states:
+            old_wc = _old_config(wc, state)
+            if state.elastic is not None and state.elastic.get("pass_index") == pass_index:
+                old = from_origin(dataset, state.elastic, old_wc).streams(leaf, i, old_wc)
+            else:
+                old = leaf.streams(pass_index, worker_config=old_wc)
+            for w, stream in enumerate(old):
+                samples, epoch = _rest(stream, state, i, w)
+                rest.append(samples)
+                next_epoch = max(next_epoch, epoch)
+        everything = np.concatenate(rest) if rest else np.empty(0, dtype=np.int64)
+        cuts = _balanced(len(everything), global_workers)
+        mine = []
+        for local in range(new_workers):
+            g = wc.rank * new_workers + local
+            mine.append(everything[cuts[g] : cuts[g + 1]])
+        prefixes.append(mine)
+    return Redistribution(pass_index, next_epoch, prefixes, [s.to_dict() for s in states])
+
+
+def _rest(stream: Any, state: LoaderState, leaf: int, worker: int) -> Tuple[np.ndarray, int]:
+    """Sample indices an old worker stream had not yet given, up to its current epoch's end (in
+    stream order), and the epoch that follows."""
+    if state.streams:
+        saved = state.streams[leaf][worker]
+        cp = saved.checkpoint
+        start = cp.segment * state.segment_lengths[leaf]
+        pooled = {int(p) for ref_leaf, p, _ in cp.refs() if ref_leaf == leaf}
+        consumed = set(expand_ranges(saved.positions))
+    else:  # a redistributed pass that had not started: nothing read yet
+        start, pooled, consumed = 0, set(), set()
+    if stream.length is not None:
+        start = min(start, stream.length)
+    end = stream.epoch_end(start)
+    positions = sorted((set(range(start, end)) | pooled) - consumed)
+    samples = np.concatenate([stream.samples(p, p + 1) for p in positions]) if positions else np.empty(0, dtype=np.int64)
+    if len(samples) != len(positions):
+        raise StateError(f"the saved state names positions beyond the end of worker stream {worker} of dataset {leaf}")
+    return samples, stream.epoch_at(end)
+
+
+def _balanced(total: int, parts: int) -> List[int]:
+    """Cut points of ``total`` items into ``parts`` contiguous runs differing by at most one."""
+    base, extra = divmod(total, parts)
+    cuts = [0]
+    for g in range(parts):
+        cuts.append(cuts[-1] + base + (1 if g < extra else 0))
+    return cuts

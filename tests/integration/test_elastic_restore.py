@@ -1,0 +1,176 @@
+"""Restoring on another world size or worker count: the epoch goes on, nothing lost, nothing repeated.
+
+The states of every old rank go into ``restore_state_global`` (or a folder of rank files into
+``restore_loader_state``); each new rank gets its share of what the old streams had not yet given.
+Counted by sample key over the old ranks' batches before the save and the new ranks' batches after.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+import energon_ray as er
+from energon_ray.tasks.text_packing import TextPackingTaskEncoder, lognormal_corpus
+from energon_ray.format.jsonl import prepare_jsonl
+from tests.helpers import keys_of, prefixed_text_dataset
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    base = tmp_path_factory.mktemp("elastic")
+    return {
+        "a": prefixed_text_dataset(base / "a", "a", 45, per_shard=8),
+        "b": prefixed_text_dataset(base / "b", "b", 30, per_shard=7),
+        "base": base,
+    }
+
+
+class Grouped(er.DefaultTaskEncoder):
+    """Buckets by key parity, so the trainer side pools samples across segments."""
+
+    def batch_group_criterion(self, sample):
+        return int(sample.__key__.split("_")[-1]) % 2, None
+
+
+def wc(rank, world, workers):
+    return er.WorkerConfig(rank=rank, world_size=world, num_workers=workers)
+
+
+def train(path, config, batch_size, **kwargs):
+    return er.get_train_dataset(
+        path, worker_config=config, batch_size=batch_size, shuffle_buffer_size=10, max_samples_per_sequence=5,
+        **kwargs,
+    )  # fmt: skip
+
+
+def flat(batches):
+    return [key for keys in keys_of(batches) for key in keys]
+
+
+def take(loader, count):
+    """``count`` items from a live iteration (kept in ``loader._test_iter``: an abandoned finite
+    iteration ends its pass, and a state saved then starts the next one)."""
+    if getattr(loader, "_test_iter", None) is None:
+        loader._test_iter = iter(loader)
+    return [next(loader._test_iter) for _ in range(count)]
+
+
+def all_keys(prefix, n):
+    return Counter(f"{prefix}_{i:06d}" for i in range(n))
+
+
+def test_two_ranks_to_one_rank_finishes_the_epoch_exactly_once(roots):
+    """2 ranks x 2 workers (batch 4) saved mid-epoch, restored on 1 rank x 3 workers (batch 8): the
+    pass gives exactly the samples the old ranks had not; the next pass is a whole epoch again."""
+    old = [er.get_savable_loader(train(roots["a"], wc(r, 2, 2), 4, repeat=False)) for r in range(2)]
+    seen = flat(take(old[0], 3)) + flat(take(old[1], 3))
+    states = [json.loads(loader.save_state_rank().to_json()) for loader in old]
+    for loader in old:
+        loader.close()
+    assert len(seen) == 24
+
+    new = er.get_savable_loader(train(roots["a"], wc(0, 1, 3), 8, repeat=False))
+    new.restore_state_global(states)
+    rest = list(new)
+    assert all(len(b.__key__) == 8 for b in rest[:-3])  # full batches except each stream's last
+    assert Counter(seen + flat(rest)) == all_keys("a", 45)
+    assert Counter(flat(new)) == all_keys("a", 45)  # the next pass: a whole epoch, new sharding
+
+
+def test_one_rank_to_two_ranks_blend_with_grouped_batches(roots):
+    """A blend with grouped batching (samples pooled across segments) moves from 1 rank x 2 workers
+    to 2 ranks x 1 worker: each source's samples all come exactly once over both new ranks."""
+
+    def blend(config, batch):
+        return er.BlendDataset(
+            (train(roots["a"], config, batch, repeat=False, task_encoder=Grouped()), 0.6),
+            (train(roots["b"], config, batch, repeat=False, task_encoder=Grouped()), 0.4),
+        )
+
+    old = er.get_savable_loader(blend(wc(0, 1, 2), 4))
+    seen = flat(take(old, 7))
+    state = old.save_state_rank()
+    old.close()
+    new = [er.get_savable_loader(blend(wc(r, 2, 1), 2)) for r in range(2)]
+    rest = []
+    for loader in new:
+        loader.restore_state_global([state.to_json()])
+        rest += flat(loader)
+    assert Counter(seen + rest) == all_keys("a", 45) + all_keys("b", 30)
+
+
+def test_a_redistributed_pass_saves_and_restores_exactly(roots, tmp_path):
+    """During the redistributed pass a state is as exact as any: a fresh loader restored from it gives
+    the same batches; restore_loader_state reads every rank's file of a folder."""
+    old = [er.get_savable_loader(train(roots["a"], wc(r, 2, 2), 2, repeat=False)) for r in range(2)]
+    seen = flat(take(old[0], 4)) + flat(take(old[1], 4))
+    for loader in old:
+        er.save_loader_state(loader, str(tmp_path))
+        loader.close()
+    first = er.get_savable_loader(train(roots["a"], wc(0, 1, 2), 4, repeat=False))
+    assert er.restore_loader_state(first, str(tmp_path)) is True
+    middle = flat(take(first, 2))
+    state = first.save_state_rank().to_json()
+    assert len(state) < 16 * 1024
+    rest = list(first._test_iter)
+    again = er.get_savable_loader(train(roots["a"], wc(0, 1, 2), 4, repeat=False))
+    again.restore_state_rank(state)
+    assert keys_of(list(again)) == keys_of(rest)
+    assert Counter(seen + middle + flat(rest)) == all_keys("a", 45)
+
+
+def test_endless_stream_gives_the_rest_of_the_epoch_first(roots):
+    """repeat=True, samples (no batching), 1 rank x 2 workers → 1 rank x 1 worker: the first items
+    after the restore are exactly the epoch's unseen samples, then whole epochs follow."""
+    old = er.get_savable_loader(train(roots["b"], wc(0, 1, 2), None))
+    seen = [s.__key__ for s in take(old, 11)]
+    state = old.save_state_rank()
+    old.close()
+    new = er.get_savable_loader(train(roots["b"], wc(0, 1, 1), None))
+    new.restore_state_global([state])
+    after = [s.__key__ for s in take(new, 30 - 11 + 30)]
+    new.close()
+    assert Counter(seen + after[:19]) == all_keys("b", 30)
+    assert Counter(after[19:]) == all_keys("b", 30)
+
+
+def test_what_cannot_move_says_so(roots, tmp_path):
+    """A single rank's state into another world size, a missing rank, and packed datasets: StateError."""
+    old = [er.get_savable_loader(train(roots["a"], wc(r, 2, 1), 4, repeat=False)) for r in range(2)]
+    for loader in old:
+        take(loader, 1)
+    states = [loader.save_state_rank() for loader in old]
+    for loader in old:
+        loader.close()
+    new = er.get_savable_loader(train(roots["a"], wc(0, 1, 2), 4, repeat=False))
+    with pytest.raises(er.StateError, match="restore_state_global"):
+        new.restore_state_rank(states[0])
+    with pytest.raises(er.StateError, match="states of all 2 ranks"):
+        new.restore_state_global([states[1]])
+    other = er.get_savable_loader(train(roots["a"], wc(0, 1, 2), 4, repeat=False, shuffle_over_epochs_multiplier=2))
+    with pytest.raises(er.StateError, match="another dataset or sample order"):
+        other.restore_state_global(states)
+    new.close()
+    other.close()
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("\n".join(json.dumps({"text": d}) for d in lognormal_corpus(40, mean_words=20, seed=3)) + "\n")
+    prepare_jsonl(docs, progress=False)
+
+    def packed(config):
+        te = TextPackingTaskEncoder(max_length=64)
+        return er.get_savable_loader(
+            er.get_train_dataset(docs, worker_config=config, batch_size=2, packing_buffer_size=8, task_encoder=te, repeat=False)
+        )
+
+    packers = [packed(wc(r, 2, 1)) for r in range(2)]
+    for loader in packers:
+        take(loader, 1)
+    packed_states = [loader.save_state_rank() for loader in packers]
+    for loader in packers:
+        loader.close()
+    with pytest.raises(er.StateError, match="packs samples"):
+        packed(wc(0, 1, 1)).restore_state_global(packed_states)
