@@ -14,7 +14,7 @@ import sqlite3
 import tarfile
 import uuid
 from pathlib import Path
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
@@ -42,6 +42,10 @@ class ShardIndex:
     def count(self) -> int:
         return len(self.keys)
 
+
+#: Indexes the named shards of a dataset root (each with :func:`index_shard`, anywhere: a process
+#: pool, Ray tasks) and yields their :class:`ShardIndex` in the order of the names.
+ShardIndexer = Callable[[Path, List[str]], Iterable[ShardIndex]]
 
 
 def find_shards(path: Path | str, exclude: Sequence[str] = ()) -> List[str]:
@@ -205,9 +209,13 @@ def _finish_index_db(db: sqlite3.Connection, tmp: Path, final: Path) -> None:
 
 
 def index_dataset(
-    root: Path, names: List[str], *, num_workers: int = 1, progress: bool = True
+    root: Path, names: List[str], *, num_workers: int = 1, progress: bool = True,
+    shard_indexer: Optional[ShardIndexer] = None,
 ) -> Tuple[Dict[str, int], Tuple[str, ...]]:
     """Index every shard (``.tar.idx``) and write ``.nv-meta/index.sqlite`` and ``index.uuid``.
+
+    ``shard_indexer`` replaces the local process pool (``num_workers``, ``progress``): e.g. Ray tasks
+    (``jobs/prepare_job.py``); the files written are the same, since only the per-shard work moves.
 
     Returns:
         ``({shard name: sample count} in ``names`` order, sorted part names)``.
@@ -225,11 +233,17 @@ def index_dataset(
     counts: Dict[str, int] = {}
     part_types: set = set()
     try:
-        for shard_id, shard in enumerate(_index_shards(root, names, num_workers, progress)):
+        shards = (shard_indexer(root, names) if shard_indexer is not None
+                  else _index_shards(root, names, num_workers, progress))  # fmt: skip
+        for shard_id, shard in enumerate(shards):
+            if shard_id >= len(names) or shard.name != names[shard_id]:
+                raise RuntimeError(f"the shard indexer yielded {shard.name!r} as shard #{shard_id} of {names}")
             _insert_shard(db, shard_id, shard, names)
             counts[shard.name] = shard.count
             if len(part_types) < 1000:
                 part_types.update(p[1] for p in shard.parts)
+        if len(counts) != len(names):
+            raise RuntimeError(f"the shard indexer yielded {len(counts)} of {len(names)} shards")
         _finish_index_db(db, tmp, meta / INDEX_SQLITE)
         write_file(root, meta / INDEX_UUID, str(uuid.uuid4()).encode())
     except BaseException:

@@ -24,6 +24,7 @@ from energon_ray.format.info import (
 )  # fmt: skip
 from energon_ray.format.split import write_split_file
 from energon_ray.format.indexer import INDEX_SQLITE, INDEX_UUID, ShardIndex, find_shards, index_dataset, index_shard  # noqa: F401
+from energon_ray.format.indexer import ShardIndexer
 from energon_ray.samples import SAMPLE_TYPES
 
 #: The megatron-energon release whose on-disk format this module writes.
@@ -297,14 +298,18 @@ def _check_meta_targets(root: Path, dataset_config: Optional[str]) -> None:
         check_write_target(root, meta / name)
 
 
-def _reindex(root: Path, num_workers: int, progress: bool, conflicts: Dict[str, object]) -> PrepareResult:
+def _reindex(
+    root: Path, num_workers: int, progress: bool, conflicts: Dict[str, object], shard_indexer: Optional[ShardIndexer]
+) -> PrepareResult:
     given = sorted(name for name, value in conflicts.items() if value)
     if given:
         raise ValueError(
             f"tar_index_only only rebuilds the indexes of the shards listed in .nv-meta/.info.json; drop {given}"
         )
     old = read_info(root)
-    counts, part_types = index_dataset(root, list(old), num_workers=num_workers, progress=progress)
+    counts, part_types = index_dataset(
+        root, list(old), num_workers=num_workers, progress=progress, shard_indexer=shard_indexer
+    )
     warnings = []
     if counts != old:
         write_info(root, counts, energon_version_string())
@@ -327,6 +332,7 @@ def prepare_dataset(
     progress: bool = True,
     num_workers: int = 1,
     dataset_config: str = "dataset.yaml",
+    shard_indexer: Optional[ShardIndexer] = None,
 ) -> PrepareResult:
     """Index the tar shards under ``path`` and write ``.nv-meta`` (Energon's ``energon prepare``).
 
@@ -343,6 +349,8 @@ def prepare_dataset(
         progress: show a progress bar.
         num_workers: processes indexing shards in parallel.
         dataset_config: file name of the dataset config inside ``.nv-meta``.
+        shard_indexer: runs :func:`index_shard` over the shards instead of the local process pool
+            (e.g. as Ray tasks: ``jobs/prepare_job.py``); everything else, and every file, stays the same.
 
     Returns:
         A :class:`PrepareResult` (counts, splits, part types, files, warnings).
@@ -370,7 +378,7 @@ def prepare_dataset(
     if tar_index_only:
         conflicts = dict(split_ratio=split_ratio, split_parts=split_parts, exclude=exclude,
                          shuffle_tars=shuffle_tars, sample_type=sample_type, field_map=field_map)  # fmt: skip
-        return _reindex(root, num_workers, progress, conflicts)
+        return _reindex(root, num_workers, progress, conflicts, shard_indexer)
     if (split_ratio is None) == (split_parts is None):
         raise ValueError("give exactly one of split_ratio (e.g. [8, 1, 1]) or split_parts ({'train': [regex]})")
     ratio = _check_ratio(split_ratio) if split_ratio is not None else None
@@ -386,7 +394,9 @@ def prepare_dataset(
     if not names:
         excluded = f" after excluding {exclude}" if exclude else ""
         raise DatasetConfigError(f"{root}: no .tar/.tgz shards found{excluded}")
-    counts, part_types = index_dataset(root, names, num_workers=num_workers, progress=progress)
+    counts, part_types = index_dataset(
+        root, names, num_workers=num_workers, progress=progress, shard_indexer=shard_indexer
+    )
     write_info(root, counts, energon_version_string())
     splits = split_by_ratio(names, ratio, shuffle_tars) if ratio else split_by_patterns(names, patterns or {})
     write_split_file(root, {part: collapse_names(shards) for part, shards in splits.items()}, split_config=SPLIT_FILE)

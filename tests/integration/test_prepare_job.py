@@ -1,0 +1,109 @@
+"""``jobs/prepare_job.py`` (Ray tasks over shards) writes byte for byte what ``energon-ray prepare`` writes."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from energon_ray.cli.main import main as cli
+from energon_ray.synthetic import write_captioning_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELD_MAP = json.dumps({"image": "jpg", "caption": "txt"})
+SHARDS = [f"shards/shard_{i:04d}.tar" for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def job_main():
+    """The job's ``main(argv)``, run in this process on the session's Ray."""
+    return runpy.run_path(str(ROOT / "jobs" / "prepare_job.py"), run_name="prepare_job")["main"]
+
+
+def _twins(tmp_path: Path):
+    """Six shards of three real-JPEG captioning samples, copied to ``cli/`` and ``job/``."""
+    write_captioning_dataset(tmp_path / "cli", 18, 3, image_size=(16, 12))
+    shutil.copytree(tmp_path / "cli", tmp_path / "job")
+    return tmp_path / "cli", tmp_path / "job"
+
+
+def _files(root: Path):
+    """Every file under ``.nv-meta/`` and every ``.tar.idx``, relative to ``root``."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and not p.name.endswith(".tar"))
+
+
+def _assert_same_files(a: Path, b: Path, expected) -> None:
+    assert _files(a) == _files(b) == sorted(expected)
+    for name in expected:
+        if name != ".nv-meta/index.uuid":
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    # Like Energon, every prepare writes a fresh index.uuid.
+    uuids = {uuid.UUID((root / ".nv-meta/index.uuid").read_text()) for root in (a, b)}
+    assert len(uuids) == 2
+
+
+@pytest.mark.parametrize(
+    "args, meta, indexed",
+    [
+        (["--split-ratio", "4,1,1", "--sample-type", "CaptioningSample", "--field-map", FIELD_MAP],
+         ["dataset.yaml"], SHARDS),
+        (["--split-ratio", "1,1,1", "--shuffle-tars", "--exclude", "shard_0005", "--sample-type", "CaptioningSample",
+          "--dataset-yaml-name", "ds.yaml"], ["ds.yaml", "sample_loader.py"], SHARDS[:5]),
+        (["--split-parts", "train:shards/shard_000[0-3]", "--split-parts", "val:shards/shard_000{4,5}"], [], SHARDS),
+    ],
+)  # fmt: skip
+def test_job_writes_the_clis_nv_meta_and_tar_idx_byte_for_byte(tmp_path, job_main, capsys, args, meta, indexed):
+    """CLI and job give identical .info.json, split.yaml, index.sqlite, dataset config and .tar.idx files."""
+    cli_root, job_root = _twins(tmp_path)
+    res = CliRunner().invoke(cli, ["prepare", str(cli_root), "--non-interactive", "--no-progress", *args])
+    assert res.exit_code == 0, res.output
+    capsys.readouterr()
+    assert job_main([str(job_root), *args]) == 0
+    out, err = capsys.readouterr()
+    assert "Done." in out and "Indexing shards: 100%" in err and f"{len(indexed)}/{len(indexed)}" in err
+    names = [".info.json", "index.sqlite", "index.uuid", "split.yaml", *meta]
+    _assert_same_files(cli_root, job_root, [f".nv-meta/{n}" for n in names] + [f"{s}.idx" for s in indexed])
+
+
+def test_job_tar_index_only_rebuilds_a_missing_index_like_the_cli(tmp_path, job_main):
+    """--tar-index-only through Ray tasks rewrites the lost .tar.idx and index.sqlite identically."""
+    cli_root, job_root = _twins(tmp_path)
+    args = ["--split-ratio", "4,1,1", "--sample-type", "CaptioningSample", "--field-map", FIELD_MAP]
+    assert CliRunner().invoke(cli, ["prepare", str(cli_root), "--non-interactive", "--no-progress", *args]).exit_code == 0
+    assert job_main([str(job_root), "--no-progress", *args]) == 0
+    (job_root / "shards/shard_0002.tar.idx").unlink()
+    assert job_main([str(job_root), "--no-progress", "--tar-index-only"]) == 0
+    names = [".info.json", "index.sqlite", "index.uuid", "split.yaml", "dataset.yaml"]
+    _assert_same_files(cli_root, job_root, [f".nv-meta/{n}" for n in names] + [f"{s}.idx" for s in SHARDS])
+
+
+def test_corrupt_shard_fails_with_the_shards_name_not_a_ray_traceback(tmp_path, job_main, capsys):
+    """A shard with a garbage header gives exit code 1, 'Error: <shard>: invalid tar header…', no .nv-meta files."""
+    _, root = _twins(tmp_path)
+    shard = root / "shards/shard_0003.tar"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:1536] + b"garbage".ljust(512, b"x") + data[2048:])
+    assert job_main([str(root), "--split-ratio", "4,1,1", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"Error: {shard}: invalid tar header at byte 1536; the shard is corrupt after that point\n"
+    )
+    assert list((root / ".nv-meta").iterdir()) == []
+
+
+def test_already_prepared_dataset_needs_force_overwrite(tmp_path, job_main, capsys):
+    """A second run without --force-overwrite is refused naming .info.json; with it, the dataset is re-prepared."""
+    _, root = _twins(tmp_path)
+    args = [str(root), "--split-ratio", "4,1,1", "--no-progress"]
+    assert job_main(args) == 0
+    capsys.readouterr()
+    assert job_main(args) == 1
+    assert capsys.readouterr().err == (
+        f"Error: {root}/.nv-meta/.info.json exists: the dataset is already prepared; use --force-overwrite\n"
+    )
+    assert job_main([*args, "--force-overwrite"]) == 0
