@@ -1,11 +1,13 @@
-"""``energon-ray``: the command group (``prepare``, ``info``)."""
+"""``energon-ray``: the command group (``prepare``, ``info``, ``preview``, ``lint``)."""
 
 from __future__ import annotations
 
 import click
 
 from energon_ray.cli.info import info_command
+from energon_ray.cli.lint import lint_command
 from energon_ray.cli.prepare import prepare_command
+from energon_ray.cli.preview import preview_command
 from energon_ray.format.prepare import ENERGON_FORMAT_VERSION, package_version
 
 
@@ -20,6 +22,8 @@ def main() -> None:
 
 main.add_command(prepare_command)
 main.add_command(info_command)
+main.add_command(preview_command)
+main.add_command(lint_command)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,262 @@
+"""Reading samples of a prepared dataset in this process, for ``energon-ray preview`` and ``lint``.
+
+No Ray: samples are read with the loader's own pieces — :class:`ShardReader` over ``.tar.idx`` (the
+read stage's raw dict), the dataset's :class:`SampleLoader` and a :class:`SampleDecoder` — so what
+these commands show or flag is what a loader would yield or skip. Nothing the dataset brings
+(``sample_loader.py``, ``part_filter``, classes outside energon_ray, pickled parts) runs unless trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tarfile
+from pathlib import Path
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+
+from energon_ray.decode.sample_decoder import SampleDecoder
+from energon_ray.errors import DatasetConfigError, SampleException, UntrustedCodeError
+from energon_ray.format.dataset import PreparedDataset, ShardInfo
+from energon_ray.format.dataset_yaml import DatasetSpec
+from energon_ray.format.split import read_split_file
+from energon_ray.format.tar_index import read_tar_index
+from energon_ray.format.tar_reader import TAR_ENCODING, ShardReader, split_member_name
+from energon_ray.pipeline.load import META_KEYS, SampleLoader
+from energon_ray.samples import SourceInfo
+
+#: ``--split-part all``: every shard of every split part.
+ALL_PARTS = "all"
+_PART_ORDER = ("train", "val", "test")
+_BLOCK = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalShard:
+    """A shard to read: its info, the index of its first sample in its split part, and its excluded samples."""
+
+    info: ShardInfo
+    start: int
+    #: Indices (within the shard) that ``split.yaml`` excludes: the loader never reads them.
+    excluded: FrozenSet[int] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalDataset:
+    """The shards of one split part (or of all of them), in split-file order, and the dataset spec."""
+
+    root: str
+    split_part: str
+    spec: DatasetSpec
+    format: str
+    shards: Tuple[LocalShard, ...]
+
+    @property
+    def total(self) -> int:
+        """Samples in the shards (excluded ones included)."""
+        return sum(s.info.count for s in self.shards)
+
+    @property
+    def excluded(self) -> int:
+        """Samples that ``split.yaml`` excludes."""
+        return sum(len(s.excluded) for s in self.shards)
+
+    def describe(self) -> str:
+        kind = "crude" if self.spec.is_crude else self.spec.sample_type.__name__
+        return f"{self.root} [{self.split_part}: {len(self.shards)} shards, {self.total} samples, {kind}]"
+
+
+def with_cli_hint(exc: UntrustedCodeError) -> UntrustedCodeError:
+    """The refusal with the command-line opt-in added."""
+    return UntrustedCodeError(f"{exc}; on the command line pass --trust-dataset-code")
+
+
+def _parts_to_open(path: Path, split_part: str) -> List[str]:
+    if split_part != ALL_PARTS:
+        return [split_part]
+    parts = read_split_file(path)["split_parts"]
+    names = sorted(parts, key=lambda p: (_PART_ORDER.index(p) if p in _PART_ORDER else 3, p))
+    return [name for name in names if parts[name]]  # prepare writes empty lists for empty parts
+
+
+def open_local(path: Path | str, split_part: str, trusted: bool) -> LocalDataset:
+    """Open a split part (``all``: every part, each shard once) of a prepared folder or ``.jsonl`` file.
+
+    Indices are not checked here (``lint`` reports them shard by shard; ``preview`` checks the shards it reads).
+
+    Raises:
+        DatasetConfigError: missing or bad ``.nv-meta`` files, an unknown split part.
+        UntrustedCodeError: ``dataset.yaml`` names code and ``trusted`` is False.
+    """
+    path = Path(path)
+    try:
+        if str(path).endswith(".jsonl"):
+            opened = [PreparedDataset.open(path, "train" if split_part == ALL_PARTS else split_part)]
+        else:
+            opened = [
+                PreparedDataset.open(path, part, check=False, trusted=trusted) for part in _parts_to_open(path, split_part)
+            ]
+        if not opened:
+            raise DatasetConfigError(f"{path}: split.yaml lists no shards in any split part")
+        shards: Dict[str, LocalShard] = {}
+        for dataset in opened:
+            starts = dataset.shard_starts
+            excluded = dataset.excluded_indices()
+            for i, info in enumerate(dataset.shards):
+                if info.name in shards:
+                    continue
+                first, end = int(starts[i]), int(starts[i + 1])
+                local = frozenset(int(x) - first for x in excluded if first <= x < end)
+                shards[info.name] = LocalShard(info=info, start=first, excluded=local)
+    except UntrustedCodeError as exc:
+        raise with_cli_hint(exc) from None
+    first = opened[0]
+    return LocalDataset(
+        root=first.root, split_part=split_part, spec=first.spec, format=first.format, shards=tuple(shards.values())
+    )
+
+
+class ShardSamples:
+    """Raw samples of one shard, as the loader's read stage builds them (parts plus the meta keys).
+
+    Args:
+        dataset: the dataset the shard belongs to.
+        shard: the shard.
+
+    Raises:
+        DatasetConfigError: the shard's ``.tar.idx`` is missing or malformed.
+    """
+
+    def __init__(self, dataset: LocalDataset, shard: LocalShard):
+        spec = dataset.spec
+        self.dataset = dataset
+        self.shard = shard
+        self.part_filter = spec.wants_part if (spec.parts is not None or spec.part_filter) else None
+        self.reader = ShardReader(os.path.abspath(shard.info.path), shard.info.name, read_tar_index(shard.info.path))
+
+    @property
+    def count(self) -> int:
+        """Samples the shard's index lists."""
+        return len(self.reader.offsets) - 1
+
+    def raw(self, index: int) -> Dict[str, Any]:
+        """The raw sample ``index`` (within the shard): ``{part: bytes, "__key__": …, …}``.
+
+        Raises:
+            ShardReadError: the bytes cannot be read or are no valid tar record.
+            IndexMismatchError: the ``.tar.idx`` offset does not fit the tar.
+        """
+        name = self.shard.info.name
+        _, chunk = next(self.reader.read_run(index, index))
+        if self.dataset.format == "jsonl":
+            key, parts, files = str(index), {"json": bytes(chunk).rstrip(b"\r\n")}, [f"{name}#{index}"]
+        else:
+            key, parts, files = self.reader.parse(index, chunk, self.part_filter)
+        gindex = self.shard.start + index
+        raw: Dict[str, Any] = dict(parts)
+        raw["__key__"] = key
+        raw["__shard__"] = name
+        raw["__restore_key__"] = ("Webdataset", gindex)
+        raw["__sources__"] = (
+            SourceInfo(dataset_path=self.dataset.root, index=gindex, shard_name=name, file_names=tuple(files)),
+        )
+        return raw
+
+    def key(self, index: int) -> str:
+        """The key of sample ``index`` for messages, ``#index`` when even its first header is unreadable."""
+        if self.dataset.format == "jsonl":
+            return str(index)
+        try:
+            return self.reader.read_key(index)
+        except (OSError, ValueError):
+            pass
+        try:  # a shard cut off inside this sample: its first header may still be whole
+            with open(self.reader.path, "rb") as file:
+                block = os.pread(file.fileno(), _BLOCK, int(self.reader.offsets[index]))
+            split = split_member_name(tarfile.TarInfo.frombuf(block, **TAR_ENCODING).name)
+        except (OSError, ValueError, tarfile.TarError):
+            split = None
+        return split[0] if split is not None else f"#{index}"
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Why a sample (or a shard's index, ``key == "-"``) is bad."""
+
+    shard: str
+    key: str
+    field: str
+    reason: str
+
+    def line(self) -> str:
+        """``shard  key  field  reason`` on one line."""
+        return "  ".join((self.shard, self.key, self.field, " ".join(self.reason.split())))
+
+
+class SampleChecker:
+    """Turns raw samples into the dataset's samples the loader's way, naming every part or field that fails.
+
+    Each part is decoded on its own through the dataset's :class:`SampleLoader`, then each
+    ``field_map`` field is looked up on its own, then the sample is built: a sample with a corrupt
+    image and a missing caption gives two problems, not one.
+
+    Args:
+        spec: the dataset spec.
+        decoder: the decoder (the loader's default is ``SampleDecoder()``).
+    """
+
+    def __init__(self, spec: DatasetSpec, decoder: Optional[SampleDecoder]):
+        self.spec = spec
+        self.decoding = SampleLoader(spec, decoder, spec.subflavors)
+        self.building = SampleLoader(spec, None, spec.subflavors)  # decoded values pass through as they are
+        self.by_field = {
+            name: SampleLoader(dataclasses.replace(spec, field_map={name: options}), None, None)
+            for name, options in (spec.field_map or {}).items()
+        }
+
+    def field_of(self, part: str) -> str:
+        """The field(s) a part feeds (``image`` for ``jpg``), else the part itself."""
+        names = [n for n, options in (self.spec.field_map or {}).items() if any(o[0] == part for o in options)]
+        return ",".join(names) or part
+
+    def load(self, raw: Dict[str, Any]) -> Tuple[Any, List[Problem]]:
+        """``(sample, [])``, or ``(None, problems)``.
+
+        Raises:
+            UntrustedCodeError: a part is pickled code and the decoder is not trusted (no bad sample:
+                the dataset needs the opt-in).
+        """
+        shard, key = raw["__shard__"], raw["__key__"]
+        prefix = f"{shard}: sample {key!r}: "
+
+        def problem(field: str, exc: Exception) -> Problem:
+            text = str(exc)
+            return Problem(shard, key, field, text[len(prefix) :] if text.startswith(prefix) else text)
+
+        meta = {k: raw[k] for k in META_KEYS if k in raw}
+        decoded = dict(meta)
+        problems = []
+        for part, data in raw.items():
+            if part.startswith("__"):
+                continue
+            try:
+                decoded[part] = self.decoding.decode({**meta, part: data})[part]
+            except UntrustedCodeError as exc:
+                raise with_cli_hint(exc) from None
+            except SampleException as exc:
+                problems.append(problem(self.field_of(part), exc))
+        for name, loader in self.by_field.items():
+            if any(name in p.field.split(",") for p in problems):
+                continue
+            try:
+                loader.fields(decoded)
+            except SampleException as exc:
+                problems.append(problem(name, exc))
+        if problems:
+            return None, problems
+        try:
+            return self.building(decoded), []
+        except SampleException as exc:
+            return None, [problem("-", exc)]

@@ -1,0 +1,207 @@
+"""``energon-ray preview`` and ``energon-ray lint`` on tiny prepared datasets of real JPEGs (no Ray)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+from pathlib import Path
+
+import PIL.Image
+import PIL.ImageOps
+import pytest
+from click.testing import CliRunner
+
+from energon_ray.cli.gallery import LABEL_HEIGHT, PAD, grid_size
+from energon_ray.cli.main import main
+from energon_ray.format.jsonl import prepare_jsonl
+from energon_ray.format.prepare import prepare_dataset
+from energon_ray.synthetic import captioning_samples, encode_image, sample_image, write_shards
+from tests.helpers import captioning_dataset
+
+CAPTIONS = {
+    0: "a red bus parked near the station (sample 0)",
+    1: "two dogs playing in the snow (sample 1)",
+    2: "a bowl of fresh fruit (sample 2)",
+    3: "an old bridge over a quiet river (sample 3)",
+    4: "a cat sleeping on a sofa (sample 4)",
+}
+
+
+def run_cli(*args) -> "CliRunner.invoke":
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    """10 captioning samples (64×48 JPEGs) in shards of 4, all in train."""
+    return captioning_dataset(tmp_path / "ds", n=10, per_shard=4)
+
+
+def broken_dataset(root: Path) -> Path:
+    """12 samples in shards of 4: sample 2's JPEG cut in half, sample 9 without its caption part."""
+    samples = captioning_samples(12)
+    for key, parts in samples:
+        del parts["json"]
+    samples[2][1]["jpg"] = samples[2][1]["jpg"][: len(samples[2][1]["jpg"]) // 2]
+    del samples[9][1]["txt"]
+    write_shards(root / "shards", samples, 4)
+    prepare_dataset(root, split_ratio=(1, 0, 0), sample_type="CaptioningSample",
+                    field_map={"image": "jpg", "caption": "txt"}, progress=False)  # fmt: skip
+    return root
+
+
+def columns(line: str) -> list:
+    """``shard  key  field  reason`` split into its four columns."""
+    return line.split("  ", 3)
+
+
+def test_preview_prints_the_first_n_keys_in_order_with_types_and_shapes(dataset):
+    res = run_cli("preview", dataset, "-n", 5)
+    assert res.exit_code == 0, res.output
+    expected = [f"Dataset {dataset} [train: 3 shards, 10 samples, CaptioningSample]"]
+    for i in range(5):
+        expected += [
+            f"[{i}] sample_{i:06d}  (shards/shard_{i // 4:04d}.tar)",
+            "  image: Tensor float32 [3, 48, 64]",
+            f"  caption: str {CAPTIONS[i]!r}",
+        ]
+    assert res.stdout.splitlines() == expected
+
+
+def test_preview_reads_the_given_split_part_with_the_given_image_decode(tmp_path):
+    root = captioning_dataset(tmp_path / "ds", n=8, per_shard=4,
+                              split_parts={"train": ["shards/shard_0000.tar"], "val": ["shards/shard_0001.tar"]})  # fmt: skip
+    res = run_cli("preview", root, "--split-part", "val", "-n", 20, "--image-decode", "pil")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("[")] == [f"sample_{i:06d}" for i in range(4, 8)]
+    assert lines[2] == "  image: PIL.Image RGB 64x48"
+
+
+def test_preview_out_png_is_a_grid_of_the_samples_images(dataset, tmp_path):
+    out = tmp_path / "grid.png"
+    res = run_cli("preview", dataset, "-n", 6, "--out", out, "--columns", 4, "--thumb-size", 32)
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[-1] == f"Wrote {out} (148x104 grid)"
+    grid = PIL.Image.open(out)
+    assert grid.format == "PNG" and grid.size == grid_size(6, 4, 32) == (4 * 36 + 4, 2 * (32 + LABEL_HEIGHT + 4) + 4)
+    for n in range(6):  # each cell holds exactly that sample's JPEG, scaled to 32×24, on the cell's bottom edge
+        expected = PIL.ImageOps.contain(PIL.Image.open(io.BytesIO(encode_image(sample_image(n)))).convert("RGB"), (32, 32))
+        x, y = PAD + (n % 4) * (32 + PAD), PAD + (n // 4) * (32 + LABEL_HEIGHT + PAD) + 32 - 24
+        assert grid.convert("RGB").crop((x, y, x + 32, y + 24)).tobytes() == expected.tobytes()
+
+
+def test_preview_out_html_holds_each_caption_and_an_inline_png_per_sample(dataset, tmp_path):
+    out = tmp_path / "page.html"
+    res = run_cli("preview", dataset, "-n", 3, "--out", out)
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == 3
+    assert [PIL.Image.open(io.BytesIO(base64.b64decode(b))).size for b in images] == [(64, 48)] * 3
+    for i in range(3):
+        assert f"caption: {CAPTIONS[i]}" in page and f"<b>sample_{i:06d}</b>" in page
+    assert page.index("sample_000000") < page.index("sample_000001") < page.index("sample_000002")
+
+
+def test_preview_runs_no_dataset_code_unless_trusted(dataset, tmp_path):
+    marker = tmp_path / "ran"
+    meta = dataset / ".nv-meta"
+    (meta / "loader.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "def load(raw):\n    return {'image': raw['jpg'], 'caption': raw['txt'].upper()}\n"
+    )
+    (meta / "dataset.yaml").write_text(
+        "sample_type: {__module__: megatron.energon, __class__: CaptioningSample}\n"
+        "sample_loader: loader.py:load\npart_filter: [jpg, txt]\n"
+    )
+    res = run_cli("preview", dataset, "-n", 1)
+    assert res.exit_code == 1 and "--trust-dataset-code" in res.output and "loader.py" in res.output
+    assert not marker.exists()
+    res = run_cli("preview", dataset, "-n", 1, "--trust-dataset-code")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[3] == f"  caption: str {CAPTIONS[0].upper()!r}" and marker.exists()
+
+
+def test_lint_on_a_clean_dataset_exits_0_with_the_summary(dataset):
+    res = run_cli("lint", dataset)
+    assert (res.exit_code, res.stdout, res.stderr) == (0, "10 samples checked, 0 bad\n", "")  # no bar: stderr is no TTY
+    res = run_cli("lint", dataset, "--limit", 5)
+    assert (res.exit_code, res.stdout) == (0, "5 samples checked, 0 bad\n")
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_lint_lists_the_corrupt_jpeg_and_the_missing_field_and_exits_1(tmp_path, jobs):
+    root = broken_dataset(tmp_path / "ds")
+    res = run_cli("lint", root, "--jobs", jobs)
+    assert res.exit_code == 1, res.output
+    lines = res.stdout.splitlines()
+    assert lines[-1] == "12 samples checked, 2 bad"
+    assert [columns(line)[:3] for line in lines[:-1]] == [
+        ["shards/shard_0000.tar", "sample_000002", "image"],
+        ["shards/shard_0002.tar", "sample_000009", "caption"],
+    ]
+    assert re.fullmatch(r"cannot decode part 'jpg' \(\d+ bytes\): OSError: image file is truncated.*", columns(lines[0])[3])
+    assert columns(lines[1])[3] == "field 'caption' (field_map 'txt'): part 'txt' missing; parts present: ['jpg']"
+
+
+def test_lint_reports_images_over_max_image_pixels_as_media_too_large(tmp_path):
+    samples = captioning_samples(4)
+    samples[3][1]["jpg"] = encode_image(sample_image(3, (80, 60)))
+    write_shards(tmp_path / "shards", samples, 4)
+    prepare_dataset(tmp_path, split_ratio=(1, 0, 0), sample_type="CaptioningSample",
+                    field_map={"image": "jpg", "caption": "txt"}, progress=False)  # fmt: skip
+    res = run_cli("lint", tmp_path, "--max-image-pixels", 4000)
+    assert res.exit_code == 1, res.output
+    shard, key, field, reason = columns(res.stdout.splitlines()[0])
+    assert (shard, key, field) == ("shards/shard_0000.tar", "sample_000003", "image")
+    assert "MediaTooLargeError: jpg: image of 80×60 = 4,800 pixels exceeds the limit of 4,000 pixels" in reason
+    assert res.stdout.splitlines()[1:] == ["4 samples checked, 1 bad"]
+
+
+def test_lint_reports_a_tar_with_samples_after_its_index(dataset, tmp_path):
+    samples = captioning_samples(5, start=4)
+    write_shards(tmp_path / "longer", samples, 5)  # shard_0001's 4 samples, then one more
+    shutil.copy(tmp_path / "longer" / "shard_0000.tar", dataset / "shards" / "shard_0001.tar")
+    res = run_cli("lint", dataset)
+    assert res.exit_code == 1, res.output
+    shard, key, field, reason = columns(res.stdout.splitlines()[0])
+    assert (shard, key, field) == ("shards/shard_0001.tar", "-", "index")
+    assert re.fullmatch(r".*shard_0001\.tar\.idx: tar member 'sample_000008\.jpg' follows the index's end \(byte \d+\); "
+                        r"re-run `energon-ray prepare --tar-index-only .*`", reason)  # fmt: skip
+    assert res.stdout.splitlines()[1:] == ["10 samples checked, 0 bad, 1 index problems"]
+
+
+def test_lint_reports_a_truncated_shard_and_its_cut_off_sample(dataset):
+    shard = dataset / "shards" / "shard_0002.tar"
+    offsets = (Path(str(shard) + ".idx")).read_bytes()
+    last_start = int.from_bytes(offsets[-16:-8], "little")
+    shard.write_bytes(shard.read_bytes()[: last_start + 512 + 100])  # sample 9's header and 100 bytes of its JPEG
+    res = run_cli("lint", dataset)
+    assert res.exit_code == 1, res.output
+    lines = [columns(line) for line in res.stdout.splitlines()]
+    assert [line[:3] for line in lines[:-1]] == [["shards/shard_0002.tar", "-", "index"], ["shards/shard_0002.tar", "sample_000009", "-"]]
+    assert "tar is truncated or does not match" in lines[0][3] and "truncated shard" in lines[1][3]
+    assert res.stdout.splitlines()[-1] == "10 samples checked, 1 bad, 1 index problems"
+
+
+def test_preview_and_lint_read_a_jsonl_file(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join([json.dumps({"text": "hello"}), "{not json", json.dumps({"text": "bye", "n": [1, 2]})]) + "\n")
+    prepare_jsonl(corpus, progress=False)
+    res = run_cli("preview", corpus, "-n", 3)
+    assert res.stdout.splitlines()[1:3] == ["[0] 0  (corpus.jsonl)", "  json: dict[1] {'text': 'hello'}"]
+    assert res.stdout.splitlines()[3:7] == [
+        "[1] 1  (corpus.jsonl)",
+        "  json: ERROR: cannot decode part 'json' (9 bytes): JSONDecodeError: Expecting property name enclosed in "
+        "double quotes: line 1 column 2 (char 1)",
+        "[2] 2  (corpus.jsonl)",
+        "  json: dict[2] {'text': 'bye', 'n': [1, 2]}",
+    ]
+    res = run_cli("lint", corpus)
+    assert res.exit_code == 1, res.output
+    assert [columns(line)[:3] for line in res.stdout.splitlines()[:-1]] == [["corpus.jsonl", "1", "json"]]
+    assert res.stdout.splitlines()[-1] == "3 samples checked, 1 bad"
