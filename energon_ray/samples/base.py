@@ -7,6 +7,8 @@ from typing import Any, Dict, Optional, Tuple, Type, TypeVar, Union
 
 import torch
 
+from energon_ray.samples.display import to_html
+
 T = TypeVar("T")
 
 
@@ -131,6 +133,10 @@ class Sample(PinMemoryMixin, ExtendableDataclassMixin):
     __subflavors__: Optional[Dict[str, Any]] = None
     #: Where the sample came from.
     __sources__: Optional[Tuple[SourceInfo, ...]] = None
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: images as PNG thumbnails, texts, tensor shapes (``samples.display``)."""
+        return to_html(self)
 
     @classmethod
     def derive_from(cls: Type[T], base_sample: Any, **kwargs: Any) -> T:

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Un
 import torch
 
 from energon_ray.samples.base import ExtendableDataclassMixin, PinMemoryMixin, SourceInfo, edataclass
+from energon_ray.samples.display import to_html
 
 T_batch = TypeVar("T_batch", bound="Batch")
 
@@ -29,6 +30,10 @@ class Batch(PinMemoryMixin, ExtendableDataclassMixin):
     __restore_key__: Tuple[Union[str, int, tuple], ...] = ()
     __subflavors__: Optional[List[Optional[Dict[str, Any]]]] = None
     __sources__: Optional[Tuple[SourceInfo, ...]] = None
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: a grid of the batch's images, texts, tensor shapes (``samples.display``)."""
+        return to_html(self)
 
     @classmethod
     def derive_from(cls: Type[T_batch], base_batch: Any, **kwargs: Any) -> T_batch:

@@ -1,4 +1,4 @@
-"""Notebooks run top to bottom in a real Jupyter kernel and are stored without outputs."""
+"""Notebooks run top to bottom in a real Jupyter kernel, draw their pictures, and are stored without outputs."""
 
 from __future__ import annotations
 
@@ -11,10 +11,35 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
+#: Per notebook: strings its printed output holds, at least how many image/png outputs (matplotlib
+#: figures) and how many text/html outputs with an <img> (rich display of a sample or batch) it makes.
+EXPECTED = {
+    "explore_dataset.ipynb": dict(
+        stream=["CaptioningSample", "batches; first: ((16, 3, 64, 64)", "PairBatch is PairBatch: True, "],
+        png=1,  # the grid of images with captions
+        html_img=2,  # a sample, a batch
+    ),
+    "video_and_audio.ipynb": dict(
+        stream=["frames (3, 8, 3, 48, 64) | What moves across video 0? -> a white square", "audio (4, 4000) ['tone 220 Hz'"],
+        png=2,  # the strip of frames, the waveforms
+        html_img=1,  # the video batch as a grid of frames
+    ),
+    "blends_and_packing.ipynb": dict(
+        stream=["captions_a: ", "% of 200 steps (weight 70%)", "packed: ", "(one document per row: 320 rows, "],
+        png=2,  # the share of each source over steps, the histogram of pack efficiency
+        html_img=0,  # a packed text batch: text/html without images
+    ),
+}
+
+
+def test_every_notebook_states_its_expected_output():
+    """Each notebook in notebooks/ has an entry in EXPECTED (and no entry is stale)."""
+    assert sorted(p.name for p in NOTEBOOKS) == sorted(EXPECTED)
+
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs_in_a_kernel(path, tmp_path, monkeypatch):
-    """Every cell executes without error; the stored notebook has no outputs."""
+    """Every cell executes without error; the stored notebook has no outputs; its figures and rich displays are made."""
     nb = nbformat.read(path, as_version=4)
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), "store notebooks without outputs"
     monkeypatch.setenv("ENERGON_RAY_NOTEBOOK_WORKDIR", str(tmp_path))
@@ -22,6 +47,14 @@ def test_notebook_runs_in_a_kernel(path, tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
-    text = "\n".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "stream")
-    assert "CaptioningSample" in text and "batches; first: ((16, 3, 64, 64)" in text
-    assert "PairBatch is PairBatch: True, " in text  # a batch type declared in a cell
+    outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+    text = "\n".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    expected = EXPECTED[path.name]
+    for needle in expected["stream"]:
+        assert needle in text, f"{path.name}: {needle!r} not printed"
+    rich = [o["data"] for o in outputs if o.get("output_type") in ("display_data", "execute_result")]
+    png = sum("image/png" in data for data in rich)
+    html_img = sum("<img" in data.get("text/html", "") for data in rich)
+    assert png >= expected["png"], f"{path.name}: {png} image/png outputs, expected at least {expected['png']}"
+    assert html_img >= expected["html_img"], f"{path.name}: {html_img} text/html outputs with <img>, expected at least {expected['html_img']}"
+    assert any("text/html" in data for data in rich), f"{path.name}: no rich display of a sample or batch"
