@@ -83,7 +83,8 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
         )
         try:
             leaves.append(
-                EnergonDataset(prepared, options=leaf_options, subflavors=leaf.subflavors, rotation_offset=offset % global_workers, **common)
+                EnergonDataset(prepared, options=leaf_options, subflavors=leaf.subflavors, rotation_offset=offset % global_workers,
+                              rotation_base=offset, **common)
             )
         except ValueError as exc:
             raise DatasetConfigError(f"{leaf.where}: {exc}") from None
@@ -294,3 +295,55 @@ def get_val_dataset(
                      trusted=resolve_trust(trust_dataset_code), kwargs=kwargs)
     _head_start()
     return dataset
+
+
+#: Arguments that only mean something for one of the two passes (get_dataset refuses them for the other).
+_TRAINING_ONLY = (
+    "shuffle_buffer_size", "max_samples_per_sequence", "virtual_epoch_length", "shuffle_over_epochs_multiplier", "repeat",
+)  # fmt: skip
+_VALIDATION_ONLY = ("limit",)
+
+
+def get_dataset(path: Any, *, training: bool, split_part: Optional[str] = None, **kwargs: Any) -> Composition:
+    """The dataset for training or for validation: the general form of the two entry points.
+
+    Energon's documents call ``get_train_dataset`` and ``get_val_dataset`` simplified aliases of
+    ``get_dataset``; here it is exactly that: ``training=True`` returns what ``get_train_dataset``
+    returns for the same arguments (shuffled, endless unless ``repeat=False``), ``training=False``
+    what ``get_val_dataset`` returns (one unshuffled pass in Energon's order). Every argument,
+    ``trust_dataset_code`` (off by default) included, means what it means there.
+
+    Args:
+        path: a prepared dataset folder, a ``.jsonl`` file or a metadataset YAML.
+        training: ``True`` for the training pass, ``False`` for validation/test; no default, so a
+            validation set is never shuffled by accident.
+        split_part: the split part to read (default ``"train"`` when training, else ``"val"``).
+        **kwargs: the arguments of ``get_train_dataset`` (``training=True``) or ``get_val_dataset``
+            (``training=False``); ``batch_size`` is required by both.
+
+    Returns:
+        The dataset, for ``get_loader`` / ``get_savable_loader``.
+
+    Raises:
+        TypeError: ``training`` is not a bool, or an argument of the other pass is given
+            (``shuffle_buffer_size``, ``max_samples_per_sequence``, ``virtual_epoch_length``,
+            ``shuffle_over_epochs_multiplier``, ``repeat`` are for training, ``limit`` for validation).
+
+    Example:
+        >>> get_dataset("/data/ds", training=False, batch_size=8, shuffle_buffer_size=100)
+        Traceback (most recent call last):
+        ...
+        TypeError: get_dataset(training=False): shuffle_buffer_size only applies to training (training=True)
+    """
+    if not isinstance(training, bool):
+        raise TypeError(f"get_dataset() needs training=True or training=False, got {training!r}")
+    if "batch_size" not in kwargs:
+        raise TypeError("get_dataset() needs batch_size= (an int, or None for no batching)")
+    other = _VALIDATION_ONLY if training else _TRAINING_ONLY
+    wrong = [name for name in other if name in kwargs]
+    if wrong:
+        where = "validation (training=False)" if training else "training (training=True)"
+        raise TypeError(f"get_dataset(training={training}): {', '.join(wrong)} only applies to {where}")
+    if training:
+        return get_train_dataset(path, split_part="train" if split_part is None else split_part, **kwargs)
+    return get_val_dataset(path, split_part="val" if split_part is None else split_part, **kwargs)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, ContextManager, Optional, Tuple
 
 import av
 import av.container
 import av.stream
 
-from energon_ray.decode.av._container import AV_ERRORS
+from energon_ray.decode.av._container import AV_ERRORS, audio_stream, video_stream
+from energon_ray.decode.av._video_index import VideoIndex
+from energon_ray.decode.av.data import AVMetadata
 from energon_ray.errors import MediaTooLargeError, SampleException
+
+Opener = Callable[[], ContextManager["av.container.InputContainer"]]
+Indexer = Callable[["av.container.InputContainer", Any], VideoIndex]
 
 
 def audio_duration_seconds(
@@ -84,3 +89,98 @@ def check_limits(
                 f"{key}: media of {duration:,.3f} s exceeds the limit of {max_duration_s:,} s; refused before "
                 "decoding (raise it with SampleDecoder(max_av_duration_s=...), None for no limit)"
             )
+
+
+def read_metadata(
+    open_media: Opener,
+    index_of: Indexer,
+    key: str,
+    *,
+    video: bool,
+    video_duration: bool,
+    video_frame_count: bool,
+    video_frame_size: bool,
+    audio: bool,
+    audio_duration: bool,
+    audio_num_samples: bool,
+) -> AVMetadata:
+    """Headers first; demux or decode only for what a flag asks and the headers leave out.
+
+    Args:
+        open_media: opens the media afresh (a context manager yielding the container).
+        index_of: the (cached) :class:`VideoIndex` of a container's video stream.
+        key: the sample key, for error messages.
+        video, audio: whether to look at the first video / audio stream at all.
+        video_duration, audio_duration: demux for a duration no header states.
+        video_frame_count: count the frames by demuxing (exact; headers can disagree with the packets).
+        video_frame_size: decode the first frame for a size no header states.
+        audio_num_samples: decode the audio stream and count its samples.
+
+    Raises:
+        SampleException: when the media cannot be opened, demuxed or decoded.
+    """
+    found = AVMetadata()
+    if video:
+        with open_media() as container:
+            stream = video_stream(container)
+            if stream is not None:
+                _fill_video(found, container, stream, index_of, key, video_duration, video_frame_count, video_frame_size)
+    if audio:
+        with open_media() as container:
+            stream = audio_stream(container)
+            if stream is not None:
+                found.audio_sample_rate = int(stream.sample_rate) if stream.sample_rate else None
+                found.audio_channels = int(stream.channels) if stream.channels else None
+                if audio_duration:
+                    found.audio_duration = audio_duration_seconds(container, stream, key)
+                elif stream.duration and stream.time_base is not None:
+                    found.audio_duration = float(stream.duration * stream.time_base)
+        if audio_num_samples and found.audio_sample_rate is not None:
+            with open_media() as container:
+                found.audio_num_samples = _count_audio_samples(container, key)
+    return found
+
+
+def _fill_video(
+    found: AVMetadata, container: "av.container.InputContainer", stream: "av.stream.Stream", index_of: Indexer,
+    key: str, duration: bool, frame_count: bool, frame_size: bool,
+) -> None:  # fmt: skip
+    seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else None
+    frames = int(stream.frames) if stream.frames else None
+    if frame_count or (duration and seconds is None):
+        index = index_of(container, stream)
+        frames = len(index)
+        if seconds is None:
+            seconds = index.seconds(index.end_ts - index.pts[0])
+    found.video_duration, found.video_num_frames = seconds, frames
+    found.video_fps = video_fps(stream)
+    if found.video_fps is None and frames and seconds:
+        found.video_fps = frames / seconds
+    context = stream.codec_context
+    width, height = (context.width, context.height) if context is not None else (0, 0)
+    if not (width and height) and frame_size:
+        width, height = _first_frame_size(container, stream, key)
+    found.video_width, found.video_height = width or None, height or None
+
+
+def _first_frame_size(container: "av.container.InputContainer", stream: "av.stream.Stream", key: str) -> Tuple[int, int]:
+    """Width and height of the first decodable frame, ``(0, 0)`` if none decodes."""
+    try:
+        container.seek(0)
+        for frame in container.decode(stream):
+            return frame.width, frame.height
+    except AV_ERRORS as exc:
+        raise SampleException(f"{key}: cannot decode the first video frame: {type(exc).__name__}: {exc}") from exc
+    return 0, 0
+
+
+def _count_audio_samples(container: "av.container.InputContainer", key: str) -> int:
+    """Samples per channel of the whole first audio stream, by decoding it."""
+    stream = audio_stream(container)
+    total = 0
+    try:
+        for frame in container.decode(stream):
+            total += frame.samples
+    except AV_ERRORS as exc:
+        raise SampleException(f"{key}: cannot decode the audio stream: {type(exc).__name__}: {exc}") from exc
+    return total

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from dataclasses import dataclass, fields
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -37,6 +37,56 @@ class AVData:
             f"AVData(video_clips={_describe(self.video_clips, self.video_timestamps)}, "
             f"audio_clips={_describe(self.audio_clips, self.audio_timestamps)})"
         )
+
+
+@dataclass
+class AVMetadata:
+    """What :meth:`AVDecoder.get_metadata` found out about a media file (``None``: not asked, or no such stream).
+
+    The field names are Energon's (``megatron.energon.media.AVMetadata``).
+
+    Attributes:
+        video_duration: seconds of the first video stream.
+        video_num_frames: its number of frames (the numbering of ``video_unit="frames"``).
+        video_fps: its frames per second.
+        video_width: its frame width in pixels.
+        video_height: its frame height in pixels.
+        audio_duration: seconds of the first audio stream.
+        audio_channels: its number of channels.
+        audio_sample_rate: its samples per second (per channel).
+        audio_num_samples: its number of samples per channel.
+
+    Example:
+        >>> AVMetadata(audio_duration=2.0, audio_channels=1, audio_sample_rate=8000).to_dict()
+        {'audio_duration': 2.0, 'audio_channels': 1, 'audio_sample_rate': 8000}
+    """
+
+    video_duration: Optional[float] = None
+    video_num_frames: Optional[int] = None
+    video_fps: Optional[float] = None
+    video_width: Optional[int] = None
+    video_height: Optional[int] = None
+    audio_duration: Optional[float] = None
+    audio_channels: Optional[int] = None
+    audio_sample_rate: Optional[int] = None
+    audio_num_samples: Optional[int] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The fields that are set (not ``None``), as a JSON-ready dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, payload: Mapping[str, Any]) -> "AVMetadata":
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: for a key that is not a field.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(payload) - known)
+        if unknown:
+            raise ValueError(f"AVMetadata has no fields {unknown}; its fields are {sorted(known)}")
+        return cls(**payload)
 
 
 def _describe(clips: Optional[List[torch.Tensor]], stamps: Optional[Timestamps]) -> str:

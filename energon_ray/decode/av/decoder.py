@@ -25,7 +25,7 @@ from energon_ray.decode.av._ranges import (
 )
 from energon_ray.decode.av._video_index import VideoIndex
 from energon_ray.decode.av._video_reader import VideoClipReader
-from energon_ray.decode.av.data import AVData, Timestamps
+from energon_ray.decode.av.data import AVData, AVMetadata, Timestamps
 from energon_ray.errors import SampleException
 
 Clips = Tuple[List[torch.Tensor], Timestamps]
@@ -334,6 +334,42 @@ class AVDecoder:
         """
         with self._open() as container:
             return int(self._require_audio(container, "the audio sample rate").sample_rate)
+
+    def get_metadata(
+        self,
+        get_video: bool = True,
+        get_video_duration: bool = True,
+        get_video_frame_count: bool = True,
+        get_video_frame_size: bool = True,
+        get_audio: bool = True,
+        get_audio_duration: bool = True,
+        get_audio_num_samples: bool = False,
+    ) -> AVMetadata:
+        """Facts about the first video and audio streams (Energon's arguments and field names).
+
+        Header values (fps, size, duration, sample rate, channels; the header's frame count unless
+        ``get_video_frame_count``) are always filled in; the flags allow the extra work for what
+        headers leave out: demuxing for durations and the exact frame count, decoding the first
+        frame for its size, decoding the audio to count ``audio_num_samples``.
+
+        Args:
+            get_video / get_audio: look at the video / audio stream at all.
+            get_video_duration / get_audio_duration: demux for a duration no header states.
+            get_video_frame_count: count the frames (the numbering ``video_unit="frames"`` uses).
+            get_video_frame_size: decode the first frame when no header states the size.
+            get_audio_num_samples: decode the audio and count samples per channel.
+
+        Returns:
+            An :class:`AVMetadata`; a missing stream's fields stay ``None``.
+
+        Raises:
+            SampleException: when the media cannot be opened, demuxed or decoded.
+        """
+        return meta.read_metadata(
+            self._open, self._video_index, self.key, video=get_video, video_duration=get_video_duration,
+            video_frame_count=get_video_frame_count, video_frame_size=get_video_frame_size, audio=get_audio,
+            audio_duration=get_audio_duration, audio_num_samples=get_audio_num_samples,
+        )  # fmt: skip
 
     def has_video_stream(self) -> bool:
         """Whether the file has a video stream (cover art of audio files does not count)."""
