@@ -110,6 +110,7 @@ class EncodeSamples:
             self.config.packing_buffer_size is not None and is_overridden(te, "preencode_sample")
         )
         seed = data.spec.seed
+        per_batch = self.config.batch_size or 1  # a sample hook sees the index of the batch it will be in
         raws, data.raw = data.raw, []
         raws.reverse()
         while raws:  # pop as we go: a segment of videos never holds all raw and decoded data at once
@@ -120,14 +121,14 @@ class EncodeSamples:
             if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                 continue
             if isinstance(sample, CrudeSample):
-                with hook_call(seed, "cook", position, sample_index=position):
+                with hook_call(seed, "cook", position, sample_index=position, batch_index=position // per_batch):
                     sample = cook.call(runs["cook_crude_sample"], sample, what, sources)
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue
             if not do_encode:
                 data.encoded.append((position, 0, sample))
                 continue
-            with hook_call(seed, "encode", position, sample_index=position):
+            with hook_call(seed, "encode", position, sample_index=position, batch_index=position // per_batch):
                 outputs = encode.call_many(runs["encode_sample"], sample, what, sources)
             if outputs is HookRunner.FAILED or outputs is HookRunner.IGNORED:
                 continue
@@ -243,7 +244,7 @@ class BatchSamples:
             data.runs.extend(runs)
             entries = packer(entries, seed, runs)
         elif is_overridden(te, "postencode_sample"):
-            entries = _postencode(te, entries, seed, handler, data.runs)
+            entries = _postencode(te, entries, seed, handler, data.runs, size or 1)
         if data.spec.keep is not None:  # a restore read: the listed samples (or packs) for the trainer's pools
             wanted = {(int(p), int(s)) for p, s in data.spec.keep}
             return [], [(None, 0, [e for e in entries if (e[0], e[1]) in wanted])]
@@ -264,13 +265,13 @@ class BatchSamples:
         return items, ([(None, size, entries[cut:])] if cut < len(entries) else [])
 
 
-def _postencode(te: TaskEncoder, entries, seed: int, handler: Any, runs_out: List[StageRun]):
+def _postencode(te: TaskEncoder, entries, seed: int, handler: Any, runs_out: List[StageRun], per_batch: int = 1):
     runner = _runner(te, "postencode_sample", "postencode_sample", handler)
     run = runner.new_run()
     runs_out.append(run)
     out = []
     for position, sub, sample in entries:
-        with hook_call(seed, "postencode", position, sample_index=position):
+        with hook_call(seed, "postencode", position, sample_index=position, batch_index=position // per_batch):
             result = runner.call(run, sample, _what(sample))
         if result is not HookRunner.FAILED and result is not HookRunner.IGNORED:
             out.append((position, sub, result))

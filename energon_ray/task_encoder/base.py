@@ -159,7 +159,9 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
 
     @property
     def current_batch_index(self) -> int:
-        """Index of the batch being built (inside ``batch`` / ``encode_batch``)."""
+        """Index in its worker stream of the batch being built (inside ``batch`` / ``encode_batch``) or
+        that the sample will go into (inside ``cook_crude_sample``, ``encode_sample``,
+        ``postencode_sample``: position // batch size)."""
         return context.current_batch_index()
 
 

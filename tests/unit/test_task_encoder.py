@@ -682,3 +682,26 @@ def test_current_sample_index_is_per_thread():
         t.start()
         t.join()
     assert seen == ["raised"]
+
+
+def test_sample_hooks_see_the_batch_index_their_sample_goes_into():
+    """Inside encode_sample (run by the encode stage) current_batch_index is position // batch size,
+    not a RuntimeError (Energon code reads it there)."""
+    from energon_ray.pipeline import rows
+    from energon_ray.pipeline.shipping import Shipped
+    from energon_ray.pipeline.stages import EncodeSamples, StageConfig
+    from energon_ray.plan.stream import SegmentSpec
+    import numpy as np
+
+    seen = []
+
+    class Reads(TaskEncoder):
+        def encode_sample(self, sample):
+            seen.append((self.current_sample_index, self.current_batch_index))
+            return sample
+
+    spec = SegmentSpec(worker=0, global_worker=0, seed=1, index=0, start=0, samples=np.arange(5), last=True)
+    data = rows.SegmentData(spec=spec, raw=[(p, p, {"__key__": f"k{p}"}) for p in range(5)])
+    stage = EncodeSamples(StageConfig(task_encoder=Shipped(Reads(), "te"), loader=Shipped(lambda raw: raw, "loader"), batch_size=2))
+    stage.encode(data)
+    assert seen == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2)] and len(data.encoded) == 5
