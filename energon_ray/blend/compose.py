@@ -169,6 +169,8 @@ class BlendDataset(Composition):
             raise ValueError("BlendDataset: worker_config differs from the datasets' WorkerConfig")
         self.datasets = parts
         self.weights = [w / sum(weights) for w in weights]
+        #: the ``(dataset, weight)`` pairs as given (Energon's attribute; ``weights`` are normalised)
+        self.dataset_weights = tuple((part, weight) for part, weight in zip(parts, weights))
         self.salt = salt
 
     def leaves(self) -> List[Any]:

@@ -43,6 +43,9 @@ def test_blend_shares_follow_weights_and_seed(sources):
     def blend(wc):
         return er.get_loader(er.BlendDataset((_train(sources["a"], wc), 0.6), (_train(sources["b"], wc), 0.4)))
 
+    a, b = _train(sources["a"], WC), _train(sources["b"], WC)
+    pairs = er.BlendDataset((a, 3), (b, 2))
+    assert pairs.dataset_weights == ((a, 3), (b, 2)) and pairs.weights == [0.6, 0.4]  # as given / normalised
     first = _source_sequence(blend(WC), 2000)
     share = first.count("a") / len(first)
     assert abs(share - 0.6) <= 0.03, share
