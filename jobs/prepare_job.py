@@ -18,7 +18,6 @@ Ray: ``--address``, else ``RAY_ADDRESS`` (``ray job submit`` sets it), else a pr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import ray
 from tqdm import tqdm
 
+from energon_ray.cli.prepare import field_map_value
 from energon_ray.errors import DatasetConfigError, unwrap_error
 from energon_ray.format.indexer import ShardIndex, index_shard
 from energon_ray.format.prepare import CRUDE, PrepareResult, already_prepared, prepare_dataset
@@ -127,12 +127,9 @@ def _split_part(value: str) -> tuple:
 
 def _field_map(value: str) -> dict:
     try:
-        field_map = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {value!r}") from None
-    if not isinstance(field_map, dict):
-        raise argparse.ArgumentTypeError(f'expected a JSON object like \'{{"image": "jpg"}}\', got {value!r}')
-    return field_map
+        return field_map_value(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

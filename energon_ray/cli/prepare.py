@@ -57,16 +57,28 @@ def _parse_split_parts(
     return parts
 
 
+def field_map_value(value: str) -> dict:
+    """``--field-map``'s JSON object (shared with ``jobs/prepare_job.py``).
+
+    Raises:
+        ValueError: not JSON, or not an object.
+    """
+    try:
+        field_map = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc}): {value!r}") from None
+    if not isinstance(field_map, dict):
+        raise ValueError(f'expected a JSON object like \'{{"image": "jpg"}}\', got {value!r}')
+    return field_map
+
+
 def _parse_field_map(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[dict]:
     if value is None:
         return None
     try:
-        field_map = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON ({exc}): {value!r}") from None
-    if not isinstance(field_map, dict):
-        raise click.BadParameter(f'expected a JSON object like \'{{"image": "jpg"}}\', got {value!r}')
-    return field_map
+        return field_map_value(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _prompt_field_map(cls: type, part_types: Sequence[str]) -> Dict[str, str]:
