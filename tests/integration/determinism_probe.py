@@ -95,6 +95,7 @@ def node_loss(path: str, cluster) -> dict:
     while len(loader.stats.segments_per_node) < 2 and len(keys) < 200:
         keys.append(list(next(it).__key__))
     both_nodes = len(loader.stats.segments_per_node) == 2
+    two_node_state, two_node_at = loader.save_state_rank().to_json(), len(keys)  # saved on 2 nodes
     head = ray.get_runtime_context().get_node_id()
     for node in list(cluster.worker_nodes):
         cluster.remove_node(node, allow_graceful=False)
@@ -112,12 +113,18 @@ def node_loss(path: str, cluster) -> dict:
     it = iter(restored)
     again = [list(next(it).__key__) for _ in range(10)]
     restored.close()
+    moved = er.get_savable_loader(build())  # the state saved on 2 nodes, restored on the 1 left
+    moved.restore_state_rank(two_node_state)
+    it = iter(moved)
+    from_two_nodes = [list(next(it).__key__) for _ in range(10)]
+    moved.close()
     reference = er.get_loader(build())
     it = iter(reference)
     expected = [list(next(it).__key__) for _ in range(len(keys) + 10)]
     reference.close()
     return {"both_nodes": both_nodes, "alive_after": alive, "head": bool(head), "same": keys + after == expected,
-            "restored_same": again == after, "batches": len(keys)}  # fmt: skip
+            "restored_same": again == after, "batches": len(keys),
+            "two_node_state_same": from_two_nodes == expected[two_node_at : two_node_at + 10]}  # fmt: skip
 
 
 def main(mode: str, path: str, out: str) -> None:

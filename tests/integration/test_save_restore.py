@@ -369,7 +369,8 @@ def test_restore_sample_rebuilds_batches_exactly(roots):
 
 def test_losing_a_node_mid_epoch_loses_and_repeats_nothing_and_a_later_state_restores(tmp_path):
     """A 2-node ``ray.cluster_utils.Cluster`` (in a subprocess): the worker node is removed without
-    grace mid-epoch; the keys equal an undisturbed run's and a state saved afterwards restores."""
+    grace mid-epoch; the keys equal an undisturbed run's, a state saved afterwards restores, and a
+    state saved while both nodes ran segments restores on the one node left."""
     from tests.helpers import captioning_dataset
 
     path = str(captioning_dataset(tmp_path / "ds", n=40, per_shard=6))
@@ -383,3 +384,4 @@ def test_losing_a_node_mid_epoch_loses_and_repeats_nothing_and_a_later_state_res
     result = json.loads(out.read_text())
     assert result["both_nodes"] and result["alive_after"] == 1
     assert result["same"] and result["restored_same"]
+    assert result["two_node_state_same"]  # a state saved on 2 nodes restores on 1 node: same batches
