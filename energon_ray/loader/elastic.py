@@ -45,7 +45,7 @@ class Redistribution:
 def needs_redistribution(states: Sequence[LoaderState], wc: WorkerConfig) -> bool:
     """Whether saved states come from another world size or worker count than ``wc``."""
     first = states[0]
-    return (len(states), first.world_size, first.num_workers) != (wc.world_size, wc.world_size, wc.num_workers)
+    return (len(states), first.world_size, first.num_workers) != (wc.world_size, wc.world_size, max(1, wc.num_workers))
 
 
 def redistribute(dataset: Any, states: Sequence[LoaderState]) -> Tuple[LoaderState, Optional[Redistribution]]:

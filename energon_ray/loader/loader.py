@@ -183,10 +183,10 @@ class EnergonLoader:
             return
         state = LoaderState.coerce(state)
         wc = self.dataset.worker_config
-        if (state.world_size, state.num_workers) != (wc.world_size, wc.num_workers):
+        if (state.world_size, state.num_workers) != (wc.world_size, self.dataset.num_workers):
             raise StateError(
                 f"the state was saved with world_size={state.world_size}, num_workers={state.num_workers}; this loader "
-                f"has world_size={wc.world_size}, num_workers={wc.num_workers}. To continue on another world size or "
+                f"has world_size={wc.world_size}, num_workers={self.dataset.num_workers}. To continue on another world size or "
                 "worker count, pass the states of all saved ranks to restore_state_global(states) (or use "
                 "restore_loader_state(loader, folder) on a folder holding every rank's file)"
             )

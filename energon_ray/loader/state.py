@@ -256,7 +256,7 @@ def restore_loader_state(loader: Any, directory: str) -> bool:
     if os.path.isfile(path):
         with open(path) as f:
             state = LoaderState.coerce(f.read())
-        if (state.world_size, state.num_workers) == (wc.world_size, wc.num_workers):
+        if (state.world_size, state.num_workers) == (wc.world_size, max(1, wc.num_workers)):
             loader.restore_state_rank(state)
             return True
     prefix, suffix = STATE_FILE.split("{rank}")
