@@ -233,7 +233,7 @@ def test_save_before_iterating_and_mismatched_restores(roots):
         other.restore_state_rank(state)
     other.close()
     three = er.get_savable_loader(er.get_train_dataset(roots["a"], batch_size=4, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=3)))
-    with pytest.raises(er.StateError, match="num_workers=2, this loader has num_workers=3"):
+    with pytest.raises(er.StateError, match="num_workers=2; this loader has world_size=1, num_workers=3"):
         three.restore_state_rank(state)
     with pytest.raises(er.StateError, match="version 7 is not supported"):
         three.restore_state_rank({**state.to_dict(), "version": 7})
