@@ -5,6 +5,7 @@ Rules (Energon's): nested blend weights multiply (each level normalised); subfla
 dataset.yaml < inner < outer (outer wins); a reference's own ``split_part`` wins over the one
 passed down; ratio subsets compose inner-first, absolute subsets only at leaves;
 ``shuffle_over_epochs_multiplier`` multiplies (``None`` anywhere → no shuffle, -1 → with replacement).
+Paths may be ``s3://``/``msc://`` URLs; a relative path in a remote YAML is relative to its folder there.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from energon_ray.errors import DatasetConfigError
+from energon_ray.storage import RemotePath, as_path, is_remote
 
 _REF_KEYS = {"path", "split_part", "subflavors", "subflavor", "subset", "shuffle_over_epochs_multiplier",
              "dataset_config", "split_config", "weight", "repetitions", "aux"}  # fmt: skip
@@ -27,7 +29,7 @@ _NODE_KEYS = _REF_KEYS | {"blend", "blend_epochized", "join", "joiner"}
 class LeafSpec:
     """One prepared dataset the metadataset reads, with everything the tree said about it."""
 
-    path: Path
+    path: Path | RemotePath
     split_part: str
     where: str
     weight: float = 1.0
@@ -52,7 +54,7 @@ def is_metadataset_path(path: Any) -> bool:
     """A ``.yaml``/``.yml`` file or a dict is a metadataset; a folder is a prepared dataset."""
     if isinstance(path, dict):
         return True
-    p = Path(str(path))
+    p = _as_path(path)
     return p.suffix in (".yaml", ".yml") and p.is_file()
 
 
@@ -129,8 +131,14 @@ class _Ctx:
     shuffle_over_epochs: Optional[int] = 1
 
 
+def _as_path(value: Any) -> Path | RemotePath:
+    if isinstance(value, RemotePath):
+        return value
+    return as_path(str(value)) if is_remote(str(value)) else Path(str(value))
+
+
 class _Parser:
-    def __init__(self, file: str, base: Path, stack: Tuple[str, ...]):
+    def __init__(self, file: str, base: Path | RemotePath, stack: Tuple[str, ...]):
         self.file = file
         self.base = base
         self.stack = stack
@@ -192,7 +200,7 @@ class _Parser:
 
     def reference(self, node: dict, where: str, ctx: _Ctx) -> List[LeafSpec]:
         raw = node["path"]
-        path = Path(str(raw))
+        path = _as_path(raw)
         if not path.is_absolute():
             path = self.base / path
         if not path.exists():
@@ -233,7 +241,7 @@ def _v1_to_v2(data: dict, file: str) -> dict:
     return {"splits": splits}
 
 
-def parse(data: Any, file: str, base: Path, split_part: str, *, stack: Tuple[str, ...] = (), ctx: Optional[_Ctx] = None) -> Flattened:
+def parse(data: Any, file: str, base: Path | RemotePath, split_part: str, *, stack: Tuple[str, ...] = (), ctx: Optional[_Ctx] = None) -> Flattened:
     """Flatten the node of ``split_part`` of a parsed metadataset."""
     if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):
         raise _err(file, "top level", "a metadataset needs a 'splits' mapping")
@@ -252,9 +260,9 @@ def parse(data: Any, file: str, base: Path, split_part: str, *, stack: Tuple[str
     return Flattened(leaves=leaves, mode=mode)
 
 
-def parse_file(path: Path | str, split_part: str, *, stack: Tuple[str, ...] = (), ctx: Optional[_Ctx] = None) -> Flattened:
-    """Read and flatten a metadataset YAML file."""
-    path = Path(path)
+def parse_file(path: Path | str | RemotePath, split_part: str, *, stack: Tuple[str, ...] = (), ctx: Optional[_Ctx] = None) -> Flattened:
+    """Read and flatten a metadataset YAML file (local or remote)."""
+    path = _as_path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except Exception as exc:

@@ -10,9 +10,10 @@ import braceexpand
 import click
 import yaml
 
-from energon_ray.cli.prepare import user_errors
+from energon_ray.cli.prepare import DatasetLocation, user_errors
 from energon_ray.format.info import INFO_JSON, INFO_YAML, meta_dir, read_info
 from energon_ray.format.split import read_split_file
+from energon_ray.storage import RemotePath
 
 _ORDER = ("train", "val", "test")
 
@@ -31,7 +32,7 @@ def format_size(size: float) -> str:
     return f"{size:.2f} PiB"
 
 
-def _energon_version(path: Path) -> str:
+def _energon_version(path: Path | RemotePath) -> str:
     for name, loader in ((INFO_JSON, json.loads), (INFO_YAML, yaml.safe_load)):
         file = meta_dir(path) / name
         if file.is_file():
@@ -39,7 +40,7 @@ def _energon_version(path: Path) -> str:
     return "unknown"
 
 
-def _sample_type(path: Path, dataset_config: str) -> str:
+def _sample_type(path: Path | RemotePath, dataset_config: str) -> str:
     """One line about ``dataset.yaml``: the sample class and how fields are mapped."""
     file = meta_dir(path) / dataset_config
     if not file.is_file():
@@ -71,24 +72,34 @@ def _split_rows(split: dict, counts: Dict[str, int]) -> List[Tuple[str, int, int
     return rows
 
 
+def _shard_sizes(path: Path | RemotePath, counts: Dict[str, int]) -> List[int]:
+    """Sizes of the listed shards that exist (remote: one listing, not a request per shard)."""
+    if isinstance(path, RemotePath):
+        found = {str(p.relative_to(path)): size for p, size in path.walk_files()}
+        return [found[n] for n in counts if n in found]
+    return [(path / n).stat().st_size for n in counts if (path / n).is_file()]
+
+
 @click.command(name="info")
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=DatasetLocation(file_okay=False))
 @click.option("--split-config", default="split.yaml", show_default=True, help="Split config file in .nv-meta.")
 @click.option("--dataset-config", default="dataset.yaml", show_default=True, help="Dataset config file in .nv-meta.")
 def info_command(path: Path, split_config: str, dataset_config: str) -> None:
-    """Show sample counts, size on disk, sample type and split parts of the dataset at PATH."""
+    """Show sample counts, size on disk, sample type and split parts of the dataset at PATH (a folder,
+    or an s3:// or msc:// URL)."""
     with user_errors():
         counts = read_info(path)
         split = read_split_file(path, split_config)
+        sizes = _shard_sizes(path, counts)
+        version, sample_type = _energon_version(path), _sample_type(path, dataset_config)
     total = sum(counts.values())
-    sizes = [(path / n).stat().st_size for n in counts if (path / n).is_file()]
     missing = len(counts) - len(sizes)
     lines = [
         f"Dataset {path.resolve().name} ({path})",
         f"  Samples: {total:,} in {len(counts)} shards, {format_size(sum(sizes))} on disk"
         + (f" ({missing} shards missing!)" if missing else ""),
-        f"  Prepared with energon version: {_energon_version(path)}",
-        f"  Sample type: {_sample_type(path, dataset_config)}",
+        f"  Prepared with energon version: {version}",
+        f"  Sample type: {sample_type}",
         f"  Split parts ({split_config}):",
     ]
     for part, shards, samples, unknown in _split_rows(split, counts):

@@ -21,6 +21,24 @@ from energon_ray.format.prepare import (
     write_dataset_config,
 )
 from energon_ray.samples import SAMPLE_TYPES
+from energon_ray.storage import as_path, is_remote
+
+
+class DatasetLocation(click.ParamType):
+    """A local path that must exist, or an ``s3://``/``msc://`` URL (checked when it is read)."""
+
+    name = "path"
+
+    def __init__(self, file_okay: bool = True):
+        self.local = click.Path(exists=True, file_okay=file_okay, path_type=Path)
+
+    def convert(self, value, param, ctx):
+        if not is_remote(value):
+            return self.local.convert(value, param, ctx)
+        try:
+            return as_path(value)
+        except (ValueError, OSError) as exc:
+            self.fail(str(exc), param, ctx)
 
 
 @contextlib.contextmanager
@@ -152,7 +170,7 @@ def _report(result: PrepareResult) -> None:
 
 
 @click.command(name="prepare")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=DatasetLocation())
 @click.option("--split-ratio", callback=_parse_ratio, help="train,val,test shard ratio, e.g. '8,1,1'.")
 @click.option("--split-parts", multiple=True, callback=_parse_split_parts,
               help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Replaces --split-ratio.")
@@ -175,7 +193,7 @@ def prepare_command(
     force_overwrite: bool, progress: bool, num_workers: int,
 ) -> None:  # fmt: skip
     """Index the tar shards under PATH and write PATH/.nv-meta (Energon's format); for a .jsonl
-    file, write its .jsonl.idx.
+    file, write its .jsonl.idx. PATH may be an s3:// or msc:// URL: the files are written there.
 
     \b
     energon-ray prepare ./ds --non-interactive --split-ratio 8,1,1 \\

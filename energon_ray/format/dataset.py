@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -13,12 +14,13 @@ from energon_ray.format.dataset_yaml import DatasetSpec, read_dataset_spec
 from energon_ray.format.info import read_info
 from energon_ray.format.split import resolve_split_part
 from energon_ray.format.tar_index import check_tar_index, read_tar_index
-from energon_ray.format.tar_reader import ShardReader
+from energon_ray.format.tar_reader import open_shard_reader
+from energon_ray.storage import RemotePath, as_path, settings_of
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
-    """A shard of the split: name relative to the dataset, absolute path, sample count."""
+    """A shard of the split: name relative to the dataset, absolute path (or URL), sample count."""
 
     name: str
     path: str
@@ -42,11 +44,13 @@ class PreparedDataset:
     dataset_config: str = "dataset.yaml"
     #: ``"tar"`` (WebDataset shards) or ``"jsonl"`` (one JSON object per line).
     format: str = "tar"
+    #: How a remote dataset's store is reached (``None``: local); travels with the read tasks.
+    storage: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def open(
         cls,
-        path: Path | str,
+        path: Path | str | RemotePath,
         split_part: str,
         *,
         split_config: Optional[str] = None,
@@ -56,11 +60,14 @@ class PreparedDataset:
     ) -> "PreparedDataset":
         """Read ``.nv-meta`` and validate every shard's ``.tar.idx`` against its tar.
 
+        ``path`` may be a local folder or an ``s3://``/``msc://`` URL (see :mod:`energon_ray.storage`).
+
         Raises:
             DatasetConfigError: missing ``.nv-meta``, unknown split part, bad dataset.yaml, or an
                 index that disagrees with its tar — each naming the file and the value.
+            StorageError: a remote store refused a request or stayed unavailable (naming the URL).
         """
-        root = Path(path)
+        root = as_path(path)
         if str(root).endswith(".jsonl"):
             from energon_ray.format.jsonl import open_jsonl
 
@@ -81,10 +88,18 @@ class PreparedDataset:
             spec=spec,
             split_config=split_config,
             dataset_config=dataset_config,
+            storage=settings_of(root),
         )
         if check:
-            for shard in shards:
+            def check_one(shard: ShardInfo) -> None:
                 check_tar_index(shard.path, read_tar_index(shard.path), shard.count)
+
+            if isinstance(root, RemotePath):  # two requests per shard: overlap them
+                with ThreadPoolExecutor(max_workers=16) as pool:
+                    list(pool.map(check_one, shards))
+            else:
+                for shard in shards:
+                    check_one(shard)
         return dataset
 
     @property
@@ -116,7 +131,7 @@ class PreparedDataset:
             keys = by_shard.get(shard.name)
             if not keys:
                 continue
-            reader = ShardReader(shard.path, shard.name, read_tar_index(shard.path))
+            reader = open_shard_reader(shard.path, shard.name, read_tar_index(shard.path), self.storage)
             try:
                 out.extend(int(starts[i]) + j for j in range(shard.count) if reader.read_key(j) in keys)
             finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -18,6 +19,7 @@ import yaml
 from energon_ray.errors import DatasetConfigError, untrusted
 from energon_ray.format.field_access import parse_field_access
 from energon_ray.format.info import check_write_target, meta_dir, write_file
+from energon_ray.storage import RemotePath, as_path, is_remote, read_optional
 from energon_ray.samples import SAMPLE_TYPES, CrudeSample
 
 #: Modules whose sample classes we provide under the same names.
@@ -48,12 +50,18 @@ class DatasetSpec:
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Whether the user allowed this dataset's code (``sample_loader.py``, classes outside energon_ray).
     trusted: bool = False
+    #: A remote dataset's root (with the settings that reach it) and the bytes of the config files
+    #: read from it: Ray workers rebuild the spec from these, without a request to the store.
+    location: Optional[RemotePath] = dataclasses.field(default=None, repr=False, compare=False)
+    files: Optional[Dict[str, Optional[bytes]]] = dataclasses.field(default=None, repr=False, compare=False)
 
     def __reduce__(self):
         if self.dataset_config == "<jsonl>":
             from energon_ray.format.jsonl import jsonl_spec
 
             return (jsonl_spec, (self.root,))
+        if self.location is not None:
+            return (_remote_spec, (self.location, self.dataset_config, self.trusted, self.files))
         return (read_dataset_spec, (self.root, self.dataset_config, self.trusted))
 
     @property
@@ -100,13 +108,48 @@ def resolve_class(spec: Any, file: str, what: str, trusted: bool = False) -> typ
         raise DatasetConfigError(f"{file}: cannot import {what} {module}.{name}: {exc}") from None
 
 
-def _load_function(ref: str, meta: Path, file: str, what: str, trusted: bool) -> Callable:
+class _RemoteFiles:
+    """The bytes of a remote dataset's config files, each fetched once (None: the file does not exist)."""
+
+    def __init__(self, files: Optional[Dict[str, Optional[bytes]]] = None):
+        self.files: Dict[str, Optional[bytes]] = dict(files or {})
+
+    def read(self, path: RemotePath) -> Optional[bytes]:
+        if str(path) not in self.files:
+            self.files[str(path)] = read_optional(path)
+        return self.files[str(path)]
+
+
+def _local_code_copy(source: RemotePath, data: bytes) -> Path:
+    """A local copy of a remote dataset module (Python imports files), named by its URL and content."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(str(source).encode() + b"\0" + data).hexdigest()[:24]
+    folder = Path(tempfile.gettempdir()) / "energon_ray_dataset_code" / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    local = folder / source.name
+    if not local.is_file():
+        tmp = folder / f".{source.name}.{os.getpid()}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, local)
+    return local
+
+
+def _load_function(
+    ref: str, meta: Path | RemotePath, file: str, what: str, trusted: bool, files: Optional[_RemoteFiles] = None
+) -> Callable:
     if ":" not in ref:
         raise DatasetConfigError(f"{file}: {what} must look like 'file.py:function', got {ref!r}")
     module_file, fn_name = ref.split(":", 1)
     source = meta / module_file
     if not trusted:
         raise untrusted(f"{what} {ref!r} would execute {source}", file)
+    if isinstance(source, RemotePath):
+        data = (files or _RemoteFiles()).read(source)
+        if data is None:
+            raise DatasetConfigError(f"{file}: {what} module {source} does not exist")
+        source = _local_code_copy(source, data)
     if not source.is_file():
         raise DatasetConfigError(f"{file}: {what} module {source} does not exist")
     mod_name = f"_energon_ray_dsmod_{abs(hash(str(source.resolve())))}"
@@ -154,9 +197,20 @@ def _check_field_map(field_map: Dict[str, str], sample_type: type, file: str) ->
     return parsed
 
 
-def read_dataset_spec(path: Path | str, dataset_config: str = "dataset.yaml", trusted: bool = False) -> DatasetSpec:
+def _remote_spec(location: RemotePath, dataset_config: str, trusted: bool, files: Optional[Dict]) -> DatasetSpec:
+    """A remote dataset's spec rebuilt (on a Ray worker) from the config files it was read from."""
+    return read_dataset_spec(location, dataset_config, trusted, files=_RemoteFiles(files))
+
+
+def read_dataset_spec(
+    path: Path | str | RemotePath, dataset_config: str = "dataset.yaml", trusted: bool = False,
+    files: Optional[_RemoteFiles] = None,
+) -> DatasetSpec:  # fmt: skip
     """Parse and validate ``dataset.yaml``; code it names (``sample_loader``, ``part_filter`` functions,
     classes outside energon_ray) is loaded only when ``trusted``.
+
+    ``files``: config files of a remote dataset already read (the spec keeps what it read, so a Ray
+    worker rebuilds it without a request).
 
     Raises:
         DatasetConfigError: naming the file and the offending value.
@@ -164,10 +218,17 @@ def read_dataset_spec(path: Path | str, dataset_config: str = "dataset.yaml", tr
     """
     meta = meta_dir(path)
     file = meta / dataset_config
-    if not file.is_file():
+    text = None
+    if is_remote(path):
+        files = files or _RemoteFiles()
+        raw = files.read(file)
+        if raw is None:
+            raise DatasetConfigError(f"{file}: dataset config not found")
+        text = raw.decode("utf-8", "replace")
+    elif not file.is_file():
         raise DatasetConfigError(f"{file}: dataset config not found")
     try:
-        data = yaml.safe_load(file.read_text()) or {}
+        data = yaml.safe_load(text if text is not None else file.read_text()) or {}
     except Exception as exc:
         raise DatasetConfigError(f"{file}: cannot parse: {exc}") from None
     fname = str(file)
@@ -198,12 +259,14 @@ def read_dataset_spec(path: Path | str, dataset_config: str = "dataset.yaml", tr
         subflavors=dict(subflavors),
         extra=data,
         trusted=trusted,
+        location=as_path(path) if is_remote(path) else None,
+        files=files.files if files is not None else None,
     )
     if sample_type is CrudeSample:
         if isinstance(part_filter_ref, list):
             spec.parts = frozenset(part_filter_ref)
         elif isinstance(part_filter_ref, str):
-            spec.part_filter = _load_function(part_filter_ref, meta, fname, "part_filter", trusted)
+            spec.part_filter = _load_function(part_filter_ref, meta, fname, "part_filter", trusted, files)
         return spec
     if (field_map is None) == (loader_ref is None):
         raise DatasetConfigError(f"{fname}: give exactly one of 'field_map' or 'sample_loader'")
@@ -215,11 +278,11 @@ def read_dataset_spec(path: Path | str, dataset_config: str = "dataset.yaml", tr
     else:
         if part_filter_ref is None:
             raise DatasetConfigError(f"{fname}: 'sample_loader' needs a 'part_filter'")
-        spec.sample_loader = _load_function(str(loader_ref), meta, fname, "sample_loader", trusted)
+        spec.sample_loader = _load_function(str(loader_ref), meta, fname, "sample_loader", trusted, files)
         if isinstance(part_filter_ref, list):
             spec.parts = frozenset(part_filter_ref)
         else:
-            spec.part_filter = _load_function(str(part_filter_ref), meta, fname, "part_filter", trusted)
+            spec.part_filter = _load_function(str(part_filter_ref), meta, fname, "part_filter", trusted, files)
     return spec
 
 
@@ -256,7 +319,7 @@ def _first_sample_parts(shard: str, offset: int) -> tuple:
     from energon_ray.format.tar_reader import SKIP_META_RE, split_member_name
 
     key, parts = None, set()
-    with open(shard, "rb") as f:
+    with (as_path(shard).open("rb") if is_remote(shard) else open(shard, "rb")) as f:
         f.seek(offset)
         with tarfile.open(fileobj=f, mode="r:") as tar:
             for member in tar:

@@ -10,8 +10,10 @@ import concurrent.futures
 import dataclasses
 import os
 import re
+import shutil
 import sqlite3
 import tarfile
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -22,6 +24,7 @@ from energon_ray.errors import DatasetConfigError
 from energon_ray.format.info import check_write_target, meta_dir, write_file
 from energon_ray.format.tar_index import write_tar_index
 from energon_ray.format.tar_reader import SKIP_META_RE, TAR_ENCODING, non_utf8_name, split_member_name
+from energon_ray.storage import RemoteFile, RemotePath, as_path
 
 INDEX_SQLITE = "index.sqlite"
 INDEX_UUID = "index.uuid"
@@ -54,8 +57,11 @@ def find_shards(path: Path | str, exclude: Sequence[str] = ()) -> List[str]:
     Raises:
         ValueError: if an exclude pattern is not a valid regex.
     """
-    root = Path(path)
-    found = [p.relative_to(root) for pattern in ("**/*.tar", "**/*.tgz") for p in root.glob(pattern) if p.is_file()]
+    root = as_path(path)
+    if isinstance(root, RemotePath):  # one listing; every object is a file
+        found = [p.relative_to(root) for p, _ in root.walk_files() if p.name.endswith((".tar", ".tgz"))]
+    else:
+        found = [p.relative_to(root) for pattern in ("**/*.tar", "**/*.tgz") for p in root.glob(pattern) if p.is_file()]
     # Like Energon: hidden files and folders are not shards; order is by path components.
     found = sorted((p for p in found if not any(part.startswith(".") for part in p.parts)), key=lambda p: p.parts)
     names = [p.as_posix() for p in found]
@@ -68,9 +74,10 @@ def find_shards(path: Path | str, exclude: Sequence[str] = ()) -> List[str]:
     return names
 
 
-def _check_tar_end(file, path: Path, end: int) -> None:
+def _check_tar_end(file, path: Path | RemotePath, end: int) -> None:
     # tarfile silently stops at a corrupt header, which would hide the rest of the shard.
-    size = os.fstat(file.fileno()).st_size
+    raw = getattr(file, "raw", None)
+    size = raw.size if isinstance(raw, RemoteFile) else os.fstat(file.fileno()).st_size
     if end > size:
         raise DatasetConfigError(f"{path}: truncated tar: the last member ends at byte {end}, the file has {size}")
     file.seek(end)
@@ -84,8 +91,10 @@ def _check_tar_end(file, path: Path, end: int) -> None:
 def index_shard(root: Path | str, name: str) -> ShardIndex:
     """Index one tar shard and write its ``.tar.idx``.
 
+    A remote shard is read with ranged requests that stream it (the data of large members is skipped).
+
     Args:
-        root: the dataset folder.
+        root: the dataset folder (or URL).
         name: the shard's path relative to ``root``.
 
     Returns:
@@ -95,12 +104,12 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
         DatasetConfigError: unreadable, compressed, corrupt or empty tar, a member name that is not
             UTF-8, a key split across runs, or an index path that leads outside ``root``.
     """
-    path = Path(root) / name
+    path = as_path(root) / name
     offsets: List[int] = []
     keys: List[str] = []
     parts: List[Tuple[int, str, int, int]] = []
     first_seen: Dict[str, int] = {}
-    with open(path, "rb") as file:
+    with path.open("rb") as file:
         if file.read(2) == b"\x1f\x8b":
             raise DatasetConfigError(
                 f"{path}: gzip-compressed shard; samples cannot be read by byte offset, decompress it to .tar"
@@ -196,7 +205,7 @@ def _insert_shard(db: sqlite3.Connection, shard_id: int, shard: ShardIndex, name
     db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", [(shard_id, *p) for p in shard.parts])
 
 
-def _finish_index_db(db: sqlite3.Connection, tmp: Path, final: Path) -> None:
+def _finish_index_db(db: sqlite3.Connection, tmp: Path, final: Path | RemotePath) -> None:
     db.execute("CREATE INDEX idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)")
     db.execute("CREATE INDEX idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, content_byte_offset)")
     db.execute(
@@ -205,7 +214,11 @@ def _finish_index_db(db: sqlite3.Connection, tmp: Path, final: Path) -> None:
     )
     db.execute("COMMIT")
     db.close()
-    os.replace(tmp, final)
+    if isinstance(final, RemotePath):  # built in a local scratch file, then uploaded whole
+        final.write_bytes(tmp.read_bytes())
+        tmp.unlink()
+    else:
+        os.replace(tmp, final)
 
 
 def index_dataset(
@@ -228,7 +241,8 @@ def index_dataset(
     for file in (INDEX_SQLITE, INDEX_SQLITE + ".tmp", INDEX_UUID):
         check_write_target(root, meta / file)
     meta.mkdir(parents=True, exist_ok=True)
-    tmp = meta / (INDEX_SQLITE + ".tmp")
+    scratch = tempfile.mkdtemp(prefix="energon_ray_index_") if isinstance(meta, RemotePath) else None
+    tmp = Path(scratch) / INDEX_SQLITE if scratch else meta / (INDEX_SQLITE + ".tmp")
     db = _create_index_db(tmp)
     counts: Dict[str, int] = {}
     part_types: set = set()
@@ -250,4 +264,7 @@ def index_dataset(
         db.close()
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     return counts, tuple(sorted(part_types))

@@ -1,7 +1,7 @@
 """``.nv-meta/.info.json`` (and legacy ``.info.yaml``): per-shard sample counts, in shard order.
 
 Also the write guard of ``energon-ray prepare``: it writes only inside the dataset folder, never
-through a symlink.
+through a symlink. Paths may be local or remote (``s3://``, ``msc://``: see :mod:`energon_ray.storage`).
 """
 
 from __future__ import annotations
@@ -15,23 +15,31 @@ from typing import Any, Dict, Optional
 import yaml
 
 from energon_ray.errors import DatasetConfigError
+from energon_ray.storage import RemotePath, as_path
 
 META_DIR = ".nv-meta"
 INFO_JSON = ".info.json"
 INFO_YAML = ".info.yaml"
 
 
-def meta_dir(path: Path | str) -> Path:
+def meta_dir(path: Path | str | RemotePath) -> Path | RemotePath:
     """The ``.nv-meta`` folder of a dataset."""
-    return Path(path) / META_DIR
+    return as_path(path) / META_DIR
 
 
 def check_write_target(root: Path | str, path: Path | str) -> Path:
     """``path``, if prepare may write it: not a symlink, not under a symlinked ``.nv-meta``, inside ``root``.
 
+    A remote target (object stores have no symlinks) must lie under the remote ``root``.
+
     Raises:
         DatasetConfigError: naming ``path`` and where it would lead.
     """
+    if isinstance(as_path(root), RemotePath) or isinstance(path, RemotePath):
+        target = as_path(path, getattr(as_path(root), "settings", None))
+        if isinstance(target, RemotePath) and target.is_relative_to(as_path(root)):
+            return target
+        raise DatasetConfigError(f"{target}: outside the dataset location {root}; prepare refuses to write it")
     target, meta = Path(path), meta_dir(root)
     inside = Path(root).resolve()
     if target.is_symlink():
@@ -48,8 +56,12 @@ def check_write_target(root: Path | str, path: Path | str) -> Path:
 
 
 def write_file(root: Path | str, path: Path | str, data: bytes) -> Path:
-    """Write ``path`` inside ``root`` (see :func:`check_write_target`): a new temp file, then a rename."""
+    """Write ``path`` inside ``root`` (see :func:`check_write_target`): a new temp file, then a rename
+    (remote: one upload, which object stores make visible atomically)."""
     target = check_write_target(root, path)
+    if isinstance(target, RemotePath):
+        target.write_bytes(data)
+        return target
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # O_EXCL: never opens an existing link
     try:
@@ -77,7 +89,7 @@ def read_info(path: Path | str) -> Dict[str, int]:
     Raises:
         DatasetConfigError: if the dataset has no ``.nv-meta`` or no readable info file.
     """
-    root = Path(path)
+    root = as_path(path)
     meta = meta_dir(root)
     if not root.exists():
         raise DatasetConfigError(f"{root}: dataset path does not exist")

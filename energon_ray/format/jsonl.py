@@ -13,13 +13,14 @@ from tqdm import tqdm
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.tar_index import check_tar_index, read_tar_index, write_tar_index
+from energon_ray.storage import as_path, settings_of
 
 JSONL_CONFIG = "<jsonl>"
 
 
 def is_jsonl(path) -> bool:
     """A ``.jsonl`` file."""
-    return str(path).endswith(".jsonl") and Path(str(path)).is_file()
+    return str(path).endswith(".jsonl") and as_path(path).is_file()
 
 
 def prepare_jsonl(path: Path | str, progress: bool = True) -> int:
@@ -31,12 +32,12 @@ def prepare_jsonl(path: Path | str, progress: bool = True) -> int:
     Raises:
         DatasetConfigError: if the file is missing or empty.
     """
-    path = Path(path)
+    path = as_path(path)
     if not path.is_file():
         raise DatasetConfigError(f"{path}: JSONL file does not exist")
     offsets: List[int] = []
     position = 0
-    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, disable=not progress, desc="Indexing") as bar:
+    with path.open("rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, disable=not progress, desc="Indexing") as bar:
         for line in f:
             if line.strip():
                 offsets.append(position)
@@ -52,7 +53,7 @@ def open_jsonl(path: Path | str, split_part: str = "train"):
     """A ``PreparedDataset`` over a prepared JSONL file (the split part is ignored, as in Energon)."""
     from energon_ray.format.dataset import PreparedDataset, ShardInfo
 
-    path = Path(path)
+    path = as_path(path)
     offsets = read_tar_index(path)
     count = len(offsets) - 1
     check_tar_index(path, offsets, count)
@@ -65,6 +66,7 @@ def open_jsonl(path: Path | str, split_part: str = "train"):
         split_config="",
         dataset_config=JSONL_CONFIG,
         format="jsonl",
+        storage=settings_of(path),
     )
 
 

@@ -26,6 +26,7 @@ from energon_ray.format.split import write_split_file
 from energon_ray.format.indexer import INDEX_SQLITE, INDEX_UUID, ShardIndex, find_shards, index_dataset, index_shard  # noqa: F401
 from energon_ray.format.indexer import ShardIndexer
 from energon_ray.samples import SAMPLE_TYPES
+from energon_ray.storage import as_path
 
 #: The megatron-energon release whose on-disk format this module writes.
 ENERGON_FORMAT_VERSION = "7.4.1"
@@ -337,7 +338,9 @@ def prepare_dataset(
     """Index the tar shards under ``path`` and write ``.nv-meta`` (Energon's ``energon prepare``).
 
     Args:
-        path: dataset folder; ``**/*.tar`` and ``**/*.tgz`` below it are the shards (sorted).
+        path: dataset folder or ``s3://``/``msc://`` URL; ``**/*.tar`` and ``**/*.tgz`` below it are the
+            shards (sorted). A remote dataset's shards are read with ranged requests and every file
+            is written back to the store.
         split_ratio: train/val/test weights, e.g. ``(8, 1, 1)``; splits are whole shards.
         split_parts: instead of a ratio, ``{part: [regex, ...]}`` (brace-expanded, ``re.match``).
         exclude: regexes (``re.search``) of shard paths to leave out.
@@ -369,7 +372,7 @@ def prepare_dataset(
         >>> r.total_samples, r.split_parts["test"]
         (8, ['shards/shard_0002.tar'])
     """
-    root = Path(path)
+    root = as_path(path)
     if not root.is_dir():
         raise DatasetConfigError(f"{root}: dataset folder does not exist")
     if not isinstance(num_workers, int) or num_workers < 1:

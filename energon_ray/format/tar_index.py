@@ -10,13 +10,14 @@ import numpy as np
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.info import write_file
+from energon_ray.storage import RemotePath, as_path, is_remote, settings_of
 
 INDEX_SUFFIX = ".idx"
 
 
-def index_path(shard_path: Path | str) -> Path:
+def index_path(shard_path: Path | str | RemotePath) -> Path | RemotePath:
     """The index file next to a shard: ``shard.tar`` → ``shard.tar.idx``."""
-    return Path(str(shard_path) + INDEX_SUFFIX)
+    return as_path(str(shard_path) + INDEX_SUFFIX, settings_of(shard_path))
 
 
 def read_tar_index(shard_path: Path | str) -> np.ndarray:
@@ -62,7 +63,7 @@ def check_tar_index(shard_path: Path | str, offsets: np.ndarray, expected_count:
     if count and np.any(np.diff(offsets) <= 0):
         raise DatasetConfigError(f"{idx}: offsets are not strictly increasing")
     try:
-        size = os.path.getsize(shard_path)
+        size = as_path(shard_path).stat().st_size if is_remote(shard_path) else os.path.getsize(shard_path)
     except FileNotFoundError:
         raise DatasetConfigError(f"{shard_path}: shard listed in .nv-meta/.info.json does not exist") from None
     if int(offsets[-1]) > size:

@@ -1,8 +1,9 @@
 """Random access to samples of a tar shard through its ``.tar.idx`` offsets.
 
 A sample is the run of tar members between two consecutive offsets. Runs of consecutive samples are
-read with one ``pread`` and parsed in memory, so no shard is ever scanned to reach an offset. An
-offset that misses the tar headers is an :class:`~energon_ray.errors.IndexMismatchError`, never a skip.
+read with one ``pread`` (a shard in an object store: one ranged request) and parsed in memory, so no
+shard is ever scanned to reach an offset. An offset that misses the tar headers is an
+:class:`~energon_ray.errors.IndexMismatchError`, never a skip.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from energon_ray.errors import IndexMismatchError, ShardReadError
+from energon_ray.storage import RemotePath, ShardCache, StorageError, TruncatedObjectError, as_path, is_remote
 
 #: ``dir/key.part.ext`` → key ``dir/key``, part ``part.ext`` (the first dot of the last component).
 SPLIT_NAME_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -207,6 +209,94 @@ class ShardReader:
 
     def __del__(self) -> None:
         self.close()
+
+
+class RemoteShardReader(ShardReader):
+    """A :class:`ShardReader` of a shard in an object store: every ``_read`` is one ranged request.
+
+    With a shard cache configured (see :mod:`energon_ray.storage.cache`) the shard is downloaded
+    whole on its first read on this node and read locally from then on.
+    """
+
+    #: Bytes per request when a shard is downloaded into the cache.
+    DOWNLOAD_CHUNK = 8 << 20
+
+    def __init__(self, location: RemotePath, name: str, offsets: np.ndarray):
+        super().__init__(str(location), name, offsets)
+        self.location = location
+        self._cache_checked = location.settings is None or getattr(location.settings, "cache", None) is None
+
+    def _read(self, start: int, end: int) -> bytes:
+        if not self._cache_checked:
+            self._cache_checked = True
+            self._open_cached_copy()
+        if self._fd is not None:
+            return super()._read(start, end)
+        try:
+            return self.location.read_range(start, end - start)
+        except TruncatedObjectError as exc:
+            raise ShardReadError(f"{self.path}: truncated shard: {exc.reason}") from None
+        except StorageError as exc:
+            raise ShardReadError(str(exc)) from None
+
+    def _open_cached_copy(self) -> None:
+        """Use (or make) this node's cached copy of the shard, if the budget allows it."""
+        try:
+            stat = self.location.stat()
+            size, etag = stat.st_size, stat.etag
+        except StorageError as exc:
+            raise ShardReadError(str(exc)) from None
+
+        def download(file) -> None:
+            for offset in range(0, size, self.DOWNLOAD_CHUNK):
+                file.write(self.location.read_range(offset, min(self.DOWNLOAD_CHUNK, size - offset)))
+
+        try:
+            local = ShardCache(self.location.settings.cache).local_copy(str(self.location), size, etag, download)
+        except StorageError as exc:
+            raise ShardReadError(str(exc)) from None
+        if local is not None:
+            self._fd = os.open(local, os.O_RDONLY)
+
+
+def open_shard_reader(path, name: str, offsets: np.ndarray, settings=None) -> ShardReader:
+    """A :class:`RemoteShardReader` for a URL (reached with ``settings``), else a local :class:`ShardReader`."""
+    if is_remote(path):
+        return RemoteShardReader(as_path(path, settings), name, offsets)
+    return ShardReader(path, name, offsets)
+
+
+def sorted_runs(indices: Sequence[int]) -> List[Tuple[int, int]]:
+    """The distinct values of ``indices`` as sorted runs of consecutive values ``(first, last)``.
+
+    Example:
+        >>> sorted_runs([9, 3, 4, 10, 2, 4])
+        [(2, 4), (9, 10)]
+    """
+    values = np.unique(np.asarray(indices, dtype=np.int64))
+    if not len(values):
+        return []
+    breaks = np.flatnonzero(np.diff(values) != 1)
+    firsts = np.concatenate([[0], breaks + 1])
+    lasts = np.concatenate([breaks, [len(values) - 1]])
+    return [(int(values[a]), int(values[b])) for a, b in zip(firsts, lasts)]
+
+
+def merge_close_runs(runs: Sequence[Tuple[int, int]], offsets: np.ndarray, max_gap: int) -> List[Tuple[int, int]]:
+    """Join sorted runs whose byte gap (the samples between them) is at most ``max_gap`` bytes: one
+    request then reads the gap too, instead of a request per run (0: only touching runs join).
+
+    Example:
+        >>> merge_close_runs([(0, 1), (3, 3), (9, 9)], np.arange(0, 1100, 100), max_gap=100)
+        [(0, 3), (9, 9)]
+    """
+    out: List[Tuple[int, int]] = []
+    for first, last in runs:
+        if out and int(offsets[first]) - int(offsets[out[-1][1] + 1]) <= max_gap:
+            out[-1] = (out[-1][0], last)
+        else:
+            out.append((first, last))
+    return out
 
 
 def consecutive_runs(indices: Sequence[int]) -> Iterator[Tuple[int, int, int]]:

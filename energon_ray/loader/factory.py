@@ -12,6 +12,7 @@ from energon_ray.errors import DatasetConfigError, resolve_trust
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_yaml import check_field_map_parts
 from energon_ray.format.tar_index import read_tar_index
+from energon_ray.storage import is_remote
 from energon_ray.blend.base import Composition
 from energon_ray.blend.compose import BlendDataset, ConcatDataset, EpochizeDataset
 from energon_ray.blend.metadataset import is_metadataset_path
@@ -116,7 +117,7 @@ def _multiply(a: Optional[int], b: Optional[int]) -> Optional[int]:
 
 def _open(path: Any, split_part: str, kwargs: dict, trusted: bool) -> PreparedDataset:
     prepared = PreparedDataset.open(
-        Path(str(path)), split_part, split_config=kwargs.pop("split_config", None),
+        path if is_remote(path) else Path(str(path)), split_part, split_config=kwargs.pop("split_config", None),
         dataset_config=kwargs.pop("dataset_config", None), trusted=trusted,
     )
     _check_parts(prepared)

@@ -59,6 +59,11 @@ class LoaderStats:
         self.ignored: Dict[str, int] = {}
         #: segments made per Ray node id
         self.segments_per_node: Dict[str, int] = {}
+        #: read requests of the segments (remote: requests to the store), bytes they read, and
+        #: retries of transient store errors (each retried request gave the same bytes)
+        self.read_requests = 0
+        self.read_bytes = 0
+        self.read_retries = 0
 
     @property
     def total_skipped(self) -> int:
@@ -73,6 +78,9 @@ class LoaderStats:
             "skipped": dict(self.skipped),
             "ignored": dict(self.ignored),
             "segments_per_node": dict(self.segments_per_node),
+            "read_requests": self.read_requests,
+            "read_bytes": self.read_bytes,
+            "read_retries": self.read_retries,
         }
 
     def __repr__(self) -> str:
@@ -82,6 +90,9 @@ class LoaderStats:
         """Count a segment's report, log its skips, and raise its fatal error (in plan order)."""
         self.samples_read += report.samples_read
         self.samples_encoded += report.samples_encoded
+        self.read_requests += getattr(report, "read_requests", 0)
+        self.read_bytes += getattr(report, "read_bytes", 0)
+        self.read_retries += getattr(report, "read_retries", 0)
         if report.node is not None:
             self.segments_per_node[report.node] = self.segments_per_node.get(report.node, 0) + 1
         for run in report.runs:

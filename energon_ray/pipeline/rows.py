@@ -51,6 +51,11 @@ class SegmentData:
     #: ``(exception type name, message)`` when a stage hit a fatal error; the driver raises it in
     #: plan order (Ray does not carry our exception types across its task errors).
     fatal: Optional[Tuple[str, str]] = None
+    #: Read requests (local: preads of sample runs; remote: requests to the store), bytes they
+    #: returned, and retries of transient store errors.
+    read_requests: int = 0
+    read_bytes: int = 0
+    read_retries: int = 0
 
 
 @dataclasses.dataclass
@@ -66,6 +71,10 @@ class Report:
     fatal: Optional[Tuple[str, str]] = None
     #: Ray node the segment ran on (the loader counts segments per node).
     node: Optional[str] = None
+    #: The segment's read requests, bytes read and retried store requests (see ``SegmentData``).
+    read_requests: int = 0
+    read_bytes: int = 0
+    read_retries: int = 0
 
 
 def _binary_chunk(buffer: pa.Buffer) -> pa.Array:

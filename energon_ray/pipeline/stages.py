@@ -227,6 +227,9 @@ class BatchSamples:
             runs=data.runs,
             fatal=data.fatal,
             node=self.node,
+            read_requests=data.read_requests,
+            read_bytes=data.read_bytes,
+            read_retries=data.read_retries,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report, None
 

@@ -1,0 +1,119 @@
+"""An optional on-disk cache of whole remote shards per node, with a byte budget (least recently used
+shards are evicted first). Off unless ``ENERGON_RAY_SHARD_CACHE_BYTES`` is set where the dataset is
+opened; worth it when a dataset is read for several epochs.
+
+The first read of a shard on a node downloads it whole (one streamed request) into the cache folder;
+later reads of any process on that node are local ``pread`` calls. Files are written under a temporary
+name and renamed, so concurrent processes never see half a shard; a shard larger than the budget is
+never cached (it is read with ranged requests as without a cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+import uuid
+from typing import Callable, Optional
+
+BYTES_ENV = "ENERGON_RAY_SHARD_CACHE_BYTES"
+DIR_ENV = "ENERGON_RAY_SHARD_CACHE_DIR"
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """Where the shard cache lives on each node and how many bytes it may hold."""
+
+    directory: str
+    max_bytes: int
+
+    @classmethod
+    def from_environment(cls) -> Optional["CacheConfig"]:
+        """``ENERGON_RAY_SHARD_CACHE_BYTES`` (e.g. ``50e9``; unset or 0: no cache) and
+        ``ENERGON_RAY_SHARD_CACHE_DIR`` (default: ``<tmp>/energon_ray_shard_cache``).
+
+        Raises:
+            ValueError: a budget that is not a number >= 0, naming the variable.
+        """
+        raw = os.environ.get(BYTES_ENV, "").strip()
+        if not raw:
+            return None
+        try:
+            budget = int(float(raw))
+        except ValueError:
+            raise ValueError(f"{BYTES_ENV}={raw!r} is not a number of bytes") from None
+        if budget < 0:
+            raise ValueError(f"{BYTES_ENV}={raw!r} must be >= 0")
+        if budget == 0:
+            return None
+        folder = os.environ.get(DIR_ENV) or os.path.join(tempfile.gettempdir(), "energon_ray_shard_cache")
+        return cls(directory=folder, max_bytes=budget)
+
+
+class ShardCache:
+    """Whole shards on local disk, least recently used evicted first.
+
+    Example:
+        >>> import tempfile
+        >>> cache = ShardCache(CacheConfig(tempfile.mkdtemp(), max_bytes=10))
+        >>> path = cache.local_copy("s3://b/a.tar", 4, "etag", lambda f: f.write(b"abcd"))
+        >>> open(path, "rb").read()
+        b'abcd'
+        >>> cache.local_copy("s3://b/big.tar", 11, "etag", lambda f: f.write(b"x" * 11)) is None
+        True
+    """
+
+    def __init__(self, config: CacheConfig):
+        self.config = config
+
+    def _name(self, url: str, size: int, etag: str) -> str:
+        digest = hashlib.sha256(f"{url}\0{size}\0{etag}".encode()).hexdigest()[:40]
+        return os.path.join(self.config.directory, f"{digest}.{size}.shard")
+
+    def local_copy(self, url: str, size: int, etag: str, download: Callable) -> Optional[str]:
+        """The local file holding the shard, downloading it with ``download(file)`` when missing.
+
+        Returns None when the shard alone is larger than the budget.
+        """
+        if size > self.config.max_bytes:
+            return None
+        path = self._name(url, size, etag)
+        if os.path.exists(path):
+            try:
+                os.utime(path)  # most recently used
+                return path
+            except FileNotFoundError:  # evicted by another process just now
+                pass
+        os.makedirs(self.config.directory, exist_ok=True)
+        self._make_room(size)
+        tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
+        try:
+            with open(tmp, "wb") as file:
+                download(file)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+    def _make_room(self, size: int) -> None:
+        """Evict least recently used shards until ``size`` more bytes fit in the budget."""
+        entries = []
+        for entry in os.scandir(self.config.directory):
+            if entry.name.endswith(".shard"):
+                try:
+                    stat = entry.stat()
+                except FileNotFoundError:
+                    continue
+                entries.append((stat.st_mtime, stat.st_size, entry.path))
+        total = sum(e[1] for e in entries)
+        for _, nbytes, path in sorted(entries):
+            if total + size <= self.config.max_bytes:
+                break
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            total -= nbytes

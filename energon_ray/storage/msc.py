@@ -1,0 +1,179 @@
+"""``msc://profile/path``: multi-storage-client profiles, resolved through its own config.
+
+The config is found the way multi-storage-client (and so Energon) finds it: ``MSC_CONFIG``, then its
+default paths. The process that opens a dataset reads it once and its content travels with the read
+tasks (never printed), so Ray workers need no config file of their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from energon_ray.storage.cache import CacheConfig
+from energon_ray.storage.errors import StorageError, register_secret
+from energon_ray.storage.retry import (
+    DENIED, FATAL, MISSING, TRANSIENT, RetryPolicy, call, describe, env_snapshot, max_gap_from_environment,
+    transient_os_error,
+)  # fmt: skip
+
+_SECRET_WORDS = ("key", "secret", "token", "password", "credential")
+
+
+@dataclasses.dataclass(frozen=True)
+class MscSettings:
+    """One multi-storage-client profile and the config that defines it (not in the repr)."""
+
+    profile: str
+    #: The MSC config as JSON (it may hold keys, so it is never shown).
+    config_json: str = dataclasses.field(default="{}", repr=False)
+    #: Where the config came from (for messages).
+    config_file: Optional[str] = None
+    retry: RetryPolicy = RetryPolicy()
+    cache: Optional[CacheConfig] = None
+    #: Sorted sample runs of a segment this close (bytes) are read with one request.
+    max_gap_bytes: int = 0
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        _register_secrets(json.loads(self.config_json))
+
+    @classmethod
+    def from_environment(cls, profile: str) -> "MscSettings":
+        """Read the MSC config (``MSC_CONFIG`` or msc's default paths) for ``profile`` (cached per environment).
+
+        Raises:
+            StorageError: no config defines ``profile``.
+        """
+        key = (profile, env_snapshot(("MSC_", "AWS_", "ENERGON_RAY_")))
+        with _LOCK:
+            found = _SETTINGS.get(key)
+        if found is not None:
+            return found
+        from multistorageclient.config import StorageClientConfig
+
+        config, file = StorageClientConfig.read_msc_config()
+        profiles = (config or {}).get("profiles") or {}
+        if profile not in profiles:
+            where = file or "no MSC config file found (set MSC_CONFIG)"
+            raise StorageError(f"msc://{profile}", f"profile {profile!r} is not defined in the MSC config ({where})")
+        _register_secrets(config)
+        settings = cls(
+            profile=profile, config_json=json.dumps(config, sort_keys=True, default=str), config_file=file,
+            retry=RetryPolicy.from_environment(), cache=CacheConfig.from_environment(),
+            max_gap_bytes=max_gap_from_environment(),
+        )  # fmt: skip
+        with _LOCK:
+            _SETTINGS[key] = settings
+        return settings
+
+
+_LOCK = threading.Lock()
+_SETTINGS: Dict[Tuple, MscSettings] = {}
+_CLIENTS: Dict[Tuple[str, str], Any] = {}
+
+
+def _register_secrets(node: Any, secret: bool = False) -> None:
+    if isinstance(node, dict):
+        for name, value in node.items():
+            _register_secrets(value, secret or any(w in str(name).lower() for w in _SECRET_WORDS))
+    elif isinstance(node, list):
+        for value in node:
+            _register_secrets(value, secret)
+    elif secret and isinstance(node, str):
+        register_secret(node)
+
+
+def client_for(settings: MscSettings) -> Any:
+    """This process's ``StorageClient`` for the profile (made once per config)."""
+    key = (settings.profile, settings.config_json)
+    with _LOCK:
+        client = _CLIENTS.get(key)
+    if client is not None:
+        return client
+    from multistorageclient import StorageClient, StorageClientConfig
+
+    config = StorageClientConfig.from_dict(json.loads(settings.config_json), profile=settings.profile)
+    client = StorageClient(config)
+    with _LOCK:
+        return _CLIENTS.setdefault(key, client)
+
+
+def classify(exc: BaseException) -> Tuple[str, str]:
+    """The retry kind of a multi-storage-client exception."""
+    from multistorageclient.types import RetryableError
+
+    if isinstance(exc, FileNotFoundError):
+        return MISSING, describe(exc).split(" request_id:")[0]
+    if isinstance(exc, PermissionError):
+        return DENIED, describe(exc).split(" request_id:")[0]
+    if isinstance(exc, RetryableError) or transient_os_error(exc):
+        return TRANSIENT, describe(exc).split(" request_id:")[0]
+    return FATAL, describe(exc)
+
+
+class MscBackend:
+    """Requests on one profile, each retried by :func:`~energon_ray.storage.retry.call`."""
+
+    scheme = "msc"
+
+    def __init__(self, profile: str, settings: MscSettings):
+        self.profile = profile
+        self.settings = settings
+
+    def _call(self, url: str, what: str, operation, size_of=None):
+        return call(operation, url=url, what=what, policy=self.settings.retry, classify=classify, size_of=size_of)
+
+    def get(self, url: str, key: str, start: Optional[int] = None, end: Optional[int] = None) -> bytes:
+        from multistorageclient.types import Range
+
+        client = client_for(self.settings)
+        if start is None or end is None:
+            return self._call(url, "read", lambda: client.read(key), size_of=len)
+        if end <= start:
+            return b""
+
+        def operation() -> bytes:
+            data = client.read(key, byte_range=Range(offset=start, size=end - start))
+            if len(data) != end - start:
+                raise StorageError(url, f"wanted bytes [{start}, {end}) but got {len(data)} bytes (the object is shorter)")
+            return data
+
+        return self._call(url, f"read of bytes [{start}, {end})", operation, size_of=len)
+
+    def head(self, url: str, key: str) -> Optional[Tuple[int, str]]:
+        client = client_for(self.settings)
+
+        def operation() -> Optional[Tuple[int, str]]:
+            try:
+                meta = client.info(key)
+            except FileNotFoundError:
+                return None
+            if meta.type != "file":
+                return None
+            return int(meta.content_length), str(meta.etag or "")
+
+        return self._call(url, "info", operation)
+
+    def list(self, url: str, prefix: str, limit: Optional[int] = None) -> Iterator[Tuple[str, int]]:
+        client = client_for(self.settings)
+        items = self._call(url, "list", lambda: list(client.list(path=prefix)))
+        count = 0
+        for meta in sorted(items, key=lambda m: m.key):
+            if meta.type != "file" or not meta.key.startswith(prefix):
+                continue
+            yield meta.key, int(meta.content_length)
+            count += 1
+            if limit is not None and count >= limit:
+                return
+
+    def put(self, url: str, key: str, data: bytes) -> None:
+        client = client_for(self.settings)
+        self._call(url, "write", lambda: client.write(key, data))
+
+    def delete(self, url: str, key: str) -> None:
+        client = client_for(self.settings)
+        self._call(url, "delete", lambda: client.delete(key))

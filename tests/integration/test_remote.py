@@ -1,0 +1,202 @@
+"""Remote datasets on the shared Ray: the same batches from an S3-compatible server (moto in server mode,
+started here on a free port) as from local disk; prepare/info on a bucket; faults; msc:// profiles.
+
+Ray's workers were started before this module set the AWS variables: what reaches the store from
+them is only what the read tasks carry (the settings resolved where the dataset was opened).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import energon_ray as er
+from energon_ray.cli.main import main as cli
+from energon_ray.errors import DatasetConfigError, ShardReadError
+from energon_ray.format.prepare import prepare_dataset
+from energon_ray.format.tar_index import read_tar_index
+from energon_ray.synthetic import captioning_samples, write_shards
+from tests.helpers import captioning_dataset, keys_of, prefixed_text_dataset
+from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+
+WC = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+BUCKET = "energon"
+PREPARE = dict(split_ratio=[8, 1, 1], sample_type="CaptioningSample", field_map={"image": "jpg", "caption": "txt"})
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """The server, the AWS variables pointing at it, and tiny datasets both on disk and in the bucket."""
+    server = S3Server()
+    server.client().create_bucket(Bucket=BUCKET)
+    root = tmp_path_factory.mktemp("remote")
+    local = {
+        "cap": captioning_dataset(root / "cap", n=40, per_shard=6, split_ratio=(5, 2, 0)),
+        "a": prefixed_text_dataset(root / "a", "a", 30, per_shard=7),
+        "b": prefixed_text_dataset(root / "b", "b", 20, per_shard=6, subflavors={"src": "b"}),
+    }
+    yaml = "__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n      - {weight: 2, path: a}\n      - {weight: 1, path: b}\n"
+    (root / "mix.yaml").write_text(yaml)
+    remote = {name: server.upload(path, BUCKET, f"data/{name}") for name, path in local.items()}
+    server.client().put_object(Bucket=BUCKET, Key="data/mix.yaml", Body=yaml.encode())
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {**server.env(), "ENERGON_RAY_STORAGE_BACKOFF_S": "0.005"}.items():
+            mp.setenv(name, value)
+        yield {"server": server, "local": local, "remote": remote, "root": root}
+    server.stop()
+
+
+def _train(path, **kwargs):
+    args = dict(worker_config=WC, batch_size=4, shuffle_buffer_size=5, max_samples_per_sequence=3)
+    return er.get_train_dataset(path, **{**args, **kwargs})
+
+
+def _take(dataset, n):
+    loader = er.get_loader(dataset)
+    batches = keys_of(itertools.islice(loader, n))
+    loader.close()
+    return batches, loader.stats
+
+
+def _sample_bytes(local: Path, shards) -> int:
+    return sum(int(read_tar_index(local / s.name)[-1] - read_tar_index(local / s.name)[0]) for s in shards)
+
+
+def test_train_batches_from_the_bucket_are_the_local_batches(store):
+    """Shuffled training: the same 15 batches (keys) from s3:// as from disk; the workers' reads are
+    ranged GETs coalesced into fewer requests than samples; nothing retried."""
+    server = store["server"]
+    remote_ds = _train(store["remote"]["cap"])
+    server.app.clear()
+    got, stats = _take(remote_ds, 15)
+    assert got == _take(_train(store["local"]["cap"]), 15)[0] and len(got) == 15
+    assert len(server.ranged_gets("/data/cap/")) > 0
+    assert 0 < stats.read_requests < stats.samples_read and stats.read_retries == 0
+
+
+def test_val_batches_read_each_sample_once_with_one_request_per_run(store):
+    """Validation from the bucket: all batches equal; one ranged GET per run of consecutive samples (as many
+    as local preads), and exactly the samples' bytes are fetched."""
+    server, local = store["server"], store["local"]["cap"]
+    remote_ds = er.get_val_dataset(store["remote"]["cap"], worker_config=WC, batch_size=3)
+    server.app.clear()
+    got, stats = _take(remote_ds, 100)
+    want, local_stats = _take(er.get_val_dataset(local, worker_config=WC, batch_size=3), 100)
+    assert got == want and sum(len(b) for b in got) == 10
+    gets = server.ranged_gets("/data/cap/")
+    assert len(gets) == local_stats.read_requests
+    fetched = sum(int(m.group(2)) - int(m.group(1)) + 1 for m in (re.match(r"bytes=(\d+)-(\d+)", r.range) for r in gets))
+    assert fetched == _sample_bytes(local, remote_ds.dataset.shards) == local_stats.read_bytes
+
+
+def test_blend_and_metadataset_from_the_bucket(store):
+    """A BlendDataset of two remote sources and a remote metadataset YAML (relative paths resolved in the
+    bucket) — and a local YAML naming s3:// URLs — give the local batches, subflavors included."""
+    local, remote = store["local"], store["remote"]
+
+    def blend(a, b):
+        return er.BlendDataset((_train(a, batch_size=2), 0.6), (_train(b, batch_size=2), 0.4))
+
+    assert _take(blend(remote["a"], remote["b"]), 20)[0] == _take(blend(local["a"], local["b"]), 20)[0]
+    want = _take(_train(store["root"] / "mix.yaml", batch_size=2), 20)[0]
+    assert _take(_train(f"s3://{BUCKET}/data/mix.yaml", batch_size=2), 20)[0] == want
+    urls = store["root"] / "urls.yaml"
+    urls.write_text((store["root"] / "mix.yaml").read_text().replace("path: a", f"path: {remote['a']}")
+                    .replace("path: b", f"path: {remote['b']}"))  # fmt: skip
+    loader = er.get_loader(_train(urls, batch_size=2))
+    batch = next(iter(loader))
+    loader.close()
+    assert keys_of([batch]) == want[:1]
+    assert [s.get("src") for s in batch.__subflavors__] == [("b" if k.startswith("b") else None) for k in batch.__key__]
+
+
+def test_prepare_and_info_on_a_bucket_match_local_files(store, tmp_path):
+    """`energon-ray prepare s3://…` writes .nv-meta and .tar.idx into the bucket, byte for byte what a local
+    prepare writes (index.uuid is random); `energon-ray info` reports the same."""
+    server = store["server"]
+    write_shards(tmp_path / "raw" / "shards", captioning_samples(20), 6)
+    url = server.upload(tmp_path / "raw", BUCKET, "raw")
+    args = ["--non-interactive", "--split-ratio", "8,1,1", "--sample-type", "CaptioningSample",
+            "--field-map", '{"image": "jpg", "caption": "txt"}', "--no-progress"]  # fmt: skip
+    result = CliRunner().invoke(cli, ["prepare", url, *args])
+    assert result.exit_code == 0, result.output
+    prepare_dataset(tmp_path / "raw", progress=False, **PREPARE)
+    files = {p.relative_to(tmp_path / "raw").as_posix(): p.read_bytes() for p in (tmp_path / "raw").rglob("*") if p.is_file()}
+    stored = server.download(BUCKET, "raw")
+    assert sorted(stored) == sorted(files) and len(files) == 4 * 2 + 5
+    assert [name for name in files if stored[name] != files[name]] == [".nv-meta/index.uuid"]
+    remote_info = CliRunner().invoke(cli, ["info", url])
+    local_info = CliRunner().invoke(cli, ["info", str(tmp_path / "raw")])
+    assert remote_info.exit_code == 0, remote_info.output
+    assert remote_info.output.replace(url, "<ds>") == local_info.output.replace(str(tmp_path / "raw"), "<ds>")
+
+
+def test_transient_faults_are_retried_counted_and_lose_nothing(store):
+    """503 SlowDown answers and connections cut mid-body on the shard reads: the same batches, every fault
+    retried once (loader.stats.read_retries), none left."""
+    server = store["server"]
+    remote_ds = er.get_val_dataset(store["remote"]["cap"], worker_config=WC, batch_size=3)
+    server.app.clear()
+    server.app.fail("503", 4)
+    server.app.fail("drop", 2)
+    got, stats = _take(remote_ds, 100)
+    assert got == _take(er.get_val_dataset(store["local"]["cap"], worker_config=WC, batch_size=3), 100)[0]
+    assert stats.read_retries == 6 and server.app.pending_faults() == 0
+    assert sum(r.fault is not None for r in server.app.requests) == 6
+
+
+def test_missing_objects_name_the_url_never_the_secret(store):
+    """A shard deleted before opening fails in the driver; one deleted after opening stops the loader with a
+    ShardReadError; both name the object's URL and no credential. Reprs and saved states hold no secret."""
+    server, local = store["server"], store["local"]["cap"]
+    url = server.upload(local, BUCKET, "broken")
+    dataset = er.get_val_dataset(url, worker_config=WC, batch_size=3)
+    loader = er.get_savable_loader(er.get_val_dataset(url, worker_config=WC, batch_size=3))
+    next(iter(loader))
+    text = repr(dataset) + repr(loader) + repr(loader.stats) + loader.save_state_rank().to_json() + repr(dataset.dataset)
+    assert SECRET_KEY not in text and ACCESS_KEY not in text and url in repr(dataset)
+    loader.close()
+    shard = dataset.dataset.shards[-1]
+    server.client().delete_object(Bucket=BUCKET, Key=f"broken/{shard.name}")
+    with pytest.raises(ShardReadError, match=re.escape(f"{url}/{shard.name}: no such object (HTTP 404 NoSuchKey)")) as late:
+        _take(dataset, 100)
+    with pytest.raises(DatasetConfigError, match=re.escape(f"{url}/{shard.name}: shard listed in")) as early:
+        er.get_val_dataset(url, worker_config=WC, batch_size=3)
+    assert all(SECRET_KEY not in str(e.value) and ACCESS_KEY not in str(e.value) for e in (late, early))
+
+
+def test_msc_profile_reads_through_multi_storage_client_config(store, tmp_path, monkeypatch):
+    """msc://profile/… resolves through MSC_CONFIG (a profile on the same server): the local val batches."""
+    config = tmp_path / "msc.yaml"
+    config.write_text(
+        "profiles:\n  moto:\n    storage_provider:\n      type: s3\n      options:\n"
+        f"        base_path: {BUCKET}\n        endpoint_url: {store['server'].endpoint}\n        region_name: {REGION}\n"
+        "    credentials_provider:\n      type: S3Credentials\n      options:\n"
+        f"        access_key: {ACCESS_KEY}\n        secret_key: {SECRET_KEY}\n"
+    )
+    monkeypatch.setenv("MSC_CONFIG", str(config))
+    dataset = er.get_val_dataset("msc://moto/data/cap", worker_config=WC, batch_size=3)
+    assert SECRET_KEY not in repr(dataset) + repr(dataset.dataset)
+    want = _take(er.get_val_dataset(store["local"]["cap"], worker_config=WC, batch_size=3), 100)[0]
+    got, stats = _take(dataset, 100)
+    assert got == want and stats.read_requests > 0
+
+
+def test_shard_cache_serves_later_epochs_from_local_disk(store, tmp_path, monkeypatch):
+    """With ENERGON_RAY_SHARD_CACHE_BYTES, each shard is fetched once per node; a second loader makes no ranged GET."""
+    server = store["server"]
+    url = server.upload(store["local"]["cap"], BUCKET, "cached")
+    monkeypatch.setenv("ENERGON_RAY_SHARD_CACHE_BYTES", "10e6")
+    monkeypatch.setenv("ENERGON_RAY_SHARD_CACHE_DIR", str(tmp_path / "cache"))
+    first, _ = _take(er.get_val_dataset(url, worker_config=WC, batch_size=3), 100)
+    dataset = er.get_val_dataset(url, worker_config=WC, batch_size=3)
+    server.app.clear()
+    again, _ = _take(dataset, 100)
+    assert again == first and server.ranged_gets("/cached/") == []
+    assert len(list((tmp_path / "cache").glob("*.shard"))) == len(dataset.dataset.shards)
+    assert np.all([p.stat().st_size > 0 for p in (tmp_path / "cache").glob("*.shard")])

@@ -1,0 +1,181 @@
+"""The storage layer without Ray: remote paths, retries and their counters, errors, the shard cache,
+against a real S3-compatible server (moto in server mode) where a store is needed."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from energon_ray.errors import UntrustedCodeError
+from energon_ray.format.dataset import PreparedDataset
+from energon_ray.format.dataset_yaml import read_dataset_spec
+from energon_ray.format.indexer import index_shard
+from energon_ray.format.tar_reader import RemoteShardReader, ShardReader, merge_close_runs, sorted_runs
+from energon_ray.plan.stream import SegmentSpec
+from energon_ray.source.reader import ReadSegment, shard_table
+from energon_ray.storage import (
+    STATS, AccessDeniedError, CacheConfig, ObjectNotFoundError, RemotePath, RetryPolicy, ShardCache,
+    StorageUnavailableError, TruncatedObjectError, as_path, redact,
+)  # fmt: skip
+from energon_ray.storage.s3 import S3Settings
+from energon_ray.synthetic import text_samples, write_shards
+from tests.helpers import text_dataset
+from tests.s3_server import SECRET_KEY, S3Server
+
+
+@pytest.fixture(scope="module")
+def server():
+    """One moto S3 server for the module, with a bucket ``unit``; AWS variables point at it."""
+    srv = S3Server()
+    srv.client().create_bucket(Bucket="unit")
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {**srv.env(), "ENERGON_RAY_STORAGE_BACKOFF_S": "0.001", "AWS_MAX_ATTEMPTS": "4"}.items():
+            mp.setenv(name, value)
+        yield srv
+    srv.stop()
+
+
+@pytest.fixture()
+def shard(server, tmp_path):
+    """One local tar of 12 text samples and its copy at ``s3://unit/<test>/s.tar``; ``(local, remote, offsets)``."""
+    local = str(write_shards(tmp_path, text_samples(12), 12)[0])
+    offsets = np.asarray(index_shard(tmp_path, os.path.basename(local)).offsets, dtype=np.int64)
+    key = f"{os.environ['PYTEST_CURRENT_TEST'].split('::')[-1].split(' ')[0]}/s.tar"
+    server.client().put_object(Bucket="unit", Key=key, Body=open(local, "rb").read())
+    server.app.clear()
+    return local, f"s3://unit/{key}", offsets
+
+
+def test_remote_path_is_pathlike_and_never_leaves_its_bucket():
+    """Joins normalise '.', '..' and '//'; name/suffix/parent/relative_to as pathlib; '..' above the bucket is refused."""
+    root = RemotePath("s3://bkt/data/ds", settings="x")
+    assert str(root / "../other/./ds//a.tar") == "s3://bkt/data/other/ds/a.tar"
+    assert (root / "a.tar").suffix == ".tar" and (root / "a.tar").stem == "a" and root.name == "ds"
+    assert str(root.parent.parent) == "s3://bkt" and str((root / "x/y.tar").relative_to(root)) == "x/y.tar"
+    assert (root / "s3://bkt/else").settings == "x" and repr(root) == "RemotePath('s3://bkt/data/ds')"
+    assert pickle.loads(pickle.dumps(root)) == root and pickle.loads(pickle.dumps(root)).settings == "x"
+    with pytest.raises(ValueError, match="leads above the bucket"):
+        root / "../../.."
+    with pytest.raises(ValueError, match="is not a storage URL"):
+        RemotePath("s3:///nobucket", settings="x")
+    assert str(as_path("/local/ds")) == "/local/ds" and not isinstance(as_path("/local/ds"), RemotePath)
+
+
+def test_sorted_runs_coalesce_a_shuffled_segment():
+    """A shuffled segment's samples of a shard become sorted runs of consecutive samples, duplicates once."""
+    assert sorted_runs([7, 3, 4, 12, 5, 11, 3]) == [(3, 5), (7, 7), (11, 12)]
+    assert sorted_runs([]) == []
+    assert merge_close_runs([(3, 5), (7, 7), (11, 12)], np.arange(0, 1400, 100), max_gap=100) == [(3, 7), (11, 12)]
+
+
+def test_settings_repr_and_errors_never_show_the_secret(server):
+    """The resolved S3 settings carry the keys but their repr does not; redact() blanks them anywhere."""
+    settings = S3Settings.from_environment()
+    assert settings.endpoint_url == server.endpoint and settings.secret_key == SECRET_KEY
+    assert SECRET_KEY not in repr(settings) and "credentials='static'" in repr(settings)
+    assert settings.retry == RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=10.0)
+    assert redact(f"bad signature for {SECRET_KEY}!") == "bad signature for ***!"
+
+
+def test_ranged_reads_count_requests_and_retry_transient_faults(server, shard, caplog):
+    """503s and a connection cut mid-body are retried (counted, logged with the URL, never the secret) and
+    return the same bytes; a read past the end is a TruncatedObjectError, not a retry."""
+    local, url, offsets = shard
+    path = as_path(url)
+    want = open(local, "rb").read()[100:5000]
+    before = STATS.snapshot()
+    server.app.fail("503", 2)
+    server.app.fail("drop", 1)
+    with caplog.at_level(logging.INFO, logger="energon_ray.storage"):
+        assert path.read_range(100, 4900) == want
+    requests, nbytes, retries = (a - b for a, b in zip(STATS.snapshot(), before))
+    assert (requests, nbytes, retries) == (4, 4900, 3)
+    assert len(caplog.records) == 3 and all(url in r.getMessage() and SECRET_KEY not in r.getMessage() for r in caplog.records)
+    with pytest.raises(TruncatedObjectError, match="object has"):
+        path.read_range(len(open(local, "rb").read()) - 10, 20)
+
+
+def test_persistent_faults_missing_and_forbidden_objects_raise_clear_errors(server, shard):
+    """Retries give up after AWS_MAX_ATTEMPTS; 404 and 403 are not retried; each error names the URL only."""
+    _, url, _ = shard
+    server.app.fail("503", 4)
+    with pytest.raises(StorageUnavailableError, match=r"failed 4 times, last with HTTP 503 SlowDown") as exc:
+        as_path(url).read_range(0, 10)
+    assert str(exc.value).startswith(url) and server.app.pending_faults() == 0
+    with pytest.raises(ObjectNotFoundError, match=r"s3://unit/nope\.tar: no such object \(HTTP 404 NoSuchKey\)"):
+        as_path("s3://unit/nope.tar").read_bytes()
+    server.app.fail("403", 1, ranged_only=False)
+    with pytest.raises(AccessDeniedError) as denied:
+        as_path(url).read_bytes()
+    assert str(denied.value).startswith(f"{url}: access denied (HTTP 403 AccessDenied)") and SECRET_KEY not in str(denied.value)
+
+
+def test_remote_shard_reader_reads_what_the_local_one_reads(server, shard):
+    """A run of samples is one ranged GET; parsed samples equal the local reader's."""
+    local, url, offsets = shard
+    remote = RemoteShardReader(as_path(url), "s.tar", offsets)
+    mine = ShardReader(local, "s.tar", offsets)
+    got = [remote.parse(i, chunk) for i, chunk in remote.read_run(2, 9)]
+    assert got == [mine.parse(i, chunk) for i, chunk in mine.read_run(2, 9)]
+    assert [r.range for r in server.ranged_gets("s.tar")] == [f"bytes={offsets[2]}-{offsets[10] - 1}"]
+    assert remote.read_key(11) == "000011"
+
+
+def test_shard_cache_downloads_once_and_evicts_least_recently_used(server, shard, tmp_path):
+    """With a cache, a shard is downloaded on its first read and read locally after; the budget evicts the oldest."""
+    local, url, offsets = shard
+    settings = S3Settings.from_environment()
+    cached = dataclasses.replace(settings, cache=CacheConfig(str(tmp_path / "cache"), max_bytes=os.path.getsize(local)))
+    reader = RemoteShardReader(as_path(url, cached), "s.tar", offsets)
+    first = [reader.parse(i, c) for i, c in reader.read_run(0, 11)]
+    again = RemoteShardReader(as_path(url, cached), "s.tar", offsets)
+    server.app.clear()
+    assert [again.parse(i, c) for i, c in again.read_run(0, 11)] == first and server.ranged_gets() == []
+    cache = ShardCache(cached.cache)
+    assert cache.local_copy("s3://unit/other.tar", 10, "e", lambda f: f.write(b"x" * 10)) is not None
+    assert sorted(p.suffix for p in (tmp_path / "cache").iterdir()) == [".shard"]  # the older shard was evicted
+
+
+def test_segment_reads_coalesce_sorted_runs_and_close_gaps(server, tmp_path):
+    """A shuffled segment read from the bucket gives the local samples in plan order with one ranged GET per
+    sorted run; with ENERGON_RAY_STORAGE_MAX_GAP_BYTES runs that close share one GET."""
+    local = text_dataset(tmp_path / "ds", [10, 10])
+    url = server.upload(local, "unit", "segment")
+    spec = SegmentSpec(0, 0, 1, 0, 0, np.array([13, 2, 3, 17, 4, 12, 9, 15]), False)
+    want = ReadSegment(shard_table(PreparedDataset.open(local, "train")), None)(spec)
+    runs = [(2, 4), (9, 9), (12, 13), (15, 15), (17, 17)]  # shard 1 starts at 10; 16 is not read
+    for gap, gets in ((0, len(runs)), (1024, 3)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("ENERGON_RAY_STORAGE_MAX_GAP_BYTES", str(gap))
+            reader = pickle.loads(pickle.dumps(ReadSegment(shard_table(PreparedDataset.open(url, "train")), None)))
+        server.app.clear()
+        got = reader(spec)
+        assert [(p, g, r["__key__"], r["txt"]) for p, g, r in got.raw] == [(p, g, r["__key__"], r["txt"]) for p, g, r in want.raw]
+        assert len(server.ranged_gets("/segment/")) == gets and got.read_retries == 0
+        assert got.read_requests == gets + 2  # and this process's first read of the two .tar.idx
+
+
+def test_remote_spec_with_dataset_code_ships_its_files(server, tmp_path):
+    """A remote dataset.yaml naming a sample_loader.py (trusted) loads it from a local copy; the pickled
+    spec rebuilds in a worker from the files it carries, without a request to the store."""
+    local = text_dataset(tmp_path / "ds", [4])
+    meta = local / ".nv-meta"
+    (meta / "dataset.yaml").write_text(
+        "sample_type: {__module__: megatron.energon, __class__: TextSample}\n"
+        "sample_loader: sample_loader.py:load\npart_filter: [txt]\n"
+    )
+    (meta / "sample_loader.py").write_text("def load(raw):\n    return dict(text=raw['txt'].upper())\n")
+    url = server.upload(local, "unit", "code")
+    spec = read_dataset_spec(url, trusted=True)
+    assert spec.sample_loader({"txt": "ab"}) == {"text": "AB"} and spec.parts == frozenset({"txt"})
+    blob = pickle.dumps(spec)
+    server.app.clear()
+    again = pickle.loads(blob)
+    assert again.sample_loader({"txt": "cd"}) == {"text": "CD"} and server.app.requests == []
+    with pytest.raises(UntrustedCodeError):
+        read_dataset_spec(url)
