@@ -1,1 +1,3 @@
-"""Ready tasks per modality: task encoder + tokenizer + transforms (+ config in jobs/)."""
+"""Ready tasks per modality: task encoders, tokenizers and transforms (used by jobs/, notebooks and
+benchmarks), and trainable tasks in ``<modality>/<task>/`` (data, backbone, LightningModule and Hydra
+configs; run them with ``python -m energon_ray.train``)."""

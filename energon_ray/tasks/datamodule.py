@@ -1,0 +1,229 @@
+"""``EnergonDataModule``: energon_ray's loaders as a Lightning ``LightningDataModule``.
+
+Train, validation and test loaders come from a prepared dataset folder (or a metadataset YAML, or a
+``.jsonl`` corpus) and a task encoder; each rank's ``WorkerConfig`` comes from the trainer (global
+rank and world size), so the same module runs in one process, under Lightning's DDP or in
+``ray.train``. The training loader's state — every rank's, gathered on rank 0 — is part of every
+Lightning checkpoint (``state_dict``/``load_state_dict``): ``trainer.fit(ckpt_path=…)`` continues
+with exactly the batches the interrupted run would have trained on next (on another world size: the
+rest of the epoch, shared out anew). Usable in any Lightning project on its own:
+
+Example:
+    >>> from energon_ray.tasks.captioning import CaptioningTaskEncoder
+    >>> data = EnergonDataModule("/data/captions", CaptioningTaskEncoder(), batch_size=32)  # doctest: +SKIP
+    >>> lightning.pytorch.Trainer(max_steps=100).fit(my_module, datamodule=data)          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+import lightning.pytorch as pl
+
+from energon_ray.task_encoder import TaskEncoder
+from energon_ray.worker import WorkerConfig
+
+#: ``loader`` keys besides ``get_loader``'s keywords.
+_LOADER_OWN_KEYS = ("num_workers",)
+_GET_LOADER_KEYS = ("prefetch_batches", "pin_memory", "ray_remote_args", "object_store_limit")
+
+
+class EnergonDataModule(pl.LightningDataModule):
+    """Train/val/test loaders of energon_ray for Lightning, with their state in checkpoints.
+
+    Args:
+        path: a prepared dataset folder, a metadataset YAML or a ``.jsonl`` file.
+        task_encoder: the task encoder of every split (an Energon ``TaskEncoder``).
+        batch_size: samples per training batch, per rank.
+        val_batch_size: per validation/test batch (default: ``batch_size``).
+        val_path, test_path: other datasets for validation and test (default: ``path``).
+        train_split, val_split, test_split: split parts to read; ``None`` turns a loader off.
+        shuffle_buffer_size, max_samples_per_sequence, packing_buffer_size, virtual_epoch_length:
+            ``get_train_dataset``'s (``packing_buffer_size`` also for validation and test).
+        val_limit: at most this many validation/test batches per rank and pass.
+        seed_offset: ``WorkerConfig.seed_offset`` (changes the order and the hooks' random draws).
+        loader: ``num_workers`` (logical sample streams per rank, ``WorkerConfig.num_workers``) and
+            ``get_loader`` keywords (``prefetch_batches``, ``pin_memory``, ``ray_remote_args``,
+            ``object_store_limit``).
+        dataset_options: more keywords for every ``get_*_dataset`` call (``samples_per_segment``,
+            ``trust_dataset_code``, ``subflavors`` …).
+        prepare: called once per node before the loaders are built (Lightning's ``prepare_data``),
+            e.g. to generate or download the dataset into ``path``.
+        model_data_kwargs: what the model needs to know about the data (``num_classes`` …), as in
+            Lightning Transformers; task configs interpolate it (``${dataset.model_data_kwargs.num_classes}``).
+
+    Raises:
+        TypeError: ``task_encoder`` is not a ``TaskEncoder``.
+        ValueError: an unknown ``loader`` key, or a non-positive ``batch_size``.
+    """
+
+    def __init__(
+        self,
+        path: Any,
+        task_encoder: TaskEncoder,
+        batch_size: int,
+        *,
+        val_batch_size: Optional[int] = None,
+        val_path: Any = None,
+        test_path: Any = None,
+        train_split: Optional[str] = "train",
+        val_split: Optional[str] = "val",
+        test_split: Optional[str] = "test",
+        shuffle_buffer_size: Optional[int] = None,
+        max_samples_per_sequence: Optional[int] = None,
+        packing_buffer_size: Optional[int] = None,
+        virtual_epoch_length: int = 0,
+        val_limit: Optional[int] = None,
+        seed_offset: int = 0,
+        loader: Optional[Mapping[str, Any]] = None,
+        dataset_options: Optional[Mapping[str, Any]] = None,
+        prepare: Optional[Callable[[], Any]] = None,
+        model_data_kwargs: Optional[Mapping[str, Any]] = None,
+    ):
+        super().__init__()
+        if not isinstance(task_encoder, TaskEncoder):
+            raise TypeError(f"EnergonDataModule: task_encoder must be a TaskEncoder, got {type(task_encoder).__name__}")
+        for name, value in (("batch_size", batch_size), ("val_batch_size", val_batch_size)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"EnergonDataModule: {name} must be a positive int, got {value!r}")
+        loader = dict(loader or {})
+        unknown = sorted(set(loader) - set(_LOADER_OWN_KEYS) - set(_GET_LOADER_KEYS))
+        if unknown:
+            raise ValueError(
+                f"EnergonDataModule: unknown loader option(s) {unknown}; known: {sorted(_LOADER_OWN_KEYS + _GET_LOADER_KEYS)}"
+            )
+        self.path = path
+        self.task_encoder = task_encoder
+        self.batch_size = batch_size
+        self.val_batch_size = val_batch_size or batch_size
+        self.paths = {"train": path, "val": val_path or path, "test": test_path or path}
+        self.splits = {"train": train_split, "val": val_split, "test": test_split}
+        self.train_options = {
+            "shuffle_buffer_size": shuffle_buffer_size,
+            "max_samples_per_sequence": max_samples_per_sequence,
+            "virtual_epoch_length": virtual_epoch_length,
+        }
+        self.packing_buffer_size = packing_buffer_size
+        self.val_limit = val_limit
+        self.seed_offset = seed_offset
+        self.num_workers = int(loader.pop("num_workers", 2))
+        self.loader_options = loader
+        self.dataset_options = dict(dataset_options or {})
+        self.prepare = prepare
+        self._model_data_kwargs = dict(model_data_kwargs or {})
+        self.worker_config: Optional[WorkerConfig] = None
+        self.train_loader: Any = None
+        self._loaders: List[Any] = []
+        #: every rank's saved training-loader state, waiting for the training loader to be built
+        self._pending_states: Optional[List[Dict[str, Any]]] = None
+
+    def __repr__(self) -> str:
+        return (
+            f"EnergonDataModule(path={str(self.path)!r}, task_encoder={self.task_encoder!r}, batch_size={self.batch_size}, "
+            f"num_workers={self.num_workers})"
+        )
+
+    @property
+    def model_data_kwargs(self) -> Dict[str, Any]:
+        """What the model needs to know about the data (from the config)."""
+        return dict(self._model_data_kwargs)
+
+    # -- Lightning hooks ---------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Generate or fetch the data (once per node), if a ``prepare`` callable was given."""
+        if self.prepare is not None:
+            self.prepare()
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        """This rank's ``WorkerConfig``: the trainer's global rank and world size."""
+        trainer = self.trainer
+        if trainer is not None:
+            rank, world_size = int(trainer.global_rank), int(trainer.world_size)
+        else:  # used without a trainer: ray.train's context, torch.distributed, or 0 of 1
+            detected = WorkerConfig.default_worker_config(num_workers=self.num_workers)
+            rank, world_size = detected.rank, detected.world_size
+        self.worker_config = WorkerConfig(rank=rank, world_size=world_size, num_workers=self.num_workers, seed_offset=self.seed_offset)
+
+    def train_dataloader(self) -> Any:
+        """This rank's savable, endless training loader (restored from a checkpoint if one was loaded)."""
+        from energon_ray.loader.factory import get_train_dataset
+        from energon_ray.loader.loader import get_savable_loader
+
+        split = self._split("train")
+        dataset = get_train_dataset(
+            self.paths["train"], split_part=split, worker_config=self._worker_config(), batch_size=self.batch_size,
+            packing_buffer_size=self.packing_buffer_size, task_encoder=self.task_encoder, **self.train_options,
+            **self.dataset_options,
+        )  # fmt: skip
+        loader = get_savable_loader(dataset, **self.loader_options)
+        states, self._pending_states = self._pending_states, None
+        if states:
+            loader.restore_state_global(states)
+        self.train_loader = loader
+        self._loaders.append(loader)
+        return loader
+
+    def val_dataloader(self) -> Any:
+        """This rank's validation loader (one unshuffled pass per iteration); ``[]`` if ``val_split=None``."""
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> Any:
+        """This rank's test loader (one unshuffled pass per iteration); ``[]`` if ``test_split=None``."""
+        return self._eval_loader("test")
+
+    def teardown(self, stage: Optional[str] = None) -> None:
+        """Stop the loaders' Ray executions."""
+        loaders, self._loaders = self._loaders, []
+        for loader in loaders:
+            loader.close()
+        self.train_loader = None
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """Every rank's training-loader state (JSON dicts), gathered on rank 0 (the rank that writes
+        the checkpoint); empty before training. Every rank must call it (Lightning does)."""
+        if self.train_loader is None:
+            return {}
+        states = self.train_loader.save_state_global(global_dst_rank=0)
+        if not states or all(state is None for state in states):
+            return {}
+        return {"train_loader_states": [None if state is None else state.to_dict() for state in states]}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Keep the saved states for the training loader (built later, in ``train_dataloader``)."""
+        states = state_dict.get("train_loader_states")
+        if states is None:
+            return
+        if not isinstance(states, list):
+            raise ValueError(f"EnergonDataModule.load_state_dict: 'train_loader_states' must be a list, got {type(states).__name__}")
+        if self.train_loader is not None:
+            self.train_loader.restore_state_global(states)
+        else:
+            self._pending_states = states
+
+    # -- internals -------------------------------------------------------------------------------
+    def _worker_config(self) -> WorkerConfig:
+        if self.worker_config is None:
+            self.setup()
+        return self.worker_config
+
+    def _split(self, which: str) -> str:
+        split = self.splits[which]
+        if split is None:
+            raise ValueError(f"EnergonDataModule: the {which} loader is off ({which}_split=None)")
+        return split
+
+    def _eval_loader(self, which: str) -> Any:
+        from energon_ray.loader.factory import get_val_dataset
+        from energon_ray.loader.loader import get_loader
+
+        if self.splits[which] is None:
+            return []  # Lightning: no loader for this stage
+        dataset = get_val_dataset(
+            self.paths[which], split_part=self._split(which), worker_config=self._worker_config(),
+            batch_size=self.val_batch_size, packing_buffer_size=self.packing_buffer_size, limit=self.val_limit,
+            task_encoder=self.task_encoder, **self.dataset_options,
+        )  # fmt: skip
+        loader = get_loader(dataset, **self.loader_options)
+        self._loaders.append(loader)
+        return loader

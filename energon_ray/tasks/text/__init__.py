@@ -1,0 +1,1 @@
+"""Text tasks: ``lm_packing`` (a language model on packed sequences)."""

@@ -1,0 +1,1 @@
+"""Video tasks: ``vqa`` (uniform frames and a question → answer tokens)."""

@@ -1,0 +1,1 @@
+"""Vision tasks: ``captioning`` (image → caption tokens) and ``igpt`` (generative pixels)."""

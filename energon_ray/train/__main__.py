@@ -1,0 +1,33 @@
+"""``python -m energon_ray.train +task=<modality>/<task> +dataset=<modality>/<task>/<dataset> [overrides]``.
+
+Hydra's command line: ``--cfg job`` prints the composed config, ``--help`` lists the groups,
+``trainer.ray.num_workers=2`` runs under ``ray.train``; see ``energon_ray/conf/config.yaml``.
+"""
+
+from __future__ import annotations
+
+from energon_ray.train.config import quiet_foreign_config_sources
+
+quiet_foreign_config_sources()
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+
+@hydra.main(version_base="1.3", config_path="pkg://energon_ray.conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from energon_ray.train.fit import fit
+
+    result = fit(cfg)
+    losses = result.losses
+    print(f"trained {result.global_step} steps on {result.world_size} rank(s)")
+    if losses:
+        head, tail = losses[:3], losses[-3:]
+        print(f"loss: first {len(head)} steps {sum(head) / len(head):.4f}, last {len(tail)} steps {sum(tail) / len(tail):.4f}")
+    for name in sorted(result.metrics):
+        print(f"{name}: {result.metrics[name]:.4f}")
+    print(f"checkpoint: {result.checkpoint}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Composing the training configs with Hydra's compose API (what the command line does, from Python)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+#: The package that holds the primary config (``config.yaml``) and the shared groups.
+CONFIG_MODULE = "energon_ray.conf"
+CONFIG_NAME = "config"
+
+#: The tasks that ship with energon_ray (their folders' conf/ roots are on the primary config's search path).
+BUILTIN_TASKS = {
+    "vision/captioning": "vision/captioning/synthetic",
+    "vision/igpt": "vision/igpt/synthetic",
+    "video/vqa": "video/vqa/synthetic",
+    "text/lm_packing": "text/lm_packing/synthetic",
+}
+
+
+def quiet_foreign_config_sources() -> None:
+    """Silence the multistorageclient Hydra plugin (installed with megatron-energon): on every
+    composition it logs a traceback and warns that its ``msc://`` source (unused here) is unavailable."""
+    logging.getLogger("multistorageclient.contrib.hydra").setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message=r"provider=msc-universal, path= is not available")
+
+
+def compose(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> DictConfig:
+    """The training config for command-line style ``overrides`` (``"+task=vision/igpt"``, ``"trainer.max_steps=5"``).
+
+    Example:
+        >>> cfg = compose(["+task=vision/captioning", "+dataset=vision/captioning/synthetic", "tokenizer.max_length=32"])
+        >>> cfg.backbone.max_positions
+        32
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    quiet_foreign_config_sources()
+    if GlobalHydra.instance().is_initialized():  # e.g. inside a @hydra.main app: compose on a fresh instance
+        GlobalHydra.instance().clear()
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        return hydra_compose(config_name, overrides=list(overrides))
+
+
+def with_absolute_work_dir(cfg: DictConfig, base: Optional[str] = None) -> DictConfig:
+    """A copy of ``cfg`` whose ``work_dir`` is absolute (so ``ray.train`` workers, whatever their
+    current directory, find the same files); every path interpolating it follows."""
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    cfg.work_dir = os.path.abspath(os.path.join(base or os.getcwd(), os.path.expanduser(str(cfg.work_dir))))
+    return cfg
+
+
+def check_choices(cfg: DictConfig) -> None:
+    """Raise a clear error when the task or the dataset was not chosen.
+
+    Raises:
+        ValueError: ``task`` or ``dataset`` missing (with the built-in choices).
+    """
+    missing = [group for group in ("task", "dataset") if group not in cfg or cfg[group] is None]
+    if missing:
+        choices = ", ".join(f"+task={task} +dataset={dataset}" for task, dataset in BUILTIN_TASKS.items())
+        raise ValueError(f"choose {' and '.join(missing)} on the command line; built in: {choices}")

@@ -1,0 +1,89 @@
+"""Fitting a composed task: in this process, or under ``ray.train`` when ``trainer.ray.num_workers > 0``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import lightning.pytorch as pl
+from omegaconf import DictConfig
+
+from energon_ray.train.build import build, make_trainer
+from energon_ray.train.config import with_absolute_work_dir
+
+
+class LossHistory(pl.Callback):
+    """Keeps every training step's loss (``losses``), on each rank."""
+
+    def __init__(self) -> None:
+        self.losses: List[float] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            self.losses.append(float(loss))
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a run did (rank 0's view).
+
+    Attributes:
+        losses: the training loss of every step.
+        global_step: optimizer steps taken.
+        world_size: ranks that trained.
+        metrics: the trainer's last logged values (``val_loss``, ``test_loss`` …).
+        checkpoint: the last checkpoint written (a file, or with ``ray.train`` the checkpoint folder), if any.
+    """
+
+    losses: List[float]
+    global_step: int
+    world_size: int
+    metrics: Dict[str, float]
+    checkpoint: Optional[str] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def fit(cfg: DictConfig) -> TrainResult:
+    """Train the configured task: here, or with ``trainer.ray.num_workers > 0`` on that many
+    ``ray.train`` workers; ``cfg.test`` then runs the test split.
+
+    Example:
+        >>> from energon_ray.train import compose
+        >>> fit(compose(["+task=vision/captioning", "+dataset=vision/captioning/synthetic", "trainer.max_steps=5"]))  # doctest: +SKIP
+    """
+    cfg = with_absolute_work_dir(cfg)
+    ray_cfg = cfg.trainer.get("ray") or {}
+    if int(ray_cfg.get("num_workers") or 0) > 0:
+        from energon_ray.train.ray_launch import fit_on_ray
+
+        return fit_on_ray(cfg)
+    return fit_here(cfg)
+
+
+def fit_here(
+    cfg: DictConfig,
+    callbacks: Sequence[Any] = (),
+    prepare_trainer: Optional[Callable[[pl.Trainer], pl.Trainer]] = None,
+    ckpt_path: Optional[str] = None,
+    **trainer_overrides: Any,
+) -> TrainResult:
+    """Build the datamodule, task and trainer of ``cfg`` in this process and fit (then test if
+    ``cfg.test``); ``ray.train`` workers call it with their strategy and plugins as overrides."""
+    pl.seed_everything(int(cfg.seed), verbose=False)
+    datamodule, task = build(cfg)
+    history = LossHistory()
+    trainer = make_trainer(cfg, callbacks=[history, *callbacks], **trainer_overrides)
+    if prepare_trainer is not None:
+        trainer = prepare_trainer(trainer)
+    trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path or cfg.get("ckpt_path"))
+    if cfg.get("test"):
+        trainer.test(task, datamodule=datamodule)
+    checkpoint = getattr(trainer.checkpoint_callback, "last_model_path", None) or getattr(trainer.checkpoint_callback, "best_model_path", None)
+    metrics = {name: float(value) for name, value in trainer.callback_metrics.items() if getattr(value, "numel", lambda: 1)() == 1}
+    return TrainResult(
+        losses=history.losses, global_step=int(trainer.global_step), world_size=int(trainer.world_size), metrics=metrics,
+        checkpoint=checkpoint or None,
+    )  # fmt: skip

@@ -1,0 +1,167 @@
+"""The Hydra configs of the tasks (composition, overrides, interpolation between groups) and the
+pieces they build, without Ray: tokenizers, the pixel quantiser, masks, the data module's checks."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from energon_ray.tasks.datamodule import EnergonDataModule
+from energon_ray.tasks.layers import document_causal_mask
+from energon_ray.tasks.module import to_device
+from energon_ray.tasks.tokenizer import ByteTokenizer, HFTokenizer
+from energon_ray.tasks.vision.igpt.encoder import PixelQuantizer
+from energon_ray.train import build, compose
+from energon_ray.train.config import BUILTIN_TASKS
+
+
+def _task(name: str, *overrides: str):
+    return compose([f"+task={name}", f"+dataset={BUILTIN_TASKS[name]}", "work_dir=/data/work", *overrides])
+
+
+def test_captioning_composes_with_overrides_and_interpolates_the_tokenizer():
+    """Command-line overrides land in their groups; the backbone takes vocab size and length from the tokenizer."""
+    cfg = _task("vision/captioning", "tokenizer.max_length=32", "loader.num_workers=3", "trainer.max_steps=7", "task.optimizer.lr=0.01")
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert resolved["backbone"]["_target_"] == "energon_ray.tasks.vision.captioning.backbone.TinyCaptioner"
+    assert (resolved["backbone"]["vocab_size"], resolved["backbone"]["max_positions"]) == (259, 32)
+    assert resolved["task"]["backbone"] == resolved["backbone"]
+    assert resolved["task"]["optimizer"] == {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 0.01, "weight_decay": 0.0}
+    assert resolved["dataset"]["task_encoder"]["tokenizer"] == {
+        "_target_": "energon_ray.tasks.tokenizer.ByteTokenizer", "max_length": 32, "vocab_size": 259,
+    }  # fmt: skip
+    assert resolved["dataset"]["loader"] == {"num_workers": 3, "prefetch_batches": 4, "pin_memory": None, "ray_remote_args": None}
+    assert resolved["dataset"]["path"] == "/data/work/data/vision_captioning_synthetic"
+    assert resolved["dataset"]["prepare"]["root"] == "/data/work/data/vision_captioning_synthetic"
+    assert resolved["trainer"]["max_steps"] == 7 and resolved["trainer"]["ray"]["num_workers"] == 0
+    assert resolved["trainer"]["ray"]["storage_path"] == "/data/work/ray_results"
+
+
+def test_another_tokenizer_or_backbone_size_by_override():
+    """tokenizer=hash swaps the group (the backbone follows its vocab size); backbone keys override the task's default."""
+    cfg = _task("vision/captioning", "tokenizer=hash", "backbone.embed_dim=32")
+    assert cfg.tokenizer._target_ == "energon_ray.tasks.tokenizer.HashTokenizer"
+    assert (cfg.backbone.vocab_size, cfg.task.backbone.vocab_size, cfg.task.backbone.embed_dim) == (4096, 4096, 32)
+    hf = _task("vision/captioning", "tokenizer=autotokenizer")
+    assert (hf.tokenizer.pretrained_model_name_or_path, hf.backbone.vocab_size) == ("gpt2", 50257)
+
+
+def test_igpt_overrides_the_tokenizer_with_pixels_and_takes_classes_from_the_dataset():
+    """The iGPT task sets tokenizer=pixels in its defaults; the command line still wins; num_classes comes from the dataset."""
+    cfg = _task("vision/igpt", "dataset.model_data_kwargs.num_classes=3", "task.classify=true")
+    assert cfg.tokenizer._target_ == "energon_ray.tasks.vision.igpt.encoder.PixelQuantizer"
+    assert (cfg.backbone.num_vocab, cfg.backbone.num_classes, cfg.dataset.prepare.num_classes) == (27, 3, 3)
+    assert cfg.task.classify is True and (cfg.task.optimizer.lr, cfg.task.optimizer.weight_decay) == (0.003, 0.0)
+    assert _task("vision/igpt", "tokenizer.vocab_size=64").backbone.num_vocab == 64
+    assert _task("vision/igpt", "tokenizer=byte").tokenizer._target_ == "energon_ray.tasks.tokenizer.ByteTokenizer"
+
+
+def test_lm_packing_backbone_length_follows_the_packed_row_length():
+    """The LM's position table is the task encoder's packed row length."""
+    cfg = _task("text/lm_packing", "dataset.task_encoder.max_length=256")
+    assert (cfg.backbone.max_positions, cfg.dataset.packing_buffer_size, cfg.dataset.dataset_options.samples_per_segment) == (256, 32, 64)
+
+
+def test_every_builtin_task_builds_its_datamodule_and_task_without_ray():
+    """build() instantiates the data module (task encoder and tokenizer inside) and the task (backbone inside)."""
+    expected = {
+        "vision/captioning": ("CaptioningTaskEncoder", "ByteTokenizer", "CaptioningTask", "TinyCaptioner"),
+        "vision/igpt": ("ImageGPTTaskEncoder", "PixelQuantizer", "GenerativePixelsTask", "GPT2"),
+        "video/vqa": ("VideoQATaskEncoder", "ByteTokenizer", "VideoQATask", "TinyVideoQA"),
+        "text/lm_packing": ("TextPackingTaskEncoder", "ByteTokenizer", "PackedLMTask", "PackedGPT"),
+    }
+    for name, (encoder, tokenizer, task_type, backbone) in expected.items():
+        datamodule, task = build(_task(name, "tokenizer.max_length=48") if name != "vision/igpt" else _task(name))
+        assert isinstance(datamodule, EnergonDataModule)
+        got = (type(datamodule.task_encoder).__name__, type(datamodule.task_encoder.tokenizer).__name__, type(task).__name__, type(task.model).__name__)
+        assert got == (encoder, tokenizer, task_type, backbone), name
+        assert (datamodule.batch_size, datamodule.num_workers, datamodule.loader_options) == (8, 2, {"prefetch_batches": 4, "pin_memory": None, "ray_remote_args": None})
+        assert callable(datamodule.prepare) and datamodule.path.startswith("/data/work/data/")
+    datamodule, task = build(_task("vision/captioning", "tokenizer.max_length=48"))
+    assert datamodule.task_encoder.tokenizer.max_length == 48 and task.model.decoder.max_positions == 48
+
+
+def test_missing_task_or_dataset_is_a_clear_error():
+    """Without +task/+dataset, build() names what to choose."""
+    with pytest.raises(ValueError, match=r"choose task and dataset on the command line; built in: \+task=vision/captioning"):
+        build(compose([]))
+
+
+def test_command_line_entry_point_prints_the_composed_config(monkeypatch, capsys):
+    """`python -m energon_ray.train … --cfg job` composes from the packaged configs (task folders on the search path)."""
+    from energon_ray.train.__main__ import main
+
+    monkeypatch.setattr(sys, "argv", ["energon_ray.train", "+task=video/vqa", "+dataset=video/vqa/synthetic", "tokenizer.max_length=40", "--cfg", "job", "--resolve"])
+    main()
+    printed = OmegaConf.create(capsys.readouterr().out)
+    assert printed.backbone._target_ == "energon_ray.tasks.video.vqa.backbone.TinyVideoQA"
+    assert (printed.backbone.max_positions, printed.dataset.task_encoder.num_frames) == (40, 4)
+
+
+def test_byte_tokenizer_round_trips_and_pads():
+    """Bytes + 3 with begin/end markers; batches padded with 0; too small a vocab_size is refused."""
+    tok = ByteTokenizer(max_length=6)
+    assert tok.encode("héllo") == [1, 107, 198, 172, 111, 2]  # truncated to 6 tokens (begin, 4 bytes, end)
+    assert tok.decode(ByteTokenizer().encode("héllo wörld")) == "héllo wörld"
+    out = tok(["ab", "a"])
+    assert out["input_ids"].tolist() == [[1, 100, 101, 2], [1, 100, 2, 0]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+    with pytest.raises(ValueError, match="vocab_size must be >= 259"):
+        ByteTokenizer(vocab_size=100)
+
+
+def test_hf_tokenizer_without_transformers_says_how_to_install(monkeypatch):
+    """A Hugging Face tokenizer config without `transformers` fails with the install command."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ImportError, match=r"tokenizer 'gpt2' is a Hugging Face tokenizer and needs `transformers` \(pip install transformers\)"):
+        HFTokenizer("gpt2")
+
+
+def test_pixel_quantizer_maps_colours_to_a_grid_and_back():
+    """levels**3 ids, row-major; decode gives the grid's colours; a non-cube vocab is refused."""
+    q = PixelQuantizer(vocab_size=27)
+    image = torch.tensor([[[0.0, 0.5], [1.0, 0.9]], [[0.0, 0.5], [0.0, 0.1]], [[0.0, 0.5], [1.0, 0.0]]])
+    ids = q.encode(image)
+    assert ids.tolist() == [0, 13, 20, 18]
+    assert torch.equal(q.decode(ids, 2, 2), torch.tensor([[[0.0, 0.5], [1.0, 1.0]], [[0.0, 0.5], [0.0, 0.0]], [[0.0, 0.5], [1.0, 0.0]]]))
+    with pytest.raises(ValueError, match="vocab_size must be a cube >= 8"):
+        PixelQuantizer(vocab_size=30)
+
+
+def test_document_causal_mask_keeps_attention_inside_each_document():
+    """True = masked: later positions and other documents (padding is its own document)."""
+    mask = document_causal_mask(torch.tensor([[1, 1, 2, 0]]), num_heads=2)
+    assert mask.shape == (2, 4, 4)
+    assert mask[0].int().tolist() == [[0, 1, 1, 1], [0, 0, 1, 1], [1, 1, 0, 1], [1, 1, 1, 0]]
+
+
+def test_to_device_copies_dataclass_batches_and_leaves_frozen_parts():
+    """Tensors move through dataclasses, lists and dicts; frozen dataclasses (SourceInfo) stay the same objects."""
+    from energon_ray.samples import SourceInfo
+    from energon_ray.tasks.vision.igpt.encoder import ImageGPTBatch
+
+    source = SourceInfo(dataset_path="/d", index=3, shard_name="s.tar", file_names=("a.png",))
+    batch = ImageGPTBatch(__key__=["a"], __restore_key__=(), __sources__=(source,), pixels=torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, dtype=torch.long))
+    moved = to_device(batch, torch.device("cpu"))
+    assert moved is not batch and moved.__sources__[0] is source and moved.__key__ == ["a"]
+    assert torch.equal(moved.pixels, batch.pixels)
+
+
+def test_datamodule_checks_its_arguments_and_keeps_states_for_later():
+    """Unknown loader options and non-TaskEncoders are refused; a loaded state waits for the training loader."""
+    from energon_ray.tasks.captioning import CaptioningTaskEncoder
+
+    with pytest.raises(ValueError, match=r"unknown loader option\(s\) \['prefetch'\]"):
+        EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"prefetch": 2})
+    with pytest.raises(TypeError, match="task_encoder must be a TaskEncoder, got str"):
+        EnergonDataModule("/d", "captioning", 4)
+    data = EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"num_workers": 3, "prefetch_batches": 2}, model_data_kwargs={"num_classes": 5})
+    assert (data.num_workers, data.loader_options, data.model_data_kwargs) == (3, {"prefetch_batches": 2}, {"num_classes": 5})
+    assert data.state_dict() == {}
+    data.load_state_dict({"train_loader_states": [{"version": 1}]})
+    assert data._pending_states == [{"version": 1}]
+    data.setup()
+    assert (data.worker_config.rank, data.worker_config.world_size, data.worker_config.num_workers) == (0, 1, 3)
