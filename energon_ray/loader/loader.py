@@ -374,16 +374,25 @@ def get_loader(
         >>> loader = get_loader(get_val_dataset(path, batch_size=4))  # doctest: +SKIP
         >>> next(iter(loader))  # doctest: +SKIP
     """
-    check_keywords("get_loader", energon_options, ENERGON_LOADER_OPTIONS)
+    return EnergonLoader(dataset, **_loader_options("get_loader", dataset, worker_config, prefetch_factor, prefetch_batches,
+                                                   pin_memory, ray_remote_args, object_store_limit, energon_options))
+
+
+def _loader_options(
+    what: str, dataset: Any, worker_config: Any, prefetch_factor: Optional[int], prefetch_batches: int,
+    pin_memory: Optional[bool], ray_remote_args: Optional[dict], object_store_limit: Optional[int],
+    energon_options: Dict[str, Any],
+) -> Dict[str, Any]:
+    """``EnergonLoader``'s keywords from ``get_loader``'s (Energon's names checked and mapped)."""
+    check_keywords(what, energon_options, ENERGON_LOADER_OPTIONS)
     if worker_config is not None and isinstance(dataset, Composition) and worker_config != dataset.worker_config:
         raise ValueError(
-            f"get_loader: worker_config {worker_config.config()} differs from the dataset's "
-            f"{dataset.worker_config.config()}"
+            f"{what}: worker_config {worker_config.config()} differs from the dataset's {dataset.worker_config.config()}"
         )
     if prefetch_factor is not None:
         prefetch_batches = prefetch_factor
-    return EnergonLoader(
-        dataset, prefetch_batches=prefetch_batches, ray_remote_args=ray_remote_args, pin_memory=pin_memory,
+    return dict(
+        prefetch_batches=prefetch_batches, ray_remote_args=ray_remote_args, pin_memory=pin_memory,
         object_store_limit=object_store_limit,
     )  # fmt: skip
 
@@ -392,7 +401,31 @@ def get_loader(
 SAVABLE_OPTIONS = ("checkpoint_every_sec", "checkpoint_every_min_n_samples", "n_checkpoints")
 
 
-def get_savable_loader(dataset: Composition, **kwargs: Any) -> EnergonLoader:
+class SavableDataLoader(EnergonLoader):
+    """Energon's savable loader class: ``SavableDataLoader(dataset, **options)`` is
+    ``get_savable_loader(dataset, **options)`` (what that returns). Every ``EnergonLoader`` saves and
+    restores; this name is for code that constructs or type-checks Energon's class."""
+
+    def __init__(
+        self,
+        dataset: Composition,
+        *,
+        worker_config: Any = None,
+        prefetch_factor: Optional[int] = None,
+        prefetch_batches: int = 4,
+        pin_memory: Optional[bool] = None,
+        ray_remote_args: Optional[dict] = None,
+        object_store_limit: Optional[int] = DEFAULT_OBJECT_STORE_LIMIT,
+        **energon_options: Any,
+    ):
+        for name in SAVABLE_OPTIONS:
+            energon_options.pop(name, None)
+        super().__init__(dataset, **_loader_options("SavableDataLoader", dataset, worker_config, prefetch_factor,
+                                                    prefetch_batches, pin_memory, ray_remote_args, object_store_limit,
+                                                    energon_options))  # fmt: skip
+
+
+def get_savable_loader(dataset: Composition, **kwargs: Any) -> SavableDataLoader:
     """``get_loader`` for checkpointed training: ``save_state_rank()``/``restore_state_rank(state)``,
     ``save_state_global(dst)``/``restore_state_global(states)``.
 
@@ -406,6 +439,4 @@ def get_savable_loader(dataset: Composition, **kwargs: Any) -> EnergonLoader:
         >>> fresh = get_savable_loader(get_train_dataset(path, batch_size=32, task_encoder=te))  # doctest: +SKIP
         >>> fresh.restore_state_rank(state)              # continues exactly  # doctest: +SKIP
     """
-    for name in SAVABLE_OPTIONS:
-        kwargs.pop(name, None)
-    return get_loader(dataset, **kwargs)
+    return SavableDataLoader(dataset, **kwargs)

@@ -183,3 +183,19 @@ def test_worker_config_from_ray_train_context(ds_path, monkeypatch):
     monkeypatch.setattr(ray.train, "get_context", lambda: FakeContext())
     ds = er.get_train_dataset(ds_path, batch_size=2)
     assert (ds.worker_config.rank, ds.worker_config.world_size) == (1, 3)
+
+
+def test_savable_data_loader_is_energons_class_name(ds_path):
+    """SavableDataLoader(dataset, **energon options) is what get_savable_loader returns, and saves."""
+    ds = er.get_val_dataset(ds_path, split_part="train", batch_size=4)
+    loader = er.SavableDataLoader(ds, checkpoint_every_sec=60, n_checkpoints=2, prefetch_factor=2)
+    assert isinstance(er.get_savable_loader(er.get_val_dataset(ds_path, split_part="train", batch_size=4)), er.SavableDataLoader)
+    it = iter(loader)
+    first = next(it)
+    state = loader.save_state_rank()
+    rest = [b.__key__ for b in it]
+    again = er.SavableDataLoader(er.get_val_dataset(ds_path, split_part="train", batch_size=4))
+    again.restore_state_rank(state)
+    assert [b.__key__ for b in again] == rest and len(first.__key__) == 4
+    with pytest.raises(TypeError):
+        er.SavableDataLoader(ds, no_such_option=1)
