@@ -45,15 +45,28 @@ def test_malformed_video_ranges_raise_value_error(media_dir, ranges, unit, messa
     [
         ([(2.5, 3.0)], "seconds", r"\(2.5, 3.0\) \(seconds\) starts after the end of the video \(2.000000s\)"),
         ([(2.0, 2.0)], "seconds", r"starts after the end of the video"),
-        ([(1.0, 2.5)], "seconds", r"\(1.0, 2.5\) \(seconds\) ends after the end of the video \(2.000000s\)"),
-        ([(50, 50)], "frames", r"\(50, 50\) \(frames\) is beyond the video's 50 frames"),
-        ([(10, 60)], "frames", r"is beyond the video's 50 frames"),
+        ([(50, 50)], "frames", r"\(50, 50\) \(frames\) starts beyond the video's 50 frames"),
+        ([(60, 70)], "frames", r"starts beyond the video's 50 frames"),
     ],
 )
-def test_video_ranges_beyond_the_video_raise_sample_exception(media_dir, ranges, unit, message):
-    """Ranges that start or end after the video raise SampleException instead of returning short or empty clips."""
+def test_video_ranges_starting_after_the_video_raise_sample_exception(media_dir, ranges, unit, message):
+    """Ranges that start after the video raise SampleException (Energon silently returns no clip)."""
     with pytest.raises(SampleException, match="shard_0/vp9.mkv: video clip #0 .*" + message):
         decoder(media_dir, "vp9.mkv").get_clips(video_clip_ranges=ranges, video_unit=unit)
+
+
+@pytest.mark.parametrize(
+    "ranges, unit, frames, stamps",
+    [
+        ([(1.0, 2.5)], "seconds", list(range(25, 50)), [(1.0, 2.0)]),
+        ([(10, 60)], "frames", list(range(10, 50)), [(0.4, 2.0)]),
+    ],
+)
+def test_video_ranges_ending_after_the_video_are_cut_at_its_end(media_dir, ranges, unit, frames, stamps):
+    """As in Energon, a clip that ends after the video holds the frames up to its last one."""
+    out = decoder(media_dir, "vp9.mkv").get_clips(video_clip_ranges=ranges, video_unit=unit)
+    assert read_indices(out.video_clips[0]) == frames
+    assert [tuple(round(float(t), 6) for t in ts) for ts in out.video_timestamps] == stamps
 
 
 def test_end_within_half_a_frame_is_clamped(media_dir):
@@ -66,8 +79,6 @@ def test_end_within_half_a_frame_is_clamped(media_dir):
     "ranges, unit, exc, message",
     [
         ([(2.5, 3.0)], "seconds", SampleException, r"starts at sample 20000 \(2.500000s\), at or after the end"),
-        ([(1.0, 2.5)], "seconds", SampleException, r"audio range ends at sample 20000 \(2.500000s\), beyond the end"),
-        ([(0, 16010)], "samples", SampleException, r"16010 \(2.001250s\), beyond the end of the audio \(2.000000s\)"),
         ([(1.0, 1.0)], "seconds", ValueError, r"audio clip #0 \(1.0, 1.0\) \(seconds\) holds no sample"),
         ([(-1, 5)], "samples", ValueError, r"audio clip #0 \(-1, 5\) \(samples\): negative start"),
         ([(0.5, 0.25)], "seconds", ValueError, r"start is after end"),
@@ -142,7 +153,7 @@ def test_truncated_mkv_reports_its_real_length(media_dir):
     _, count = dec.get_video_duration(get_frame_count=True)
     assert 0 < count < N_FRAMES
     assert read_indices(dec.get_clips(video_clip_ranges=[(0, 3)], video_unit="frames").video_clips[0]) == [0, 1, 2, 3]
-    message = rf"cut.mkv: video clip #0 \(45, 49\) \(frames\) is beyond the video's {count} frames"
+    message = rf"cut.mkv: video clip #0 \(45, 49\) \(frames\) starts beyond the video's {count} frames"
     with pytest.raises(SampleException, match=message):
         dec.get_clips(video_clip_ranges=[(45, 49)], video_unit="frames")
 
@@ -180,13 +191,26 @@ def test_damaged_files_fail_cleanly(media_dir, name):
         assert clips[0].dtype in (torch.uint8, torch.float32)
 
 
-def test_truncated_wav_refuses_ranges_past_its_data(media_dir):
-    """A cut wav still claims 2 s in its header; ranges past the remaining samples raise, earlier ones work."""
+def test_truncated_wav_cuts_ranges_at_its_data(media_dir):
+    """A cut wav still claims 2 s in its header: a range ending past the remaining samples is cut at
+    them (as Energon does); one starting past them raises."""
     raw = (media_dir / "ramp.wav").read_bytes()
     dec = AVDecoder(raw[: 44 + 2 * 8000], key="cut.wav")  # header + 1 s of int16 mono
     assert dec.get_clips(audio_clip_ranges=[(0.25, 0.75)]).audio_clips[0].shape == (1, 4000)
-    with pytest.raises(SampleException, match=r"cut.wav: audio range ends at sample 14400 \(1.800000s\), beyond"):
-        dec.get_clips(audio_clip_ranges=[(0.5, 1.8)])
+    out = dec.get_clips(audio_clip_ranges=[(0.5, 1.8)])
+    n = out.audio_clips[0].shape[1]  # up to the last sample the cut file holds (its header is > 44 bytes)
+    assert 3900 < n <= 4000 and out.audio_timestamps == [(0.5, (4000 + n) / 8000)]
+    with pytest.raises(SampleException, match=r"cut.wav: audio range starts at sample 12000 \(1.500000s\), at or after"):
+        dec.get_clips(audio_clip_ranges=[(1.5, 1.8)])
+
+
+def test_audio_ranges_ending_after_the_audio_are_cut_at_its_end(media_dir):
+    """As in Energon: (1.0, 2.5) s of a 2 s wav gives its last second, (0, 16010) samples all 16000."""
+    dec = decoder(media_dir, "ramp.wav")
+    out = dec.get_clips(audio_clip_ranges=[(1.0, 2.5)])
+    assert out.audio_clips[0].shape == (1, 8000) and out.audio_timestamps == [(1.0, 2.0)]
+    out = dec.get_clips(audio_clip_ranges=[(0, 16010)], audio_unit="samples")
+    assert out.audio_clips[0].shape == (1, 16000) and out.audio_timestamps == [(0.0, 2.0)]
 
 
 def test_audio_end_within_a_millisecond_is_clamped(media_dir):

@@ -53,18 +53,15 @@ class AudioClipReader:
     Args:
         open_container: opens a fresh container on the same bytes.
         key: the sample key, for messages.
-        slack: how many samples a range may reach past the decoded end (then it is cut there):
-            headers round durations, and lossy codecs pad or trim the last frame.
         preroll: samples to decode before ``start`` after a seek (see :func:`preroll_samples`).
         suppress_warnings: do not warn when a seek had to be retried.
     """
 
     def __init__(
-        self, open_container: Opener, key: str, slack: int, preroll: int, suppress_warnings: bool
+        self, open_container: Opener, key: str, preroll: int, suppress_warnings: bool
     ):
         self._open = open_container
         self._key = key
-        self._slack = slack
         self._preroll = preroll
         self._quiet = suppress_warnings
         self._container: Optional["av.container.InputContainer"] = None
@@ -83,7 +80,7 @@ class AudioClipReader:
             ``start`` only when the stream itself begins later).
 
         Raises:
-            SampleException: when the range lies beyond the stream or decoding fails.
+            SampleException: when the range starts at or after the end of the stream, or decoding fails.
         """
         self.close()
         self._container = self._open()
@@ -153,15 +150,11 @@ class AudioClipReader:
     def _finish(
         self, chunks: list, first: Optional[int], start: int, end: Optional[int], reached: int, rate: int
     ) -> Tuple[np.ndarray, int]:
-        """Join the chunks, or raise if the range starts after the stream or ends past it by more than the slack."""
+        """Join the chunks (a range that ends past the stream is cut at its end, as Energon cuts it), or
+        raise if the range starts at or after the end (Energon silently returns no clip there)."""
         if not chunks:
             raise SampleException(
                 f"{self._key}: audio range starts at sample {start} ({start / rate:.6f}s), "
                 f"at or after the end of the audio ({reached / rate:.6f}s)"
-            )
-        if end is not None and end > reached + self._slack:
-            raise SampleException(
-                f"{self._key}: audio range ends at sample {end} ({end / rate:.6f}s), "
-                f"beyond the end of the audio ({reached / rate:.6f}s)"
             )
         return np.concatenate(chunks, axis=1), first

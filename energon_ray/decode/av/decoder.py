@@ -130,7 +130,8 @@ class AVDecoder:
 
         Raises:
             ValueError: for an unknown unit, a malformed, negative or reversed range, a bad frame size.
-            SampleException: for ranges beyond the media, a missing stream, or unreadable media.
+            SampleException: for ranges that start after the media's end (ranges that end after it are cut
+                there), a missing stream, or unreadable media.
         """
         check_unit(video_unit, VIDEO_UNITS, "video", self.key)
         check_unit(audio_unit, AUDIO_UNITS, "audio", self.key)
@@ -193,10 +194,9 @@ class AVDecoder:
         with self._open() as container:
             stream = self._require_audio(container, f"audio clips {list(audio_clip_ranges)!r}")
             rate = stream.sample_rate
-            slack = max(rate // 1000, stream.codec_context.frame_size or 0)
             preroll = preroll_samples(stream.codec_context.name, rate)
         spans = [self._audio_span(rate, r, i, audio_unit) for i, r in enumerate(ranges)]
-        reader = AudioClipReader(self._reopen, self.key, slack, preroll, self.suppress_warnings)
+        reader = AudioClipReader(self._reopen, self.key, preroll, self.suppress_warnings)
         clips, stamps = [], []
         try:
             for start, end in spans:
@@ -210,18 +210,15 @@ class AVDecoder:
     def _video_span(
         self, index: VideoIndex, rng: Range, i: int, unit: str, shown: Any
     ) -> Tuple[int, int]:
-        """Turn a checked range into frame numbers ``(first, last)``, or raise if it leaves the video.
-
-        In seconds, an end up to one frame past the last frame is accepted (and clamped): headers
-        round durations, and a header's duration is what the uniform helpers ask for.
-        """
+        """Turn a checked range into frame numbers ``(first, last)``; a range that ends past the video
+        is cut at its last frame (as Energon cuts it), one that starts after the video raises
+        (Energon silently returns no clip there)."""
         start, end = rng
         where = f"{self.key}: video clip #{i} {tuple(shown)!r} ({unit})"
         if unit == "frames":
-            last = len(index) - 1 if end == math.inf else int(end)
-            if int(start) >= len(index) or last >= len(index):
-                raise SampleException(f"{where} is beyond the video's {len(index)} frames")
-            return int(start), last
+            if int(start) >= len(index):
+                raise SampleException(f"{where} starts beyond the video's {len(index)} frames")
+            return int(start), len(index) - 1 if end == math.inf else min(int(end), len(index) - 1)
         ticks_per_second = 1 / index.time_base
         start_ticks = to_ticks(start, ticks_per_second)
         if start_ticks >= index.end_ts:
@@ -229,8 +226,8 @@ class AVDecoder:
         if end == math.inf:
             return index.frame_at(start_ticks), len(index) - 1
         end_ticks = to_ticks(end, ticks_per_second)
-        if end_ticks > index.end_ts + index.durations[-1]:
-            raise SampleException(f"{where} ends after the end of the video ({index.seconds(index.end_ts):.6f}s)")
+        if end_ticks >= index.end_ts:
+            return index.frame_at(start_ticks), len(index) - 1
         return index.frame_at(start_ticks), index.frame_at(end_ticks)
 
     def _audio_span(self, rate: int, rng: Range, i: int, unit: str) -> Tuple[int, Optional[int]]:
