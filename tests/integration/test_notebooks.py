@@ -38,13 +38,16 @@ def test_every_notebook_states_its_expected_output():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs_in_a_kernel(path, tmp_path, monkeypatch):
+def test_notebook_runs_in_a_kernel(path, tmp_path, monkeypatch, ray_session):
     """Every cell executes without error; the stored notebook has no outputs; its figures and rich displays are made."""
     nb = nbformat.read(path, as_version=4)
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), "store notebooks without outputs"
     monkeypatch.setenv("ENERGON_RAY_NOTEBOOK_WORKDIR", str(tmp_path))
     monkeypatch.setenv("ENERGON_RAY_NOTEBOOK_SAMPLES", "80")
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    import ray
+
+    # the kernel attaches to the session's Ray (as a notebook on a cluster would) instead of starting its own
+    monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     outputs = [o for c in nb.cells for o in c.get("outputs", [])]
