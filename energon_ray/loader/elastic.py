@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, expand_ranges
+from energon_ray.loader.savable import describe, new_state
+from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, expand_ranges, fingerprint
 from energon_ray.worker import WorkerConfig
 
 
@@ -55,8 +56,6 @@ def redistribute(dataset: Any, states: Sequence[LoaderState]) -> Tuple[LoaderSta
         StateError: states missing or of different loaders, another sample order, or a dataset that
             packs samples, repeats whole epochs (``blend_epochized``) or batches across datasets.
     """
-    from energon_ray.loader.savable import new_state  # savable imports this module's users
-
     states = _check(dataset, states)
     wc = dataset.worker_config
     mine = new_state(dataset, states[0].passes, states[0].epoch_items)
@@ -77,9 +76,6 @@ def from_origin(dataset: Any, elastic: Dict[str, Any], wc: Optional[WorkerConfig
 
 
 def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
-    from energon_ray.loader.savable import describe
-    from energon_ray.loader.state import fingerprint
-
     states = sorted((LoaderState.coerce(s) for s in states), key=lambda s: s.rank)
     if not states:
         raise StateError("restoring on another world size needs the states of all ranks; got none")
@@ -126,12 +122,18 @@ def _prefixes(dataset: Any, states: List[LoaderState], wc: WorkerConfig) -> Redi
     global_workers = new_workers * wc.world_size
     prefixes: List[List[np.ndarray]] = []
     next_epoch = pass_index
+    # each old rank's own redistribution (a state saved during a redistributed pass), computed once
+    olds = [
+        (state, _old_config(wc, state),
+         from_origin(dataset, state.elastic, _old_config(wc, state))
+         if state.elastic is not None and state.elastic.get("pass_index") == pass_index else None)
+        for state in states
+    ]  # fmt: skip
     for i, leaf in enumerate(leaves):
         rest: List[np.ndarray] = []
-        for state in states:
-            old_wc = _old_config(wc, state)
-            if state.elastic is not None and state.elastic.get("pass_index") == pass_index:
-                old = from_origin(dataset, state.elastic, old_wc).streams(leaf, i, old_wc)
+        for state, old_wc, origin in olds:
+            if origin is not None:
+                old = origin.streams(leaf, i, old_wc)
             else:
                 old = leaf.streams(pass_index, worker_config=old_wc)
             for w, stream in enumerate(old):
@@ -162,10 +164,14 @@ def _rest(stream: Any, state: LoaderState, leaf: int, worker: int) -> Tuple[np.n
     if stream.length is not None:
         start = min(start, stream.length)
     end = stream.epoch_end(start)
-    positions = sorted((set(range(start, end)) | pooled) - consumed)
-    samples = np.concatenate([stream.samples(p, p + 1) for p in positions]) if positions else np.empty(0, dtype=np.int64)
-    if len(samples) != len(positions):
+    positions = np.array(sorted((set(range(start, end)) | pooled) - consumed), dtype=np.int64)
+    if not len(positions):
+        return np.empty(0, dtype=np.int64), stream.epoch_at(end)
+    first = int(positions[0])
+    span = stream.samples(first, max(end, int(positions[-1]) + 1))  # one read of the stream's order
+    if int(positions[-1]) - first >= len(span):
         raise StateError(f"the saved state names positions beyond the end of worker stream {worker} of dataset {leaf}")
+    samples = span[positions - first]
     return samples, stream.epoch_at(end)
 
 

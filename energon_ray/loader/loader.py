@@ -374,14 +374,24 @@ def get_loader(
         >>> loader = get_loader(get_val_dataset(path, batch_size=4))  # doctest: +SKIP
         >>> next(iter(loader))  # doctest: +SKIP
     """
-    return EnergonLoader(dataset, **_loader_options("get_loader", dataset, worker_config, prefetch_factor, prefetch_batches,
-                                                   pin_memory, ray_remote_args, object_store_limit, energon_options))
+    return EnergonLoader(dataset, **_loader_options(
+        "get_loader", dataset, worker_config=worker_config, prefetch_factor=prefetch_factor,
+        prefetch_batches=prefetch_batches, pin_memory=pin_memory, ray_remote_args=ray_remote_args,
+        object_store_limit=object_store_limit, **energon_options,
+    ))  # fmt: skip
 
 
 def _loader_options(
-    what: str, dataset: Any, worker_config: Any, prefetch_factor: Optional[int], prefetch_batches: int,
-    pin_memory: Optional[bool], ray_remote_args: Optional[dict], object_store_limit: Optional[int],
-    energon_options: Dict[str, Any],
+    what: str,
+    dataset: Any,
+    *,
+    worker_config: Any = None,
+    prefetch_factor: Optional[int] = None,
+    prefetch_batches: int = 4,
+    pin_memory: Optional[bool] = None,
+    ray_remote_args: Optional[dict] = None,
+    object_store_limit: Optional[int] = DEFAULT_OBJECT_STORE_LIMIT,
+    **energon_options: Any,
 ) -> Dict[str, Any]:
     """``EnergonLoader``'s keywords from ``get_loader``'s (Energon's names checked and mapped)."""
     check_keywords(what, energon_options, ENERGON_LOADER_OPTIONS)
@@ -406,23 +416,10 @@ class SavableDataLoader(EnergonLoader):
     ``get_savable_loader(dataset, **options)`` (what that returns). Every ``EnergonLoader`` saves and
     restores; this name is for code that constructs or type-checks Energon's class."""
 
-    def __init__(
-        self,
-        dataset: Composition,
-        *,
-        worker_config: Any = None,
-        prefetch_factor: Optional[int] = None,
-        prefetch_batches: int = 4,
-        pin_memory: Optional[bool] = None,
-        ray_remote_args: Optional[dict] = None,
-        object_store_limit: Optional[int] = DEFAULT_OBJECT_STORE_LIMIT,
-        **energon_options: Any,
-    ):
+    def __init__(self, dataset: Composition, **options: Any):
         for name in SAVABLE_OPTIONS:
-            energon_options.pop(name, None)
-        super().__init__(dataset, **_loader_options("SavableDataLoader", dataset, worker_config, prefetch_factor,
-                                                    prefetch_batches, pin_memory, ray_remote_args, object_store_limit,
-                                                    energon_options))  # fmt: skip
+            options.pop(name, None)
+        super().__init__(dataset, **_loader_options("SavableDataLoader", dataset, **options))
 
 
 def get_savable_loader(dataset: Composition, **kwargs: Any) -> SavableDataLoader:
