@@ -75,3 +75,50 @@ def train_rank_world() -> Optional[Tuple[int, int]]:
         return int(ctx.get_world_rank()), int(ctx.get_world_size())
     except Exception:  # not inside a Ray Train worker
         return None
+
+
+def run_torch_trainer(loop: Any, config: dict, *, num_workers: int, use_gpu: bool, cpus_per_worker: float,
+                      name: Optional[str], storage_path: str, max_failures: int) -> Any:  # fmt: skip
+    """``TorchTrainer(loop).fit()`` on the Ray of ``ensure_ray``: ``num_workers`` workers of
+    ``cpus_per_worker`` CPUs each, checkpoints under ``storage_path``; Ray Train's ``Result``."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    ensure_ray()
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}),
+        run_config=RunConfig(name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=max_failures)),
+    )
+    return trainer.fit()
+
+
+class LightningOnRay:
+    """What a ``ray.train`` worker needs to run Lightning through Ray's integration: the
+    ``Trainer`` overrides (``RayDDPStrategy``, ``RayLightningEnvironment``), the report callback,
+    ``prepare_trainer``, the checkpoint to resume from, and how to hand rank 0's result back."""
+
+    def __init__(self, use_gpu: bool):
+        import ray.train
+        from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
+
+        self.overrides = dict(strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()], devices="auto",
+                              accelerator="gpu" if use_gpu else "cpu")  # fmt: skip
+        self.callback = RayTrainReportCallback()
+        self.checkpoint_name = RayTrainReportCallback.CHECKPOINT_NAME
+        self.prepare_trainer = prepare_trainer
+        self.checkpoint = ray.train.get_checkpoint()
+        self._report = ray.train.report
+
+    def hand_back(self, summary: dict) -> dict:
+        """Rank 0's result: Ray Train v2 returns the loop's value to the driver; v1 only reported metrics."""
+        try:
+            from ray.train.v2._internal.constants import is_v2_enabled
+
+            v2 = bool(is_v2_enabled())
+        except ImportError:
+            v2 = False
+        if not v2:
+            self._report({"summary": summary})
+        return summary

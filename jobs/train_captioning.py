@@ -30,13 +30,13 @@ from energon_ray.tasks.captioning import CaptioningTaskEncoder, default_train_tr
 from energon_ray.tasks.run import synthetic_captioning
 
 
-def build_loader(config: dict):
-    """This rank's savable loader (rank and world size from the ray.train context)."""
+def build_loader(config: dict, worker_config=None):
+    """This rank's savable loader (rank and world size from the ray.train context, unless given)."""
     encoder = CaptioningTaskEncoder(image_transform=default_train_transform(64), max_length=16)
     dataset = er.get_train_dataset(
         config["path"], split_part="train", batch_size=config["batch_size"], shuffle_buffer_size=32,
         max_samples_per_sequence=16, task_encoder=encoder,
-        worker_config=er.WorkerConfig.default_worker_config(num_workers=2),
+        worker_config=worker_config or er.WorkerConfig.default_worker_config(num_workers=2),
     )  # fmt: skip
     return er.get_savable_loader(dataset)
 

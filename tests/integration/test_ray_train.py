@@ -1,9 +1,11 @@
 """``jobs/train_captioning.py`` with a real ``TorchTrainer`` (2 train workers on a private 2-CPU Ray,
 in a fresh process): the loss goes down, and a train worker that dies once resumes from the last
-checkpoint on exactly the batches the uninterrupted run trained on."""
+checkpoint on exactly the batches an uninterrupted run trains on (each rank's loader, built here
+with that rank's ``WorkerConfig``, tells which: batches do not depend on the training)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -37,20 +39,35 @@ def _keys(log_dir: Path) -> dict:
     return out
 
 
-def test_torch_trainer_learns_and_a_dead_worker_resumes_on_the_same_batches(tmp_path):
-    plain = _run(tmp_path / "a", tmp_path / "logs_a")
-    first, last = map(float, re.search(r"loss: first 3 steps ([\d.]+), last 3 steps ([\d.]+)", plain).groups())
-    assert last < 0.5 * first, plain
-    expected = _keys(tmp_path / "logs_a")
-    assert sorted(expected) == [(r, s) for r in (0, 1) for s in range(10)]
-    ranks = [set(k for s in range(10) for k in expected[(r, s)][0]) for r in (0, 1)]
-    assert not ranks[0] & ranks[1]  # each rank its own stream
+def _expected_keys(workdir: Path) -> dict:
+    """``(rank, step) -> keys`` of an uninterrupted run: each rank's loader, as the job builds it."""
+    import energon_ray as er
 
-    _run(tmp_path / "b", tmp_path / "logs_b", "--fail-at", "6")  # last checkpoint before: step 5
+    spec = importlib.util.spec_from_file_location("train_captioning", JOB)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    out = {}
+    for rank in (0, 1):
+        config = {"path": str(workdir / "dataset"), "batch_size": 8}
+        loader = job.build_loader(config, er.WorkerConfig(rank=rank, world_size=2, num_workers=2))
+        batches = iter(loader)
+        for step in range(10):
+            out[(rank, step)] = list(next(batches).__keys__)
+        loader.close()
+    return out
+
+
+def test_torch_trainer_learns_and_a_dead_worker_resumes_on_the_same_batches(tmp_path, ray_session):
+    out = _run(tmp_path / "b", tmp_path / "logs_b", "--fail-at", "6")  # last checkpoint before: step 5
+    first, last = map(float, re.search(r"loss: first 3 steps ([\d.]+), last 3 steps ([\d.]+)", out).groups())
+    assert last < 0.5 * first, out
     assert (tmp_path / "logs_b" / "failed_once").exists()
     got = _keys(tmp_path / "logs_b")
-    assert sorted(got) == sorted(expected)
-    assert {key: keys for key, (keys, _) in got.items()} == {key: keys for key, (keys, _) in expected.items()}
+    expected = _expected_keys(tmp_path / "b")
+    assert sorted(got) == [(r, s) for r in (0, 1) for s in range(10)]
+    ranks = [set(k for s in range(10) for k in expected[(r, s)]) for r in (0, 1)]
+    assert not ranks[0] & ranks[1]  # each rank its own stream
+    assert {key: keys for key, (keys, _) in got.items()} == expected
     # resumed after the checkpoint of step 5, or of step 2 if Ray Train had not registered that one yet
     resumed = {step for (rank, step), (_, again) in got.items() if again}
     assert resumed in (set(range(6, 10)), set(range(3, 10)))

@@ -1,0 +1,69 @@
+"""The package's shape as the README describes it: Ray is imported by three modules only, and no
+module-level import circles (a module's top-level ``energon_ray`` imports form a DAG)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set
+
+PACKAGE = Path(__file__).resolve().parents[2] / "energon_ray"
+RAY_MODULES = {"energon_ray.ray_env", "energon_ray.pipeline.build", "energon_ray.source.datasource"}
+
+
+def _modules() -> Dict[str, ast.Module]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = ast.parse(path.read_text(), str(path))
+    return out
+
+
+def _imported(node: ast.AST) -> List[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return []
+
+
+def test_only_three_modules_import_ray():
+    importing = {
+        name for name, tree in _modules().items()
+        if any(m == "ray" or m.startswith("ray.") for node in ast.walk(tree) for m in _imported(node))
+    }  # fmt: skip
+    assert importing == RAY_MODULES
+
+
+def test_no_module_level_import_cycles():
+    modules = _modules()
+    graph: Dict[str, Set[str]] = {}
+    for name, tree in modules.items():
+        deps = set()
+        for node in tree.body:  # top level only: imports inside functions run later, on purpose
+            if isinstance(node, ast.If):  # `if TYPE_CHECKING:` blocks never run
+                continue
+            for m in _imported(node):
+                if m in modules and m != name:
+                    deps.add(m)
+        graph[name] = deps
+    # a package's __init__ importing its own submodules is how packages work; not a circle
+    state: Dict[str, int] = {}
+    cycles: List[List[str]] = []
+
+    def visit(node: str, stack: List[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if node.startswith(dep + "."):
+                continue  # a submodule importing its package: runs the package first, by design
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep] if dep in stack else [node, dep])
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
