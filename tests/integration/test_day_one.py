@@ -223,23 +223,28 @@ USER_TYPES = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("shutdown", [False, True], ids=["loader-running-at-exit", "ray-shut-down-first"])
-def test_a_script_with_its_own_types_runs_quietly_and_exits_0(ds, tmp_path, shutdown):
+def test_a_script_with_its_own_types_runs_quietly_and_exits_0(ds, tmp_path):
     """A user script (own private Ray) declaring @edataclass types in __main__ and in a module next to
     it gets batches of those types, leaves an endless loader running at exit (with Ray up, or after
-    shutting Ray down itself), prints nothing of Ray's and exits with code 0."""
+    shutting Ray down itself), prints nothing of Ray's and exits with code 0. Both exits run side by
+    side (two scripts, two private Rays)."""
     (tmp_path / "train.py").write_text(SCRIPT)
     (tmp_path / "user_types.py").write_text(USER_TYPES)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_DATA_", "RAY_ADDRESS", "RAY_DEDUP"))}
     env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run(
-        [sys.executable, str(tmp_path / "train.py"), str(ds)] + (["--shutdown"] if shutdown else []), cwd=tmp_path,
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["main 30 (4, 3, 48, 64)", "module 30 user_types", "endless [4, 4, 4, 4, 4]"]
-    noise = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert noise == [], noise[:20]
+    procs = {
+        exit_kind: subprocess.Popen(
+            [sys.executable, str(tmp_path / "train.py"), str(ds)] + flags, cwd=tmp_path, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for exit_kind, flags in (("loader-running-at-exit", []), ("ray-shut-down-first", ["--shutdown"]))
+    }
+    for exit_kind, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, (exit_kind, err[-3000:])
+        assert out.splitlines() == ["main 30 (4, 3, 48, 64)", "module 30 user_types", "endless [4, 4, 4, 4, 4]"], exit_kind
+        noise = [line for line in err.splitlines() if line.strip()]
+        assert noise == [], (exit_kind, noise[:20])
 
 
 class _Tripwire:

@@ -1,5 +1,5 @@
-"""``jobs/train_captioning.py`` with a real ``TorchTrainer`` (2 train workers on a private 2-CPU Ray,
-in a fresh process): the loss goes down, and a train worker that dies once resumes from the last
+"""``jobs/train_captioning.py`` with a real ``TorchTrainer`` (2 train workers on the session's 2-CPU
+Ray, as the job runs on a Ray that is already up): the loss goes down, and a train worker that dies once resumes from the last
 checkpoint on exactly the batches an uninterrupted run trains on (each rank's loader, built here
 with that rank's ``WorkerConfig``, tells which: batches do not depend on the training)."""
 
@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,16 +15,19 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "train_captioning.py"
 
 
-def _run(workdir: Path, log_dir: Path, *extra: str) -> str:
+def _job():
+    spec = importlib.util.spec_from_file_location("train_captioning", JOB)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    return job
+
+
+def _run(workdir: Path, log_dir: Path, capsys, monkeypatch, *extra: str) -> str:
     log_dir.mkdir(parents=True)
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(
-        [sys.executable, str(JOB), "--workdir", str(workdir), "--steps", "10", "--checkpoint-every", "3", "--log-dir", str(log_dir), *extra],
-        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return proc.stdout
+    argv = [str(JOB), "--workdir", str(workdir), "--steps", "10", "--checkpoint-every", "3", "--log-dir", str(log_dir), *extra]
+    monkeypatch.setattr(sys, "argv", argv)
+    _job().main()
+    return capsys.readouterr().out
 
 
 def _keys(log_dir: Path) -> dict:
@@ -43,9 +44,7 @@ def _expected_keys(workdir: Path) -> dict:
     """``(rank, step) -> keys`` of an uninterrupted run: each rank's loader, as the job builds it."""
     import energon_ray as er
 
-    spec = importlib.util.spec_from_file_location("train_captioning", JOB)
-    job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job)
+    job = _job()
     out = {}
     for rank in (0, 1):
         config = {"path": str(workdir / "dataset"), "batch_size": 8}
@@ -57,8 +56,8 @@ def _expected_keys(workdir: Path) -> dict:
     return out
 
 
-def test_torch_trainer_learns_and_a_dead_worker_resumes_on_the_same_batches(tmp_path, ray_session):
-    out = _run(tmp_path / "b", tmp_path / "logs_b", "--fail-at", "6")  # last checkpoint before: step 5
+def test_torch_trainer_learns_and_a_dead_worker_resumes_on_the_same_batches(tmp_path, ray_session, capsys, monkeypatch):
+    out = _run(tmp_path / "b", tmp_path / "logs_b", capsys, monkeypatch, "--fail-at", "6")  # last checkpoint before: step 5
     first, last = map(float, re.search(r"loss: first 3 steps ([\d.]+), last 3 steps ([\d.]+)", out).groups())
     assert last < 0.5 * first, out
     assert (tmp_path / "logs_b" / "failed_once").exists()

@@ -14,7 +14,6 @@ import random
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -260,41 +259,36 @@ _ELASTIC = textwrap.dedent(
     import json, sys
     import ray
     import energon_ray as er
-    ray.init(address="local", num_cpus=int(sys.argv[2]), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
     loader = er.get_savable_loader(er.get_train_dataset(sys.argv[1], batch_size=4, shuffle_buffer_size=9, worker_config=wc))
-    if sys.argv[3] == "save":
-        it = iter(loader)
-        for _ in range(7):
-            next(it)
-        state = loader.save_state_rank().to_json()
-        print(json.dumps({"state": state, "next": [next(it).__key__ for _ in range(6)]}))
-    else:
-        loader.restore_state_rank(sys.stdin.read())
-        it = iter(loader)
-        print(json.dumps({"next": [next(it).__key__ for _ in range(6)]}))
+    it = iter(loader)
+    for _ in range(7):
+        next(it)
+    state = loader.save_state_rank().to_json()
+    print(json.dumps({"state": state, "next": [next(it).__key__ for _ in range(6)]}))
     loader.close()
     ray.shutdown()
     """
 )
 
 
-def test_state_restores_in_a_fresh_process_on_a_ray_of_another_size(roots, tmp_path):
-    """Saved on a 2-CPU Ray, restored in a new process on a 1-CPU Ray: the same batches."""
+def test_state_restores_in_another_process_on_a_ray_of_another_size(roots, tmp_path):
+    """Saved in another process on a 1-CPU Ray, restored here (a process that never iterated that
+    loader) on the session's 2-CPU Ray: the same batches."""
     script = tmp_path / "elastic.py"
     script.write_text(_ELASTIC)
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAY_ADDRESS": ""}
     env.pop("RAY_ADDRESS")
-    saved = subprocess.run([sys.executable, str(script), str(roots["a"]), "2", "save"], capture_output=True, text=True, env=env, timeout=240)
+    saved = subprocess.run([sys.executable, str(script), str(roots["a"])], capture_output=True, text=True, env=env, timeout=240)
     assert saved.returncode == 0, saved.stderr[-2000:]
     first = json.loads(saved.stdout.strip().splitlines()[-1])
-    started = time.perf_counter()
-    restored = subprocess.run(
-        [sys.executable, str(script), str(roots["a"]), "1", "restore"], input=first["state"], capture_output=True, text=True, env=env, timeout=240
-    )
-    assert restored.returncode == 0, restored.stderr[-2000:]
-    assert json.loads(restored.stdout.strip().splitlines()[-1])["next"] == first["next"]
-    assert time.perf_counter() - started < 200
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    loader = er.get_savable_loader(er.get_train_dataset(roots["a"], batch_size=4, shuffle_buffer_size=9, worker_config=wc))
+    loader.restore_state_rank(first["state"])
+    it = iter(loader)
+    assert [next(it).__key__ for _ in range(6)] == first["next"]
+    loader.close()
 
 
 class Pids(er.DefaultTaskEncoder):
