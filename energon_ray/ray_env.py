@@ -54,6 +54,8 @@ def warm_up(workers: int = 2) -> None:
     _warmed = True
     import ray
 
+    _start_ray_data_actors()
+
     @ray.remote(num_cpus=0)
     def _import() -> bool:
         import torch  # noqa: F401
@@ -64,6 +66,25 @@ def warm_up(workers: int = 2) -> None:
 
     for _ in range(workers):
         _import.remote()
+
+
+def _start_ray_data_actors() -> None:
+    """Start the two actors Ray Data creates at its first execution: its autoscaling coordinator,
+    whose answer gates the first tasks of an execution (measured: a fresh process started only then,
+    2-7 s of a cold first batch on 2 cores), and its stats actor. Both are named and shared, so
+    creating them early changes nothing but when. Internal Ray Data calls: any failure is ignored."""
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import get_or_create_autoscaling_coordinator
+
+        get_or_create_autoscaling_coordinator()
+    except Exception:  # another Ray version: Ray Data starts it itself
+        logger.debug("energon_ray: Ray Data's autoscaling coordinator not started early", exc_info=True)
+    try:
+        from ray.data._internal.stats import get_or_create_stats_actor
+
+        get_or_create_stats_actor()
+    except Exception:
+        logger.debug("energon_ray: Ray Data's stats actor not started early", exc_info=True)
 
 
 def train_rank_world() -> Optional[Tuple[int, int]]:

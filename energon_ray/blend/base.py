@@ -43,12 +43,22 @@ class PassContext:
         return [self.feeds[id(leaf)].source for leaf in composition.leaves()]
 
     def capture(self, worker: int, nodes: range, leaves: List[int]) -> Dict[str, Dict[int, Any]]:
-        """The state of one worker in a sub-tree (its nodes and leaf streams), e.g. before a pull."""
+        """The state of one worker in a sub-tree (its nodes and leaf streams), e.g. before a pull.
+
+        As the loader saves it: a node's ``overrides`` (the sub-tree's state before a group it is
+        half-way through giving) replaces the current state, children first."""
         by_index = {feed.source: feed for feed in self.feeds.values()}
-        return {
+        out = {
             "nodes": {i: self.nodes[i].save(worker) for i in nodes},
             "streams": {leaf: by_index[leaf].queues.state(worker) for leaf in leaves},
         }
+        for i in nodes:
+            overrides = getattr(self.nodes[i], "overrides", None)
+            before = overrides(worker) if overrides is not None else None
+            if before is not None:
+                out["nodes"].update(before["nodes"])
+                out["streams"].update(before["streams"])
+        return out
 
 
 class Composition:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from energon_ray.blend.base import Composition, Node, PassContext, Provider, check_same_workers
+from energon_ray.blend.lengths import add_per_worker, batch_count, split_evenly, worker_items, worker_samples
 from energon_ray.errors import check_keywords, log_exception
 from energon_ray.loader.merge import EXHAUSTED
 from energon_ray.pipeline.policy import HookRunner
@@ -231,11 +232,38 @@ class BlendDataset(Composition):
             for leaf, (share, offset) in ds.leaf_shares().items()
         }
 
+    def worker_items(self) -> List[int]:
+        """Items per worker: the sum of the sources' (Energon's ``BlendDataset.len_worker``)."""
+        return add_per_worker([worker_items(ds) for ds in self.datasets])
+
     def __len__(self) -> int:
-        return sum(len(ds) for ds in self.datasets)
+        return sum(self.worker_items())
 
     def __repr__(self) -> str:
         return "BlendDataset(" + ", ".join(f"({ds!r}, {w:.3g})" for ds, w in zip(self.datasets, self.weights)) + ")"
+
+
+class PooledBlendDataset(BlendDataset):
+    """The train blend of a metadataset's leaves: a :class:`BlendDataset` whose length counts the
+    batches of each worker's pooled samples, as Energon blends samples and then batches them.
+
+    Args:
+        *datasets: ``(dataset, weight)`` pairs of datasets from ``get_train_dataset`` (not compositions).
+        batch_size: the leaves' batch size (``None``: unbatched).
+        drop_last: whether a worker's last partial batch is dropped.
+
+    Example:
+        >>> # two leaves of 55 samples, batch_size=10, one worker: len() is 11 (not 6 + 6)
+    """
+
+    def __init__(self, *datasets: Tuple[Composition, float], batch_size: Optional[int], drop_last: bool = False):
+        super().__init__(*datasets)
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def worker_items(self) -> List[int]:
+        pooled = add_per_worker([worker_samples(ds) for ds in self.datasets])
+        return [batch_count(n, self.batch_size, self.drop_last) for n in pooled]
 
 
 class ConcatDataset(Composition):
@@ -293,18 +321,25 @@ class ConcatDataset(Composition):
         workers = self.num_workers
         return [self.limit // workers + (1 if w < self.limit % workers else 0) for w in range(workers)]
 
-    def __len__(self) -> int:
-        if all(getattr(getattr(ds, "options", None), "batch_across_sources", False) for ds in self.datasets):
-            # one batched stream per worker through all datasets
+    def _batched_across(self) -> bool:
+        return all(getattr(getattr(ds, "options", None), "batch_across_sources", False) for ds in self.datasets)
+
+    def worker_items(self) -> List[int]:
+        """Items per worker: one batched stream through all datasets, or the sum of theirs; capped by ``limit``."""
+        if self._batched_across():
             options = self.datasets[0].options
-            per_worker = [sum(n) for n in zip(*(ds.worker_lengths() for ds in self.datasets))]
-            size = options.batch_size
-            batches = [n // size if options.drop_last else -(-n // size) for n in per_worker]
-            caps = self.caps()
-            total = sum(batches if caps is None else [min(b, c) for b, c in zip(batches, caps)])
-            return total
+            pooled = add_per_worker([worker_samples(ds) for ds in self.datasets])
+            items = [batch_count(n, options.batch_size, options.drop_last) for n in pooled]
+        else:
+            items = add_per_worker([worker_items(ds) for ds in self.datasets])
+        caps = self.caps()
+        return items if caps is None else [min(i, c) for i, c in zip(items, caps)]
+
+    def __len__(self) -> int:
+        if self._batched_across():
+            return sum(self.worker_items())
         total = sum(len(ds) for ds in self.datasets)
-        return min(total, self.limit) if self.limit is not None else total
+        return min(total, self.limit) if self.limit is not None else total  # Energon's LimitDataset.len_rank
 
     def __repr__(self) -> str:
         return "ConcatDataset(" + ", ".join(repr(ds) for ds in self.datasets) + ")"
@@ -366,8 +401,12 @@ class MixBatchDataset(Composition):
     def schedule_hints(self, pass_index: int):
         return self.blend.schedule_hints(pass_index, items_per_step=self.batch_size)
 
+    def worker_items(self) -> List[int]:
+        """Batches per worker: each worker groups its own blended items (Energon batches per worker)."""
+        return [batch_count(n, self.batch_size, drop_last=False) for n in self.blend.worker_items()]
+
     def __len__(self) -> int:
-        return -(-len(self.blend) // self.batch_size)
+        return sum(self.worker_items())
 
 
 class _Wrapper(Composition):
@@ -398,6 +437,9 @@ class _Wrapper(Composition):
     def schedule_hints(self, pass_index: int):
         return self.dataset.schedule_hints(pass_index)
 
+    def worker_items(self) -> List[int]:
+        return worker_items(self.dataset)
+
     def __len__(self) -> int:
         return len(self.dataset)
 
@@ -413,6 +455,9 @@ class EpochizeDataset(_Wrapper):
 
     def virtual_epoch_length(self) -> int:
         return self.length
+
+    def worker_items(self) -> List[int]:
+        return split_evenly(self.length, self.num_workers)
 
     def __len__(self) -> int:
         return self.length

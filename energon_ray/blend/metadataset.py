@@ -5,13 +5,18 @@ Rules (Energon's): nested blend weights multiply (each level normalised); subfla
 dataset.yaml < inner < outer (outer wins); a reference's own ``split_part`` wins over the one
 passed down; ratio subsets compose inner-first, absolute subsets only at leaves;
 ``shuffle_over_epochs_multiplier`` multiplies (``None`` anywhere → no shuffle, -1 → with replacement).
-Paths may be ``s3://``/``msc://`` URLs; a relative path in a remote YAML is relative to its folder there.
+Weights and repetitions are multiplied innermost level first, in Energon's order, so the floats are
+Energon's to the last bit. Paths may be ``s3://``/``msc://`` URLs; a relative path in a remote YAML
+is relative to its folder there. A ``join:`` node is one leaf (its primary's path) carrying its
+:class:`~energon_ray.blend.join.JoinSpec`. The Python objects over this parser (``load_dataset``,
+``MetadatasetV2``…) live in :mod:`energon_ray.blend.metadataset_api`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -23,6 +28,7 @@ from energon_ray.storage import RemotePath, as_path, is_remote
 _REF_KEYS = {"path", "split_part", "subflavors", "subflavor", "subset", "shuffle_over_epochs_multiplier",
              "dataset_config", "split_config", "weight", "repetitions", "aux"}  # fmt: skip
 _NODE_KEYS = _REF_KEYS | {"blend", "blend_epochized", "join", "joiner"}
+_URL = re.compile(r"^(?P<protocol>[a-z][a-z0-9+.-]*)://(?P<rest>.*)", re.IGNORECASE)
 
 
 @dataclasses.dataclass
@@ -40,6 +46,10 @@ class LeafSpec:
     shuffle_over_epochs: Optional[int] = 1
     dataset_config: Optional[str] = None
     split_config: Optional[str] = None
+    #: ``aux:`` references, resolved to paths (recorded for traversal; aux data is not read).
+    aux: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: a ``join:`` node (:class:`energon_ray.blend.join.JoinSpec`; ``path`` is then its primary's).
+    join: Optional[Any] = None
 
 
 @dataclasses.dataclass
@@ -51,8 +61,8 @@ class Flattened:
 
 
 def is_metadataset_path(path: Any) -> bool:
-    """A ``.yaml``/``.yml`` file or a dict is a metadataset; a folder is a prepared dataset."""
-    if isinstance(path, dict):
+    """A ``.yaml``/``.yml`` file, a dict or a :class:`Flattened` is a metadataset; a folder is a prepared dataset."""
+    if isinstance(path, (dict, Flattened)):
         return True
     p = _as_path(path)
     return p.suffix in (".yaml", ".yml") and p.is_file()
@@ -102,6 +112,16 @@ def _subset(node: dict, file: str, where: str) -> Tuple[Optional[Tuple[float, fl
     raise _err(file, where, f"subset range {rng} mixes percentages and sample indices")
 
 
+def absolute_subset_error(file: str, where: str, absolute: Tuple[int, Optional[int]]) -> DatasetConfigError:
+    """An absolute subset range above a leaf; the sentence after ``file: where:`` is Energon's."""
+    return _err(file, where, f"Can only use absolute subset ranges for a leaf dataset (Range parent_subset.absolute_range={absolute})")
+
+
+def parse_subset(node: dict, file: str, where: str):
+    """``(ratio, absolute)`` of a node's ``subset: {range: [start, end]}`` (each ``None`` when absent)."""
+    return _subset(node, file, where)
+
+
 def _compose_ratio(inner: Optional[Tuple[float, float]], outer: Optional[Tuple[float, float]]):
     if outer is None:
         return inner
@@ -124,11 +144,15 @@ class _Ctx:
     """What flows down the tree from outer to inner nodes."""
 
     split_part: str
-    weight: float = 1.0
-    repetitions: Optional[float] = None
     subflavors: Dict[str, Any] = dataclasses.field(default_factory=dict)
     ratio: Optional[Tuple[float, float]] = None
     shuffle_over_epochs: Optional[int] = 1
+
+
+def start_context(split_part: str, subflavors: Optional[Dict[str, Any]] = None, ratio: Optional[Tuple[float, float]] = None,
+                  shuffle_over_epochs: Optional[int] = 1) -> _Ctx:
+    """What the caller of a metadataset passes down to its root (``get_datasets``' arguments)."""
+    return _Ctx(split_part=split_part, subflavors=dict(subflavors or {}), ratio=ratio, shuffle_over_epochs=shuffle_over_epochs)
 
 
 def _as_path(value: Any) -> Path | RemotePath:
@@ -138,10 +162,12 @@ def _as_path(value: Any) -> Path | RemotePath:
 
 
 class _Parser:
-    def __init__(self, file: str, base: Path | RemotePath, stack: Tuple[str, ...]):
+    def __init__(self, file: str, base: Path | RemotePath, stack: Tuple[str, ...], check: bool = True):
         self.file = file
         self.base = base
         self.stack = stack
+        #: False: a missing path is a leaf (traversal), not an error
+        self.check = check
         self.modes: set = set()
 
     def node(self, node: Any, where: str, ctx: _Ctx) -> List[LeafSpec]:
@@ -151,7 +177,7 @@ class _Parser:
         if unknown:
             raise _err(self.file, where, f"unknown keys {sorted(unknown)}")
         if "join" in node:
-            raise _err(self.file, where, "'join' metadatasets are not supported by energon_ray yet")
+            return self.join(node, where, ctx)
         kinds = [k for k in ("path", "blend", "blend_epochized") if k in node]
         if len(kinds) != 1:
             raise _err(self.file, where, f"a node needs exactly one of path, blend, blend_epochized; got {kinds or 'none'}")
@@ -163,10 +189,10 @@ class _Parser:
     def _descend(self, node: dict, where: str, ctx: _Ctx) -> _Ctx:
         subflavors = dict(node.get("subflavors") or {})
         if "subflavor" in node:
-            subflavors["__subflavor__"] = node["subflavor"]
+            subflavors.setdefault("__subflavor__", node["subflavor"])
         ratio, absolute = _subset(node, self.file, where)
         if absolute is not None and "path" not in node:
-            raise _err(self.file, where, "absolute subset ranges are only allowed on dataset references")
+            raise absolute_subset_error(self.file, where, absolute)
         mult = node.get("shuffle_over_epochs_multiplier", 1)
         return dataclasses.replace(
             ctx,
@@ -175,6 +201,24 @@ class _Parser:
             ratio=_compose_ratio(ratio, ctx.ratio),
             shuffle_over_epochs=_multiplier(ctx.shuffle_over_epochs, mult),
         )
+
+    def join(self, node: dict, where: str, ctx: _Ctx) -> List[LeafSpec]:
+        from energon_ray.blend.join import parse_join
+
+        if any(k in node for k in ("path", "blend", "blend_epochized")):
+            raise _err(self.file, where, "a 'join' node cannot also have path, blend or blend_epochized")
+        ctx = self._descend(node, where, ctx)
+        spec = parse_join(node, self, where, ctx)
+        primary = spec.members[0]
+        return [
+            LeafSpec(path=primary.path, split_part=primary.split_part, where=f"{self.file}: {where}",
+                     subflavors=dict(ctx.subflavors), ratio=ctx.ratio, shuffle_over_epochs=ctx.shuffle_over_epochs, join=spec)
+        ]  # fmt: skip
+
+    def resolve(self, raw: Any) -> Path | RemotePath:
+        """A path of the YAML, relative to its folder unless absolute."""
+        path = _as_path(raw)
+        return path if path.is_absolute() else self.base / path
 
     def blend(self, node: dict, kind: str, where: str, ctx: _Ctx) -> List[LeafSpec]:
         entries = node[kind]
@@ -188,14 +232,16 @@ class _Parser:
             weights = [_number(e.get("weight", 1.0) if isinstance(e, dict) else 1.0, self.file, f"{where}.blend[{i}]", "weight") for i, e in enumerate(entries)]
             if sum(weights) <= 0:
                 raise _err(self.file, f"{where}.blend", f"weights {weights} are all zero")
+            total = sum(weights)
             for i, (entry, w) in enumerate(zip(entries, weights)):
-                out += self.node(entry, f"{where}.blend[{i}]", dataclasses.replace(ctx, weight=ctx.weight * w / sum(weights)))
+                for leaf in self.node(entry, f"{where}.blend[{i}]", ctx):
+                    out.append(dataclasses.replace(leaf, weight=leaf.weight * w / total))
         else:
             for i, entry in enumerate(entries):
                 sub = f"{where}.blend_epochized[{i}]"
                 reps = _number(entry.get("repetitions", 1) if isinstance(entry, dict) else 1, self.file, sub, "repetitions", allow_zero=False)
-                base = 1.0 if ctx.repetitions is None else ctx.repetitions
-                out += self.node(entry, sub, dataclasses.replace(ctx, repetitions=base * reps))
+                for leaf in self.node(entry, sub, ctx):
+                    out.append(dataclasses.replace(leaf, repetitions=reps * (1 if leaf.repetitions is None else leaf.repetitions)))
         return out
 
     def reference(self, node: dict, where: str, ctx: _Ctx) -> List[LeafSpec]:
@@ -203,32 +249,52 @@ class _Parser:
         path = _as_path(raw)
         if not path.is_absolute():
             path = self.base / path
-        if not path.exists():
+        if self.check and not path.exists():
             raise _err(self.file, where, f"path {str(raw)!r} does not exist ({path})")
-        if path.is_file() and path.suffix in (".yaml", ".yml"):
+        _, absolute = _subset(node, self.file, where)
+        if path.suffix in (".yaml", ".yml") and path.is_file():
+            if absolute is not None:
+                raise absolute_subset_error(self.file, where, absolute)
             if str(path.resolve()) in self.stack:
                 raise _err(self.file, where, f"metadataset {path} includes itself")
-            inner = parse_file(path, ctx.split_part, stack=self.stack, ctx=ctx)
+            inner = parse_file(path, ctx.split_part, stack=self.stack, ctx=ctx, check=self.check)
             self.modes |= {inner.mode} - {"none"}
             if len(self.modes) > 1:
                 raise _err(self.file, where, "cannot combine 'blend' and 'blend_epochized' in one metadataset")
             return inner.leaves
-        _, absolute = _subset(node, self.file, where)
         return [
             LeafSpec(
                 path=path,
                 split_part=ctx.split_part,
                 where=f"{self.file}: {where}",
-                weight=ctx.weight,
-                repetitions=ctx.repetitions,
                 subflavors=dict(ctx.subflavors),
                 ratio=ctx.ratio,
                 absolute=absolute,
                 shuffle_over_epochs=ctx.shuffle_over_epochs,
                 dataset_config=node.get("dataset_config"),
                 split_config=node.get("split_config"),
+                aux=self.aux(node.get("aux"), where),
             )
         ]
+
+    def aux(self, refs: Any, where: str) -> Dict[str, Any]:
+        """``aux:`` names → paths: ``filesystem://p`` (relative to the YAML's folder unless absolute),
+        ``filesystem+s3://p`` (the URL ``s3://p``), other URLs as they are, plain paths relative."""
+        if refs is None:
+            return {}
+        if not isinstance(refs, dict) or not all(isinstance(v, str) for v in refs.values()):
+            raise _err(self.file, f"{where}.aux", f"aux must map names to path strings, got {refs!r}")
+        out = {}
+        for name, ref in refs.items():
+            url = _URL.match(ref)
+            protocol = url.group("protocol") if url else None
+            if protocol == "filesystem":
+                ref = url.group("rest")
+            elif protocol is not None and protocol.startswith("filesystem+"):
+                ref = f"{protocol[len('filesystem+'):]}://{url.group('rest')}"
+            path = _as_path(ref)
+            out[name] = path if path.is_absolute() else self.base / path
+        return out
 
 
 def _v1_to_v2(data: dict, file: str) -> dict:
@@ -241,8 +307,9 @@ def _v1_to_v2(data: dict, file: str) -> dict:
     return {"splits": splits}
 
 
-def parse(data: Any, file: str, base: Path | RemotePath, split_part: str, *, stack: Tuple[str, ...] = (), ctx: Optional[_Ctx] = None) -> Flattened:
-    """Flatten the node of ``split_part`` of a parsed metadataset."""
+def parse(data: Any, file: str, base: Path | RemotePath, split_part: str, *, stack: Tuple[str, ...] = (),
+          ctx: Optional[_Ctx] = None, check: bool = True) -> Flattened:
+    """Flatten the node of ``split_part`` of a parsed metadataset (``check=False``: missing paths are leaves)."""
     if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):
         raise _err(file, "top level", "a metadataset needs a 'splits' mapping")
     cls = data.get("__class__")
@@ -253,18 +320,25 @@ def parse(data: Any, file: str, base: Path | RemotePath, split_part: str, *, sta
     splits = data["splits"]
     if split_part not in splits:
         raise _err(file, "splits", f"unknown split part {split_part!r}; the file defines {sorted(splits)}")
-    parser = _Parser(file, base, stack)
+    parser = _Parser(file, base, stack, check)
     ctx = ctx or _Ctx(split_part=split_part)
     leaves = parser.node(splits[split_part], f"splits.{split_part}", dataclasses.replace(ctx, split_part=split_part))
     mode = next(iter(parser.modes), "none")
     return Flattened(leaves=leaves, mode=mode)
 
 
-def parse_file(path: Path | str | RemotePath, split_part: str, *, stack: Tuple[str, ...] = (), ctx: Optional[_Ctx] = None) -> Flattened:
-    """Read and flatten a metadataset YAML file (local or remote)."""
+def read_file(path: Path | str | RemotePath) -> Any:
+    """The parsed YAML of a metadataset file (local or remote)."""
     path = _as_path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except Exception as exc:
         raise DatasetConfigError(f"{path}: cannot parse metadataset: {exc}") from None
-    return parse(data, str(path), path.parent, split_part, stack=stack + (str(path.resolve()),), ctx=ctx)
+
+
+def parse_file(path: Path | str | RemotePath, split_part: str, *, stack: Tuple[str, ...] = (), ctx: Optional[_Ctx] = None,
+               check: bool = True) -> Flattened:
+    """Read and flatten a metadataset YAML file (local or remote)."""
+    path = _as_path(path)
+    data = read_file(path)
+    return parse(data, str(path), path.parent, split_part, stack=stack + (str(path.resolve()),), ctx=ctx, check=check)

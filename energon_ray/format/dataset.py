@@ -57,10 +57,12 @@ class PreparedDataset:
         dataset_config: Optional[str] = None,
         check: bool = True,
         trusted: bool = False,
+        spec: Optional[DatasetSpec] = None,
     ) -> "PreparedDataset":
         """Read ``.nv-meta`` and validate every shard's ``.tar.idx`` against its tar.
 
-        ``path`` may be a local folder or an ``s3://``/``msc://`` URL (see :mod:`energon_ray.storage`).
+        ``path`` may be a local folder or an ``s3://``/``msc://`` URL (see :mod:`energon_ray.storage`);
+        ``spec``: how samples are built (default: read from ``dataset.yaml``; a dataset factory gives its own).
 
         Raises:
             DatasetConfigError: missing ``.nv-meta``, unknown split part, bad dataset.yaml, or an
@@ -78,7 +80,8 @@ class PreparedDataset:
         dataset_config = dataset_config or "dataset.yaml"
         counts = read_info(root)
         part = resolve_split_part(root, split_part, counts, split_config)
-        spec = read_dataset_spec(root, dataset_config, trusted)
+        if spec is None:  # a dataset factory brings its own (its arguments instead of dataset.yaml)
+            spec = read_dataset_spec(root, dataset_config, trusted)
         shards = tuple(ShardInfo(name=n, path=str(root / n), count=counts[n]) for n in part.shards)
         dataset = cls(
             root=str(root),

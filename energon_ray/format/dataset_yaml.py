@@ -108,6 +108,24 @@ def resolve_class(spec: Any, file: str, what: str, trusted: bool = False) -> typ
         raise DatasetConfigError(f"{file}: cannot import {what} {module}.{name}: {exc}") from None
 
 
+def _factory_sample_type(module: str, name: str, file: str, trusted: bool) -> type:
+    """The ``__sample_type__`` of a user's dataset factory class (``__class__: MyWebdataset`` of module
+    ``module``, e.g. ``class MyWebdataset(DefaultDecoderWebdatasetFactory[MySample])``); imported only when trusted.
+
+    Raises:
+        UntrustedCodeError: without the opt-in. DatasetConfigError: not importable, or no sample type.
+    """
+    factory = resolve_class({"__module__": module, "__class__": name}, file, "dataset class", trusted)
+    sample_type = getattr(factory, "__sample_type__", None)
+    if not isinstance(sample_type, type):
+        raise DatasetConfigError(f"{file}: dataset class {module}.{name} has no __sample_type__ (a Sample subclass)")
+    if sample_type.__name__ == "CrudeSample" or issubclass(sample_type, CrudeSample):
+        return CrudeSample
+    if sample_type.__module__.startswith("megatron.energon") and sample_type.__name__ in SAMPLE_TYPES:
+        return SAMPLE_TYPES[sample_type.__name__]  # an Energon factory subclass: the same type of ours
+    return sample_type
+
+
 class _RemoteFiles:
     """The bytes of a remote dataset's config files, each fetched once (None: the file does not exist)."""
 
@@ -236,8 +254,10 @@ def read_dataset_spec(
     subflavors = data.pop("subflavors", None) or {}
     if "__class__" in data:
         cls_name = data.pop("__class__")
-        data.pop("__module__", None)
-        if cls_name == "CrudeWebdataset":
+        module = data.pop("__module__", None)
+        if module is not None and module not in _COMPATIBLE_MODULES and not module.startswith(_COMPATIBLE_MODULES):
+            sample_type = _factory_sample_type(module, cls_name, fname, trusted)
+        elif cls_name == "CrudeWebdataset":
             sample_type = CrudeSample
         elif cls_name.endswith("Webdataset") and cls_name[: -len("Webdataset")] + "Sample" in SAMPLE_TYPES:
             # legacy factories: CaptioningWebdataset → CaptioningSample, VQAOCRWebdataset → VQAOCRSample

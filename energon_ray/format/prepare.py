@@ -79,8 +79,11 @@ def already_prepared(path: Path | str) -> Optional[Path]:
     return None
 
 
-def split_by_ratio(names: Sequence[str], ratio: Sequence[float], shuffle: bool = False) -> Dict[str, List[str]]:
-    """Whole shards to train/val/test: cut points ``int(n * cumulative normalised ratio)``.
+def split_by_ratio(
+    names: Sequence[str], ratio: Sequence[float], shuffle: bool = False, parts: Sequence[str] = RATIO_PARTS, seed: int = 42
+) -> Dict[str, List[str]]:
+    """Whole shards to train/val/test (or ``parts``): cut points ``int(n * cumulative normalised ratio)``;
+    ``shuffle`` shuffles the shards first with ``random.Random(seed)``.
 
     As in Energon, except that the last part always ends at ``n``: Energon's float sum can end
     just below 1 (e.g. ratio ``0.1,0.2,0.3``) and then silently drops the last shard.
@@ -91,12 +94,12 @@ def split_by_ratio(names: Sequence[str], ratio: Sequence[float], shuffle: bool =
     """
     order = list(names)
     if shuffle:
-        random.Random(42).shuffle(order)
+        random.Random(seed).shuffle(order)
     total = float(sum(ratio))
     out, start, cumulative = {}, 0, 0.0
-    for part, value in zip(RATIO_PARTS, ratio):
+    for i, (part, value) in enumerate(zip(parts, ratio)):
         cumulative += value / total
-        end = len(order) if part == RATIO_PARTS[-1] else int(len(order) * cumulative)
+        end = len(order) if i == len(parts) - 1 else int(len(order) * cumulative)
         out[part] = order[start:end]
         start = end
     return out

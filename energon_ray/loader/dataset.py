@@ -11,6 +11,7 @@ import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from energon_ray.blend.base import Composition, PassContext
+from energon_ray.cache.cooking import AuxConfig
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.pipeline.load import SampleLoader
 from energon_ray.pipeline.shipping import Shipped
@@ -68,8 +69,12 @@ class EnergonDataset(Composition):
         subflavors: Optional[Dict[str, Any]] = None,
         rotation_offset: int = 0,
         rotation_base: Optional[int] = None,
+        aux: Optional[Dict[str, Any]] = None,
     ):
         self.dataset = dataset
+        #: the metadataset's ``aux:`` stores (name → FileStore) and the loader's cache pool
+        self.aux = dict(aux or {})
+        self.cache_pool: Any = None
         self.worker_config = worker_config
         self.task_encoder = task_encoder
         self.options = options
@@ -206,8 +211,14 @@ class EnergonDataset(Composition):
                 error_handler=self.worker_config.global_error_handler,
                 packing_buffer_size=self.options.packing_buffer_size,
                 batch_across_sources=self.options.batch_across_sources,
+                aux=AuxConfig(self.aux, self.dataset.root, self.decoder, self.cache_pool),
             )
         return self._stages
+
+    def set_cache_pool(self, pool: Any) -> None:
+        """The pool cookers and encoders get as ``cache`` (``get_loader(cache_pool=…)``)."""
+        self.cache_pool = pool
+        self._stages = None
 
     def reader(self) -> ReadSegment:
         return ReadSegment(

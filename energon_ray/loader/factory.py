@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 from typing import Any, List, Optional
 
+from energon_ray.cache.aux import aux_stores
 from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import DatasetConfigError, resolve_trust
 from energon_ray.format.dataset import PreparedDataset
@@ -14,8 +15,8 @@ from energon_ray.format.dataset_yaml import check_field_map_parts
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.storage import is_remote
 from energon_ray.blend.base import Composition
-from energon_ray.blend.compose import BlendDataset, ConcatDataset, EpochizeDataset
-from energon_ray.blend.metadataset import is_metadataset_path
+from energon_ray.blend.compose import ConcatDataset, EpochizeDataset, PooledBlendDataset
+from energon_ray.blend.metadataset import Flattened, is_metadataset_path, start_context
 from energon_ray.blend.metadataset import parse as parse_metadataset
 from energon_ray.blend.metadataset import parse_file as parse_metadataset_file
 from energon_ray.loader.dataset import EnergonDataset, PlanOptions
@@ -52,23 +53,36 @@ def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
         raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
 
 
-def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict, trusted: bool) -> Composition:
-    """Leaves of a metadataset as EnergonDatasets, blended (train) or concatenated (val)."""
-    if isinstance(path, dict):
-        flat = parse_metadataset(path, "<metadataset dict>", Path.cwd(), split_part)
+def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict, trusted: bool,
+                 subflavors: Optional[dict] = None) -> Composition:
+    """Leaves of a metadataset as EnergonDatasets, blended (train) or concatenated (val).
+
+    ``path`` may be already flattened (``get_val_datasets`` builds one leaf at a time); the caller's
+    ``subflavors`` override every level's, as in Energon."""
+    ctx = start_context(split_part, subflavors)
+    if isinstance(path, Flattened):
+        flat = path
+    elif isinstance(path, dict):
+        flat = parse_metadataset(path, "<metadataset dict>", Path.cwd(), split_part, ctx=ctx)
     else:
-        flat = parse_metadataset_file(path, split_part)
+        flat = parse_metadataset_file(path, split_part, ctx=ctx)
     wc = common["worker_config"]
     global_workers = max(1, wc.num_workers) * wc.world_size
     leaves: List[EnergonDataset] = []
     offset = 0
     for leaf in flat.leaves:
         try:
-            prepared = PreparedDataset.open(
-                leaf.path, leaf.split_part, split_config=leaf.split_config, dataset_config=leaf.dataset_config,
-                trusted=trusted,
-            )
-            _check_parts(prepared)
+            if leaf.join is not None:
+                from energon_ray.loader.joined import open_join_members
+
+                members = open_join_members(leaf.join, trusted)
+                prepared = members[0]
+            else:
+                prepared = PreparedDataset.open(
+                    leaf.path, leaf.split_part, split_config=leaf.split_config, dataset_config=leaf.dataset_config,
+                    trusted=trusted,
+                )
+                _check_parts(prepared)
         except DatasetConfigError as exc:
             raise DatasetConfigError(f"{leaf.where}: {exc}") from None
         leaf_options = dataclasses.replace(
@@ -82,10 +96,16 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
             # validation batches run across the end of one dataset into the next, as in Energon
             batch_across_sources=not options.training and len(flat.leaves) > 1 and options.batch_size is not None,
         )
+        if leaf.join is not None:
+            from energon_ray.loader.joined import joined_dataset
+
+            leaves.append(joined_dataset(leaf.join, members, leaf_options, common, trusted, offset, global_workers))
+            offset += prepared.total  # Energon's len() of a join: the primary's samples
+            continue
         try:
             leaves.append(
                 EnergonDataset(prepared, options=leaf_options, subflavors=leaf.subflavors, rotation_offset=offset % global_workers,
-                              rotation_base=offset, **common)
+                              rotation_base=offset, aux=aux_stores(leaf.aux, leaf.where), **common)
             )
         except ValueError as exc:
             raise DatasetConfigError(f"{leaf.where}: {exc}") from None
@@ -101,7 +121,8 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
         weights = [max(1, sum(ds.worker_lengths())) for ds in leaves]
     else:
         weights = [spec.weight for spec in flat.leaves]
-    blend: Composition = BlendDataset(*zip(leaves, weights))
+    # Energon blends the leaves' samples and batches them per worker: len() counts those batches
+    blend: Composition = PooledBlendDataset(*zip(leaves, weights), batch_size=options.batch_size, drop_last=options.drop_last)
     if options.virtual_epoch_length:
         blend = EpochizeDataset(blend, options.virtual_epoch_length)
     return blend
@@ -162,7 +183,7 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
         if kwargs:
             raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
         common = dict(worker_config=worker_config, task_encoder=task_encoder, decoder=decoder)
-        return _metadataset(path, split_part, options, common, trusted)
+        return _metadataset(path, split_part, options, common, trusted, subflavors)
     options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
     samples_per_segment = kwargs.pop("samples_per_segment", None)
     if samples_per_segment is not None:
@@ -189,8 +210,8 @@ def _head_start() -> None:
     from energon_ray.pipeline.build import feeder
     from energon_ray.ray_env import warm_up
 
+    feeder()  # first: the actor's process start is on the first batch's path, the imports overlap it
     warm_up()
-    feeder()
 
 
 def get_train_dataset(

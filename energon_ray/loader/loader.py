@@ -23,6 +23,7 @@ from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import LoaderStats, RoundRobin
 from energon_ray.loader.savable import PassRun, check_fits, new_state, restore_sample, starts_of
 from energon_ray.loader.state import LoaderState, StateError
+from energon_ray.pipeline.build import feeder
 from energon_ray.ray_env import ensure_ray, warm_up
 
 #: ``get_loader`` keywords of Energon that do not apply here (Ray has its own watchdogs and caching).
@@ -87,6 +88,7 @@ class EnergonLoader:
             raise ValueError("a dataset object appears twice in this composition; build each source separately")
         self._training = any(leaf.options.training for leaf in leaves)
         ensure_ray()
+        feeder()  # before the warm-up tasks: its process start is on the first batch's path
         warm_up()
         self._early: Optional[MultiFeed] = None
         # The first pass starts now, while the caller builds its model: by the first next() the
@@ -360,7 +362,8 @@ def get_loader(
         pin_memory: pin batch tensors (default: when CUDA is available; never fails on a CPU-only box).
         ray_remote_args: resources per segment task.
         object_store_limit: bytes of finished blocks Ray may hold ahead of the trainer (``None``: Ray's default).
-        **energon_options: Energon's ``cache_pool``, ``watchdog_timeout_seconds``,
+        **energon_options: ``cache_pool`` (a ``CachePool``: cookers get it as ``cache``, hooks as
+            ``self.cache``, in the segment tasks); Energon's ``watchdog_timeout_seconds``,
             ``watchdog_initial_timeout_seconds``, ``fail_on_timeout``, ``gc_collect_every_n_steps``,
             ``gc_freeze_at_start``: accepted and ignored (a warning, once each).
 
@@ -394,7 +397,10 @@ def _loader_options(
     **energon_options: Any,
 ) -> Dict[str, Any]:
     """``EnergonLoader``'s keywords from ``get_loader``'s (Energon's names checked and mapped)."""
+    cache_pool = energon_options.pop("cache_pool", None)
     check_keywords(what, energon_options, ENERGON_LOADER_OPTIONS)
+    if cache_pool is not None:
+        _attach_cache_pool(what, dataset, cache_pool)
     if worker_config is not None and isinstance(dataset, Composition) and worker_config != dataset.worker_config:
         raise ValueError(
             f"{what}: worker_config {worker_config.config()} differs from the dataset's {dataset.worker_config.config()}"
@@ -405,6 +411,16 @@ def _loader_options(
         prefetch_batches=prefetch_batches, ray_remote_args=ray_remote_args, pin_memory=pin_memory,
         object_store_limit=object_store_limit,
     )  # fmt: skip
+
+
+def _attach_cache_pool(what: str, dataset: Any, pool: Any) -> None:
+    """Hand ``pool`` to every leaf dataset: it travels with their stage configs to the segment tasks."""
+    from energon_ray.cache import CachePool
+
+    if not isinstance(pool, CachePool):
+        raise TypeError(f"{what}: cache_pool must be a CachePool (e.g. FileStoreCachePool), got {type(pool).__name__}")
+    for leaf in dataset.leaves():
+        leaf.set_cache_pool(pool)
 
 
 #: ``get_savable_loader`` keywords of Energon's snapshot cadence: every item is an exact save point here.

@@ -88,7 +88,7 @@ def describe(dataset: Composition, order_only: bool = False) -> Any:
             "rotation": dataset.rotation_base if order_only else dataset.rotation_offset,
         }
     out: Dict[str, Any] = {"type": type(dataset).__name__}
-    for name in ("weights", "batch_size", "length", "limit", "salt"):
+    for name in ("weights", "batch_size", "length", "limit", "salt", "repeats", "size", "buffer_size", "fixed_batch_size", "drop_last"):
         if hasattr(dataset, name) and not (order_only and name == "batch_size"):
             out[name] = getattr(dataset, name)
     parts = getattr(dataset, "datasets", None)

@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
 
+from energon_ray.cache.cooking import AuxConfig, cook_context
 from energon_ray.errors import FatalSampleError, log_exception
 from energon_ray.pipeline import rows, serde
 from energon_ray.pipeline.grouping import Grouper
@@ -39,6 +40,8 @@ class StageConfig:
     #: Leave every sample to the trainer's pool, batched across datasets (a validation metadataset
     #: batches its datasets' streams as one, like Energon's concatenation before batching).
     batch_across_sources: bool = False
+    #: The dataset's auxiliary stores, its own path and the loader's cache pool (for cookers).
+    aux: Optional[AuxConfig] = None
 
 
 def _runner(te: TaskEncoder, name: str, stage: str, handler: Any) -> HookRunner:
@@ -51,7 +54,8 @@ def _what(sample: Any) -> str:
         key, sources = sample.get("__key__"), sample.get("__sources__")
     else:
         key, sources = getattr(sample, "__key__", None), getattr(sample, "__sources__", None)
-    shard = sources[0].shard_name if sources else "?"
+    first = sources[0] if sources else None  # a SourceInfo, or its dict after dataclasses.asdict
+    shard = (first.get("shard_name") if isinstance(first, dict) else getattr(first, "shard_name", None)) or "?"
     return f"{shard}: sample {key!r}"
 
 
@@ -100,7 +104,8 @@ class EncodeSamples:
         data.runs.extend(runs.values())
         if data.fatal is None:
             try:
-                self._encode_all(data, te, loader, load, cook, encode, runs)
+                with cook_context(config.aux):
+                    self._encode_all(data, te, loader, load, cook, encode, runs)
             except FatalSampleError as exc:
                 data.fatal = ("FatalSampleError", str(exc))
         data.raw = []

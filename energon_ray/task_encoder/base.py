@@ -69,7 +69,9 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
         if isinstance(sample, CrudeSample):
             for cooker in self.cookers:
                 if cooker.is_match(sample.get("__subflavors__")):
-                    return cooker.cook(sample)
+                    from energon_ray.cache.cooking import cook_kwargs  # aux stores, cache=, primary=
+
+                    return cooker.cook(sample, **cook_kwargs(cooker.cook, sample))
             raise ValueError(
                 f"no cooker matches crude sample {sample.get('__key__')!r} "
                 f"with subflavors {sample.get('__subflavors__')!r}"
@@ -164,6 +166,13 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
         ``postencode_sample``: position // batch size)."""
         return context.current_batch_index()
 
+    @property
+    def cache(self) -> Any:
+        """The loader's cache pool (``get_loader(cache_pool=…)``), inside the hooks of a segment task."""
+        from energon_ray.cache.cooking import active_cache_pool
+
+        return active_cache_pool()
+
 
 class DefaultTaskEncoder(TaskEncoder[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     """A task encoder that converts between types by field name.
@@ -219,4 +228,6 @@ def is_overridden(task_encoder: TaskEncoder, name: str) -> bool:
     """Whether ``task_encoder``'s class overrides hook ``name`` of ``TaskEncoder``."""
     base = getattr(TaskEncoder, name, None)
     own = getattr(type(task_encoder), name, None)
+    if getattr(own, "__augment_delegate__", False):  # AugmentTaskEncoder: the wrapped encoder's hook
+        return is_overridden(task_encoder._task_encoder, name)  # type: ignore[attr-defined]
     return own is not None and own is not base

@@ -55,7 +55,11 @@ def get_failure_tolerance(fn: Callable, default: int) -> int:
 
 
 def cooker(fn: Optional[Callable] = None, *, need_cache: bool = False, need_primary: bool = False) -> Any:
-    """Mark a cook function (and whether it needs ``cache=`` / ``primary=`` keyword arguments)."""
+    """Mark a cook function (and whether it needs ``cache=`` / ``primary=`` keyword arguments).
+
+    ``cache`` is the loader's cache pool (``get_loader(cache_pool=…)``); ``primary`` the sample's own
+    dataset as a ``FileStore`` (a name starting with ``.`` is relative to the sample's key).
+    """
 
     def wrap(f: Callable) -> Callable:
         f.__need_cache__ = need_cache  # type: ignore[attr-defined]
@@ -76,6 +80,16 @@ class Cooker:
 
     cook: Callable[..., Any]
     has_subflavors: Optional[Dict[str, Any]] = None
+
+    @property
+    def need_cache(self) -> bool:
+        """Whether ``cook`` takes ``cache=`` (declared with ``@cooker(need_cache=True)``)."""
+        return bool(getattr(self.cook, "__need_cache__", False))
+
+    @property
+    def need_primary(self) -> bool:
+        """Whether ``cook`` takes ``primary=`` (declared with ``@cooker(need_primary=True)``)."""
+        return bool(getattr(self.cook, "__need_primary__", False))
 
     def is_match(self, subflavors: Optional[Dict[str, Any]]) -> bool:
         """Whether this cooker applies to a sample with these subflavors."""

@@ -22,7 +22,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from energon_ray.decode.av import AVDecoder
+from energon_ray.decode.av import AVDecoder, audio_to_float
 from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import SampleException
 from energon_ray.samples import Batch, CrudeSample, Sample, edataclass
@@ -145,7 +145,7 @@ class AudioTaskEncoder(DefaultTaskEncoder[AudioSample, AudioEncodedSample, Audio
         first = random.randint(0, total - size) if self.random_start and total > size else 0
         end = first + size if total >= size else float("inf")
         data = audio.get_clips(audio_clip_ranges=[(first, end)], audio_unit="samples")
-        mono = data.audio_clips[0].mean(dim=0)
+        mono = audio_to_float(data.audio_clips[0]).mean(dim=0)  # int16 for wav/flac, float for lossy codecs
         out = torch.zeros(size, dtype=torch.float32)
         length = min(size, mono.shape[0])
         out[:length] = mono[:length]

@@ -7,12 +7,17 @@ import random
 
 import pytest
 import torch
-from tests.unit.test_av_media import AUDIO_RATE, media_dir, ramp_float  # noqa: F401  (media_dir is a fixture)
+from tests.unit.test_av_media import AUDIO_RATE, media_dir, ramp, ramp_float  # noqa: F401  (media_dir is a fixture)
 
-from energon_ray.decode.av import AVDecoder
+from energon_ray.decode.av import AVDecoder, audio_to_float
 from energon_ray.decode.av._audio_reader import preroll_samples
 
 TOTAL = 2 * AUDIO_RATE
+
+
+def ramp_int16(start: int, stop: int, channels: int = 1) -> torch.Tensor:
+    """The stored int16 ramp samples ``[start, stop)``, as the decoder returns them."""
+    return torch.from_numpy(ramp(start, stop, channels))
 
 
 def decoder(media_dir, name: str) -> AVDecoder:
@@ -21,25 +26,27 @@ def decoder(media_dir, name: str) -> AVDecoder:
 
 @pytest.mark.parametrize("name, channels", [("ramp.wav", 1), ("ramp_stereo.wav", 2), ("ramp.flac", 1)])
 def test_full_audio_is_the_ramp(media_dir, name, channels):
-    """get_audio returns float32 (channels, samples) equal to the encoded ramp, channel order kept."""
+    """get_audio returns the stored int16 (channels, samples) of the ramp, channel order kept."""
     data = decoder(media_dir, name).get_audio()
     assert data.video_clips == [] and len(data.audio_clips) == 1
     clip = data.audio_clips[0]
-    assert clip.dtype == torch.float32 and clip.shape == (channels, TOTAL)
-    assert torch.equal(clip, ramp_float(0, TOTAL, channels))
+    assert clip.dtype == torch.int16 and clip.shape == (channels, TOTAL)
+    assert torch.equal(clip, ramp_int16(0, TOTAL, channels))
+    assert torch.equal(audio_to_float(clip), ramp_float(0, TOTAL, channels))
     assert data.audio_timestamps == [(0.0, 2.0)]
 
 
 @pytest.mark.parametrize("name, channels", [("ramp.wav", 1), ("ramp_stereo.wav", 2), ("ramp.flac", 1)])
 def test_clips_in_seconds_are_sample_exact(media_dir, name, channels):
-    """A (start, end) seconds range holds samples round(start*rate) .. round(end*rate) - 1, exactly."""
+    """A (start, end) seconds range holds round((end-start)*rate) samples from round(start*rate), exactly."""
     rng = random.Random(3)
     ranges = [tuple(sorted(round(rng.uniform(0, 2), 4) for _ in range(2))) for _ in range(8)]
     ranges = [(a, b) for a, b in ranges if round(b * AUDIO_RATE) > round(a * AUDIO_RATE)] + [(1.5, 2.0)]
     data = decoder(media_dir, name).get_clips(audio_clip_ranges=ranges)
     for (start, end), clip, stamps in zip(ranges, data.audio_clips, data.audio_timestamps):
-        first, stop = round(start * AUDIO_RATE), round(end * AUDIO_RATE)
-        assert torch.equal(clip, ramp_float(first, stop, channels)), (start, end)
+        first = round(start * AUDIO_RATE)
+        stop = first + math.floor((end - start) * AUDIO_RATE + 0.5)
+        assert torch.equal(clip, ramp_int16(first, stop, channels)), (start, end)
         assert stamps == (first / AUDIO_RATE, stop / AUDIO_RATE)
 
 
@@ -50,7 +57,7 @@ def test_clips_in_samples_are_half_open(media_dir, name):
     data = decoder(media_dir, name).get_clips(audio_clip_ranges=ranges, audio_unit="samples")
     for (a, b), clip in zip(ranges, data.audio_clips):
         b = TOTAL if b == math.inf else b
-        assert torch.equal(clip, ramp_float(a, b)), (a, b)
+        assert torch.equal(clip, ramp_int16(a, b)), (a, b)
 
 
 def test_lossy_track_clips_equal_the_full_decode(media_dir):
@@ -85,7 +92,7 @@ def test_audio_metadata(media_dir):
 def test_get_frames_of_audio_file_is_the_audio(media_dir):
     """get_frames on an audio-only file decodes the whole audio."""
     data = decoder(media_dir, "ramp.flac").get_frames()
-    assert data.video_clips == [] and torch.equal(data.audio_clips[0], ramp_float(0, TOTAL))
+    assert data.video_clips == [] and torch.equal(data.audio_clips[0], ramp_int16(0, TOTAL))
 
 
 def test_audio_and_video_clips_in_one_call(media_dir):

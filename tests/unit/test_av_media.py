@@ -125,7 +125,7 @@ def ramp(start: int, stop: int, channels: int = 1) -> np.ndarray:
 
 
 def ramp_float(start: int, stop: int, channels: int = 1) -> torch.Tensor:
-    """:func:`ramp` as the decoder returns it: float32 in [-1, 1]."""
+    """:func:`ramp` as float32 in [-1, 1] (what ``audio_to_float`` makes of the decoded int16)."""
     return torch.from_numpy(ramp(start, stop, channels).astype(np.float32) / 32768)
 
 

@@ -21,6 +21,7 @@ import pytest
 import energon_ray
 import energon_ray.av
 import energon_ray.decode.av
+import energon_ray.media
 import energon_ray.errors
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
@@ -32,7 +33,7 @@ STATUSES = ("same", "differs", "missing")
 HOMES: Dict[str, ModuleType] = {
     "megatron.energon": energon_ray,
     "megatron.energon.av": energon_ray.av,
-    "megatron.energon.media": energon_ray.av,
+    "megatron.energon.media": energon_ray.media,
     "megatron.energon.transforms": energon_ray,
     "megatron.energon.errors": energon_ray.errors,
 }
@@ -138,7 +139,7 @@ def test_ours_only_table_lists_exactly_our_extra_names():
     assert sorted(set(listed)) == sorted(extra), "update the 'Names only energon_ray has' table"
 
 
-@pytest.mark.parametrize("module", [energon_ray, energon_ray.av, energon_ray.decode.av])
+@pytest.mark.parametrize("module", [energon_ray, energon_ray.av, energon_ray.media, energon_ray.decode.av])
 def test_every_name_in_our_all_exists(module):
     """Each name an __all__ lists can be imported, once."""
     names = list(module.__all__)

@@ -9,6 +9,7 @@ from typing import Callable, Iterator, Optional, Tuple
 import av
 import av.container
 import numpy as np
+import torch
 
 from energon_ray.decode.av._container import AV_ERRORS, audio_stream
 from energon_ray.errors import SampleException
@@ -16,17 +17,45 @@ from energon_ray.errors import SampleException
 Opener = Callable[[], "av.container.InputContainer"]
 
 
-def frame_to_float(frame: "av.AudioFrame") -> np.ndarray:
-    """One decoded audio frame as float32 ``(channels, samples)`` in [-1, 1], whatever its sample format."""
+def frame_to_array(frame: "av.AudioFrame") -> np.ndarray:
+    """One decoded audio frame as ``(channels, samples)`` in the codec's own sample type.
+
+    PCM and FLAC keep their stored integers (int16 for 16-bit files, int32 for 24/32-bit ones, whose
+    samples FFmpeg left-aligns), lossy codecs give float32: what Energon's ``AVDecoder`` returns.
+    :func:`audio_to_float` maps any of them to float32 in [-1, 1].
+    """
     arr = frame.to_ndarray()
     if not frame.format.is_planar:
         arr = arr.reshape(-1, frame.layout.nb_channels).T  # packed: L R L R ... -> rows per channel
-    if arr.dtype.kind == "u":
-        half = float(2 ** (frame.format.bits - 1))
-        return (arr.astype(np.float32) - half) / half
-    if arr.dtype.kind == "i":
-        return arr.astype(np.float32) / float(2 ** (frame.format.bits - 1))
-    return arr.astype(np.float32, copy=False)
+    return arr
+
+
+def audio_to_float(clip: torch.Tensor) -> torch.Tensor:
+    """An audio clip from :class:`AVDecoder` as float32 in [-1, 1], whatever its sample type.
+
+    Signed integers are divided by ``2 ** (bits - 1)``, unsigned 8-bit samples are centred on 128,
+    floating point clips are only cast.
+
+    Args:
+        clip: a ``(channels, samples)`` tensor from ``AVData.audio_clips``.
+
+    Returns:
+        The float32 tensor of the same shape.
+
+    Raises:
+        TypeError: for a tensor type no audio codec produces (bool, complex).
+
+    Example:
+        >>> audio_to_float(torch.tensor([[-32768, 0, 16384]], dtype=torch.int16)).tolist()
+        [[-1.0, 0.0, 0.5]]
+    """
+    if clip.dtype == torch.uint8:
+        return (clip.to(torch.float32) - 128.0) / 128.0
+    if clip.dtype in (torch.int16, torch.int32, torch.int64):
+        return clip.to(torch.float32) / float(2 ** (torch.iinfo(clip.dtype).bits - 1))
+    if clip.dtype.is_floating_point:
+        return clip.to(torch.float32)
+    raise TypeError(f"audio_to_float: no audio sample type is {clip.dtype}")
 
 
 #: Codecs whose frames decode on their own, so decoding right from a seek point is bit-exact.
@@ -76,7 +105,7 @@ class AudioClipReader:
         """Decode samples ``[start, end)`` (``end=None``: to the end of the stream).
 
         Returns:
-            The float32 samples ``(channels, n)`` and the sample number of the first one (later than
+            The samples ``(channels, n)`` in the codec's sample type and the sample number of the first one (later than
             ``start`` only when the stream itself begins later).
 
         Raises:
@@ -140,7 +169,7 @@ class AudioClipReader:
             lo = max(start, pos)
             hi = pos + frame.samples if end is None else min(end, pos + frame.samples)
             if hi > lo:
-                chunks.append(frame_to_float(frame)[:, lo - pos : hi - pos])
+                chunks.append(frame_to_array(frame)[:, lo - pos : hi - pos])
                 first = lo if first is None else first
             pos += frame.samples
             if end is not None and pos >= end:

@@ -18,7 +18,8 @@ class AVData:
         video_clips: one uint8 tensor ``(frames, channels, height, width)`` per requested video range.
         video_timestamps: ``(start, end)`` in seconds of each video clip: the first frame's
             presentation time and the end of the last frame's display interval.
-        audio_clips: one float32 tensor ``(channels, samples)`` per requested audio range, in [-1, 1].
+        audio_clips: one tensor ``(channels, samples)`` per requested audio range, in the codec's
+            sample type (int16 for 16-bit PCM/FLAC, float32 for lossy codecs; see ``audio_to_float``).
         audio_timestamps: ``(start, end)`` in seconds of each audio clip (first sample, one past the last).
 
     Example:

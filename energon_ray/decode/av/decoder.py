@@ -39,8 +39,11 @@ class AVDecoder:
     during ``[start, end]`` (the frame on screen at ``start`` through the frame on screen at
     ``end``), so a zero-length range gives one frame; with ``"frames"`` it holds frames
     ``start..end`` inclusive, counted in presentation order from 0. Audio ranges are half open:
-    samples ``[start, end)``, sample ``n`` being at ``n / sample_rate`` seconds; audio comes out as
-    float32 in [-1, 1] whatever the codec's sample format. ``end=float("inf")`` means "to the end
+    samples ``[start, end)``, sample ``n`` being at ``n / sample_rate`` seconds; a seconds range
+    starts at sample ``round(start * rate)`` and holds ``round((end - start) * rate)`` samples (halves
+    up), so equal durations give equal lengths. Audio comes out in the codec's sample type, as
+    Energon's does: int16 for 16-bit WAV/FLAC, int32 for 24/32-bit, float32 for lossy codecs
+    (:func:`audio_to_float` gives float32 in [-1, 1]). ``end=float("inf")`` means "to the end
     of the stream". An end past the stream by at most one frame (video) or 1 ms / one codec frame
     (audio) is cut at the end, as headers round durations; anything further raises.
 
@@ -185,7 +188,8 @@ class AVDecoder:
         """Decode audio clips; see :meth:`get_clips` for the arguments and errors.
 
         Returns:
-            ``(clips, timestamps)``: float32 tensors ``(channels, samples)`` and ``(start, end)`` seconds.
+            ``(clips, timestamps)``: tensors ``(channels, samples)`` in the codec's sample type (see the
+            class) and ``(start, end)`` seconds.
         """
         check_unit(audio_unit, AUDIO_UNITS, "audio", self.key)
         ranges = check_ranges(audio_clip_ranges, what="audio", unit=audio_unit, key=self.key)
@@ -236,8 +240,11 @@ class AVDecoder:
         if unit == "samples":
             first, stop = int(start), (None if end == math.inf else int(end))
         else:
+            # The length comes from the duration, not from rounding the end on its own: every range
+            # of the same duration then holds the same number of samples (Energon's count).
             first = round(to_ticks(start, Fraction(rate)))
-            stop = None if end == math.inf else round(to_ticks(end, Fraction(rate)))
+            length = None if end == math.inf else math.floor(to_ticks(end - start, Fraction(rate)) + Fraction(1, 2))
+            stop = None if length is None else first + length
         if stop is not None and stop <= first:
             raise ValueError(
                 f"{self.key}: audio clip #{i} {rng!r} ({unit}) holds no sample (audio ranges exclude their end)"

@@ -1,0 +1,51 @@
+"""A metadataset's ``aux:`` references (resolved to paths by ``energon_ray.blend.metadataset``) →
+named file stores for the cook functions.
+
+A folder holding ``.nv-meta/`` is read as a prepared dataset (files by ``"<key>.<part>"``); any other
+folder (``filesystem://…``) by relative file path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Mapping
+
+from energon_ray.cache.base import FileStore
+from energon_ray.cache.stores import DatasetFileStore, SystemFileStore
+from energon_ray.errors import DatasetConfigError
+
+#: keyword arguments the loader adds itself
+RESERVED = ("cache", "primary")
+
+
+def aux_stores(refs: Mapping[str, Any], where: str) -> Dict[str, FileStore]:
+    """The store of each ``aux:`` entry, by its name.
+
+    Args:
+        refs: name → resolved path (``LeafSpec.aux``), or name → ``FileStore``.
+        where: ``"file: splits.train"`` for messages.
+
+    Raises:
+        DatasetConfigError: a reserved or non-identifier name, a path that does not exist, or a
+            remote path (not supported for aux yet).
+    """
+    out: Dict[str, FileStore] = {}
+    for name, ref in (refs or {}).items():
+        if not isinstance(name, str) or not name.isidentifier() or name in RESERVED:
+            raise DatasetConfigError(
+                f"{where}: aux name {name!r} must be a Python identifier other than {', '.join(RESERVED)} "
+                "(it becomes a keyword argument of the cook function)"
+            )
+        if isinstance(ref, FileStore):
+            out[name] = ref
+            continue
+        if not isinstance(ref, (str, Path)) or "://" in str(ref):
+            raise DatasetConfigError(f"{where}: aux.{name}: remote aux {str(ref)!r} is not supported yet; use a local dataset or folder")
+        path = Path(ref)
+        if (path / ".nv-meta").is_dir():
+            out[name] = DatasetFileStore(path)
+        elif path.is_dir():
+            out[name] = SystemFileStore(path)
+        else:
+            raise DatasetConfigError(f"{where}: aux.{name}: {path} is neither a prepared dataset nor a folder")
+    return out

@@ -1,0 +1,143 @@
+"""``DiskCache``: a folder of cached files that every process of a node shares, under a byte and
+file-count budget, evicting the least recently used entries.
+
+Sharing without a server: an entry is written to a temporary file and renamed into place (readers
+see whole files or none); admissions and evictions hold an ``fcntl`` lock on a lock file beside the
+folder; a hit refreshes the file's mtime, which orders eviction. A reader that opened a file keeps
+reading it even if another process evicts it meanwhile (POSIX unlink semantics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import stat
+import uuid
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+_MAGIC = b"ERC1"
+#: entries (evictable) end with this; ``to_cache`` objects do not
+ENTRY_SUFFIX = ".entry"
+
+
+def _private_dir(path: Path) -> Path:
+    """Create ``path`` (mode 0700) or check that an existing one is ours and not open to others."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise PermissionError(f"{path}: cache folder belongs to another user (uid {st.st_uid}); choose another parent_cache_dir")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(f"{path}: cache folder is writable by other users; chmod 700 it or choose another parent_cache_dir")
+    return path
+
+
+class DiskCache:
+    """Files keyed by strings, shared by the processes that open the same folder.
+
+    Args:
+        parent: where the cache folder (``energon_ray_cache``) and its lock/scratch live.
+        max_bytes: budget of the entries' payload bytes; the oldest entries are evicted beyond it.
+        max_count: budget of the number of entries.
+    """
+
+    def __init__(self, parent: Path, max_bytes: int, max_count: int):
+        self.parent = Path(parent)
+        self.max_bytes = int(max_bytes)
+        self.max_count = int(max_count)
+        self.dir = _private_dir(self.parent / "energon_ray_cache").resolve()
+        self.scratch = _private_dir(self.parent / "energon_ray_cache.tmp")
+        self.lock_file = self.parent / "energon_ray_cache.lock"
+
+    @staticmethod
+    def entry_name(key: str) -> str:
+        return hashlib.sha256(key.encode("utf-8")).hexdigest()[:40] + ENTRY_SUFFIX
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The node-wide lock over admissions and evictions."""
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    # -- entries -------------------------------------------------------------------------------
+    def read(self, key: str) -> Optional[Tuple[Dict[str, Any], bytes]]:
+        """``(header, payload)`` of ``key``, or ``None`` if it is not (or no longer) cached."""
+        path = self.dir / self.entry_name(key)
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            os.utime(path)  # LRU: a hit is a use
+        except OSError:
+            pass
+        if len(blob) < 8 or blob[:4] != _MAGIC:
+            return None
+        size = int.from_bytes(blob[4:8], "big")
+        header = json.loads(blob[8 : 8 + size].decode("utf-8"))
+        if header.get("key") != key:  # a hash collision: treat as a miss
+            return None
+        return header, blob[8 + size :]
+
+    def write(self, key: str, header: Dict[str, Any], payload: bytes) -> bool:
+        """Admit ``key`` (evicting older entries as the budget needs); ``False`` if it can never fit."""
+        if len(payload) > self.max_bytes or self.max_count < 1:
+            return False
+        head = json.dumps({**header, "key": key}).encode("utf-8")
+        tmp = self.scratch / f"{os.getpid()}-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(_MAGIC + len(head).to_bytes(4, "big") + head + payload)
+        try:
+            with self.locked():
+                os.replace(tmp, self.dir / self.entry_name(key))
+                self._evict(keep=self.entry_name(key))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return True
+
+    def _entries(self) -> List[Tuple[float, int, str]]:
+        out = []
+        with os.scandir(self.dir) as it:
+            for e in it:
+                if e.name.endswith(ENTRY_SUFFIX):
+                    try:
+                        st = e.stat()
+                    except FileNotFoundError:
+                        continue
+                    out.append((st.st_mtime_ns, st.st_size, e.name))
+        return out
+
+    def _evict(self, keep: str) -> None:
+        entries = sorted(self._entries())
+        total = sum(size for _, size, _ in entries)
+        count = len(entries)
+        # budgets count file sizes (payload + a small header); the newest entry stays
+        for _, size, name in entries:
+            if total <= self.max_bytes and count <= self.max_count:
+                break
+            if name == keep:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.dir / name)
+            total -= size
+            count -= 1
+
+    def usage(self) -> Tuple[int, int]:
+        """``(bytes, entries)`` cached now (all processes)."""
+        entries = self._entries()
+        return sum(size for _, size, _ in entries), len(entries)
+
+    def evict_key(self, key: str) -> None:
+        """Drop ``key`` if cached."""
+        with self.locked(), contextlib.suppress(FileNotFoundError):
+            os.unlink(self.dir / self.entry_name(key))

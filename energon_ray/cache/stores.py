@@ -1,0 +1,179 @@
+"""The concrete file stores: a folder (``SystemFileStore``), a prepared dataset by ``key.part``
+(``DatasetFileStore``, via its ``.nv-meta/index.sqlite``) and ``DecodeFileStore`` (decodes on read).
+
+Stores pickle as their path; files and the index open again, lazily, in whatever process reads.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from energon_ray.cache.base import FileStore, FileStoreWrapper
+from energon_ray.errors import DatasetConfigError
+from energon_ray.samples.base import SourceInfo
+
+
+class SystemFileStore(FileStore[bytes]):
+    """Files of a folder, read as bytes (``filesystem://`` entries of a metadataset's ``aux``).
+
+    Args:
+        base_dir: the folder names are relative to; ``None``: names must be absolute paths.
+
+    Raises (on read):
+        KeyError: no such file, or a name that leads outside ``base_dir`` (``..``, absolute paths).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "a.txt").write_bytes(b"hi")
+        >>> SystemFileStore(d)["a.txt"][0]
+        b'hi'
+    """
+
+    def __init__(self, base_dir: Optional[Union[str, os.PathLike]] = None):
+        self.base_dir = None if base_dir is None else Path(base_dir)
+
+    def _resolve(self, key: str) -> Path:
+        if self.base_dir is None:
+            path = Path(key)
+            if not path.is_absolute():
+                raise KeyError(f"SystemFileStore without base_dir needs absolute paths, got {key!r}")
+            return path
+        base = self.base_dir.resolve()
+        path = (base / key).resolve()
+        if path != base and base not in path.parents:
+            raise KeyError(f"{self.base_dir}: file name {key!r} leads outside the folder")
+        return path
+
+    def __getitem__(self, key: str) -> Tuple[bytes, SourceInfo]:
+        path = self._resolve(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise KeyError(f"{self.get_path()}: no file {key!r} ({path})") from None
+        except IsADirectoryError:
+            raise KeyError(f"{self.get_path()}: {key!r} is a folder, not a file") from None
+        return data, SourceInfo(dataset_path=self.get_path(), index=key, shard_name=self.get_path(), file_names=(key,))
+
+    def get_path(self) -> str:
+        return str(self.base_dir)
+
+    def __repr__(self) -> str:
+        return f"SystemFileStore(base_dir={self.get_path()!r})"
+
+
+class DatasetFileStore(FileStore[bytes]):
+    """The files of a prepared dataset by full entry name ``"<sample key>.<part>"`` (e.g. ``"000042.jpg"``).
+
+    Looks the name up in ``.nv-meta/index.sqlite`` (written by ``energon-ray prepare`` and by
+    ``energon prepare``) and reads only that member's bytes from its tar shard.
+
+    Args:
+        path: the dataset folder.
+
+    Raises:
+        DatasetConfigError: not a prepared dataset, or no ``index.sqlite`` (on first read).
+        KeyError: no sample/part of that name.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike]):
+        self.path = Path(path)
+        self._local = threading.local()
+        self._shards: Optional[List[str]] = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+    def get_path(self) -> str:
+        return str(self.path)
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            from energon_ray.format.info import read_info
+
+            file = self.path / ".nv-meta" / "index.sqlite"
+            if not file.is_file():
+                raise DatasetConfigError(
+                    f"{self.path}: no .nv-meta/index.sqlite to look files up by name; run `energon-ray prepare {self.path}`"
+                )
+            self._shards = list(read_info(self.path))
+            db = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+            self._local.db = db
+        return db
+
+    def _locate(self, key: str) -> Tuple[int, int, int, int, str]:
+        db = self._db()
+        # a sample key may itself hold dots: try each split point, shortest key first
+        for i, ch in enumerate(key):
+            if ch != ".":
+                continue
+            sample_key, part = key[:i], key[i + 1 :]
+            hit = db.execute("SELECT tar_file_id, sample_index FROM samples WHERE sample_key = ?", (sample_key,)).fetchone()
+            if hit is None:
+                continue
+            row = db.execute(
+                "SELECT content_byte_offset, content_byte_size FROM sample_parts "
+                "WHERE tar_file_id = ? AND sample_index = ? AND part_name = ?",
+                (hit[0], hit[1], part),
+            ).fetchone()
+            if row is None:
+                raise KeyError(f"{self.path}: sample {sample_key!r} has no part {part!r}")
+            return int(hit[0]), int(hit[1]), int(row[0]), int(row[1]), sample_key
+        raise KeyError(f"{self.path}: no file {key!r} (names are '<sample key>.<part>')")
+
+    def __getitem__(self, key: str) -> Tuple[bytes, SourceInfo]:
+        shard_id, index, offset, size, _ = self._locate(key)
+        assert self._shards is not None
+        if shard_id >= len(self._shards):
+            raise DatasetConfigError(f"{self.path}: index.sqlite names shard #{shard_id}, .nv-meta lists {len(self._shards)}")
+        shard = self._shards[shard_id]
+        with open(self.path / shard, "rb") as f:
+            data = os.pread(f.fileno(), size, offset)
+        if len(data) != size:
+            raise DatasetConfigError(f"{self.path / shard}: truncated: {key!r} wants bytes [{offset}, {offset + size})")
+        info = SourceInfo(dataset_path=self.get_path(), index=index, shard_name=shard, file_names=(key,))
+        return data, info
+
+    def __repr__(self) -> str:
+        return f"DatasetFileStore({self.get_path()!r})"
+
+
+class DecodeFileStore(FileStoreWrapper[Any]):
+    """Decodes every file read from ``inner`` with ``decoder.decode(fname, data)`` (a ``SampleDecoder``
+    or any ``FileStoreDecoder``): aux images come out as tensors, texts as ``str``, as in samples.
+
+    Example:
+        >>> from energon_ray import SampleDecoder
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "a.txt").write_bytes(b"hi")
+        >>> DecodeFileStore(SystemFileStore(d), decoder=SampleDecoder())["a.txt"][0]
+        'hi'
+    """
+
+    def __init__(self, inner: FileStore[bytes], *, decoder: Any):
+        super().__init__(inner)
+        if not callable(getattr(decoder, "decode", None)):
+            raise TypeError(f"DecodeFileStore: decoder needs a decode(fname, data) method, got {type(decoder).__name__}")
+        self.decoder = decoder
+
+    def __getitem__(self, fname: str) -> Tuple[Any, SourceInfo]:
+        data, info = self._inner[fname]
+        return self.decoder.decode(fname, data), info
+
+    def _decode_raw(self, data: Any, **kwargs: Any) -> Any:
+        fname = kwargs["fname"]
+        return self.decoder.decode(fname, self._inner._decode_raw(data, **kwargs))
+
+    def _cache_identity(self) -> str:
+        config = self.decoder.config() if callable(getattr(self.decoder, "config", None)) else type(self.decoder).__name__
+        return f"Decode({self._inner._cache_identity()}, {config!r})"
+
+    def __repr__(self) -> str:
+        return f"DecodeFileStore(inner={self._inner!r}, decoder={self.decoder!r})"

@@ -1,0 +1,105 @@
+"""Auxiliary data on Ray: a crude dataset's cooker fetches images by name from an aux dataset and an
+aux folder (a metadataset's ``aux:``), through a ``FileStoreCachePool`` shared by the segment tasks."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+import energon_ray as er
+from energon_ray.format.prepare import prepare_dataset
+from energon_ray.synthetic import write_shards
+
+WC = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+N = 12
+
+
+def _png(width: int, height: int, seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def aux_mds(tmp_path_factory):
+    """main (crude: txt names an image), imgs (prepared: img_K.png of K+8 x K+4), pics/pic_K.png (K+5 x K+3)."""
+    root = tmp_path_factory.mktemp("aux")
+    write_shards(root / "main" / "shards", [(f"s{i:03d}", {"txt": f"{i % 4}".encode()}) for i in range(N)], 5)
+    prepare_dataset(root / "main", split_ratio=(1, 0, 0), sample_type="CrudeWebdataset", progress=False)
+    write_shards(root / "imgs" / "shards", [(f"img_{k}", {"png": _png(k + 8, k + 4, k)}) for k in range(4)], 2)
+    prepare_dataset(root / "imgs", split_ratio=(1, 0, 0), sample_type="CrudeWebdataset", progress=False)
+    (root / "pics").mkdir()
+    for k in range(4):
+        (root / "pics" / f"pic_{k}.png").write_bytes(_png(k + 5, k + 3, 10 + k))
+    mds = root / "aux.yaml"
+    mds.write_text(yaml.safe_dump({
+        "__module__": "megatron.energon", "__class__": "MetadatasetV2",
+        "splits": {"train": {"path": "main", "aux": {"imgs": "imgs", "pics": "filesystem://pics"}}},
+    }))  # fmt: skip
+    return mds
+
+
+@er.stateless
+@er.cooker(need_cache=True, need_primary=True)
+def cook_with_aux(sample, imgs, pics, cache, primary):
+    k = int(sample["txt"])
+    image = cache.get(imgs, f"img_{k}.png", sample)
+    lazy = cache.get_lazy(pics, f"pic_{k}.png")
+    pic = lazy.get(sample)
+    own = primary.get(".txt")
+    return er.CaptioningSample(
+        **er.basic_sample_keys(sample), image=image,
+        caption=f"{own}|{tuple(pic.shape)}|{type(lazy).__name__}",
+    )  # fmt: skip
+
+
+class AuxEncoder(er.DefaultTaskEncoder):
+    cookers = [er.Cooker(cook_with_aux)]
+
+
+def _run(mds, pool):
+    ds = er.get_val_dataset(mds, split_part="train", batch_size=None, worker_config=WC, task_encoder=AuxEncoder())
+    return {s.__key__: s for s in er.get_loader(ds, cache_pool=pool)}
+
+
+def test_cooker_fetches_aux_images_through_the_cache_pool(ray_session, aux_mds, tmp_path):
+    """Every sample gets its aux dataset image and aux folder image decoded, with exact shapes and sources."""
+    pool = er.FileStoreCachePool(parent_cache_dir=tmp_path / "cache", max_cache_size_gbytes=0.01)
+    samples = _run(aux_mds, pool)
+    assert sorted(samples) == [f"s{i:03d}" for i in range(N)]
+    for i in range(N):
+        s, k = samples[f"s{i:03d}"], i % 4
+        assert tuple(s.image.shape) == (3, k + 4, k + 8)
+        assert s.caption == f"{k}|{(3, k + 3, k + 5)}|FileCacheLazy"
+        names = [name for info in s.__sources__ for name in info.file_names]
+        assert names == [f"s{i:03d}.txt", f"img_{k}.png", f"pic_{k}.png"]
+    # the segment tasks filled one node cache: 4 dataset images + 4 folder images, each once
+    assert pool.current_cache_count == 8
+    cached = sorted(p.name for p in pool.cache_dir.iterdir())
+    assert len(cached) == 8 and all(name.endswith(".entry") for name in cached)
+
+
+def test_pickle_method_needs_trust(ray_session, aux_mds, tmp_path, monkeypatch):
+    """method='pickle' is refused without the opt-in (naming it); trusted, it gives the same samples."""
+    monkeypatch.delenv("ENERGON_RAY_TRUST_DATASET_CODE", raising=False)
+    with pytest.raises(er.UntrustedCodeError, match=r"method='pickle'.*trust_dataset_code=True"):
+        er.FileStoreCachePool(parent_cache_dir=tmp_path / "cache", method="pickle")
+    pool = er.FileStoreCachePool(parent_cache_dir=tmp_path / "cache", method="pickle", trust_dataset_code=True)
+    samples = _run(aux_mds, pool)
+    assert sorted(samples) == [f"s{i:03d}" for i in range(N)]
+    assert {tuple(s.image.shape) for s in samples.values()} == {(3, k + 4, k + 8) for k in range(4)}
+    assert pool.current_cache_count == 8
+
+
+def test_need_cache_without_a_pool_is_a_clear_error(ray_session, aux_mds):
+    """A need_cache cooker on a loader without cache_pool= fails, naming get_loader(cache_pool=...)."""
+    encoder = AuxEncoder()
+    encoder.__default_failure_tolerance__ = 1
+    ds = er.get_val_dataset(aux_mds, split_part="train", batch_size=None, worker_config=WC, task_encoder=encoder)
+    with pytest.raises(Exception, match=r"cache_pool=FileStoreCachePool"):
+        list(er.get_loader(ds))

@@ -1,0 +1,209 @@
+"""Energon's dataset factories on energon_ray: each builds our dataset of its typed samples, and
+``prepare_dataset`` writes metadata that Energon reads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import braceexpand
+import pytest
+import yaml
+
+import energon_ray as er
+from energon_ray.format.dataset_yaml import write_dataset_yaml
+from energon_ray.synthetic import encode_image, sample_image, write_shards
+
+KEYS = [f"k{i}" for i in range(6)]
+
+
+def _samples():
+    return [
+        (key, {
+            "jpg": encode_image(sample_image(i, (8, 6))),
+            "txt": f"caption {i}".encode(),
+            "cls": str(i % 3).encode(),
+            "json": json.dumps({"seq": ["a", str(i)], "texts": ["t"], "q": f"question {i}"}).encode(),
+        })
+        for i, key in enumerate(KEYS)
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> Path:
+    """6 samples (jpg, txt, cls, json) in 2 shards, prepared by ``BaseWebdatasetFactory.prepare_dataset``."""
+    root = tmp_path_factory.mktemp("mixed")
+    write_shards(root / "parts", _samples(), 3)
+    parts = er.BaseWebdatasetFactory.prepare_dataset(
+        root, ["parts/shard_{0000..0001}.tar"], split_parts_ratio=[("train", 1.0)], shuffle_seed=None, workers=1
+    )
+    assert parts == {"jpg", "txt", "cls", "json"}
+    return root
+
+
+def _wc():
+    return er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+
+
+def _read(factory):
+    return list(er.get_loader(factory.build()))
+
+
+TYPED = [
+    (er.CaptioningWebdataset, er.CaptioningSample, {"image": "jpg", "caption": "txt"}, "caption", "caption 1"),
+    (er.ImageWebdataset, er.ImageSample, {"image": "jpg"}, None, None),
+    (er.ImageClassificationWebdataset, er.ImageClassificationSample, {"image": "jpg", "label": "cls"}, "label", 1),
+    (er.InterleavedWebdataset, er.InterleavedSample, {"sequence": "json[seq]"}, "sequence", ["a", "1"]),
+    (er.MultiChoiceVQAWebdataset, er.MultiChoiceVQASample, {"image": "jpg", "context": "txt", "choices": "json[seq]"}, "choices", ["a", "1"]),
+    (er.OCRWebdataset, er.OCRSample, {"image": "jpg", "text": "txt"}, "text", "caption 1"),
+    (er.SimilarityInterleavedWebdataset, er.SimilarityInterleavedSample, {"images": "json[seq]", "texts": "json[texts]"}, "texts", ["t"]),
+    (er.TextWebdataset, er.TextSample, {"text": "txt"}, "text", "caption 1"),
+    (er.VQAWebdataset, er.VQASample, {"image": "jpg", "context": "json[q]"}, "context", "question 1"),
+    (er.VQAOCRWebdataset, er.samples.VQAOCRSample, {"image": "jpg", "context": "json[q]", "text": "txt"}, "context", "question 1"),
+    (er.VidQAWebdataset, er.VidQASample, {"video": "jpg", "context": "json[q]"}, "context", "question 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cls,sample_type,field_map,field,value", TYPED, ids=[t[0].__name__ for t in TYPED])
+def test_typed_webdataset_builds_its_samples(mixed, cls, sample_type, field_map, field, value):
+    """A typed factory (deprecated, with a warning) yields its sample type, every key in order, mapped fields."""
+    with pytest.warns(DeprecationWarning, match="sample_type"):
+        factory = cls(mixed, split_part="train", training=False, worker_config=_wc(), field_map=field_map)
+    assert cls.__sample_type__ is sample_type and len(factory) == 6
+    out = _read(factory)
+    assert [type(s) for s in out] == [sample_type] * 6
+    assert [s.__key__ for s in out] == KEYS
+    if field is not None:
+        assert getattr(out[1], field) == value
+    if "image" in field_map:
+        assert tuple(out[0].image.shape) == (3, 6, 8)
+
+
+def test_standard_and_generic_factories(mixed):
+    """StandardWebdatasetFactory takes sample_type=; DefaultGenericWebdatasetFactory keeps raw bytes."""
+    std = er.StandardWebdatasetFactory(
+        mixed, split_part="train", training=False, worker_config=_wc(), sample_type=er.TextSample,
+        field_map={"text": "txt"}, subflavors={"src": "std"},
+    )  # fmt: skip
+    out = _read(std)
+    assert [(s.__key__, s.text, s.__subflavors__) for s in out] == [(k, f"caption {i}", {"src": "std"}) for i, k in enumerate(KEYS)]
+
+    class RawText(er.DefaultGenericWebdatasetFactory[er.TextSample]):
+        pass
+
+    raw = RawText(mixed, split_part="train", training=False, worker_config=_wc(),
+                  sample_loader=lambda s: {"text": s["txt"] + b"!"}, part_filter=["txt"])  # fmt: skip
+    assert RawText.__sample_type__ is er.TextSample
+    assert [s.text for s in _read(raw)] == [f"caption {i}!".encode() for i in range(6)]
+    with pytest.raises(TypeError, match="sample_type must be a subclass"):
+        er.StandardWebdatasetFactory(mixed, split_part="train", training=False, sample_type=dict, field_map={})
+    with pytest.raises(er.DatasetConfigError, match="exactly one of field_map or sample_loader"):
+        er.StandardWebdatasetFactory(mixed, split_part="train", training=False, sample_type=er.TextSample)
+
+
+@er.edataclass
+class ScoredText(er.Sample):
+    text: str
+    score: int
+
+
+class ScoredWebdataset(er.DefaultDecoderWebdatasetFactory[ScoredText]):
+    """A user's factory: its sample type comes from the generic argument."""
+
+
+def test_user_factory_subclass_and_dataset_yaml_class(mixed, tmp_path):
+    """A user subclass builds its sample type; as `__class__` in dataset.yaml it needs trust_dataset_code."""
+    factory = ScoredWebdataset(mixed, split_part="train", training=False, worker_config=_wc(),
+                               field_map={"text": "txt", "score": "cls"})  # fmt: skip
+    out = _read(factory)
+    assert [(type(s), s.__key__, s.score) for s in out] == [(ScoredText, k, i % 3) for i, k in enumerate(KEYS)]
+
+    root = tmp_path / "user"
+    shutil.copytree(mixed, root)
+    module = ScoredWebdataset.__module__
+    (root / ".nv-meta" / "dataset.yaml").write_text(yaml.safe_dump(
+        {"__module__": module, "__class__": "ScoredWebdataset", "field_map": {"text": "txt", "score": "cls"}}
+    ))  # fmt: skip
+    with pytest.raises(er.UntrustedCodeError, match="trust_dataset_code=True"):
+        er.get_val_dataset(root, split_part="train", batch_size=None, worker_config=_wc())
+    assert sys.modules[module].ScoredWebdataset is ScoredWebdataset
+    ds = er.get_val_dataset(root, split_part="train", batch_size=None, worker_config=_wc(), trust_dataset_code=True)
+    assert [(type(s).__name__, s.__key__, s.score) for s in er.get_loader(ds)] == [("ScoredText", k, i % 3) for i, k in enumerate(KEYS)]
+
+
+def test_crude_webdataset_yields_parts_and_meta(mixed):
+    """CrudeWebdataset: decoded parts plus Energon's meta keys, subflavors set; part_filter limits the parts."""
+    out = _read(er.CrudeWebdataset(mixed, split_part="train", training=False, worker_config=_wc(), subflavors={"n": 1}))
+    assert isinstance(out[0], er.CrudeSample) and len(out) == 6
+    assert set(out[0]) == {"jpg", "txt", "cls", "json", "__key__", "__restore_key__", "__subflavors__", "__sources__"}
+    assert (out[2]["__key__"], out[2]["txt"], out[2]["json"]["q"], out[2]["__subflavors__"]) == ("k2", "caption 2", "question 2", {"n": 1})
+    only = _read(er.CrudeWebdataset(mixed, split_part="train", training=False, worker_config=_wc(), part_filter=["txt"]))
+    assert sorted(k for k in only[0] if not k.startswith("__")) == ["txt"]
+    with pytest.raises(ValueError, match="no sample_loader"):
+        er.CrudeWebdataset(mixed, split_part="train", training=False, sample_loader=lambda s: s)
+
+
+def test_prepare_dataset_is_read_by_energon(mixed, tmp_path):
+    """Energon's get_val_dataset/get_train_dataset read what prepare_dataset wrote: same samples, same order."""
+    import megatron.energon as me
+
+    root = tmp_path / "parity"
+    shutil.copytree(mixed, root)
+    write_dataset_yaml(root, "CaptioningSample", field_map={"image": "jpg", "caption": "txt"})
+    wc = me.WorkerConfig(rank=0, world_size=1, num_workers=0)
+    theirs = [(s.__key__, s.caption) for s in me.get_loader(me.get_val_dataset(root, split_part="train", batch_size=1, worker_config=wc))]
+    ours = [(s.__key__, s.caption) for s in _read(er.StandardWebdatasetFactory(
+        root, split_part="train", training=False, worker_config=_wc(), sample_type=er.CaptioningSample,
+        field_map={"image": "jpg", "caption": "txt"}))]  # fmt: skip
+    assert [(k[0], c[0]) for k, c in theirs] == ours == [(k, f"caption {i}") for i, k in enumerate(KEYS)]
+    train = me.get_train_dataset(root, batch_size=1, worker_config=wc, shuffle_buffer_size=None, max_samples_per_sequence=None)
+    assert len(train) == 6
+    epoch = [b.__key__[0] for _, b in zip(range(6), me.get_loader(train))]
+    assert sorted(epoch) == KEYS
+
+
+def test_prepare_dataset_split_matches_energon(tmp_path):
+    """split_parts_ratio with shuffle_seed and split_parts_patterns split the shards as Energon's prepare_dataset."""
+    from megatron.energon.flavors import BaseWebdatasetFactory as TheirFactory
+
+    def split_of(root):
+        parts = yaml.safe_load((root / ".nv-meta" / "split.yaml").read_text())["split_parts"]
+        return {p: [n for pattern in names for n in braceexpand.braceexpand(pattern)] for p, names in parts.items()}
+
+    for kwargs in (dict(split_parts_ratio=[("train", 0.6), ("val", 0.2), ("test", 0.2)], shuffle_seed=42),
+                   dict(split_parts_patterns=[("train", r"parts/shard_000[0-2]"), ("val", r"parts/shard_000[34]")])):  # fmt: skip
+        ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+        for root in (ours, theirs):
+            shutil.rmtree(root, ignore_errors=True)
+            write_shards(root / "parts", _samples()[:5], 1)
+        shards = ["parts/shard_{0000..0004}.tar"]
+        er.BaseWebdatasetFactory.prepare_dataset(ours, shards, workers=1, **kwargs)
+        TheirFactory.prepare_dataset(theirs, shards, workers=1, **kwargs)
+        assert split_of(ours) == split_of(theirs)
+        assert json.loads((ours / ".nv-meta" / ".info.json").read_text())["shard_counts"] == {
+            f"parts/shard_{i:04d}.tar": 1 for i in range(5)
+        }
+
+
+def test_crude_jsonl_factories(tmp_path):
+    """prepare_dataset indexes a .jsonl that Energon's factory accepts; ours yield bytes (crude) or dicts (default)."""
+    from megatron.energon.flavors import CrudeJsonlDatasetFactory as TheirJsonl
+
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"idx": i}) + "\n" for i in range(7)))
+    assert er.CrudeJsonlDatasetFactory.prepare_dataset(path) == 7
+    import megatron.energon as me
+    from megatron.energon.epathlib import EPath
+
+    assert len(TheirJsonl(EPath(path), training=False, worker_config=me.WorkerConfig(rank=0, world_size=1, num_workers=0))) == 7
+    crude = er.CrudeJsonlDatasetFactory(path, training=False, worker_config=_wc())
+    out = _read(crude)
+    assert len(crude) == 7 and [s["__key__"] for s in out] == [str(i) for i in range(7)]
+    assert out[3]["json"] == b'{"idx": 3}'
+    default = er.DefaultCrudeJsonlDatasetFactory(path, training=False, worker_config=_wc(), subflavors={"s": 2})
+    out = _read(default)
+    assert [s["json"] for s in out] == [{"idx": i} for i in range(7)]
+    assert set(out[0]) == {"json", "__key__", "__restore_key__", "__subflavors__", "__sources__"} and out[0]["__subflavors__"] == {"s": 2}
+    assert len(er.CrudeJsonlDatasetFactory(path, training=False, part_filter=lambda p: p != "json")) == 0
