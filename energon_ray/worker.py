@@ -76,12 +76,13 @@ class WorkerConfig:
         return int.from_bytes(digest, "big") & 0xFFFFFFFF
 
     def config(self) -> dict[str, Any]:
-        """A JSON-able description (for logs and dataset configs)."""
+        """A JSON-able description, as Energon's (``data_parallel_group``: its size, or ``None``)."""
+        group = self.data_parallel_group
         return {
             "rank": self.rank,
             "world_size": self.world_size,
             "num_workers": self.num_workers,
-            "seed_offset": self.seed_offset,
+            "data_parallel_group": group.size() if group is not None else None,
         }
 
     @staticmethod

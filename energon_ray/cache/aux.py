@@ -1,8 +1,9 @@
 """A metadataset's ``aux:`` references (resolved to paths by ``energon_ray.blend.metadataset``) →
 named file stores for the cook functions.
 
-A folder holding ``.nv-meta/`` is read as a prepared dataset (files by ``"<key>.<part>"``); any other
-folder (``filesystem://…``) by relative file path.
+A folder holding ``.nv-meta/.info.json`` (or ``.info.yaml``) is read as a prepared dataset (files by
+``"<key>.<part>"``); any other folder (``filesystem://…``; its ``.nv-meta/index.sqlite`` may hold
+media metadata from ``prepare-media``) by relative file path.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Dict, Mapping
 from energon_ray.cache.base import FileStore
 from energon_ray.cache.stores import DatasetFileStore, SystemFileStore
 from energon_ray.errors import DatasetConfigError
+from energon_ray.format.info import INFO_JSON, INFO_YAML, META_DIR
 
 #: keyword arguments the loader adds itself
 RESERVED = ("cache", "primary")
@@ -42,7 +44,7 @@ def aux_stores(refs: Mapping[str, Any], where: str) -> Dict[str, FileStore]:
         if not isinstance(ref, (str, Path)) or "://" in str(ref):
             raise DatasetConfigError(f"{where}: aux.{name}: remote aux {str(ref)!r} is not supported yet; use a local dataset or folder")
         path = Path(ref)
-        if (path / ".nv-meta").is_dir():
+        if any((path / META_DIR / info).is_file() for info in (INFO_JSON, INFO_YAML)):
             out[name] = DatasetFileStore(path)
         elif path.is_dir():
             out[name] = SystemFileStore(path)

@@ -76,8 +76,12 @@ class FileStore(abc.ABC, Generic[T]):
         return f"{type(self).__name__}({self.get_path()})"
 
     def get_media_metadata(self, key: str) -> Any:
-        """Energon's per-file media metadata; no store of energon_ray indexes it."""
-        raise NotImplementedError(f"{type(self).__name__}({self.get_path()}): media metadata is not indexed by energon_ray")
+        """The stored media metadata (``ImageMetadata``/``AVMetadata``) of file ``key``.
+
+        Raises:
+            NotImplementedError: in stores without a media metadata index (all but ``DatasetFileStore``).
+        """
+        raise NotImplementedError(f"{type(self).__name__}({self.get_path()}) does not store media metadata")
 
 
 class FileStoreWrapper(FileStore[T]):

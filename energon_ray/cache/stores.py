@@ -6,6 +6,7 @@ Stores pickle as their path; files and the index open again, lazily, in whatever
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -13,8 +14,25 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from energon_ray.cache.base import FileStore, FileStoreWrapper
+from energon_ray.decode.media_metadata import MediaMetadataBase, deserialize_media_metadata
 from energon_ray.errors import DatasetConfigError
 from energon_ray.samples.base import SourceInfo
+
+
+def _media_metadata(db: sqlite3.Connection, where: Path, key: str) -> MediaMetadataBase:
+    """The ``media_metadata`` row of ``key`` in an open ``index.sqlite`` (``where``: for messages)."""
+    try:
+        row = db.execute("SELECT metadata_type, metadata_json FROM media_metadata WHERE entry_key = ?", (key,)).fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" not in str(exc):
+            raise
+        raise DatasetConfigError(
+            f"{where}: no media metadata in .nv-meta/index.sqlite; run `energon-ray prepare "
+            f"--media-metadata-by-extension` (or -by-header/-by-glob) on it"
+        ) from None
+    if row is None:
+        raise KeyError(f"{where}: no media metadata for {key!r}")
+    return deserialize_media_metadata(row[0], row[1])
 
 
 class SystemFileStore(FileStore[bytes]):
@@ -60,6 +78,23 @@ class SystemFileStore(FileStore[bytes]):
 
     def get_path(self) -> str:
         return str(self.base_dir)
+
+    def get_media_metadata(self, key: str) -> MediaMetadataBase:
+        """The media metadata stored for file ``key`` (its path relative to ``base_dir``) in
+        ``base_dir/.nv-meta/index.sqlite`` (``energon-ray prepare-media`` or ``energon prepare-media``).
+
+        Raises:
+            DatasetConfigError: no ``base_dir``, or no media metadata stored for the folder.
+            KeyError: no metadata for ``key``.
+        """
+        if self.base_dir is None:
+            raise DatasetConfigError("SystemFileStore without base_dir has no media metadata (it lives in base_dir/.nv-meta)")
+        file = self.base_dir / ".nv-meta" / "index.sqlite"
+        if not file.is_file():
+            raise DatasetConfigError(f"{self.base_dir}: no .nv-meta/index.sqlite; run `energon-ray prepare-media {self.base_dir}`")
+        # A connection per call: the store stays a plain picklable object, and opening is cheap.
+        with contextlib.closing(sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro&immutable=1", uri=True)) as db:
+            return _media_metadata(db, self.base_dir, key)
 
     def __repr__(self) -> str:
         return f"SystemFileStore(base_dir={self.get_path()!r})"
@@ -140,6 +175,15 @@ class DatasetFileStore(FileStore[bytes]):
             raise DatasetConfigError(f"{self.path / shard}: truncated: {key!r} wants bytes [{offset}, {offset + size})")
         info = SourceInfo(dataset_path=self.get_path(), index=index, shard_name=shard, file_names=(key,))
         return data, info
+
+    def get_media_metadata(self, key: str) -> MediaMetadataBase:
+        """The media metadata ``prepare --media-metadata-by-…`` stored for file ``key`` (``"<sample key>.<part>"``).
+
+        Raises:
+            DatasetConfigError: the dataset was prepared without media metadata.
+            KeyError: no metadata for ``key`` (no such file, or not a media file under the filter used).
+        """
+        return _media_metadata(self._db(), self.path, key)
 
     def __repr__(self) -> str:
         return f"DatasetFileStore({self.get_path()!r})"

@@ -1,4 +1,4 @@
-"""``energon-ray``: the command group (``prepare``, ``info``, ``preview``, ``lint``)."""
+"""``energon-ray``: the command group (``prepare``, ``prepare-media``, ``info``, ``preview``, ``lint``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import click
 from energon_ray.cli.info import info_command
 from energon_ray.cli.lint import lint_command
 from energon_ray.cli.prepare import prepare_command
+from energon_ray.cli.prepare_media import prepare_media_command
 from energon_ray.cli.preview import preview_command
 from energon_ray.format.prepare import ENERGON_FORMAT_VERSION, package_version
 
@@ -21,6 +22,7 @@ def main() -> None:
 
 
 main.add_command(prepare_command)
+main.add_command(prepare_media_command)
 main.add_command(info_command)
 main.add_command(preview_command)
 main.add_command(lint_command)

@@ -12,6 +12,7 @@ import click
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.field_access import parse_field_access
+from energon_ray.format.media_index import MediaFilter
 from energon_ray.format.prepare import (
     CRUDE,
     PrepareResult,
@@ -163,6 +164,8 @@ def _report(result: PrepareResult) -> None:
     for part, shards in result.split_parts.items():
         samples = sum(result.shard_counts[s] for s in shards)
         click.echo(f"  {part}: {len(shards)} shards, {samples:,} samples")
+    if result.media_metadata is not None:
+        click.echo(f"Stored media metadata of {result.media_metadata:,} files.")
     if result.dataset_config is not None:
         click.echo(f"Wrote {result.dataset_config}")
     for warning in result.warnings:
@@ -186,11 +189,17 @@ def _report(result: PrepareResult) -> None:
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--num-workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes indexing shards in parallel.")  # fmt: skip
+@click.option("--media-metadata-by-glob", help="Store media metadata of entries matching glob patterns "
+              "such as '*.jpg' (comma-separated).")  # fmt: skip
+@click.option("--media-metadata-by-header", is_flag=True, help="Store media metadata of entries whose file header is media.")
+@click.option("--media-metadata-by-extension", is_flag=True,
+              help="Store media metadata of entries with an image/audio/video extension.")  # fmt: skip
 def prepare_command(
     path: Path, split_ratio: Optional[List[float]], split_parts: Optional[Dict[str, List[str]]],
     exclude: Tuple[str, ...], shuffle_tars: bool, sample_type: Optional[str], field_map: Optional[dict],
     dataset_yaml_name: str, skip_dataset_yaml: bool, tar_index_only: bool, non_interactive: bool,
-    force_overwrite: bool, progress: bool, num_workers: int,
+    force_overwrite: bool, progress: bool, num_workers: int, media_metadata_by_glob: Optional[str],
+    media_metadata_by_header: bool, media_metadata_by_extension: bool,
 ) -> None:  # fmt: skip
     """Index the tar shards under PATH and write PATH/.nv-meta (Energon's format); for a .jsonl
     file, write its .jsonl.idx. PATH may be an s3:// or msc:// URL: the files are written there.
@@ -208,6 +217,14 @@ def prepare_command(
             count = prepare_jsonl(path, progress=progress)
         click.echo(f"Indexed {count} samples into {path}.idx")
         return
+    media_filter = None
+    if media_metadata_by_glob is not None or media_metadata_by_header or media_metadata_by_extension:
+        if tar_index_only:
+            raise click.UsageError("--media-metadata-by-... cannot be combined with --tar-index-only")
+        try:
+            media_filter = MediaFilter.parse(media_metadata_by_glob, media_metadata_by_header, media_metadata_by_extension)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
     interactive = not non_interactive
     defer_yaml = False
     if not tar_index_only:
@@ -230,7 +247,7 @@ def prepare_command(
             path, split_ratio=split_ratio, split_parts=split_parts, exclude=exclude, shuffle_tars=shuffle_tars,
             sample_type=sample_type if write_yaml else None, field_map=field_map if write_yaml else None,
             tar_index_only=tar_index_only, force_overwrite=force_overwrite, progress=progress,
-            num_workers=num_workers, dataset_config=dataset_yaml_name,
+            num_workers=num_workers, dataset_config=dataset_yaml_name, media_filter=media_filter,
         )  # fmt: skip
     _report(result)
     if defer_yaml:

@@ -117,3 +117,43 @@ class AVHandler:
             f"AVHandler(av_decode={self.av_decode!r}, video_decode_audio={self.video_decode_audio!r}, "
             f"max_video_pixels={self.max_video_pixels!r}, max_av_duration_s={self.max_av_duration_s!r})"
         )
+
+
+class AVWebdatasetDecoder(AVHandler):
+    """Energon's name and signature for the audio/video handler: ``(key, data) -> decoded | None``.
+
+    The handler :class:`~energon_ray.SampleDecoder` uses for audio and video parts; Energon users
+    who put ``AVWebdatasetDecoder(...)`` in a webdataset handler list get the same behaviour as
+    :class:`AVHandler`, with the same limits.
+
+    Args:
+        video_decode_audio: with ``av_decode="torch"``, also decode the audio track of videos.
+        av_decode: ``"AVDecoder"`` (lazy decoder), ``"torch"`` (an ``AVData`` of tensors) or
+            ``"pyav"`` (the opened container).
+        max_video_pixels / max_av_duration_s: as in :class:`AVHandler`.
+
+    Example:
+        >>> AVWebdatasetDecoder(video_decode_audio=False)("sample.mp4", b"\\x00")
+        AVDecoder(key='sample.mp4', bytes=1)
+        >>> AVWebdatasetDecoder(False)("txt", b"hi") is None
+        True
+    """
+
+    def __init__(
+        self,
+        video_decode_audio: bool,
+        av_decode: str = "AVDecoder",
+        max_video_pixels: Optional[int] = DEFAULT_MAX_VIDEO_PIXELS,
+        max_av_duration_s: Optional[float] = DEFAULT_MAX_AV_DURATION_S,
+    ):
+        super().__init__(
+            av_decode=av_decode, video_decode_audio=video_decode_audio,
+            max_video_pixels=max_video_pixels, max_av_duration_s=max_av_duration_s,
+        )  # fmt: skip
+
+    def read_av_data(self, data: bytes) -> AVDecoder:
+        """A lazy :class:`AVDecoder` over ``data`` (nothing decoded, no limits checked)."""
+        return AVDecoder(data)
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("AVHandler(", "AVWebdatasetDecoder(", 1)

@@ -15,7 +15,7 @@ from energon_ray.decode.av_handler import (
     AV_EXTENSIONS,
     DEFAULT_MAX_AV_DURATION_S,
     DEFAULT_MAX_VIDEO_PIXELS,
-    AVHandler,
+    AVWebdatasetDecoder,
     check_limit,
 )
 from energon_ray.errors import MediaTooLargeError, untrusted
@@ -200,7 +200,7 @@ class SampleDecoder:
     def _build(self) -> wds_decode.Decoder:
         media: list = [
             _ImageSizeGuard(wds_decode.imagehandler(self.image_decode), self.max_image_pixels),
-            AVHandler(
+            AVWebdatasetDecoder(
                 av_decode=self.av_decode,
                 video_decode_audio=self.video_decode_audio,
                 max_video_pixels=self.max_video_pixels,

@@ -23,6 +23,7 @@ from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_yaml import DatasetSpec, _check_field_map, _load_function
 from energon_ray.format.info import meta_dir, write_info
 from energon_ray.format.indexer import index_dataset
+from energon_ray.format.media_index import MediaFilter, write_media_metadata
 from energon_ray.format.prepare import collapse_names, energon_version_string, split_by_patterns, split_by_ratio
 from energon_ray.format.split import write_split_file
 from energon_ray.samples import CrudeSample, Sample
@@ -255,16 +256,21 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
             split_parts_patterns: ``[(part, regex), ...]`` instead (brace-expanded, ``re.match``).
             tar_index_only: only (re)write the shards' indexes.
             workers: processes indexing shards in parallel (at most one per shard).
+            media_filter: also store media metadata in ``index.sqlite`` (a ``MediaFilter``, or
+                Energon's ``MediaFilterConfig``; see :mod:`energon_ray.format.media_index`).
 
         Returns:
             The part names (``jpg``, ``txt``…) found in the shards.
 
         Raises:
-            ValueError: neither or both split arguments; ``media_filter``/``fix_duplicates`` (not supported).
+            ValueError: neither or both split arguments; ``media_filter`` with ``tar_index_only``;
+                ``fix_duplicates`` (not supported).
             DatasetConfigError: a bad shard or a duplicate sample key.
         """
-        if media_filter is not None or fix_duplicates:
-            raise ValueError("prepare_dataset: media_filter and fix_duplicates are not supported by energon_ray")
+        if fix_duplicates:
+            raise ValueError("prepare_dataset: fix_duplicates is not supported by energon_ray")
+        if media_filter is not None and tar_index_only:
+            raise ValueError("prepare_dataset: media_filter cannot be combined with tar_index_only")
         root = as_path(parent_path)
         names = [e for p in paths for e in braceexpand.braceexpand(str(p))]
         if not names:
@@ -274,6 +280,8 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
             return set(parts)
         if (split_parts_ratio is None) == (split_parts_patterns is None):
             raise ValueError("prepare_dataset needs exactly one of split_parts_ratio or split_parts_patterns")
+        if media_filter is not None:
+            write_media_metadata(root, MediaFilter.coerce(media_filter), shards=names)
         write_info(root, counts, energon_version_string())
         if split_parts_ratio is not None:
             part_names = [str(p) for p, _ in split_parts_ratio]

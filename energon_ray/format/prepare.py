@@ -25,6 +25,7 @@ from energon_ray.format.info import (
 from energon_ray.format.split import write_split_file
 from energon_ray.format.indexer import INDEX_SQLITE, INDEX_UUID, ShardIndex, find_shards, index_dataset, index_shard  # noqa: F401
 from energon_ray.format.indexer import ShardIndexer
+from energon_ray.format.media_index import MediaFilter, write_media_metadata
 from energon_ray.samples import SAMPLE_TYPES
 from energon_ray.storage import as_path
 
@@ -64,6 +65,8 @@ class PrepareResult:
     dataset_config: Optional[Path] = None
     sample_loader: Optional[Path] = None
     warnings: Tuple[str, ...] = ()
+    #: Media files whose metadata went into ``index.sqlite`` (``None``: no ``media_filter`` given).
+    media_metadata: Optional[int] = None
 
     @property
     def total_samples(self) -> int:
@@ -337,6 +340,7 @@ def prepare_dataset(
     num_workers: int = 1,
     dataset_config: str = "dataset.yaml",
     shard_indexer: Optional[ShardIndexer] = None,
+    media_filter: Optional[MediaFilter] = None,
 ) -> PrepareResult:
     """Index the tar shards under ``path`` and write ``.nv-meta`` (Energon's ``energon prepare``).
 
@@ -357,6 +361,9 @@ def prepare_dataset(
         dataset_config: file name of the dataset config inside ``.nv-meta``.
         shard_indexer: runs :func:`index_shard` over the shards instead of the local process pool
             (e.g. as Ray tasks: ``jobs/prepare_job.py``); everything else, and every file, stays the same.
+        media_filter: also store the metadata of the media members (image size/format, audio/video
+            stream facts) in ``index.sqlite`` (Energon's ``--media-metadata-by-…``; see
+            :mod:`energon_ray.format.media_index`).
 
     Returns:
         A :class:`PrepareResult` (counts, splits, part types, files, warnings).
@@ -381,6 +388,8 @@ def prepare_dataset(
     if not isinstance(num_workers, int) or num_workers < 1:
         raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
     exclude = [exclude] if isinstance(exclude, str) else list(exclude or ())
+    if tar_index_only and media_filter is not None:
+        raise ValueError("media_filter cannot be combined with tar_index_only (as in Energon)")
     if tar_index_only:
         conflicts = dict(split_ratio=split_ratio, split_parts=split_parts, exclude=exclude,
                          shuffle_tars=shuffle_tars, sample_type=sample_type, field_map=field_map)  # fmt: skip
@@ -403,6 +412,9 @@ def prepare_dataset(
     counts, part_types = index_dataset(
         root, names, num_workers=num_workers, progress=progress, shard_indexer=shard_indexer
     )
+    media_rows = None
+    if media_filter is not None:
+        media_rows = write_media_metadata(root, media_filter, shards=names, progress=progress)
     write_info(root, counts, energon_version_string())
     splits = split_by_ratio(names, ratio, shuffle_tars) if ratio else split_by_patterns(names, patterns or {})
     write_split_file(root, {part: collapse_names(shards) for part, shards in splits.items()}, split_config=SPLIT_FILE)
@@ -414,5 +426,5 @@ def prepare_dataset(
             warnings.append(f"{loader}: edit this sample loader so it returns the fields of {sample_type}")
     return PrepareResult(
         root=root, shard_counts=counts, split_parts=splits, part_types=part_types,
-        dataset_config=yaml_path, sample_loader=loader, warnings=tuple(warnings),
+        dataset_config=yaml_path, sample_loader=loader, warnings=tuple(warnings), media_metadata=media_rows,
     )  # fmt: skip

@@ -267,7 +267,10 @@ class EnergonDataset(Composition):
             "type": "EnergonDataset",
             "path": self.dataset.root,
             "split_part": self.dataset.split_part,
-            "worker_config": self.worker_config.config(),
+            "worker_config": {  # what of it decides the batches
+                "rank": self.worker_config.rank, "world_size": self.worker_config.world_size,
+                "num_workers": self.worker_config.num_workers, "seed_offset": self.worker_config.seed_offset,
+            },
             "options": dataclasses.asdict(self.options),
             "task_encoder": type(self.task_encoder).__qualname__,
             "decoder": None if self.decoder is None else self.decoder.config(),

@@ -89,7 +89,7 @@ def test_documents_example_runs_as_written(ds_path):
             )
         )
     assert any(issubclass(w.category, DeprecationWarning) and "image_decode" in str(w.message) for w in caught)
-    assert loader.dataset.worker_config.config() == {"rank": 0, "world_size": 1, "num_workers": 4, "seed_offset": 0}
+    assert loader.dataset.worker_config.config() == {"rank": 0, "world_size": 1, "num_workers": 4, "data_parallel_group": None}  # Energon's form
     it = iter(loader)
     batch = next(it)
     assert isinstance(batch, CaptioningBatch)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import ClassVar, List, Optional, Tuple
 
 import torch
+
+from energon_ray.decode.media_metadata import MediaMetadataBase, MediaMetadataType
 
 Timestamps = List[Tuple[float, float]]
 
@@ -41,10 +43,11 @@ class AVData:
 
 
 @dataclass
-class AVMetadata:
+class AVMetadata(MediaMetadataBase):
     """What :meth:`AVDecoder.get_metadata` found out about a media file (``None``: not asked, or no such stream).
 
-    The field names are Energon's (``megatron.energon.media.AVMetadata``).
+    The field names are Energon's (``megatron.energon.media.AVMetadata``); ``to_dict``/``from_dict``
+    and the stored form (``metadata_type`` ``"av"``) come from :class:`MediaMetadataBase`.
 
     Attributes:
         video_duration: seconds of the first video stream.
@@ -62,6 +65,8 @@ class AVMetadata:
         {'audio_duration': 2.0, 'audio_channels': 1, 'audio_sample_rate': 8000}
     """
 
+    metadata_type: ClassVar[MediaMetadataType] = MediaMetadataType.AV
+
     video_duration: Optional[float] = None
     video_num_frames: Optional[int] = None
     video_fps: Optional[float] = None
@@ -71,23 +76,6 @@ class AVMetadata:
     audio_channels: Optional[int] = None
     audio_sample_rate: Optional[int] = None
     audio_num_samples: Optional[int] = None
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The fields that are set (not ``None``), as a JSON-ready dict."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-
-    @classmethod
-    def from_dict(cls, payload: Mapping[str, Any]) -> "AVMetadata":
-        """The inverse of :meth:`to_dict`.
-
-        Raises:
-            ValueError: for a key that is not a field.
-        """
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(payload) - known)
-        if unknown:
-            raise ValueError(f"AVMetadata has no fields {unknown}; its fields are {sorted(known)}")
-        return cls(**payload)
 
 
 def _describe(clips: Optional[List[torch.Tensor]], stamps: Optional[Timestamps]) -> str:

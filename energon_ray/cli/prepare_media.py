@@ -1,0 +1,42 @@
+"""``energon-ray prepare-media PATH``: store media metadata of a prepared dataset or of a plain
+folder (Energon's ``energon prepare-media``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from energon_ray.cli.prepare import DatasetLocation, user_errors
+from energon_ray.format.media_index import MediaFilter, write_folder_media_metadata, write_media_metadata
+from energon_ray.format.prepare import already_prepared
+
+
+@click.command(name="prepare-media")
+@click.argument("path", type=DatasetLocation(file_okay=False))
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--media-metadata-by-glob", help="Entries matching glob patterns such as '*.jpg' (comma-separated).")
+@click.option("--media-metadata-by-header", is_flag=True, help="Entries whose file header is media.")
+@click.option("--media-metadata-by-extension", is_flag=True, help="Entries with an image/audio/video extension.")
+def prepare_media_command(
+    path: Path, progress: bool, media_metadata_by_glob: Optional[str], media_metadata_by_header: bool,
+    media_metadata_by_extension: bool,
+) -> None:  # fmt: skip
+    """Store the media metadata (image size/format, audio/video stream facts) of PATH in
+    PATH/.nv-meta/index.sqlite: of its tar members if PATH is a prepared dataset, else of the files
+    of the folder (for ``filesystem://`` auxiliary data).
+
+    \b
+    energon-ray prepare-media ./ds --media-metadata-by-extension
+    """
+    try:
+        media_filter = MediaFilter.parse(media_metadata_by_glob, media_metadata_by_header, media_metadata_by_extension)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    with user_errors():
+        if already_prepared(path) is not None:
+            count = write_media_metadata(path, media_filter, progress=progress)
+        else:
+            count = write_folder_media_metadata(path, media_filter)
+    click.echo(f"Done. Stored media metadata of {count:,} files.")
