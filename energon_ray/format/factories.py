@@ -37,6 +37,28 @@ DEFAULT_DECODER = SampleDecoder()
 _FACTORY_CONFIG = "<factory>"
 
 
+
+def _set_options(factory: Any, path: Any, *, split_part: str, training: bool, worker_config: Optional[WorkerConfig],
+                 shuffle_over_epochs: Optional[int], parallel_shard_iters: Optional[int],
+                 max_samples_per_sequence: Optional[int], subset: Any, part_filter: Optional[Callable[[str], bool]],
+                 trust_dataset_code: Optional[bool]) -> None:  # fmt: skip
+    """The attributes every factory keeps from Energon's common constructor arguments."""
+    factory.path = path
+    factory.paths = [path]
+    factory.name = str(path)
+    factory.split_part = split_part
+    factory.training = bool(training)
+    factory.worker_config = worker_config if worker_config is not None else WorkerConfig.default_worker_config()
+    factory.shuffle_over_epochs = shuffle_over_epochs
+    factory.parallel_shard_iters = parallel_shard_iters
+    factory.max_samples_per_sequence = max_samples_per_sequence
+    factory.subset = subset
+    factory.part_filter = part_filter
+    factory.trusted = resolve_trust(trust_dataset_code)
+    if not hasattr(factory, "subflavors"):
+        factory.subflavors = {}
+
+
 class _CrudePassThrough(DefaultTaskEncoder):
     """The task encoder of a built crude factory without one: crude samples come out as they are read."""
 
@@ -151,20 +173,12 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
     ):
         if self.__sample_type__ is None:
             raise DatasetConfigError(f"{type(self).__name__}: set __sample_type__ (or declare it as {type(self).__name__}[MySample])")
-        self.path = as_path(path) if "://" in str(path) else Path(str(path))
-        self.paths = [self.path]
-        self.name = str(self.path)
-        self.split_part = split_part
-        self.training = bool(training)
-        self.worker_config = worker_config if worker_config is not None else WorkerConfig.default_worker_config()
-        self.shuffle_over_epochs = shuffle_over_epochs
-        self.parallel_shard_iters = parallel_shard_iters
-        self.max_samples_per_sequence = max_samples_per_sequence
-        self.subset = subset
-        self.part_filter = part_filter
-        self.trusted = resolve_trust(trust_dataset_code)
-        if not hasattr(self, "subflavors"):
-            self.subflavors = {}
+        _set_options(
+            self, as_path(path) if "://" in str(path) else Path(str(path)), split_part=split_part, training=training,
+            worker_config=worker_config, shuffle_over_epochs=shuffle_over_epochs, parallel_shard_iters=parallel_shard_iters,
+            max_samples_per_sequence=max_samples_per_sequence, subset=subset, part_filter=part_filter,
+            trust_dataset_code=trust_dataset_code,
+        )  # fmt: skip
         self.prepared = PreparedDataset.open(
             self.path, split_part, split_config=split_config, trusted=self.trusted, spec=self._spec(str(self.path))
         )

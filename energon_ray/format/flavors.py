@@ -11,9 +11,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from energon_ray.errors import DatasetConfigError, resolve_trust
+from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
-from energon_ray.format.factories import BaseCoreDatasetFactory, DefaultDecoderWebdatasetFactory, _subset_ranges
+from energon_ray.format.factories import BaseCoreDatasetFactory, DefaultDecoderWebdatasetFactory, _set_options, _subset_ranges
 from energon_ray.format.jsonl import prepare_jsonl
 from energon_ray.samples import (
     CaptioningSample, CrudeSample, ImageClassificationSample, ImageSample, InterleavedSample, MultiChoiceVQASample,
@@ -167,19 +167,12 @@ class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample]):
         split_part: str = "train",
         trust_dataset_code: Optional[bool] = None,
     ):
-        self.path = Path(str(path))
-        self.paths = [self.path]
-        self.name = str(self.path)
-        self.training = bool(training)
-        self.worker_config = worker_config if worker_config is not None else WorkerConfig.default_worker_config()
-        self.shuffle_over_epochs = shuffle_over_epochs
-        self.parallel_shard_iters = parallel_shard_iters
-        self.max_samples_per_sequence = max_samples_per_sequence
-        self.subset = subset
-        self.part_filter = part_filter
-        self.trusted = resolve_trust(trust_dataset_code)
-        if not hasattr(self, "subflavors"):
-            self.subflavors = {}
+        _set_options(
+            self, Path(str(path)), split_part=split_part, training=training, worker_config=worker_config,
+            shuffle_over_epochs=shuffle_over_epochs, parallel_shard_iters=parallel_shard_iters,
+            max_samples_per_sequence=max_samples_per_sequence, subset=subset, part_filter=part_filter,
+            trust_dataset_code=trust_dataset_code,
+        )  # fmt: skip
         self.prepared = PreparedDataset.open(self.path, split_part)
         self._len = self.prepared.total if part_filter is None or part_filter("json") else 0
 
