@@ -229,8 +229,20 @@ class EnergonDataset(Composition):
 
     # -- sizes ---------------------------------------------------------------------------------
     def worker_lengths(self) -> List[int]:
-        """Samples per local worker and pass (after excludes and repetitions)."""
-        return [s.epoch_length if s.length is None else s.length for s in self.streams()]
+        """Samples per local worker and pass, as Energon counts them for ``len()`` and for
+        ``blend_epochized`` weights: the worker's samples after excludes, times the repetitions.
+        ``shuffle_over_epochs`` only changes the order (a stream's epoch then spans that many passes
+        over the samples), so it is not counted."""
+        out = []
+        for s in self.streams():
+            if s.prefix is not None:  # another world size's rest first (loader.elastic)
+                out.append(s.epoch_length if s.length is None else s.length)
+                continue
+            passes = s.config.shuffle_over_epochs if s.config.training else 1
+            base = s.epoch_length // passes if passes and passes > 1 else s.epoch_length
+            reps = s.config.repetitions
+            out.append(base if reps is None else int(base * reps))
+        return out
 
     def worker_batches(self) -> List[int]:
         """Items (batches, or samples without batching) per local worker and epoch."""

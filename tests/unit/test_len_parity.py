@@ -25,6 +25,11 @@ YAMLS = {
     "      - {repetitions: 0.5, path: c}\n",
     "twins.yaml": "__module__: megatron.energon\n__class__: Metadataset\nsplits:\n  train:\n    datasets:\n"
     "      - {weight: 1, path: a}\n      - {weight: 1, path: a2}\n",
+    # shuffle_over_epochs changes the order only: Energon's len() counts the leaf's samples once
+    "multiplier.yaml": "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+    "      - {weight: 1, path: a, shuffle_over_epochs_multiplier: 3}\n      - {weight: 1, path: b}\n",
+    "epochized_multiplier.yaml": "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n"
+    "    blend_epochized:\n      - {repetitions: 2, path: a, shuffle_over_epochs_multiplier: 3}\n      - {repetitions: 0.5, path: c}\n",
 }
 WORKERS = [0, 2, 3]
 
@@ -57,7 +62,7 @@ def test_two_leaves_of_55_make_11_batches_of_10(root):
 
 @pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("batch_size", [10, 7])
-@pytest.mark.parametrize("name", ["c", "v1.yaml", "nested.yaml", "blend.yaml", "epochized.yaml"])
+@pytest.mark.parametrize("name", ["c", "v1.yaml", "nested.yaml", "blend.yaml", "epochized.yaml", "multiplier.yaml", "epochized_multiplier.yaml"])
 def test_train_len_is_energons(root, name, batch_size, workers):
     """len(get_train_dataset(...)) equals Energon's for single datasets and every metadataset blend mode."""
     assert len(_train(er, root / name, workers, batch_size)) == len(_train(me, root / name, workers, batch_size))
