@@ -59,6 +59,20 @@ def _set_options(factory: Any, path: Any, *, split_part: str, training: bool, wo
         factory.subflavors = {}
 
 
+
+def plan_options(factory: Any, batch_size: Optional[int], drop_last: bool, shuffle_buffer_size: Optional[int]) -> Any:
+    """The ``PlanOptions`` of a factory's ``build()``: its common arguments plus the batching ones."""
+    from energon_ray.loader.dataset import PlanOptions
+
+    absolute, ratio = _subset_ranges(factory.subset)
+    return PlanOptions(
+        training=factory.training, repeat=factory.training, batch_size=batch_size, drop_last=drop_last,
+        shuffle_buffer_size=shuffle_buffer_size if factory.training else None,
+        max_samples_per_sequence=factory.max_samples_per_sequence,
+        shuffle_over_epochs=factory.shuffle_over_epochs, parallel_shard_iters=factory.parallel_shard_iters,
+        subset_absolute=absolute, subset_ratio=ratio,
+    )  # fmt: skip
+
 class _CrudePassThrough(DefaultTaskEncoder):
     """The task encoder of a built crude factory without one: crude samples come out as they are read."""
 
@@ -211,18 +225,11 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
     ) -> Any:  # fmt: skip
         """The dataset (an ``EnergonDataset``): samples of ``__sample_type__``, unbatched unless
         ``batch_size`` is given; ``task_encoder`` (default: none) runs its hooks on them."""
-        from energon_ray.loader.dataset import EnergonDataset, PlanOptions
+        from energon_ray.loader.dataset import EnergonDataset
 
         if task_encoder is None:
             task_encoder = _CrudePassThrough() if self.prepared.spec.is_crude else DefaultTaskEncoder()
-        absolute, ratio = _subset_ranges(self.subset)
-        options = PlanOptions(
-            training=self.training, repeat=self.training, batch_size=batch_size, drop_last=batch_drop_last,
-            shuffle_buffer_size=shuffle_buffer_size if self.training else None,
-            max_samples_per_sequence=self.max_samples_per_sequence,
-            shuffle_over_epochs=self.shuffle_over_epochs, parallel_shard_iters=self.parallel_shard_iters,
-            subset_absolute=absolute, subset_ratio=ratio,
-        )  # fmt: skip
+        options = plan_options(self, batch_size, batch_drop_last, shuffle_buffer_size)
         decoder = self._decoder()
         if decoder is not None and self.trusted:
             decoder = decoder.with_trust(True)

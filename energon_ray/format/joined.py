@@ -15,7 +15,7 @@ import numpy as np
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
-from energon_ray.format.factories import BaseCoreDatasetFactory, BaseWebdatasetFactory, _subset_ranges
+from energon_ray.format.factories import BaseCoreDatasetFactory, BaseWebdatasetFactory, plan_options
 from energon_ray.format.join_index import MISSING
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.samples import Sample
@@ -138,17 +138,9 @@ class JoinedWebdatasetFactory(BaseCoreDatasetFactory[Any]):
         batch_drop_last: bool = False, shuffle_buffer_size: Optional[int] = None,
     ) -> Any:  # fmt: skip
         """The dataset (a ``JoinedEnergonDataset``) of joined samples, unbatched unless ``batch_size`` is given."""
-        from energon_ray.loader.dataset import PlanOptions
         from energon_ray.loader.joined import JoinedEnergonDataset
 
-        absolute, ratio = _subset_ranges(self.subset)
-        options = PlanOptions(
-            training=self.training, repeat=self.training, batch_size=batch_size, drop_last=batch_drop_last,
-            shuffle_buffer_size=shuffle_buffer_size if self.training else None,
-            max_samples_per_sequence=self.max_samples_per_sequence,
-            shuffle_over_epochs=self.shuffle_over_epochs, parallel_shard_iters=self.parallel_shard_iters,
-            subset_absolute=absolute, subset_ratio=ratio,
-        )  # fmt: skip
+        options = plan_options(self, batch_size, batch_drop_last, shuffle_buffer_size)
         decoders = []
         for ds in self.inner_datasets:
             decoder = ds._decoder()
