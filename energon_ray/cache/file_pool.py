@@ -210,7 +210,11 @@ class FileStoreCachePool(CachePool):
                 del self._pending[key]
 
     def to_cache(self, data: Any, name: str) -> "CacheFileLazy":
-        """Park ``data`` in a private file of the cache folder (not evicted); the lazy reads and deletes it."""
+        """Park ``data`` in a private file of the cache folder (not evicted); the lazy reads and deletes it.
+
+        Not behind ``trust_dataset_code``: the pickle is the caller's own object, written and read back
+        by this process (by uuid name) in a folder only this user can write (``DiskCache`` checks it);
+        nothing from a dataset is unpickled here."""
         path = self.cache_dir / f"object-{uuid.uuid4().hex}.pkl"
         path.write_bytes(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
         return CacheFileLazy(name, self, path)

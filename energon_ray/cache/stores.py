@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from energon_ray.cache.base import FileStore, FileStoreWrapper
 from energon_ray.decode.media_metadata import MediaMetadataBase, deserialize_media_metadata
 from energon_ray.errors import DatasetConfigError
+from energon_ray.format.indexer import open_index_readonly
 from energon_ray.samples.base import SourceInfo
 
 
@@ -93,7 +94,7 @@ class SystemFileStore(FileStore[bytes]):
         if not file.is_file():
             raise DatasetConfigError(f"{self.base_dir}: no .nv-meta/index.sqlite; run `energon-ray prepare-media {self.base_dir}`")
         # A connection per call: the store stays a plain picklable object, and opening is cheap.
-        with contextlib.closing(sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro&immutable=1", uri=True)) as db:
+        with contextlib.closing(open_index_readonly(file)) as db:
             return _media_metadata(db, self.base_dir, key)
 
     def __repr__(self) -> str:
@@ -139,7 +140,7 @@ class DatasetFileStore(FileStore[bytes]):
                     f"{self.path}: no .nv-meta/index.sqlite to look files up by name; run `energon-ray prepare {self.path}`"
                 )
             self._shards = list(read_info(self.path))
-            db = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+            db = open_index_readonly(file, any_thread=True)
             self._local.db = db
         return db
 

@@ -27,6 +27,11 @@ from energon_ray.format.tar_reader import SKIP_META_RE, TAR_ENCODING, non_utf8_n
 from energon_ray.storage import RemoteFile, RemotePath, as_path
 
 INDEX_SQLITE = "index.sqlite"
+
+
+def open_index_readonly(file: Path, *, any_thread: bool = False) -> sqlite3.Connection:
+    """A read-only connection to a written ``index.sqlite`` (immutable: no locks, no journal)."""
+    return sqlite3.connect(f"{Path(file).resolve().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=not any_thread)
 INDEX_UUID = "index.uuid"
 _BLOCK = 512
 

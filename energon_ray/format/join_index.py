@@ -8,7 +8,6 @@ that key fills ``-1`` (``nonmatch: none``), drops the row (``skip``) or stops wi
 
 from __future__ import annotations
 
-import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
@@ -16,6 +15,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from energon_ray.errors import DatasetConfigError
+from energon_ray.format.indexer import open_index_readonly
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.info import read_info
 from energon_ray.storage import RemotePath, as_path
@@ -43,7 +43,7 @@ def _sample_rows(dataset: PreparedDataset) -> List[Tuple[int, str]]:
         if isinstance(file, RemotePath):
             local = Path(tmp) / "index.sqlite"
             local.write_bytes(file.read_bytes())
-        db = sqlite3.connect(f"{Path(local).resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        db = open_index_readonly(Path(local))
         try:
             rows = db.execute("SELECT tar_file_id, sample_index, sample_key FROM samples").fetchall()
         finally:
