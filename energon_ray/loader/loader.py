@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from energon_ray.blend.base import Composition, PassContext
-from energon_ray.errors import check_keywords
 from energon_ray.loader.elastic import Redistribution, from_origin, needs_redistribution, redistribute
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import LoaderStats, RoundRobin
@@ -25,12 +24,6 @@ from energon_ray.loader.savable import PassRun, check_fits, new_state, restore_s
 from energon_ray.loader.state import LoaderState, StateError
 from energon_ray.pipeline.build import feeder
 from energon_ray.ray_env import ensure_ray, warm_up
-
-#: ``get_loader`` keywords of Energon that do not apply here (Ray has its own watchdogs and caching).
-ENERGON_LOADER_OPTIONS = (
-    "cache_pool", "watchdog_timeout_seconds", "watchdog_initial_timeout_seconds", "fail_on_timeout",
-    "gc_collect_every_n_steps", "gc_freeze_at_start",
-)  # fmt: skip
 
 #: Bytes of finished blocks one execution may hold in the object store ahead of the trainer.
 DEFAULT_OBJECT_STORE_LIMIT = 1 << 30
@@ -339,117 +332,3 @@ def _close_loader(ref: "weakref.ref[EnergonLoader]") -> None:
             loader.close()
         except Exception:  # interpreter shutdown: nothing useful left to report
             pass
-
-
-def get_loader(
-    dataset: Composition,
-    *,
-    worker_config: Any = None,
-    prefetch_factor: Optional[int] = None,
-    prefetch_batches: int = 4,
-    pin_memory: Optional[bool] = None,
-    ray_remote_args: Optional[dict] = None,
-    object_store_limit: Optional[int] = DEFAULT_OBJECT_STORE_LIMIT,
-    **energon_options: Any,
-) -> EnergonLoader:
-    """Iterate a dataset's batches, produced by Ray Data.
-
-    Args:
-        dataset: from ``get_train_dataset`` / ``get_val_dataset``, or a composition of them.
-        worker_config: accepted for Energon compatibility (deprecated there too); must match the dataset's.
-        prefetch_factor: Energon's name for ``prefetch_batches``.
-        prefetch_batches: blocks Ray prefetches ahead, per source.
-        pin_memory: pin batch tensors (default: when CUDA is available; never fails on a CPU-only box).
-        ray_remote_args: resources per segment task.
-        object_store_limit: bytes of finished blocks Ray may hold ahead of the trainer (``None``: Ray's default).
-        **energon_options: ``cache_pool`` (a ``CachePool``: cookers get it as ``cache``, hooks as
-            ``self.cache``, in the segment tasks); Energon's ``watchdog_timeout_seconds``,
-            ``watchdog_initial_timeout_seconds``, ``fail_on_timeout``, ``gc_collect_every_n_steps``,
-            ``gc_freeze_at_start``: accepted and ignored (a warning, once each).
-
-    Raises:
-        TypeError: any other keyword.
-
-    Returns:
-        An iterable of the task encoder's batches; ``len()`` is batches per rank and epoch.
-
-    Example:
-        >>> loader = get_loader(get_val_dataset(path, batch_size=4))  # doctest: +SKIP
-        >>> next(iter(loader))  # doctest: +SKIP
-    """
-    return EnergonLoader(dataset, **_loader_options(
-        "get_loader", dataset, worker_config=worker_config, prefetch_factor=prefetch_factor,
-        prefetch_batches=prefetch_batches, pin_memory=pin_memory, ray_remote_args=ray_remote_args,
-        object_store_limit=object_store_limit, **energon_options,
-    ))  # fmt: skip
-
-
-def _loader_options(
-    what: str,
-    dataset: Any,
-    *,
-    worker_config: Any = None,
-    prefetch_factor: Optional[int] = None,
-    prefetch_batches: int = 4,
-    pin_memory: Optional[bool] = None,
-    ray_remote_args: Optional[dict] = None,
-    object_store_limit: Optional[int] = DEFAULT_OBJECT_STORE_LIMIT,
-    **energon_options: Any,
-) -> Dict[str, Any]:
-    """``EnergonLoader``'s keywords from ``get_loader``'s (Energon's names checked and mapped)."""
-    cache_pool = energon_options.pop("cache_pool", None)
-    check_keywords(what, energon_options, ENERGON_LOADER_OPTIONS)
-    if cache_pool is not None:
-        _attach_cache_pool(what, dataset, cache_pool)
-    if worker_config is not None and isinstance(dataset, Composition) and worker_config != dataset.worker_config:
-        raise ValueError(
-            f"{what}: worker_config {worker_config.config()} differs from the dataset's {dataset.worker_config.config()}"
-        )
-    if prefetch_factor is not None:
-        prefetch_batches = prefetch_factor
-    return dict(
-        prefetch_batches=prefetch_batches, ray_remote_args=ray_remote_args, pin_memory=pin_memory,
-        object_store_limit=object_store_limit,
-    )  # fmt: skip
-
-
-def _attach_cache_pool(what: str, dataset: Any, pool: Any) -> None:
-    """Hand ``pool`` to every leaf dataset: it travels with their stage configs to the segment tasks."""
-    from energon_ray.cache import CachePool
-
-    if not isinstance(pool, CachePool):
-        raise TypeError(f"{what}: cache_pool must be a CachePool (e.g. FileStoreCachePool), got {type(pool).__name__}")
-    for leaf in dataset.leaves():
-        leaf.set_cache_pool(pool)
-
-
-#: ``get_savable_loader`` keywords of Energon's snapshot cadence: every item is an exact save point here.
-SAVABLE_OPTIONS = ("checkpoint_every_sec", "checkpoint_every_min_n_samples", "n_checkpoints")
-
-
-class SavableDataLoader(EnergonLoader):
-    """Energon's savable loader class: ``SavableDataLoader(dataset, **options)`` is
-    ``get_savable_loader(dataset, **options)`` (what that returns). Every ``EnergonLoader`` saves and
-    restores; this name is for code that constructs or type-checks Energon's class."""
-
-    def __init__(self, dataset: Composition, **options: Any):
-        for name in SAVABLE_OPTIONS:
-            options.pop(name, None)
-        super().__init__(dataset, **_loader_options("SavableDataLoader", dataset, **options))
-
-
-def get_savable_loader(dataset: Composition, **kwargs: Any) -> SavableDataLoader:
-    """``get_loader`` for checkpointed training: ``save_state_rank()``/``restore_state_rank(state)``,
-    ``save_state_global(dst)``/``restore_state_global(states)``.
-
-    Every loader of energon_ray can save and restore at any item (there are no snapshots to take),
-    so Energon's ``checkpoint_every_sec``, ``checkpoint_every_min_n_samples`` and ``n_checkpoints``
-    are accepted and have nothing to do; every other keyword is ``get_loader``'s.
-
-    Example:
-        >>> loader = get_savable_loader(get_train_dataset(path, batch_size=32, task_encoder=te))  # doctest: +SKIP
-        >>> state = loader.save_state_rank()            # in the checkpoint   # doctest: +SKIP
-        >>> fresh = get_savable_loader(get_train_dataset(path, batch_size=32, task_encoder=te))  # doctest: +SKIP
-        >>> fresh.restore_state_rank(state)              # continues exactly  # doctest: +SKIP
-    """
-    return SavableDataLoader(dataset, **kwargs)

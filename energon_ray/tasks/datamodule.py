@@ -147,7 +147,7 @@ class EnergonDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> Any:
         """This rank's savable, endless training loader (restored from a checkpoint if one was loaded)."""
         from energon_ray.loader.factory import get_train_dataset
-        from energon_ray.loader.loader import get_savable_loader
+        from energon_ray.loader.api import get_savable_loader
 
         split = self._split("train")
         dataset = get_train_dataset(
@@ -215,7 +215,7 @@ class EnergonDataModule(pl.LightningDataModule):
 
     def _eval_loader(self, which: str) -> Any:
         from energon_ray.loader.factory import get_val_dataset
-        from energon_ray.loader.loader import get_loader
+        from energon_ray.loader.api import get_loader
 
         if self.splits[which] is None:
             return []  # Lightning: no loader for this stage
