@@ -4,7 +4,6 @@ Switch ``from megatron.energon import …`` to ``from energon_ray import …`` a
 encoders and prepared datasets.
 """
 
-from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import (
     DatasetConfigError,
     FatalSampleError,
@@ -17,43 +16,41 @@ from energon_ray.errors import (
     log_exception,
     reraise_exception,
 )
-from energon_ray.samples import (
-    Batch,
-    CaptioningSample,
-    CrudeSample,
-    ImageClassificationSample,
-    ImageSample,
-    InterleavedSample,
-    MultiChoiceVQASample,
-    OCRSample,
-    Sample,
-    SimilarityInterleavedSample,
-    SourceInfo,
-    TextSample,
-    VidQASample,
-    VQASample,
-    edataclass,
-)
-from energon_ray.task_encoder import (
-    Cooker,
-    DefaultTaskEncoder,
-    TaskEncoder,
-    basic_sample_keys,
-    batch_list,
-    batch_pad_stack,
-    batch_stack,
-    cooker,
-    generic_batch,
-    get_stateless,
-    stateless,
-)
 from energon_ray.worker import WorkerConfig
 
 __version__ = "0.1.0"
 
-# The loading entry points import Ray and pyarrow; they load on first use so that light users
-# (a Ray worker decoding video, `energon-ray info`) do not pay for them.
+# Every name that needs torch, Ray or pyarrow loads on first use, so that light users (the feeder
+# actor planning Ray Data executions, a Ray worker decoding video, `energon-ray info`) do not pay for
+# what they never touch.
 _LAZY = {
+    "SampleDecoder": "energon_ray.decode.sample_decoder",
+    "Batch": "energon_ray.samples",
+    "CaptioningSample": "energon_ray.samples",
+    "CrudeSample": "energon_ray.samples",
+    "ImageClassificationSample": "energon_ray.samples",
+    "ImageSample": "energon_ray.samples",
+    "InterleavedSample": "energon_ray.samples",
+    "MultiChoiceVQASample": "energon_ray.samples",
+    "OCRSample": "energon_ray.samples",
+    "Sample": "energon_ray.samples",
+    "SimilarityInterleavedSample": "energon_ray.samples",
+    "SourceInfo": "energon_ray.samples",
+    "TextSample": "energon_ray.samples",
+    "VidQASample": "energon_ray.samples",
+    "VQASample": "energon_ray.samples",
+    "edataclass": "energon_ray.samples",
+    "Cooker": "energon_ray.task_encoder",
+    "DefaultTaskEncoder": "energon_ray.task_encoder",
+    "TaskEncoder": "energon_ray.task_encoder",
+    "basic_sample_keys": "energon_ray.task_encoder",
+    "batch_list": "energon_ray.task_encoder",
+    "batch_pad_stack": "energon_ray.task_encoder",
+    "batch_stack": "energon_ray.task_encoder",
+    "cooker": "energon_ray.task_encoder",
+    "generic_batch": "energon_ray.task_encoder",
+    "get_stateless": "energon_ray.task_encoder",
+    "stateless": "energon_ray.task_encoder",
     "BlendDataset": "energon_ray.blend.compose",
     "ConcatDataset": "energon_ray.blend.compose",
     "MixBatchDataset": "energon_ray.blend.compose",

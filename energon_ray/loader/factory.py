@@ -200,18 +200,17 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
 
 
 def _head_start() -> None:
-    """If Ray is already up, start its workers' imports and the feeder actor now (the user builds a
-    model next; the loader's first batch then finds them ready). Never starts Ray itself."""
+    """If Ray is already up, start its workers' imports now (the user builds a model next; the
+    loader's first batch then finds them ready). Never starts Ray itself. The feeder actor starts
+    later, when the first segments' plain tasks have produced (it would compete with the imports)."""
     import sys
 
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return
-    from energon_ray.pipeline.build import feeder
     from energon_ray.ray_env import warm_up
 
-    feeder()  # first: the actor's process start is on the first batch's path, the imports overlap it
-    warm_up()
+    warm_up()  # the workers' imports (torch, the stages): the first batch's critical path
 
 
 def get_train_dataset(

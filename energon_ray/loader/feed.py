@@ -13,6 +13,7 @@ the driver's overhead that of a single source.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -156,6 +157,7 @@ class MultiFeed:
         self.ray_remote_args = ray_remote_args
         self.on_execute = on_execute
         self.pin = pin
+        self.stats = stats
         self.feeds: List[LeafFeed] = []
         self.schedules: List[LeafSchedule] = []
         needs = list(needs) if needs is not None else [None] * len(self.leaves)
@@ -168,8 +170,10 @@ class MultiFeed:
                 LeafSchedule(plan=plan, share=share, offset=offset, items_per_segment=items, need=need, starts=first)
             )
         self._rows: Optional[Iterator[Tuple[int, Row, bool, Optional[List[int]]]]] = None
-        #: ``(segments, BlockStream)`` of the window being executed
+        #: ``(segments, BlockStream | TaskStream)`` of the window being executed
         self._current: Optional[Tuple[List[Any], Any]] = None
+        #: ``[the next window's (segments, stream) or None]`` once started before the current one ended
+        self._following: Optional[List[Any]] = None
         self.object_store_limit = object_store_limit
         self.endless = any(s.plan.num_rounds is None for s in self.schedules)
         self._readers = {i: leaf.reader() for i, leaf in enumerate(self.leaves)}
@@ -233,21 +237,38 @@ class MultiFeed:
         if self._rows is not None:
             self._rows.close()
             self._rows = None
-        if self._current is not None:
-            self._current[1].close()
-            self._current = None
+        for current in (self._current, *(self._following or ())):
+            if current is not None:
+                current[1].close()
+        self._current = self._following = None
 
     def start(self) -> None:
-        """Start the first window's execution now (before anyone iterates: a head start)."""
+        """Start the first window's execution now (before anyone iterates: a head start).
+
+        Its first segments run as plain Ray tasks (``TaskStream``): they need only warm workers,
+        while a Ray Data execution first needs the feeder actor, Ray Data's actors and planning. The
+        feeder's execution of the rest of the window starts once their first block has arrived.
+        """
         if self._rows is None:
-            self._current = self._open(next(self._windows, None))
+            from energon_ray.pipeline.build import task_segments
+
+            window = next(self._windows, None)
+            direct = task_segments(len(window)) if window is not None else 0
+            if direct:
+                self._windows = itertools.chain([window[direct:]], self._windows)
+                self._current = self._open(window[:direct], tasks=True)
+            else:
+                self._current = self._open(window)
             self._rows = self._row_stream()
 
-    def _open(self, specs):
-        from energon_ray.pipeline.build import BlockStream
+    def _open(self, specs, tasks: bool = False):
+        from energon_ray.pipeline.build import BlockStream, TaskStream
 
         if specs is None:
             return None
+        if tasks:
+            self.stats.segments_as_tasks += len(specs)
+            return specs, TaskStream(specs, self._readers, self._configs, ray_remote_args=self.ray_remote_args)
         stream = BlockStream(
             specs, self._readers, self._configs, self.prefetch_batches,
             name=self._name, ray_remote_args=self.ray_remote_args, object_store_limit=self.object_store_limit,
@@ -259,8 +280,18 @@ class MultiFeed:
     def _row_stream(self) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:
         while self._current is not None:
             specs, stream = self._current
-            yield from self._execute(stream, specs)
-            self._current = self._open(next(self._windows, None))
+            for out in self._execute(stream, specs):
+                if stream.starts_next_early and self._following is None:
+                    # the tasks' workers are warm: the feeder's execution of the next window starts now
+                    self._following = [self._open(next(self._windows, None))]
+                yield out
+            self._current = self._next_window()
+
+    def _next_window(self):
+        if self._following is not None:
+            (opened,), self._following = self._following, None
+            return opened
+        return self._open(next(self._windows, None))
 
     def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:
         cursor = 0

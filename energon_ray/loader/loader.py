@@ -22,7 +22,6 @@ from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import LoaderStats, RoundRobin
 from energon_ray.loader.savable import PassRun, check_fits, new_state, restore_sample, starts_of
 from energon_ray.loader.state import LoaderState, StateError
-from energon_ray.pipeline.build import feeder
 from energon_ray.ray_env import ensure_ray, warm_up
 
 #: Bytes of finished blocks one execution may hold in the object store ahead of the trainer.
@@ -81,11 +80,10 @@ class EnergonLoader:
             raise ValueError("a dataset object appears twice in this composition; build each source separately")
         self._training = any(leaf.options.training for leaf in leaves)
         ensure_ray()
-        feeder()  # before the warm-up tasks: its process start is on the first batch's path
-        warm_up()
+        warm_up()  # the workers' imports (torch, the stages): the first batch's critical path
         self._early: Optional[MultiFeed] = None
-        # The first pass starts now, while the caller builds its model: by the first next() the
-        # feeder actor, Ray Data and the first segments are already under way.
+        # The first pass starts now, while the caller builds its model: by the first next() its
+        # first segments' Ray tasks (then the feeder's Ray Data execution of the rest) are under way.
         self._early = self._multi_feed(0)
         self._early.start()
         weakref.finalize(self, self._early.close)

@@ -59,6 +59,8 @@ class LoaderStats:
         self.ignored: Dict[str, int] = {}
         #: segments made per Ray node id
         self.segments_per_node: Dict[str, int] = {}
+        #: segments made by plain Ray tasks (the start of each pass); the rest by Ray Data executions
+        self.segments_as_tasks = 0
         #: read requests of the segments (remote: requests to the store), bytes they read, and
         #: retries of transient store errors (each retried request gave the same bytes)
         self.read_requests = 0
@@ -78,6 +80,7 @@ class LoaderStats:
             "skipped": dict(self.skipped),
             "ignored": dict(self.ignored),
             "segments_per_node": dict(self.segments_per_node),
+            "segments_as_tasks": self.segments_as_tasks,
             "read_requests": self.read_requests,
             "read_bytes": self.read_bytes,
             "read_retries": self.read_retries,

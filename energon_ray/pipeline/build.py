@@ -18,18 +18,20 @@ import gc
 import itertools
 import os
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
 import ray
-import ray.data
 
 from energon_ray.errors import ExecutionLost
-from energon_ray.pipeline.stages import BatchSamples, EncodeAndBatch, EncodeSamples, StageConfig, seam_batches
-from energon_ray.plan.stream import SegmentSpec
+from energon_ray.pipeline.shipped import ship, unship
 from energon_ray.ray_env import verbose
-from energon_ray.source.datasource import SegmentDatasource
-from energon_ray.source.reader import ReadSegment
+
+# Ray Data is imported where an execution is planned (the feeder), never by the training process.
+if TYPE_CHECKING:  # the feeder process never imports the stages (torch, the task encoder's module)
+    from energon_ray.pipeline.stages import StageConfig
+    from energon_ray.plan.stream import SegmentSpec
+    from energon_ray.source.reader import ReadSegment
 
 _threads_limited = False
 
@@ -62,19 +64,30 @@ def _node() -> Optional[str]:
     return _NODE[0]
 
 
-def encode_and_batch(batch, stage: EncodeAndBatch):
+# The map_batches callables get the stage config ``Shipped`` and build their stage in the task.
+
+
+def encode_and_batch(batch, config):
+    from energon_ray.pipeline.stages import EncodeAndBatch
+
     _limit_torch_threads()
+    stage = EncodeAndBatch(unship(config))
     stage.batch.node = _node()
     return stage(batch)
 
 
-def encode_samples(batch, stage: EncodeSamples):
+def encode_samples(batch, config):
+    from energon_ray.pipeline.stages import EncodeSamples
+
     _limit_torch_threads()
-    return stage(batch)
+    return EncodeSamples(unship(config))(batch)
 
 
-def batch_samples(batch, stage: BatchSamples):
+def batch_samples(batch, config):
+    from energon_ray.pipeline.stages import BatchSamples
+
     _limit_torch_threads()
+    stage = BatchSamples(unship(config))
     stage.node = _node()
     return stage(batch)
 
@@ -84,9 +97,9 @@ def _map(ds: "ray.data.Dataset", fn, stage, remote: Dict[str, Any]) -> "ray.data
 
 
 def build_dataset(
-    segments: List[SegmentSpec],
-    reader: Union[ReadSegment, Mapping[int, ReadSegment]],
-    config: Union[StageConfig, Mapping[int, StageConfig]],
+    segments: List["SegmentSpec"],
+    reader: Union["ReadSegment", Mapping[int, "ReadSegment"]],
+    config: Union["StageConfig", Mapping[int, "StageConfig"]],
     *,
     name: str = "EnergonSegments",
     ray_remote_args: Optional[Dict[str, Any]] = None,
@@ -98,24 +111,30 @@ def build_dataset(
     Args:
         segments: planned segments, in output order.
         reader: the read stage, or one per leaf dataset (by ``SegmentSpec.source``).
-        config: what the task-encoder stages need, or one per leaf dataset.
+        config: what the task-encoder stages need, or one per leaf dataset (readers and configs
+            may come ``Shipped``: this function never unpickles them).
         name: operator name in Ray's progress bars and stats.
         ray_remote_args: resources per task (e.g. ``{"num_cpus": 1}``).
         fuse_stages: run encoding and batching in one ``map_batches`` stage.
         object_store_limit: bytes of finished output this stream may hold ahead of the consumer
             (bounds how far one source of a blend runs ahead of its share).
     """
+    import ray.data
+
+    from energon_ray.source.datasource import SegmentDatasource
+
     remote = dict(ray_remote_args or {})
     ds = ray.data.read_datasource(
         SegmentDatasource(segments, reader if isinstance(reader, Mapping) else {0: reader}, name=name),
         override_num_blocks=max(1, len(segments)),
         **remote,
     )
+    config = ship(config)
     if fuse_stages:
-        ds = _map(ds, encode_and_batch, EncodeAndBatch(config), remote)
+        ds = _map(ds, encode_and_batch, config, remote)
     else:
-        ds = _map(ds, encode_samples, EncodeSamples(config), remote)
-        ds = _map(ds, batch_samples, BatchSamples(config), remote)
+        ds = _map(ds, encode_samples, config, remote)
+        ds = _map(ds, batch_samples, config, remote)
     ctx = ds.context
     ctx.execution_options.preserve_order = True
     # Ray Data 2.60 reserves a share (0.5) of the cluster's CPUs per operator by default; with one
@@ -181,6 +200,11 @@ class Feeder:
         # calls of a threaded actor may start out of order: a take can arrive before its submit
         self._closed: Deque[str] = deque(maxlen=4096)
         self._final_stats: Dict[str, str] = {}
+        import ray.data
+
+        from energon_ray.ray_env import start_ray_data_actors
+
+        start_ray_data_actors()  # created now, not by the first execution (they gate its first tasks)
         if not verbose:  # quiet by default: no progress bars or INFO lines for our executions
             ray.data.DataContext.get_current().enable_progress_bars = False
             logging.getLogger("ray.data").setLevel(logging.ERROR)
@@ -226,12 +250,15 @@ class Feeder:
 
     def usage(self) -> Dict[str, int]:
         """Executions not yet closed and object references this actor holds (an abandoned
-        iteration must leave neither behind)."""
+        iteration must leave neither behind), and whether this process imported torch (it never
+        should: readers and stages reach it pickled)."""
+        import sys
+
         with self._cond:
             runs = len(self._runs)
         gc.collect()  # count what is still reachable, not cycles awaiting collection
         refs = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
-        return {"runs": runs, "refs": len(refs)}
+        return {"runs": runs, "refs": len(refs), "torch": int("torch" in sys.modules)}
 
     def stats(self, run_id: str) -> str:
         run = self._runs.get(run_id)
@@ -296,11 +323,15 @@ class BlockStream:
     """
 
     _run_ids = itertools.count()
+    #: the next window's execution starts when this one is drained (the feeder runs one at a time)
+    starts_next_early = False
 
     def __init__(self, segments, readers, configs, prefetch: int = 4, **kwargs: Any):
         self.run_id = f"{os.getpid()}-{next(BlockStream._run_ids)}"
         self.feeder = feeder()
-        self.feeder.submit.remote(self.run_id, segments, readers, configs, kwargs)
+        # pickled here, unpickled only by the Ray tasks: the feeder never imports the task encoder
+        readers = {k: ship(v) for k, v in readers.items()} if isinstance(readers, Mapping) else ship(readers)
+        self.feeder.submit.remote(self.run_id, segments, readers, ship(configs), kwargs)
         self.prefetch = max(1, prefetch)
         self._calls: Deque[Any] = deque()
         self._blocks: Deque[Any] = deque()
@@ -359,7 +390,81 @@ class BlockStream:
 
 
 @ray.remote(num_cpus=1, max_retries=3)
-def _seam_task(config: StageConfig, worker: int, seed: int, groups, source: int) -> pa.Table:
+def _segment_task(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool) -> pa.Table:
+    """What an execution's fused read + map task makes of one segment, as a plain Ray task."""
+    from energon_ray.source.reader import read_segment
+
+    table = read_segment(spec, reader)
+    if fuse_stages:
+        return encode_and_batch(table, config)
+    return batch_samples(encode_samples(table, config), config)
+
+
+def task_segments(window: int) -> int:
+    """How many segments of a pass's first window (``window`` long) run as plain Ray tasks: four per
+    CPU of the cluster (at most 32), at most half the window (the rest is a Ray Data execution)."""
+    try:
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+    except Exception:  # no answer from the GCS: no plain tasks, Ray Data runs the whole window
+        return 0
+    return max(0, min(4 * max(1, cpus), 32, window // 2))
+
+
+#: ``ray_remote_args`` that a plain task takes as Ray Data's read/map tasks do.
+_TASK_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "scheduling_strategy", "label_selector")
+
+
+class TaskStream:
+    """The first segments of a pass as plain Ray tasks, one per segment, all submitted at once.
+
+    A cold Ray Data execution first needs the feeder's process, Ray Data's actors and its planning
+    (several CPU-seconds, measured on 2 cores: the first batch waited for them although the warm
+    workers were idle); these tasks need only warm workers. Their output is the same table a
+    ``BlockStream`` yields for these segments, in order; the loader starts the feeder's execution
+    of what follows once this stream's first block has arrived.
+    """
+
+    #: the loader starts the next window's execution as soon as this stream yields
+    starts_next_early = True
+
+    def __init__(self, segments, readers, configs, *, ray_remote_args: Optional[Dict[str, Any]] = None,
+                 fuse_stages: bool = True, **_execution_options: Any):  # fmt: skip
+        options = {k: v for k, v in (ray_remote_args or {}).items() if k in _TASK_OPTIONS}
+        task = _segment_task.options(**options) if options else _segment_task
+        # one upload each, shared by the tasks (a task encoder with a tokenizer can be megabytes)
+        if not isinstance(readers, Mapping):
+            readers = {0: readers}
+        reader_refs = {k: ray.put(ship(readers[k])) for k in {spec.source for spec in segments}}
+        config_ref = ray.put(ship(configs))
+        self._refs: Deque[Any] = deque(
+            task.remote(spec, reader_refs[spec.source], config_ref, fuse_stages) for spec in segments
+        )
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        return self
+
+    def __next__(self) -> pa.Table:
+        if not self._refs:
+            raise StopIteration
+        return BlockStream._get(self._refs.popleft())
+
+    def stats(self) -> str:
+        return ""
+
+    def close(self) -> None:
+        refs, self._refs = list(self._refs), deque()
+        if refs and ray.is_initialized():
+            for ref in refs:  # unfinished tasks stop; finished outputs are freed with their refs
+                try:
+                    ray.cancel(ref)
+                except Exception:  # already finished or Ray is shutting down
+                    pass
+
+
+@ray.remote(num_cpus=1, max_retries=3)
+def _seam_task(config: "StageConfig", worker: int, seed: int, groups, source: int) -> pa.Table:
+    from energon_ray.pipeline.stages import seam_batches
+
     _limit_torch_threads()
     return seam_batches(config, worker, seed, groups, source)
 
@@ -367,7 +472,7 @@ def _seam_task(config: StageConfig, worker: int, seed: int, groups, source: int)
 class SeamTasks:
     """Starts Ray tasks that batch pooled leftover samples (one ``config`` upload per source)."""
 
-    def __init__(self, config: StageConfig, source: int, remote_args: Optional[Dict[str, Any]] = None):
+    def __init__(self, config: "StageConfig", source: int, remote_args: Optional[Dict[str, Any]] = None):
         self._config = config
         self._config_ref = None
         self.source = source

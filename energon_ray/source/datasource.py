@@ -2,19 +2,23 @@
 
 Tasks are returned in plan order; with ``preserve_order`` Ray hands their outputs on in that order,
 and the loader checks it. ``parallelism`` is ignored on purpose: the plan, not Ray, decides the split.
+Readers arrive ``Shipped`` (pickled bytes): the process planning the execution (the feeder) never
+imports what reading and decoding need (torch, the user's modules); each read task unpickles its own.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, List, Mapping, Optional
 
 import pyarrow as pa
 from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
-from energon_ray.pipeline.rows import SEGMENT, table
-from energon_ray.plan.stream import SegmentSpec
-from energon_ray.source.reader import ReadSegment
+from energon_ray.pipeline.shipped import ship
+
+if TYPE_CHECKING:
+    from energon_ray.plan.stream import SegmentSpec
+    from energon_ray.source.reader import ReadSegment
 
 
 class SegmentDatasource(Datasource):
@@ -26,10 +30,10 @@ class SegmentDatasource(Datasource):
         name: operator name shown in Ray's progress and stats.
     """
 
-    def __init__(self, segments: List[SegmentSpec], readers: Mapping[int, ReadSegment], name: str = "EnergonSegments"):
+    def __init__(self, segments: List["SegmentSpec"], readers: Mapping[int, "ReadSegment"], name: str = "EnergonSegments"):
         super().__init__()
         self._segments = segments
-        self._readers = dict(readers)
+        self._readers = {source: ship(reader) for source, reader in readers.items()}
         self._name = name
 
     def get_name(self) -> str:
@@ -41,9 +45,10 @@ class SegmentDatasource(Datasource):
     def get_read_tasks(self, parallelism: int = -1, per_task_row_limit: Optional[int] = None, data_context=None) -> List[ReadTask]:
         tasks = []
         for spec in self._segments:
-            def read_fn(spec: SegmentSpec = spec, reader: ReadSegment = self._readers[spec.source]) -> Iterable[pa.Table]:
-                data = reader(spec)
-                return [table([(SEGMENT, spec.worker, spec.index, 0, data)], source=spec.source)]
+            def read_fn(spec: "SegmentSpec" = spec, reader: Any = self._readers[spec.source]) -> Iterable[pa.Table]:
+                from energon_ray.source.reader import read_segment  # in the Ray task, never in the feeder
+
+                return [read_segment(spec, reader)]
 
             meta = BlockMetadata(num_rows=1, size_bytes=None, exec_stats=None, input_files=None)
             tasks.append(ReadTask(read_fn, meta, per_task_row_limit=per_task_row_limit))

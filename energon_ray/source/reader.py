@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
+import pyarrow as pa
 
 from energon_ray.errors import DatasetConfigError, FatalSampleError, IndexMismatchError, ShardReadError
 from energon_ray.format.tar_index import read_tar_index
@@ -194,6 +195,16 @@ class ReadSegment:
         for k in range(len(spec.samples)):
             shard, index = int(shard_ids[k]), int(local[k])
             self._emit(data, run, readers[shard], index, chunks[(shard, index)], spec, k, int(spec.samples[k]))
+
+
+def read_segment(spec: SegmentSpec, reader: Any) -> pa.Table:
+    """One segment's ``SEGMENT`` row, as the read task of a Ray Data execution or a plain Ray task
+    emits it (``reader``: a ``ReadSegment``, or one ``Shipped``)."""
+    from energon_ray.pipeline.rows import SEGMENT, table
+    from energon_ray.pipeline.shipped import unship
+
+    data = unship(reader)(spec)
+    return table([(SEGMENT, spec.worker, spec.index, 0, data)], source=spec.source)
 
 
 def shard_table(dataset) -> ShardTable:

@@ -102,3 +102,31 @@ def test_a_dead_feeder_is_replaced_and_the_loader_goes_on_exactly(tmp_path, capl
     loader.close()
     again = er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=5))
     assert sum(len(b.__key__) for b in again) == 30
+
+
+def test_a_pass_starts_with_plain_ray_tasks_then_the_feeders_execution(tmp_path, monkeypatch):
+    """The first segments of a pass run as plain Ray tasks (no feeder or Ray Data to start first), the
+    rest in the feeder's Ray Data execution; the batches are exactly those of Ray Data alone, and the
+    feeder process never imports torch (readers and stages reach it pickled)."""
+    from energon_ray.pipeline import build
+
+    path = captioning_dataset(tmp_path / "ds", n=40, per_shard=7)
+
+    def run():
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        ds = er.get_val_dataset(path, split_part="train", batch_size=2, worker_config=wc, samples_per_segment=2)
+        loader = er.get_loader(ds)
+        return [list(b.__key__) for b in loader], loader
+
+    got, loader = run()
+    # 20 segments of 2 samples in one first window; four per CPU (at most half of them) as tasks
+    expected_tasks = min(4 * int(ray.cluster_resources()["CPU"]), 32, 10)
+    assert loader.stats.segments_as_tasks == expected_tasks
+    assert sum(loader.stats.segments_per_node.values()) == 20
+    assert "ReadEnergonSegments" in loader.ray_stats()  # Ray Data made the other segments
+    assert ray.get(feeder().usage.remote())["torch"] == 0
+    monkeypatch.setattr(build, "task_segments", lambda window: 0)
+    reference, plain = run()
+    assert plain.stats.segments_as_tasks == 0
+    assert got == reference
+    assert sorted(k for b in got for k in b) == [f"sample_{i:06d}" for i in range(40)]

@@ -67,3 +67,14 @@ def test_no_module_level_import_cycles():
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+def test_the_feeders_module_imports_neither_torch_nor_ray_data():
+    """The feeder actor's process imports ``energon_ray.pipeline.build``: it must start without
+    torch (seconds of a cold first batch), and the training process without Ray Data."""
+    import subprocess
+    import sys
+
+    code = "import sys, energon_ray.pipeline.build; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'PIL', 'av'}), 'ray.data' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[]", "False"]
