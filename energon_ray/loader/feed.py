@@ -261,7 +261,7 @@ class MultiFeed:
                 self._current = self._open(window)
             self._rows = self._row_stream()
 
-    def _open(self, specs, tasks: bool = False):
+    def _open(self, specs, tasks: bool = False, early: bool = False):
         from energon_ray.pipeline.build import BlockStream, TaskStream
 
         if specs is None:
@@ -271,7 +271,8 @@ class MultiFeed:
             return specs, TaskStream(specs, self._readers, self._configs, ray_remote_args=self.ray_remote_args)
         stream = BlockStream(
             specs, self._readers, self._configs, self.prefetch_batches,
-            name=self._name, ray_remote_args=self.ray_remote_args, object_store_limit=self.object_store_limit,
+            name=self._name, ray_remote_args=self.ray_remote_args,
+            object_store_limit=self.object_store_limit // 4 if early and self.object_store_limit else self.object_store_limit,
         )  # fmt: skip
         if self.on_execute is not None:
             self.on_execute(stream)
@@ -282,8 +283,9 @@ class MultiFeed:
             specs, stream = self._current
             for out in self._execute(stream, specs):
                 if stream.starts_next_early and self._following is None:
-                    # the tasks' workers are warm: the feeder's execution of the next window starts now
-                    self._following = [self._open(next(self._windows, None))]
+                    # the tasks' workers are warm: the feeder's execution of the next window starts
+                    # now, holding a quarter of the usual bytes ahead while the tasks' blocks are read
+                    self._following = [self._open(next(self._windows, None), early=True)]
                 yield out
             self._current = self._next_window()
 

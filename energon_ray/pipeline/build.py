@@ -213,8 +213,11 @@ class Feeder:
         return True
 
     def submit(self, run_id: str, segments, readers, configs, kwargs: Dict[str, Any]) -> None:
-        """Register (not start) an execution; ``take`` starts it."""
+        """Register (not start) an execution; ``take`` starts it. A run closed before its submit
+        arrived (calls of a threaded actor may start out of order) is never registered."""
         with self._cond:
+            if run_id in self._closed:
+                return
             self._runs[run_id] = _Run(((segments, readers, configs), kwargs))
             self._cond.notify_all()
 
@@ -400,14 +403,17 @@ def _segment_task(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bo
     return batch_samples(encode_samples(table, config), config)
 
 
-def task_segments(window: int) -> int:
-    """How many segments of a pass's first window (``window`` long) run as plain Ray tasks: four per
-    CPU of the cluster (at most 32), at most half the window (the rest is a Ray Data execution)."""
+def _cluster_cpus() -> int:
     try:
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-    except Exception:  # no answer from the GCS: no plain tasks, Ray Data runs the whole window
-        return 0
-    return max(0, min(4 * max(1, cpus), 32, window // 2))
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    except Exception:  # no answer from the GCS
+        return 1
+
+
+def task_segments(window: int) -> int:
+    """How many segments of a pass's first window (``window`` long) run as plain Ray tasks: half the
+    window, at most 32 (the rest is the feeder's Ray Data execution, which starts meanwhile)."""
+    return max(0, min(32, window // 2))
 
 
 #: ``ray_remote_args`` that a plain task takes as Ray Data's read/map tasks do.
@@ -415,30 +421,39 @@ _TASK_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_typ
 
 
 class TaskStream:
-    """The first segments of a pass as plain Ray tasks, one per segment, all submitted at once.
+    """The first segments of a pass as plain Ray tasks, one per segment, in order.
 
     A cold Ray Data execution first needs the feeder's process, Ray Data's actors and its planning
-    (several CPU-seconds, measured on 2 cores: the first batch waited for them although the warm
+    (several CPU-seconds; measured on 2 cores: the first batch waited for them although the warm
     workers were idle); these tasks need only warm workers. Their output is the same table a
-    ``BlockStream`` yields for these segments, in order; the loader starts the feeder's execution
-    of what follows once this stream's first block has arrived.
+    ``BlockStream`` yields for these segments. Two tasks per CPU of the cluster are in flight (a
+    new one is submitted as each block is taken), which bounds the finished blocks waiting as Ray
+    Data's own concurrency does; the loader starts the feeder's execution of what follows once
+    this stream's first block has arrived, and these tasks keep the CPUs busy while it starts.
     """
 
     #: the loader starts the next window's execution as soon as this stream yields
     starts_next_early = True
 
     def __init__(self, segments, readers, configs, *, ray_remote_args: Optional[Dict[str, Any]] = None,
-                 fuse_stages: bool = True, **_execution_options: Any):  # fmt: skip
+                 fuse_stages: bool = True, in_flight: Optional[int] = None, **_execution_options: Any):  # fmt: skip
         options = {k: v for k, v in (ray_remote_args or {}).items() if k in _TASK_OPTIONS}
-        task = _segment_task.options(**options) if options else _segment_task
+        self._task = _segment_task.options(**options) if options else _segment_task
+        self._fuse = fuse_stages
         # one upload each, shared by the tasks (a task encoder with a tokenizer can be megabytes)
         if not isinstance(readers, Mapping):
             readers = {0: readers}
-        reader_refs = {k: ray.put(ship(readers[k])) for k in {spec.source for spec in segments}}
-        config_ref = ray.put(ship(configs))
-        self._refs: Deque[Any] = deque(
-            task.remote(spec, reader_refs[spec.source], config_ref, fuse_stages) for spec in segments
-        )
+        self._reader_refs = {k: ray.put(ship(readers[k])) for k in {spec.source for spec in segments}}
+        self._config_ref = ray.put(ship(configs))
+        self._todo: Deque[Any] = deque(segments)
+        self._refs: Deque[Any] = deque()
+        self._in_flight = in_flight or 2 * _cluster_cpus()
+        self._submit()
+
+    def _submit(self) -> None:
+        while self._todo and len(self._refs) < self._in_flight:
+            spec = self._todo.popleft()
+            self._refs.append(self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse))
 
     def __iter__(self) -> Iterator[pa.Table]:
         return self
@@ -446,12 +461,15 @@ class TaskStream:
     def __next__(self) -> pa.Table:
         if not self._refs:
             raise StopIteration
-        return BlockStream._get(self._refs.popleft())
+        ref = self._refs.popleft()
+        self._submit()  # the next task starts before this block is waited for
+        return BlockStream._get(ref)
 
     def stats(self) -> str:
         return ""
 
     def close(self) -> None:
+        self._todo.clear()
         refs, self._refs = list(self._refs), deque()
         if refs and ray.is_initialized():
             for ref in refs:  # unfinished tasks stop; finished outputs are freed with their refs

@@ -119,9 +119,8 @@ def test_a_pass_starts_with_plain_ray_tasks_then_the_feeders_execution(tmp_path,
         return [list(b.__key__) for b in loader], loader
 
     got, loader = run()
-    # 20 segments of 2 samples in one first window; four per CPU (at most half of them) as tasks
-    expected_tasks = min(4 * int(ray.cluster_resources()["CPU"]), 32, 10)
-    assert loader.stats.segments_as_tasks == expected_tasks
+    # 20 segments of 2 samples in one first window: its first half as tasks
+    assert loader.stats.segments_as_tasks == 10
     assert sum(loader.stats.segments_per_node.values()) == 20
     assert "ReadEnergonSegments" in loader.ray_stats()  # Ray Data made the other segments
     assert ray.get(feeder().usage.remote())["torch"] == 0
