@@ -257,3 +257,28 @@ class SampleDecoder:
 def _check_trust(trusted: Any) -> None:
     if not isinstance(trusted, bool):
         raise TypeError(f"SampleDecoder: trust_dataset_code must be a bool, got {trusted!r}")
+
+
+_ENERGON_DECODER_SETTINGS = ("image_decode", "av_decode", "video_decode_audio", "guess_content")
+
+
+def as_sample_decoder(decoder: Any) -> Any:
+    """Ours as it is; megatron.energon's own ``SampleDecoder`` (a task encoder written for Energon
+    keeps its ``decoder = SampleDecoder(...)``) becomes ours with the same four settings, so it gets
+    our media limits and trust rules. Anything else is returned unchanged.
+
+    Example:
+        >>> as_sample_decoder(SampleDecoder(image_decode="pil")).image_decode
+        'pil'
+    """
+    if decoder is None or isinstance(decoder, SampleDecoder):
+        return decoder
+    settings = getattr(decoder, "_config", None)
+    if (
+        type(decoder).__name__ == "SampleDecoder"
+        and type(decoder).__module__.startswith("megatron.energon")
+        and isinstance(settings, dict)
+        and set(settings) <= set(_ENERGON_DECODER_SETTINGS)
+    ):
+        return SampleDecoder(**settings)
+    return decoder

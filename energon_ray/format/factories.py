@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Tuple
 
 import braceexpand
 
-from energon_ray.decode.sample_decoder import SampleDecoder
+from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder
 from energon_ray.errors import DatasetConfigError, resolve_trust
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_yaml import DatasetSpec, _check_field_map, _load_function
@@ -382,7 +382,7 @@ class DefaultDecoderWebdatasetFactory(DefaultGenericWebdatasetFactory[T_sample])
     (default: ``SampleDecoder()``; ``None`` keeps bytes)."""
 
     def __init__(self, path: Any, *, decoder: Optional[SampleDecoder] = DEFAULT_DECODER, **kwargs: Any):
-        self._sample_decoder = decoder
+        self._sample_decoder = as_sample_decoder(decoder)
         super().__init__(path, **kwargs)
 
     def _decoder(self) -> Optional[SampleDecoder]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from energon_ray.cache.aux import aux_stores
-from energon_ray.decode.sample_decoder import SampleDecoder
+from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder
 from energon_ray.errors import DatasetConfigError, resolve_trust
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_yaml import check_field_map_parts
@@ -29,7 +29,7 @@ _UNSET: Any = object()
 
 def _decoder(task_encoder: TaskEncoder, kwargs: dict) -> Optional[SampleDecoder]:
     legacy = {k: kwargs.pop(k) for k in _LEGACY_DECODE_KWARGS if k in kwargs}
-    decoder = getattr(task_encoder, "decoder", SampleDecoder())
+    decoder = as_sample_decoder(getattr(task_encoder, "decoder", SampleDecoder()))
     if not legacy:
         return decoder
     warnings.warn(

@@ -79,3 +79,36 @@ def test_len_matches_energon(caption_ds):
         ours = er.get_val_dataset(caption_ds, split_part="train", worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=batch_size)
         theirs = get_val_dataset(caption_ds, split_part="train", worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=batch_size)
         assert len(ours) == len(get_loader(theirs))
+
+
+class _PilBatch:
+    """A task encoder as written for Energon: its ``decoder`` is megatron.energon's SampleDecoder."""
+
+    decoder = megatron_energon.SampleDecoder(image_decode="pil")
+
+    def batch(self, samples):
+        return {"keys": [s.__key__ for s in samples], "types": [type(s.image).__name__ for s in samples],
+                "sizes": [s.image.size for s in samples]}  # fmt: skip
+
+
+class _EnergonPil(_PilBatch, megatron_energon.DefaultTaskEncoder):
+    pass
+
+
+class _OurPil(_PilBatch, er.DefaultTaskEncoder):
+    pass
+
+
+def test_megatron_energons_sample_decoder_on_a_task_encoder_decodes_as_energon(caption_ds):
+    """Energon's own ``SampleDecoder`` object is taken over with its settings (PIL images here, as
+    Energon decodes them), in the same order as Energon's loader gives the samples."""
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=2)
+    theirs = [(list(b["keys"]), list(b["types"]), [tuple(s) for s in b["sizes"]])
+              for b in get_loader(get_val_dataset(caption_ds, split_part="train", worker_config=wc, batch_size=3, task_encoder=_EnergonPil()))]  # fmt: skip
+    ours_ds = er.get_val_dataset(caption_ds, split_part="train", batch_size=3, task_encoder=_OurPil(),
+                                 worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2))  # fmt: skip
+    assert isinstance(ours_ds.decoder, er.SampleDecoder) and ours_ds.decoder.image_decode == "pil"
+    ours = [(list(b["keys"]), list(b["types"]), [tuple(s) for s in b["sizes"]]) for b in er.get_loader(ours_ds)]
+    assert ours == theirs and theirs and all(t == "Image" for _, types, _ in theirs for t in types)
