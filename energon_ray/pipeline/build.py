@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
@@ -152,7 +153,10 @@ def build_dataset(
 
 
 class _Run:
-    """One execution inside the feeder: its Dataset, its bundle iterator, the next take's number."""
+    """One execution inside the feeder: its Dataset, its bundle iterator, the next take's number.
+
+    ``start`` and ``close`` may run at the same time (threaded actor): a run closed while it was
+    being started stops the executor it just started, so no execution outlives its ``close``."""
 
     def __init__(self, build_args: tuple):
         self.build_args = build_args
@@ -161,24 +165,27 @@ class _Run:
         self.dataset = None
         self.next_seq = 0
         self.done = False
+        self._lock = threading.Lock()
 
     def start(self) -> None:
-        if self.bundles is not None:
-            return
-        self.dataset = build_dataset(*self.build_args[0], **self.build_args[1])
-        execute = getattr(self.dataset, "_execute_to_iterator", None)
-        if execute is not None:  # Ray 2.60: the executor handle lets close() stop it
-            bundles, _, self.executor = execute(capture_executor=False)
-        else:  # pragma: no cover - other Ray versions
-            bundles = self.dataset.iter_internal_ref_bundles()
-        self.bundles = iter(bundles)
+        with self._lock:
+            if self.bundles is not None or self.done:
+                return
+            self.dataset = build_dataset(*self.build_args[0], **self.build_args[1])
+            execute = getattr(self.dataset, "_execute_to_iterator", None)
+            if execute is not None:  # Ray 2.60: the executor handle lets close() stop it
+                bundles, _, self.executor = execute(capture_executor=False)
+            else:  # pragma: no cover - other Ray versions
+                bundles = self.dataset.iter_internal_ref_bundles()
+            self.bundles = iter(bundles)
 
     def close(self) -> None:
-        self.done = True
-        executor, self.executor = self.executor, None
-        if executor is not None:
-            executor.shutdown(force=False)  # cancel its tasks, keep the warm worker processes
-        self.bundles = None
+        with self._lock:
+            self.done = True
+            executor, self.executor = self.executor, None
+            if executor is not None:
+                executor.shutdown(force=False)  # cancel its tasks, keep the warm worker processes
+            self.bundles = None
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)
@@ -193,7 +200,6 @@ class Feeder:
 
     def __init__(self, verbose: bool = False) -> None:
         import logging
-        import threading
 
         self._cond = threading.Condition()
         self._runs: Dict[str, _Run] = {}
@@ -469,14 +475,21 @@ class TaskStream:
         return ""
 
     def close(self) -> None:
+        """Cancel the tasks in flight and wait (at most 10 s) until they have stopped: no read of an
+        abandoned stream goes on after ``close()``."""
         self._todo.clear()
         refs, self._refs = list(self._refs), deque()
-        if refs and ray.is_initialized():
-            for ref in refs:  # unfinished tasks stop; finished outputs are freed with their refs
-                try:
-                    ray.cancel(ref)
-                except Exception:  # already finished or Ray is shutting down
-                    pass
+        if not refs or not ray.is_initialized():
+            return
+        for ref in refs:  # queued tasks are dropped, running ones interrupted
+            try:
+                ray.cancel(ref)
+            except Exception:  # already finished or Ray is shutting down
+                pass
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=10, fetch_local=False)
+        except Exception:  # Ray is shutting down
+            pass
 
 
 @ray.remote(num_cpus=1, max_retries=3)

@@ -188,7 +188,16 @@ class ReadSegment:
             return list(readers[shard].read_run(first, last))
 
         chunks: Dict[Tuple[int, int], memoryview] = {}
-        results = _pool().map(fetch, jobs) if len(jobs) > 1 else map(fetch, jobs)
+        if len(jobs) > 1:
+            futures = [_pool().submit(fetch, job) for job in jobs]
+            try:
+                results = [f.result() for f in futures]
+            except BaseException:  # a failed run or a cancelled task: no request is started after it
+                for f in futures:
+                    f.cancel()
+                raise
+        else:
+            results = [fetch(job) for job in jobs]
         for (shard, _, _), samples in zip(jobs, results):
             for index, chunk in samples:
                 chunks[(shard, index)] = chunk
