@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,20 @@ def _train(path, **kwargs):
     return er.get_train_dataset(path, **{**args, **kwargs})
 
 
+def _clear_when_quiet(server, quiet_s: float = 1.0, limit_s: float = 20.0) -> None:
+    """Forget the requests seen so far once none has arrived for ``quiet_s``: a closed loader's Ray
+    tasks are cancelled asynchronously, and a read already under way may still reach the server."""
+    deadline = time.monotonic() + limit_s
+    seen = -1
+    while time.monotonic() < deadline:
+        count = len(server.app.requests)
+        if count == seen:
+            break
+        seen = count
+        time.sleep(quiet_s)
+    server.app.clear()
+
+
 def _take(dataset, n):
     loader = er.get_loader(dataset)
     batches = keys_of(itertools.islice(loader, n))
@@ -72,7 +87,7 @@ def test_train_batches_from_the_bucket_are_the_local_batches(store):
     ranged GETs coalesced into fewer requests than samples; nothing retried."""
     server = store["server"]
     remote_ds = _train(store["remote"]["cap"])
-    server.app.clear()
+    _clear_when_quiet(server)
     got, stats = _take(remote_ds, 15)
     assert got == _take(_train(store["local"]["cap"]), 15)[0] and len(got) == 15
     assert len(server.ranged_gets("/data/cap/")) > 0
@@ -84,7 +99,7 @@ def test_val_batches_read_each_sample_once_with_one_request_per_run(store):
     as local preads), and exactly the samples' bytes are fetched."""
     server, local = store["server"], store["local"]["cap"]
     remote_ds = er.get_val_dataset(store["remote"]["cap"], worker_config=WC, batch_size=3)
-    server.app.clear()
+    _clear_when_quiet(server)
     got, stats = _take(remote_ds, 100)
     want, local_stats = _take(er.get_val_dataset(local, worker_config=WC, batch_size=3), 100)
     assert got == want and sum(len(b) for b in got) == 10
@@ -141,7 +156,7 @@ def test_transient_faults_are_retried_counted_and_lose_nothing(store):
     retried once (loader.stats.read_retries), none left."""
     server = store["server"]
     remote_ds = er.get_val_dataset(store["remote"]["cap"], worker_config=WC, batch_size=3)
-    server.app.clear()
+    _clear_when_quiet(server)
     server.app.fail("503", 4)
     server.app.fail("drop", 2)
     got, stats = _take(remote_ds, 100)
@@ -195,7 +210,7 @@ def test_shard_cache_serves_later_epochs_from_local_disk(store, tmp_path, monkey
     monkeypatch.setenv("ENERGON_RAY_SHARD_CACHE_DIR", str(tmp_path / "cache"))
     first, _ = _take(er.get_val_dataset(url, worker_config=WC, batch_size=3), 100)
     dataset = er.get_val_dataset(url, worker_config=WC, batch_size=3)
-    server.app.clear()
+    _clear_when_quiet(server)
     again, _ = _take(dataset, 100)
     assert again == first and server.ranged_gets("/cached/") == []
     assert len(list((tmp_path / "cache").glob("*.shard"))) == len(dataset.dataset.shards)

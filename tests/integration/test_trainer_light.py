@@ -105,12 +105,11 @@ def test_a_dead_feeder_is_replaced_and_the_loader_goes_on_exactly(tmp_path, capl
 
 
 def test_a_pass_starts_with_plain_ray_tasks_then_the_feeders_execution(tmp_path, monkeypatch):
-    """The first segments of a pass run as plain Ray tasks (no feeder or Ray Data to start first), the
+    """With ``ENERGON_RAY_START_WITH_TASKS=1`` the first segments of a pass run as plain Ray tasks (no feeder or Ray Data to start first), the
     rest in the feeder's Ray Data execution; the batches are exactly those of Ray Data alone, and the
     feeder process never imports torch (readers and stages reach it pickled)."""
-    from energon_ray.pipeline import build
-
     path = captioning_dataset(tmp_path / "ds", n=40, per_shard=7)
+    monkeypatch.setenv("ENERGON_RAY_START_WITH_TASKS", "1")
 
     def run():
         wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
@@ -124,7 +123,7 @@ def test_a_pass_starts_with_plain_ray_tasks_then_the_feeders_execution(tmp_path,
     assert sum(loader.stats.segments_per_node.values()) == 20
     assert "ReadEnergonSegments" in loader.ray_stats()  # Ray Data made the other segments
     assert ray.get(feeder().usage.remote())["torch"] == 0
-    monkeypatch.setattr(build, "task_segments", lambda window: 0)
+    monkeypatch.delenv("ENERGON_RAY_START_WITH_TASKS")  # the default: Ray Data runs every segment
     reference, plain = run()
     assert plain.stats.segments_as_tasks == 0
     assert got == reference
