@@ -202,7 +202,7 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
 def _head_start() -> None:
     """If Ray is already up, start its workers' imports now (the user builds a model next; the
     loader's first batch then finds them ready). Never starts Ray itself. The feeder actor starts
-    later, when the first segments' plain tasks have produced (it would compete with the imports)."""
+    with the loader's first execution, not here (its process start would compete with the imports)."""
     import sys
 
     ray = sys.modules.get("ray")

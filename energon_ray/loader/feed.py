@@ -245,8 +245,8 @@ class MultiFeed:
     def start(self) -> None:
         """Start the first window's execution now (before anyone iterates: a head start).
 
-        Its first segments run as plain Ray tasks (``TaskStream``): they need only warm workers,
-        while a Ray Data execution first needs the feeder actor, Ray Data's actors and planning. The
+        With ``ENERGON_RAY_START_WITH_TASKS=1`` its first segments run as plain Ray tasks
+        (``TaskStream``: only warm workers needed, no feeder, Ray Data actors or planning), and the
         feeder's execution of the rest of the window starts once their first block has arrived.
         """
         if self._rows is None:

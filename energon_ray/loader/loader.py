@@ -82,8 +82,8 @@ class EnergonLoader:
         ensure_ray()
         warm_up()  # the workers' imports (torch, the stages): the first batch's critical path
         self._early: Optional[MultiFeed] = None
-        # The first pass starts now, while the caller builds its model: by the first next() its
-        # first segments' Ray tasks (then the feeder's Ray Data execution of the rest) are under way.
+        # The first pass starts now, while the caller builds its model: by the first next() the
+        # feeder's Ray Data execution (opt-in: plain Ray tasks first) is under way.
         self._early = self._multi_feed(0)
         self._early.start()
         weakref.finalize(self, self._early.close)

@@ -25,7 +25,7 @@ import pyarrow as pa
 import ray
 
 from energon_ray.errors import ExecutionLost
-from energon_ray.pipeline.shipped import ship, unship
+from energon_ray.pipeline.shipped import ship, ship_each, unship
 from energon_ray.ray_env import verbose
 
 # Ray Data is imported where an execution is planned (the feeder), never by the training process.
@@ -126,7 +126,7 @@ def build_dataset(
 
     remote = dict(ray_remote_args or {})
     ds = ray.data.read_datasource(
-        SegmentDatasource(segments, reader if isinstance(reader, Mapping) else {0: reader}, name=name),
+        SegmentDatasource(segments, ship_each(reader), name=name),
         override_num_blocks=max(1, len(segments)),
         **remote,
     )
@@ -339,8 +339,7 @@ class BlockStream:
         self.run_id = f"{os.getpid()}-{next(BlockStream._run_ids)}"
         self.feeder = feeder()
         # pickled here, unpickled only by the Ray tasks: the feeder never imports the task encoder
-        readers = {k: ship(v) for k, v in readers.items()} if isinstance(readers, Mapping) else ship(readers)
-        self.feeder.submit.remote(self.run_id, segments, readers, ship(configs), kwargs)
+        self.feeder.submit.remote(self.run_id, segments, ship_each(readers), ship(configs), kwargs)
         self.prefetch = max(1, prefetch)
         self._calls: Deque[Any] = deque()
         self._blocks: Deque[Any] = deque()
@@ -452,9 +451,8 @@ class TaskStream:
         self._task = _segment_task.options(**options) if options else _segment_task
         self._fuse = fuse_stages
         # one upload each, shared by the tasks (a task encoder with a tokenizer can be megabytes)
-        if not isinstance(readers, Mapping):
-            readers = {0: readers}
-        self._reader_refs = {k: ray.put(ship(readers[k])) for k in {spec.source for spec in segments}}
+        shipped = ship_each(readers)
+        self._reader_refs = {k: ray.put(shipped[k]) for k in {spec.source for spec in segments}}
         self._config_ref = ray.put(ship(configs))
         self._todo: Deque[Any] = deque(segments)
         self._refs: Deque[Any] = deque()

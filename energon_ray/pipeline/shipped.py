@@ -3,13 +3,14 @@
 The feeder actor plans Ray Data executions of readers and task-encoder stages it never runs: it
 passes them on as ``Shipped`` bytes, so its process imports neither torch nor the user's task
 encoder module (seconds of a cold first batch). Each Ray task unpickles its own fresh copy, as Ray
-does for a task's arguments, so no state is shared between tasks.
+does for a task's arguments, so no state is shared between tasks. The bytes are always made by the
+loader's own process from objects its caller passed in; nothing a dataset brings is unpickled here.
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, Dict, Mapping
 
 import cloudpickle
 
@@ -38,6 +39,13 @@ class Shipped:
 def ship(obj: Any) -> Shipped:
     """``obj`` wrapped once (a ``Shipped`` is passed through)."""
     return obj if isinstance(obj, Shipped) else Shipped(obj)
+
+
+def ship_each(readers: Any) -> Dict[int, Shipped]:
+    """One ``Shipped`` per source: a mapping ``{source: reader}``, or one reader as source 0."""
+    if not isinstance(readers, Mapping):
+        readers = {0: readers}
+    return {source: ship(reader) for source, reader in readers.items()}
 
 
 def unship(obj: Any) -> Any:

@@ -14,7 +14,7 @@ import pyarrow as pa
 from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
-from energon_ray.pipeline.shipped import ship
+from energon_ray.pipeline.shipped import ship_each
 
 if TYPE_CHECKING:
     from energon_ray.plan.stream import SegmentSpec
@@ -33,7 +33,7 @@ class SegmentDatasource(Datasource):
     def __init__(self, segments: List["SegmentSpec"], readers: Mapping[int, "ReadSegment"], name: str = "EnergonSegments"):
         super().__init__()
         self._segments = segments
-        self._readers = {source: ship(reader) for source, reader in readers.items()}
+        self._readers = ship_each(readers)
         self._name = name
 
     def get_name(self) -> str:
