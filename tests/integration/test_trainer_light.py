@@ -128,3 +128,13 @@ def test_a_pass_starts_with_plain_ray_tasks_then_the_feeders_execution(tmp_path,
     assert plain.stats.segments_as_tasks == 0
     assert got == reference
     assert sorted(k for b in got for k in b) == [f"sample_{i:06d}" for i in range(40)]
+
+
+def test_a_run_closed_before_its_submit_arrives_is_never_registered():
+    """A loader may close a stream right after opening it; the feeder (a threaded actor) can see the
+    close before the submit. The late submit must not register a run nobody will ever close."""
+    handle = feeder()
+    registered = lambda: ray.get(handle.__ray_call__.remote(lambda actor: "closed-before-submit" in actor._runs))  # noqa: E731
+    ray.get(handle.close.remote("closed-before-submit"))
+    ray.get(handle.submit.remote("closed-before-submit", [], {}, {}, {}))
+    assert registered() is False
