@@ -50,6 +50,9 @@ class PlanOptions:
     packing_buffer_size: Optional[int] = None
     #: Batched together with the neighbouring datasets of a validation metadataset (see ConcatDataset).
     batch_across_sources: bool = False
+    #: A leaf of a batched train blend of a metadataset: every sample leaves its Ray task unbatched
+    #: (still serialized), the blend draws samples, and Ray tasks batch them (``SampleBlendDataset``).
+    blend_samples: bool = False
 
 
 class EnergonDataset(Composition):
@@ -210,7 +213,7 @@ class EnergonDataset(Composition):
                 batch_size=self.options.batch_size,
                 error_handler=self.worker_config.global_error_handler,
                 packing_buffer_size=self.options.packing_buffer_size,
-                batch_across_sources=self.options.batch_across_sources,
+                batch_across_sources=self.options.batch_across_sources or self.options.blend_samples,
                 aux=AuxConfig(self.aux, self.dataset.root, self.decoder, self.cache_pool),
             )
         return self._stages

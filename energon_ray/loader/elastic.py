@@ -100,7 +100,8 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
         why = (
             "packs samples (packs are made per segment of a worker stream)" if o.packing_buffer_size else
             "repeats epochs as a blend_epochized part" if o.repetitions is not None else
-            "batches across the datasets of a validation metadataset" if o.batch_across_sources else None
+            "batches across the datasets of a validation metadataset" if o.batch_across_sources else
+            "is a dataset of a train metadataset's sample blend" if o.blend_samples else None
         )  # fmt: skip
         if why is not None:
             raise StateError(

@@ -16,11 +16,12 @@ from energon_ray.format.tar_index import read_tar_index
 from energon_ray.storage import is_remote
 from energon_ray.blend.base import Composition
 from energon_ray.blend.compose import ConcatDataset, EpochizeDataset, PooledBlendDataset
+from energon_ray.blend.sample_blend import SampleBlendDataset
 from energon_ray.blend.metadataset import Flattened, is_metadataset_path, start_context
 from energon_ray.blend.metadataset import parse as parse_metadataset
 from energon_ray.blend.metadataset import parse_file as parse_metadataset_file
 from energon_ray.loader.dataset import EnergonDataset, PlanOptions
-from energon_ray.task_encoder.base import DefaultTaskEncoder, TaskEncoder
+from energon_ray.task_encoder.base import DefaultTaskEncoder, TaskEncoder, is_overridden
 from energon_ray.worker import WorkerConfig
 
 _LEGACY_DECODE_KWARGS = ("auto_decode", "image_decode", "av_decode", "video_decode_audio", "guess_content", "handler")
@@ -67,6 +68,14 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
     else:
         flat = parse_metadataset_file(path, split_part, ctx=ctx)
     wc = common["worker_config"]
+    # Energon blends a train metadataset's samples and then batches them: here too (the leaves hand
+    # out samples, Ray tasks batch the drawn groups), except where samples are packed or grouped
+    # into batches in the leaves' Ray tasks (then each batch is one dataset's)
+    te = common["task_encoder"]
+    blend_samples = (
+        options.training and len(flat.leaves) > 1 and options.batch_size is not None and not options.packing_buffer_size
+        and not is_overridden(te, "batch_group_criterion")
+    )  # fmt: skip
     global_workers = max(1, wc.num_workers) * wc.world_size
     leaves: List[EnergonDataset] = []
     offset = 0
@@ -95,6 +104,7 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
             limit=None,
             # validation batches run across the end of one dataset into the next, as in Energon
             batch_across_sources=not options.training and len(flat.leaves) > 1 and options.batch_size is not None,
+            blend_samples=blend_samples,
         )
         if leaf.join is not None:
             from energon_ray.loader.joined import joined_dataset
@@ -122,7 +132,10 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
     else:
         weights = [spec.weight for spec in flat.leaves]
     # Energon blends the leaves' samples and batches them per worker: len() counts those batches
-    blend: Composition = PooledBlendDataset(*zip(leaves, weights), batch_size=options.batch_size, drop_last=options.drop_last)
+    if blend_samples:
+        blend: Composition = SampleBlendDataset(*zip(leaves, weights), batch_size=options.batch_size, drop_last=options.drop_last)
+    else:
+        blend = PooledBlendDataset(*zip(leaves, weights), batch_size=options.batch_size, drop_last=options.drop_last)
     if options.virtual_epoch_length:
         blend = EpochizeDataset(blend, options.virtual_epoch_length)
     return blend

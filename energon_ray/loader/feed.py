@@ -63,7 +63,7 @@ class LeafFeed:
         self._seams = None
         self.queues = WorkerQueues(
             len(plan.streams), dataset.options.batch_size, self._seam_batches, drop_last=dataset.options.drop_last,
-            stats=stats, leaf=source,
+            stats=stats, leaf=source, hand_out=dataset.options.blend_samples,
         )  # fmt: skip
         for w in range(len(plan.streams)):
             if plan.num_segments(w) == 0:
@@ -164,7 +164,8 @@ class MultiFeed:
         for i, (leaf, (share, offset), need) in enumerate(zip(self.leaves, shares, needs)):
             plan = leaf.plan(pass_index, source=i) if plan_for is None else plan_for(leaf, i)
             self.feeds.append(LeafFeed(self, leaf, plan, pin, stats, source=i))
-            items = plan.segment_length / (leaf.options.batch_size or 1)
+            # a sample blend's leaf gives samples, which the blend batches
+            items = plan.segment_length / (1 if leaf.options.blend_samples else leaf.options.batch_size or 1)
             first = None if starts is None else tuple(starts[i])
             self.schedules.append(
                 LeafSchedule(plan=plan, share=share, offset=offset, items_per_segment=items, need=need, starts=first)

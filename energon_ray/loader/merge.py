@@ -133,6 +133,10 @@ class WorkerQueues:
         drop_last: drop each stream's final short batch.
         stats: counters to update.
         leaf: this source's index in the composition (pooled samples remember where they come from).
+        hand_out: the rows carry every sample to the pool, which ``pop`` hands out one at a time,
+            still serialized (a leaf of a sample blend: the blend draws samples, then batches them);
+            a segment's samples become available with its report, and the state is the pool's
+            samples and the next segment.
     """
 
     def __init__(
@@ -144,6 +148,7 @@ class WorkerQueues:
         drop_last: bool = False,
         stats: Optional[LoaderStats] = None,
         leaf: int = 0,
+        hand_out: bool = False,
     ):
         self.num_workers = num_workers
         self.batch_size = batch_size
@@ -151,6 +156,9 @@ class WorkerQueues:
         self.drop_last = drop_last
         self.stats = stats if stats is not None else LoaderStats()
         self.leaf = leaf
+        self.hand_out = hand_out
+        #: per worker (``hand_out``): the samples of the segment being fed, pooled at its report
+        self.staged: List[List[Tuple[Any, int, Any]]] = [[] for _ in range(num_workers)]
         self.queues: List[Deque[Any]] = [deque() for _ in range(num_workers)]
         #: per worker: bucket key → (batch size, pooled ``(position, sub, payload, leaf)``); key None without grouping
         self.pools: List[Dict[Any, Tuple[int, List[Any]]]] = [{} for _ in range(num_workers)]
@@ -219,9 +227,16 @@ class WorkerQueues:
             self.tags[worker].append(self.current[worker])
             self.spans[worker].append(positions or [])
         elif kind == rows.LEFTOVER:
-            self._pool(worker, [(key, size, (*item, self.leaf)) for key, size, items in payload for item in items])
+            entries = [(key, size, (*item, self.leaf)) for key, size, items in payload for item in items]
+            if self.hand_out:
+                self.staged[worker].extend(entries)
+            else:
+                self._pool(worker, entries)
         elif kind == rows.REPORT:
             self.stats.add_report(payload, self.chain)
+            if self.hand_out:
+                staged, self.staged[worker] = self.staged[worker], []
+                self.pools[worker].setdefault(None, (0, []))[1].extend(item for _, _, item in staged)
             self.feeding[worker] = None
             self.next_segment[worker] = segment + 1
             if last_segment:
@@ -230,6 +245,8 @@ class WorkerQueues:
             raise RuntimeError(f"unexpected row kind {kind} from worker {worker}, segment {segment}")
 
     def _finish(self, worker: int) -> None:
+        if self.hand_out:  # the pool is handed out to its end
+            return
         pools, self.pools[worker] = self.pools[worker], {}
         if self.downstream is not None:
             self.downstream.carry_in(worker, pools)
@@ -262,7 +279,11 @@ class WorkerQueues:
 
     # -- consumption ----------------------------------------------------------------------------
     def pop(self, worker: int) -> Any:
-        """The worker's next item (resolving seam batches), or ``NOTHING`` if none is queued."""
+        """The worker's next item (resolving seam batches), or ``NOTHING`` if none is queued; with
+        ``hand_out``, the next pooled ``(position, sub, payload, leaf)``."""
+        if self.hand_out:
+            pool = self.pools[worker].get(None)
+            return pool[1].pop(0) if pool and pool[1] else NOTHING
         queue, tags, spans = self.queues[worker], self.tags[worker], self.spans[worker]
         while queue:
             item, tag, span = queue.popleft(), tags.popleft(), spans.popleft()
@@ -314,6 +335,8 @@ class WorkerQueues:
 
     def state(self, worker: int) -> StreamState:
         """Where ``worker``'s stream stands: the checkpoint of its oldest unconsumed item (or of now)."""
+        if self.hand_out:  # the pool now and the segment to feed next (a half-fed one is fed again)
+            return StreamState(self._checkpoint(worker, "feed", []), 0)
         if self.restored[worker] is not None:
             return self.restored[worker]
         if self.tags[worker]:
@@ -343,6 +366,7 @@ class WorkerQueues:
         self.done[worker] = cp.done
         self.next_segment[worker] = cp.segment
         self.feeding[worker] = None
+        self.staged[worker] = []
         self.skip[worker] = state.consumed
         self.restored[worker] = state
         if cp.event == "carry":

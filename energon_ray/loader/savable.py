@@ -149,7 +149,8 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     """The batch (or sample) whose ``__restore_key__`` this is, made again exactly.
 
     Raises:
-        StateError: an unusable key, samples of several datasets or worker streams, or a packing dataset.
+        StateError: an unusable key, samples of several datasets or worker streams, a packing dataset or
+            a train metadataset's sample blend.
     """
     keys = sample_keys(restore_key)
     if not keys:
@@ -167,4 +168,6 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
         raise StateError(f"restore_sample cannot rebuild packed batches ({leaf!r} packs samples)")
+    if leaf.options.blend_samples:
+        raise StateError(f"restore_sample cannot rebuild the batches of a train metadataset's sample blend ({leaf!r})")
     return rebuild_batch(leaf, source, worker, seed, keys, remote_args)

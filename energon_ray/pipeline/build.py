@@ -506,11 +506,14 @@ def _seam_task(config: "StageConfig", worker: int, seed: int, groups, source: in
 class SeamTasks:
     """Starts Ray tasks that batch pooled leftover samples (one ``config`` upload per source)."""
 
-    def __init__(self, config: "StageConfig", source: int, remote_args: Optional[Dict[str, Any]] = None):
+    def __init__(self, config: "StageConfig", source: int, remote_args: Optional[Dict[str, Any]] = None,
+                 num_cpus: Optional[float] = None):  # fmt: skip
         self._config = config
         self._config_ref = None
         self.source = source
         self.remote_args = {k: v for k, v in (remote_args or {}).items() if k in ("num_cpus", "memory", "resources")}
+        if num_cpus is not None:
+            self.remote_args["num_cpus"] = num_cpus
 
     def submit(self, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]]) -> Callable[[], pa.Table]:
         """Start one task for ``(batch size, group)`` pairs; the returned function waits for its rows

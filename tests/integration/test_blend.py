@@ -126,6 +126,37 @@ def test_nested_yaml_weights_multiply_and_subflavors_arrive(sources):
     assert flavors["c"] == {"level": "outer", "tag": "x"} and flavors["a"] == {}
 
 
+def test_train_yaml_blends_samples_then_batches(sources):
+    """A batched train metadataset blends samples and then batches them, as Energon does: batches mix
+    the datasets; over 150 batches of 8 each source's share is its weight's within ±4 points; the
+    same seed gives the same batches, another seed other ones; the batches are made in Ray tasks
+    (counted as seam batches), not by the loader."""
+    root = sources["root"]
+    (root / "samples.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - {weight: 3, path: a}\n      - {weight: 1, path: c}\n"
+    )
+
+    def keys(wc, n=150):
+        loader = er.get_loader(er.get_train_dataset(root / "samples.yaml", worker_config=wc, batch_size=8, shuffle_buffer_size=10))
+        it = iter(loader)
+        out = [tuple(next(it).__key__) for _ in range(n)]
+        stats = loader.stats
+        loader.close()
+        return out, stats
+
+    batches, stats = keys(WC)
+    assert all(len(b) == 8 for b in batches)
+    mixed = [b for b in batches if len({k[0] for k in b}) == 2]
+    assert len(mixed) >= 0.8 * len(batches), f"only {len(mixed)} of {len(batches)} batches mix both datasets"
+    flat = [k for b in batches for k in b]
+    assert abs(sum(k.startswith("a") for k in flat) / len(flat) - 0.75) <= 0.04
+    assert stats.seam_batches >= len(batches) and stats.batches == len(batches)
+    assert keys(WC)[0] == batches
+    other = er.WorkerConfig(rank=0, world_size=1, num_workers=2, seed_offset=5)
+    assert keys(other, 20)[0] != batches[:20]
+
+
 def test_val_yaml_concatenates_sources_in_order(sources):
     """get_val_dataset on a YAML concatenates the sources per worker stream, no randomness, weights ignored."""
     root = sources["root"]

@@ -1,0 +1,170 @@
+"""The train blend of a metadataset, sample by sample: ``SampleBlendDataset``.
+
+Energon blends a metadataset's encoded samples and then batches them, so one batch holds samples
+of several datasets. Here each leaf's Ray tasks leave their encoded samples unbatched and still
+serialized (``PlanOptions.blend_samples``: the leaf's queues hand them out one by one), the blend
+draws the source of each sample from the worker's seeded generator, and a Ray task batches
+each group of drawn samples (``batch`` and ``encode_batch`` never run in the training process).
+
+Per logical worker, ``BATCHES_PER_GROUP`` batches' worth of samples are drawn at once and batched
+by one Ray task, and the next group is drawn and started while this one is given (the trainer
+waits for a Ray task only when it outruns them). What a save records is the state before the
+group being given (the leaves' pools and the draws) and how many of its batches were given; a
+restore draws that group again and drops those (``blend.replay.GroupNode``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Tuple
+
+from energon_ray.blend.base import Composition, PassContext, Provider
+from energon_ray.blend.compose import PooledBlendDataset
+from energon_ray.blend.replay import GroupNode, SubTree
+from energon_ray.loader.merge import EXHAUSTED
+from energon_ray.pipeline.policy import FailureChain
+
+#: Batches drawn and batched by one Ray task ahead of the trainer (per logical worker).
+BATCHES_PER_GROUP = 4
+
+
+class SampleBlendDataset(PooledBlendDataset):
+    """A metadataset's batched train blend: samples drawn by weight from the leaves, then batched
+    in Ray tasks (batches mix datasets, as Energon's do).
+
+    Args:
+        *datasets: ``(leaf, weight)`` pairs of leaves built with ``blend_samples=True``.
+        batch_size: samples per batch.
+        drop_last: drop each worker's last short batch (a pass of non-repeating leaves).
+    """
+
+    def __init__(self, *datasets: Tuple[Composition, float], batch_size: int, drop_last: bool = False):
+        super().__init__(*datasets, batch_size=batch_size, drop_last=drop_last)
+        for ds in self.datasets:
+            if not getattr(getattr(ds, "options", None), "blend_samples", False):
+                raise ValueError(f"SampleBlendDataset: {ds!r} was not built to hand out its samples (blend_samples)")
+
+    def provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        first = len(ctx.nodes)
+        draw = super().provider(ctx, pass_index)  # one pooled (position, sub, payload, leaf) per call
+        tree = SubTree(ctx, first, ctx.leaf_indices(self))
+        node = _AheadNode(self.num_workers)
+        ctx.register(node)
+        batcher = _GroupBatcher([ctx.feeds[id(leaf)] for leaf in self.leaves()], ctx.stats)
+        size, group_samples = self.batch_size, self.batch_size * BATCHES_PER_GROUP
+        given: List[List[Any]] = [[] for _ in range(self.num_workers)]
+
+        def start_group(worker: int) -> Tuple[Any, Optional[Callable[[], List[Any]]]]:
+            """Draw the next group and start its Ray task: (state before it, wait) — wait is None at the end."""
+            before = tree.capture(worker)
+            samples: List[Any] = []
+            while len(samples) < group_samples:
+                sample = draw(worker)
+                if sample is EXHAUSTED:
+                    break
+                samples.append(sample)
+            full = len(samples) - len(samples) % size
+            groups = [samples[i : i + size] for i in range(0, full, size)]
+            if full < len(samples) and not self.drop_last:
+                groups.append(samples[full:])
+            return before, (batcher(worker, groups) if groups else None)
+
+        def next_item(worker: int) -> Any:
+            while not given[worker]:
+                if node.ahead[worker] is None:
+                    node.ahead[worker] = start_group(worker)
+                before, wait = node.ahead[worker]
+                if wait is None:  # nothing left to draw
+                    return EXHAUSTED
+                made = wait()
+                node.begin(worker, before)
+                given[worker] = list(reversed(made[node.take_discard(worker) :]))
+                # the next group is drawn and batched while this one is given
+                node.ahead[worker] = start_group(worker)
+            node.gave(worker)
+            return given[worker].pop() if len(given[worker]) > 1 else node.last(worker, given[worker].pop())
+
+        return next_item
+
+    def leaf_shares(self):
+        # a step (one batch) takes batch_size samples, weight × batch_size of them from each leaf
+        return {leaf: (share * self.batch_size, offset) for leaf, (share, offset) in super().leaf_shares().items()}
+
+    def schedule_hints(self, pass_index: int, items_per_step: int = 1):
+        return super().schedule_hints(pass_index, items_per_step=self.batch_size)
+
+    def __repr__(self) -> str:
+        return "SampleBlendDataset(" + ", ".join(f"({ds!r}, {w:.3g})" for ds, w in zip(self.datasets, self.weights)) + ")"
+
+
+class _AheadNode(GroupNode):
+    """``GroupNode`` with one group drawn ahead: once the current group is given, the save point is
+    the state before the group drawn ahead (its draws and pool samples are already taken)."""
+
+    def __init__(self, workers: int):
+        super().__init__(None, workers)  # captures come from the provider
+        #: per worker: ``(state before it, wait)`` of the group drawn ahead, or None
+        self.ahead: List[Optional[Tuple[Any, Optional[Callable[[], List[Any]]]]]] = [None] * workers
+
+    def begin(self, worker: int, before: Any = None) -> None:
+        self.before[worker] = before
+        self.taken[worker] = 0
+        self.active[worker] = True
+
+    def last(self, worker: int, item: Any) -> Any:
+        """``item`` ends the current group."""
+        self.end(worker)
+        return item
+
+    def overrides(self, worker: int) -> Optional[Any]:
+        if self.active[worker]:
+            return self.before[worker]
+        ahead = self.ahead[worker]
+        return ahead[0] if ahead is not None else None
+
+    def restore(self, worker: int, state: Any) -> None:
+        super().restore(worker, state)
+        self.ahead[worker] = None
+
+
+class _GroupBatcher:
+    """One Ray task batches a group's drawn samples (``pipeline.stages.seam_batches``), each group
+    of ``batch_size`` samples in the order drawn, with the first leaf's task encoder (a
+    metadataset's leaves share it) and hook seeds from the samples' positions."""
+
+    def __init__(self, feeds: List[Any], stats: Any):
+        self.feeds = feeds
+        self.stats = stats
+        self.chain = FailureChain()
+        self._tasks = None
+
+    def __call__(self, worker: int, groups: List[List[Any]]) -> Callable[[], List[Any]]:
+        """Start the task; the returned function waits for its batches (fewer than groups where a
+        batch hook failed or skipped: counted)."""
+        first = self.feeds[0]
+        if self._tasks is None:
+            from energon_ray.pipeline.build import SeamTasks
+
+            # no CPU reserved: the segment tasks hold the CPUs, and the trainer is waiting for these
+            self._tasks = SeamTasks(first.dataset.stage_config(), first.source, first.multi.ray_remote_args, num_cpus=0)
+        seed = first.plan.streams[worker].config.hook_seed
+        wait = self._tasks.submit(worker, seed, [(len(g), [(position, sub, payload) for position, sub, payload, _ in g]) for g in groups])
+        return lambda: self._batches(wait, first.pin)
+
+    def _batches(self, wait: Callable[[], Any], pin: bool) -> List[Any]:
+        from energon_ray.loader.feed import _ours, decode_row
+        from energon_ray.pipeline import rows
+
+        try:
+            table = wait()
+        except Exception as exc:
+            raise _ours(exc) from None
+        made = []
+        for row in rows.iter_rows(table):
+            kind, _, _, _, value = decode_row(row, pin)
+            if kind == rows.REPORT:
+                if self.stats is not None:
+                    self.stats.add_report(value, self.chain)
+                    self.stats.seam_batches += value.batches
+            else:
+                made.append(value)
+        return made
