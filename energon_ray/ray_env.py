@@ -38,6 +38,35 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     ray.init(address="local", **init_kwargs)
 
 
+def import_task_modules() -> None:
+    """Import torch and energon_ray's stages in a Ray task, deaf to Ray's cancel meanwhile.
+
+    ``ray.cancel`` (and Ray Data stopping an execution) interrupts a running task with
+    ``KeyboardInterrupt`` wherever it is; one that lands inside ``import torch`` leaves torch
+    half-registered, and every later task of that worker process fails on import ("Only a single
+    TORCH_LIBRARY can be used to register the namespace prims", seen in test_remote). Ray delivers
+    the interrupt as SIGINT to the main thread, which is ignored while the imports run; a cancel
+    arriving then is dropped, and the task runs on (a closed execution's output is not read).
+    """
+    import sys
+
+    if "energon_ray.pipeline.stages" in sys.modules:
+        return
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        import energon_ray.pipeline.stages  # noqa: F401
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import torch  # noqa: F401
+
+        import energon_ray.pipeline.stages  # noqa: F401
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 _warmed = False
 
 
@@ -62,10 +91,7 @@ def warm_up(workers: Optional[int] = None) -> None:
 
     @ray.remote(num_cpus=1)
     def _import() -> bool:
-        import torch  # noqa: F401
-
-        import energon_ray.pipeline.stages  # noqa: F401
-
+        import_task_modules()
         return True
 
     for _ in range(workers):
@@ -89,6 +115,44 @@ def start_ray_data_actors() -> None:
         get_or_create_stats_actor()
     except Exception:
         logger.debug("energon_ray: Ray Data's stats actor not started early", exc_info=True)
+
+
+#: Ray's internal key-value store (the GCS) namespace of closed executions' marks.
+_CLOSED = b"energon_ray_closed"
+
+
+def mark_closed(run_id: str) -> None:
+    """Mark an execution closed, cluster-wide: a segment task of it that Ray starts after all reads
+    nothing (measured: cancelled Ray Data tasks still queued in the feeder's task submitter ran
+    seconds later, when the next execution's tasks got workers, and read whole shards again)."""
+    try:
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        _internal_kv_put(run_id.encode(), b"1", overwrite=True, namespace=_CLOSED)
+    except Exception:  # Ray is shutting down: nothing of the run can start any more
+        logger.debug("energon_ray: could not mark run %s closed", run_id, exc_info=True)
+
+
+def is_closed(run_id: Optional[str]) -> bool:
+    """Whether ``mark_closed(run_id)`` happened (``False`` when it cannot be told: then the task reads)."""
+    if not run_id:
+        return False
+    try:
+        from ray.experimental.internal_kv import _internal_kv_exists
+
+        return bool(_internal_kv_exists(run_id.encode(), namespace=_CLOSED))
+    except Exception:
+        return False
+
+
+def forget_closed(run_id: str) -> None:
+    """Drop a close mark (long after the close: no task of the run is left)."""
+    try:
+        from ray.experimental.internal_kv import _internal_kv_del
+
+        _internal_kv_del(run_id.encode(), namespace=_CLOSED)
+    except Exception:
+        pass
 
 
 def train_rank_world() -> Optional[Tuple[int, int]]:

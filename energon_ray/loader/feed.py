@@ -246,7 +246,7 @@ class MultiFeed:
     def start(self) -> None:
         """Start the first window's execution now (before anyone iterates: a head start).
 
-        With ``ENERGON_RAY_START_WITH_TASKS=1`` its first segments run as plain Ray tasks
+        Its first segments run as plain Ray tasks (unless ``ENERGON_RAY_START_WITH_TASKS=0``)
         (``TaskStream``: only warm workers needed, no feeder, Ray Data actors or planning), and the
         feeder's execution of the rest of the window starts once their first block has arrived.
         """

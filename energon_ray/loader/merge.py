@@ -59,7 +59,7 @@ class LoaderStats:
         self.ignored: Dict[str, int] = {}
         #: segments made per Ray node id
         self.segments_per_node: Dict[str, int] = {}
-        #: segments made by plain Ray tasks (a pass's start, with ENERGON_RAY_START_WITH_TASKS=1);
+        #: segments made by plain Ray tasks (a pass's start; none with ENERGON_RAY_START_WITH_TASKS=0);
         #: the rest by Ray Data executions
         self.segments_as_tasks = 0
         #: read requests of the segments (remote: requests to the store), bytes they read, and

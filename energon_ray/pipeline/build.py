@@ -18,6 +18,7 @@ import gc
 import itertools
 import os
 import threading
+import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
@@ -26,7 +27,7 @@ import ray
 
 from energon_ray.errors import ExecutionLost
 from energon_ray.pipeline.shipped import ship, ship_each, unship
-from energon_ray.ray_env import verbose
+from energon_ray.ray_env import forget_closed, import_task_modules, is_closed, mark_closed, verbose
 
 # Ray Data is imported where an execution is planned (the feeder), never by the training process.
 if TYPE_CHECKING:  # the feeder process never imports the stages (torch, the task encoder's module)
@@ -69,6 +70,7 @@ def _node() -> Optional[str]:
 
 
 def encode_and_batch(batch, config):
+    import_task_modules()
     from energon_ray.pipeline.stages import EncodeAndBatch
 
     _limit_torch_threads()
@@ -78,6 +80,7 @@ def encode_and_batch(batch, config):
 
 
 def encode_samples(batch, config):
+    import_task_modules()
     from energon_ray.pipeline.stages import EncodeSamples
 
     _limit_torch_threads()
@@ -85,6 +88,7 @@ def encode_samples(batch, config):
 
 
 def batch_samples(batch, config):
+    import_task_modules()
     from energon_ray.pipeline.stages import BatchSamples
 
     _limit_torch_threads()
@@ -106,6 +110,7 @@ def build_dataset(
     ray_remote_args: Optional[Dict[str, Any]] = None,
     fuse_stages: bool = True,
     object_store_limit: Optional[int] = None,
+    run_id: Optional[str] = None,
 ) -> "ray.data.Dataset":
     """The Ray Dataset of the given segments: rows of items, leftovers and reports.
 
@@ -119,6 +124,8 @@ def build_dataset(
         fuse_stages: run encoding and batching in one ``map_batches`` stage.
         object_store_limit: bytes of finished output this stream may hold ahead of the consumer
             (bounds how far one source of a blend runs ahead of its share).
+        run_id: the execution's id: once it is closed (``ray_env.mark_closed``), a task Ray still
+            starts reads nothing.
     """
     import ray.data
 
@@ -126,7 +133,7 @@ def build_dataset(
 
     remote = dict(ray_remote_args or {})
     ds = ray.data.read_datasource(
-        SegmentDatasource(segments, ship_each(reader), name=name),
+        SegmentDatasource(segments, ship_each(reader), name=name, run_id=run_id),
         override_num_blocks=max(1, len(segments)),
         **remote,
     )
@@ -224,7 +231,7 @@ class Feeder:
         with self._cond:
             if run_id in self._closed:
                 return
-            self._runs[run_id] = _Run(((segments, readers, configs), kwargs))
+            self._runs[run_id] = _Run(((segments, readers, configs), {**kwargs, "run_id": run_id}))
             self._cond.notify_all()
 
     def take(self, run_id: str, seq: int) -> Optional[List[Any]]:
@@ -276,6 +283,7 @@ class Feeder:
         return self._final_stats.get(run_id, "")
 
     def close(self, run_id: str) -> None:
+        mark_closed(run_id)  # first: a task Ray starts from now on reads nothing (see mark_closed)
         run = self._runs.get(run_id)
         if run is not None:
             run.close()
@@ -288,6 +296,8 @@ class Feeder:
                     self._final_stats.pop(next(iter(self._final_stats)))
         with self._cond:
             self._runs.pop(run_id, None)
+            if len(self._closed) == self._closed.maxlen:
+                forget_closed(self._closed[0])  # thousands of closes ago: none of its tasks is left
             self._closed.append(run_id)
             self._cond.notify_all()
         if run is not None:
@@ -336,7 +346,8 @@ class BlockStream:
     starts_next_early = False
 
     def __init__(self, segments, readers, configs, prefetch: int = 4, **kwargs: Any):
-        self.run_id = f"{os.getpid()}-{next(BlockStream._run_ids)}"
+        # unique cluster-wide (close marks are kept in the GCS)
+        self.run_id = f"{os.getpid()}-{next(BlockStream._run_ids)}-{uuid.uuid4().hex[:12]}"
         self.feeder = feeder()
         # pickled here, unpickled only by the Ray tasks: the feeder never imports the task encoder
         self.feeder.submit.remote(self.run_id, segments, ship_each(readers), ship(configs), kwargs)
@@ -398,8 +409,12 @@ class BlockStream:
 
 
 @ray.remote(num_cpus=1, max_retries=3)
-def _segment_task(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool) -> pa.Table:
-    """What an execution's fused read + map task makes of one segment, as a plain Ray task."""
+def _segment_task(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool, stream_id: Optional[str] = None) -> Optional[pa.Table]:
+    """What an execution's fused read + map task makes of one segment, as a plain Ray task (nothing
+    once its stream is closed)."""
+    if is_closed(stream_id):  # before any import: a task started after the close costs nothing
+        return None
+    import_task_modules()
     from energon_ray.source.reader import read_segment
 
     table = read_segment(spec, reader)
@@ -416,15 +431,16 @@ def _cluster_cpus() -> int:
 
 
 def task_segments(window: int) -> int:
-    """How many segments of a pass's first window (``window`` long) run as plain Ray tasks: with
-    ``ENERGON_RAY_START_WITH_TASKS=1``, half the window, at most 32 (the rest is the feeder's Ray
-    Data execution, which starts meanwhile); by default none. Opt-in until an open problem is
-    understood: after an endless loader that started this way was closed, its first segments were
-    sometimes read again when the next loader started (seen in the S3 server's request log)."""
-    if os.environ.get("ENERGON_RAY_START_WITH_TASKS", "0").strip().lower() in ("", "0", "false", "no"):
+    """How many segments of a pass's first window (``window`` long) run as plain Ray tasks: half the
+    window, at most 32 (the rest is the feeder's Ray Data execution, which starts meanwhile);
+    ``ENERGON_RAY_START_WITH_TASKS=0`` turns this off (every segment in Ray Data)."""
+    if os.environ.get("ENERGON_RAY_START_WITH_TASKS", "1").strip().lower() in ("0", "false", "no"):
         return 0
     return max(0, min(32, window // 2))
 
+
+#: ids of this process's closed task streams whose close marks are still kept
+_CLOSED_STREAMS: Deque[str] = deque(maxlen=256)
 
 #: ``ray_remote_args`` that a plain task takes as Ray Data's read/map tasks do.
 _TASK_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "scheduling_strategy", "label_selector")
@@ -457,12 +473,13 @@ class TaskStream:
         self._todo: Deque[Any] = deque(segments)
         self._refs: Deque[Any] = deque()
         self._in_flight = in_flight or 2 * _cluster_cpus()
+        self.stream_id = f"{os.getpid()}-t{next(BlockStream._run_ids)}-{uuid.uuid4().hex[:12]}"
         self._submit()
 
     def _submit(self) -> None:
         while self._todo and len(self._refs) < self._in_flight:
             spec = self._todo.popleft()
-            self._refs.append(self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse))
+            self._refs.append(self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id))
 
     def __iter__(self) -> Iterator[pa.Table]:
         return self
@@ -478,29 +495,27 @@ class TaskStream:
         return ""
 
     def close(self) -> None:
-        """Cancel the tasks in flight and wait (at most 10 s) until they have stopped: no read of an
-        abandoned stream goes on after ``close()``."""
+        """Stop: no task of this stream starts reading after ``close()`` (each checks the close mark
+        first). Tasks already reading finish their segment; nothing is interrupted, since
+        ``ray.cancel`` raises ``KeyboardInterrupt`` wherever the task is, and one that landed in
+        ``import torch`` left a worker process whose every later task failed (seen in test_remote)."""
         self._todo.clear()
         refs, self._refs = list(self._refs), deque()
         if not refs or not ray.is_initialized():
             return
-        for ref in refs:  # queued tasks are dropped, running ones interrupted
-            try:
-                ray.cancel(ref)
-            except Exception:  # already finished or Ray is shutting down
-                pass
-        try:
-            ray.wait(refs, num_returns=len(refs), timeout=10, fetch_local=False)
-        except Exception:  # Ray is shutting down
-            pass
+        mark_closed(self.stream_id)
+        if len(_CLOSED_STREAMS) == _CLOSED_STREAMS.maxlen:
+            forget_closed(_CLOSED_STREAMS[0])
+        _CLOSED_STREAMS.append(self.stream_id)
 
 
 @ray.remote(num_cpus=1, max_retries=3)
-def _seam_task(config: "StageConfig", worker: int, seed: int, groups, source: int) -> pa.Table:
+def _seam_task(config: Any, worker: int, seed: int, groups, source: int) -> pa.Table:
+    import_task_modules()  # before the config (shipped) is opened: its classes import torch
     from energon_ray.pipeline.stages import seam_batches
 
     _limit_torch_threads()
-    return seam_batches(config, worker, seed, groups, source)
+    return seam_batches(unship(config), worker, seed, groups, source)
 
 
 class SeamTasks:
@@ -519,7 +534,7 @@ class SeamTasks:
         """Start one task for ``(batch size, group)`` pairs; the returned function waits for its rows
         (a zero-copy table)."""
         if self._config_ref is None:
-            self._config_ref = ray.put(self._config)
+            self._config_ref = ray.put(ship(self._config))
         task = _seam_task.options(**self.remote_args) if self.remote_args else _seam_task
         ref = task.remote(self._config_ref, worker, seed, groups, self.source)
         return lambda: ray.get(ref)

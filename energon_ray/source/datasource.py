@@ -28,13 +28,16 @@ class SegmentDatasource(Datasource):
         segments: the segments to read, in output order.
         readers: the read stage of each leaf dataset (shard table + part filter), by source index.
         name: operator name shown in Ray's progress and stats.
+        run_id: the execution's id; a task of a closed one (``ray_env.mark_closed``) reads nothing.
     """
 
-    def __init__(self, segments: List["SegmentSpec"], readers: Mapping[int, "ReadSegment"], name: str = "EnergonSegments"):
+    def __init__(self, segments: List["SegmentSpec"], readers: Mapping[int, "ReadSegment"], name: str = "EnergonSegments",
+                 run_id: Optional[str] = None):  # fmt: skip
         super().__init__()
         self._segments = segments
         self._readers = ship_each(readers)
         self._name = name
+        self._run_id = run_id
 
     def get_name(self) -> str:
         return self._name
@@ -45,7 +48,12 @@ class SegmentDatasource(Datasource):
     def get_read_tasks(self, parallelism: int = -1, per_task_row_limit: Optional[int] = None, data_context=None) -> List[ReadTask]:
         tasks = []
         for spec in self._segments:
-            def read_fn(spec: "SegmentSpec" = spec, reader: Any = self._readers[spec.source]) -> Iterable[pa.Table]:
+            def read_fn(spec: "SegmentSpec" = spec, reader: Any = self._readers[spec.source], run_id=self._run_id) -> Iterable[pa.Table]:
+                from energon_ray.ray_env import import_task_modules, is_closed
+
+                if is_closed(run_id):  # started by Ray after its execution was closed: nobody reads it
+                    return []
+                import_task_modules()
                 from energon_ray.source.reader import read_segment  # in the Ray task, never in the feeder
 
                 return [read_segment(spec, reader)]

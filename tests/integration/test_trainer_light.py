@@ -105,11 +105,12 @@ def test_a_dead_feeder_is_replaced_and_the_loader_goes_on_exactly(tmp_path, capl
 
 
 def test_a_pass_starts_with_plain_ray_tasks_then_the_feeders_execution(tmp_path, monkeypatch):
-    """With ``ENERGON_RAY_START_WITH_TASKS=1`` the first segments of a pass run as plain Ray tasks (no feeder or Ray Data to start first), the
-    rest in the feeder's Ray Data execution; the batches are exactly those of Ray Data alone, and the
-    feeder process never imports torch (readers and stages reach it pickled)."""
+    """By default the first segments of a pass run as plain Ray tasks (no feeder or Ray Data to start
+    first), the rest in the feeder's Ray Data execution; the batches are exactly those of Ray Data
+    alone (``ENERGON_RAY_START_WITH_TASKS=0``), and the feeder process never imports torch (readers
+    and stages reach it pickled)."""
     path = captioning_dataset(tmp_path / "ds", n=40, per_shard=7)
-    monkeypatch.setenv("ENERGON_RAY_START_WITH_TASKS", "1")
+    monkeypatch.delenv("ENERGON_RAY_START_WITH_TASKS", raising=False)
 
     def run():
         wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
@@ -123,11 +124,38 @@ def test_a_pass_starts_with_plain_ray_tasks_then_the_feeders_execution(tmp_path,
     assert sum(loader.stats.segments_per_node.values()) == 20
     assert "ReadEnergonSegments" in loader.ray_stats()  # Ray Data made the other segments
     assert ray.get(feeder().usage.remote())["torch"] == 0
-    monkeypatch.delenv("ENERGON_RAY_START_WITH_TASKS")  # the default: Ray Data runs every segment
+    monkeypatch.setenv("ENERGON_RAY_START_WITH_TASKS", "0")  # Ray Data runs every segment
     reference, plain = run()
     assert plain.stats.segments_as_tasks == 0
     assert got == reference
     assert sorted(k for b in got for k in b) == [f"sample_{i:06d}" for i in range(40)]
+
+
+def test_tasks_of_a_closed_execution_read_nothing(tmp_path):
+    """Ray may still start a task whose execution was closed (a cancel of a queued task can be lost:
+    seen as whole shards read again seconds later). Marked closed, a Ray Data execution's read tasks
+    and a plain segment task return without reading; an open one reads."""
+    from energon_ray.pipeline.build import _segment_task, build_dataset
+    from energon_ray.pipeline.shipped import ship
+    from energon_ray.ray_env import forget_closed, is_closed, mark_closed
+
+    path = captioning_dataset(tmp_path / "ds", n=12, per_shard=4)
+    ds = er.get_val_dataset(path, split_part="train", batch_size=2, samples_per_segment=2)
+    leaf = ds.leaves()[0]
+    plan = leaf.plan()
+    specs = [plan.segment(w, i) for w in range(len(plan.streams)) for i in range(plan.num_segments(w))]
+    reader, config = leaf.reader(), leaf.stage_config()
+    assert not is_closed("open-run") and not is_closed(None)
+    assert build_dataset(specs, reader, config, run_id="open-run").count() > 0
+    mark_closed("closed-run")
+    try:
+        assert is_closed("closed-run")
+        assert build_dataset(specs, reader, config, run_id="closed-run").count() == 0
+        assert ray.get(_segment_task.remote(specs[0], ship(reader), ship(config), True, "closed-run")) is None
+        assert ray.get(_segment_task.remote(specs[0], ship(reader), ship(config), True, "open-run")).num_rows > 0
+    finally:
+        forget_closed("closed-run")
+    assert not is_closed("closed-run")
 
 
 def test_a_run_closed_before_its_submit_arrives_is_never_registered():
