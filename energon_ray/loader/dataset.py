@@ -50,8 +50,9 @@ class PlanOptions:
     packing_buffer_size: Optional[int] = None
     #: Batched together with the neighbouring datasets of a validation metadataset (see ConcatDataset).
     batch_across_sources: bool = False
-    #: A leaf of a batched train blend of a metadataset: every sample leaves its Ray task unbatched
-    #: (still serialized), the blend draws samples, and Ray tasks batch them (``SampleBlendDataset``).
+    #: A leaf of a batched train blend of a metadataset with ``blend_samples=True``: every sample leaves
+    #: its Ray task unbatched (still serialized), the blend draws samples, and Ray tasks batch them
+    #: (``SampleBlendDataset``). On the factory's options: the user asked for it.
     blend_samples: bool = False
 
 

@@ -68,12 +68,13 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
     else:
         flat = parse_metadataset_file(path, split_part, ctx=ctx)
     wc = common["worker_config"]
-    # Energon blends a train metadataset's samples and then batches them: here too (the leaves hand
-    # out samples, Ray tasks batch the drawn groups), except where samples are packed or grouped
-    # into batches in the leaves' Ray tasks (then each batch is one dataset's)
+    # Energon blends a train metadataset's samples and then batches them. Opt-in here (blend_samples=True:
+    # the leaves hand out samples, Ray tasks batch the drawn groups; 0.4x the throughput of whole
+    # per-source batches so far, see benchmarks/bench_sample_blend.py); never where samples are packed
+    # or grouped into batches in the leaves' Ray tasks
     te = common["task_encoder"]
     blend_samples = (
-        options.training and len(flat.leaves) > 1 and options.batch_size is not None and not options.packing_buffer_size
+        options.blend_samples and options.training and len(flat.leaves) > 1 and options.batch_size is not None and not options.packing_buffer_size
         and not is_overridden(te, "batch_group_criterion")
     )  # fmt: skip
     global_workers = max(1, wc.num_workers) * wc.world_size
@@ -193,6 +194,7 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
             _check_positive("samples_per_segment", samples_per_segment, allow_none=False)
             options.segment_samples = samples_per_segment
         kwargs.pop("packing_buffer_size", None)
+        options.blend_samples = bool(kwargs.pop("blend_samples", False))
         if kwargs:
             raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
         common = dict(worker_config=worker_config, task_encoder=task_encoder, decoder=decoder)
@@ -264,7 +266,9 @@ def get_train_dataset(
             metadataset.
         **kwargs: ``split_config``, ``dataset_config``, ``subflavors``, ``parallel_shard_iters``,
             ``samples_per_segment`` (samples one Ray task processes, rounded up to whole batches;
-            default 64 — lower it for large media), and the deprecated decoder arguments
+            default 64 — lower it for large media), ``blend_samples`` (a metadataset: blend samples,
+            then batch them in Ray tasks, as Energon does, so batches mix datasets; default: each
+            batch is one dataset's, drawn by weight), and the deprecated decoder arguments
             (``image_decode``, ``auto_decode``, …).
 
     Raises:

@@ -299,16 +299,20 @@ class MultiFeed:
     def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:
         cursor = 0
         started = time.perf_counter()
+        hand_out = {feed.source for feed in self.feeds if feed.queues.hand_out}
         try:
             for block in blocks:
-                for row, source, positions in zip(rows.iter_rows(block), rows.sources(block), rows.positions(block)):
+                for i, (row, source, positions) in enumerate(zip(rows.iter_rows(block), rows.sources(block), rows.positions(block))):
                     spec = specs[cursor] if cursor < len(specs) else None
                     if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
                         raise RuntimeError(
                             f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "
                             f"{None if spec is None else (spec.source, spec.worker, spec.index)}; order is not preserved"
                         )
-                    yield source, decode_row(row, self.pin), spec.last, positions
+                    decoded = decode_row(row, self.pin)
+                    if source in hand_out and row[0] == rows.LEFTOVER:  # the batching task reads them from the block
+                        decoded = (*decoded[:4], rows.locate_leftovers(decoded[4], blocks.last_ref, i))
+                    yield source, decoded, spec.last, positions
                     if row[0] == rows.REPORT:
                         cursor += 1
         except Exception as exc:

@@ -379,7 +379,8 @@ class BlockStream:
             ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
             self._blocks.extend(refs)
             self.start()
-        return self._get(self._blocks.popleft())
+        self.last_ref = self._blocks.popleft()
+        return self._get(self.last_ref)
 
     @staticmethod
     def _get(ref: Any) -> Any:
@@ -487,7 +488,7 @@ class TaskStream:
     def __next__(self) -> pa.Table:
         if not self._refs:
             raise StopIteration
-        ref = self._refs.popleft()
+        ref = self.last_ref = self._refs.popleft()
         self._submit()  # the next task starts before this block is waited for
         return BlockStream._get(ref)
 
@@ -514,7 +515,10 @@ def _seam_task(config: Any, worker: int, seed: int, groups, source: int) -> pa.T
     import_task_modules()  # before the config (shipped) is opened: its classes import torch
     from energon_ray.pipeline.stages import seam_batches
 
+    from energon_ray.pipeline.rows import resolve_located
+
     _limit_torch_threads()
+    groups = resolve_located(groups, ray.get)  # a sample blend's samples, read from their blocks here
     return seam_batches(unship(config), worker, seed, groups, source)
 
 

@@ -11,7 +11,7 @@ samples it holds (``positions``): a saved state records what was consumed by pos
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -105,6 +105,48 @@ def pack_leftovers(groups: List[Tuple[Any, int, List[Tuple[int, int, Any]]]], wo
         (key, size, [(position, sub, _dump((LEFTOVER, worker, segment, position, sample))) for position, sub, sample in items])
         for key, size, items in groups
     ]
+
+
+class Located(NamedTuple):
+    """Where a leftover sample's payload lies: item ``item`` of group ``group`` of the ``LEFTOVER``
+    row ``row`` of an output block in Ray's object store (``block``: its reference). A sample
+    blend's trainer pools these instead of the bytes, and the Ray task that batches the samples
+    reads them from the store (``resolve_located``): no sample bytes pass through the trainer."""
+
+    block: Any
+    row: int
+    group: int
+    item: int
+
+
+def locate_leftovers(payload: List[Any], block: Any, row: int) -> List[Any]:
+    """A decoded ``LEFTOVER`` payload with each sample's bytes replaced by its ``Located``."""
+    return [
+        (key, size, [(position, sub, Located(block, row, g, i)) for i, (position, sub, _) in enumerate(items)])
+        for g, (key, size, items) in enumerate(payload)
+    ]
+
+
+def resolve_located(groups: List[Tuple[int, List[Tuple[int, int, Any]]]], get: Callable[[List[Any]], List[pa.Table]]) -> List[Any]:
+    """``groups`` with every ``Located`` payload replaced by the sample's bytes (``get``: fetches blocks)."""
+    refs = list({p.block: None for _, group in groups for _, _, p in group if isinstance(p, Located)})
+    if not refs:
+        return groups
+    tables = dict(zip(refs, get(refs)))
+    decoded: Dict[Tuple[Any, int], Any] = {}
+
+    def payload(loc: Located) -> Any:
+        key = (loc.block, loc.row)
+        if key not in decoded:
+            for i, (kind, _, _, _, buffer) in enumerate(iter_rows(tables[loc.block])):
+                if i == loc.row:
+                    if kind != LEFTOVER:
+                        raise RuntimeError(f"energon_ray: row {loc.row} of a block is not a leftover row")
+                    decoded[key] = serde.loads(buffer, copy=False)
+                    break
+        return decoded[key][loc.group][2][loc.item][2]
+
+    return [(size, [(position, sub, payload(p) if isinstance(p, Located) else p) for position, sub, p in group]) for size, group in groups]
 
 
 def table(

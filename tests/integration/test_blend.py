@@ -127,7 +127,8 @@ def test_nested_yaml_weights_multiply_and_subflavors_arrive(sources):
 
 
 def test_train_yaml_blends_samples_then_batches(sources):
-    """A batched train metadataset blends samples and then batches them, as Energon does: batches mix
+    """With ``blend_samples=True`` a batched train metadataset blends samples and then batches them, as
+    Energon does (by default each batch is one dataset's, see test_blend_epochized_exact_counts): batches mix
     the datasets; over 150 batches of 8 each source's share is its weight's within ±4 points; the
     same seed gives the same batches, another seed other ones; the batches are made in Ray tasks
     (counted as seam batches), not by the loader."""
@@ -138,7 +139,8 @@ def test_train_yaml_blends_samples_then_batches(sources):
     )
 
     def keys(wc, n=150):
-        loader = er.get_loader(er.get_train_dataset(root / "samples.yaml", worker_config=wc, batch_size=8, shuffle_buffer_size=10))
+        ds = er.get_train_dataset(root / "samples.yaml", worker_config=wc, batch_size=8, shuffle_buffer_size=10, blend_samples=True)
+        loader = er.get_loader(ds)
         it = iter(loader)
         out = [tuple(next(it).__key__) for _ in range(n)]
         stats = loader.stats
@@ -155,6 +157,10 @@ def test_train_yaml_blends_samples_then_batches(sources):
     assert keys(WC)[0] == batches
     other = er.WorkerConfig(rank=0, world_size=1, num_workers=2, seed_offset=5)
     assert keys(other, 20)[0] != batches[:20]
+    default = er.get_loader(er.get_train_dataset(root / "samples.yaml", worker_config=WC, batch_size=8, shuffle_buffer_size=10))
+    it = iter(default)
+    assert all(len({k[0] for k in next(it).__key__}) == 1 for _ in range(20))  # whole per-dataset batches
+    default.close()
 
 
 def test_val_yaml_concatenates_sources_in_order(sources):

@@ -204,7 +204,7 @@ def test_blend_and_mix_restore_with_small_states(roots):
 
 
 def test_train_metadataset_sample_blend_restores_exactly(roots, tmp_path):
-    """A train metadataset blends samples before batching: restores inside a Ray-made group of
+    """A train metadataset with ``blend_samples=True`` blends samples before batching: restores inside a Ray-made group of
     batches and across groups give the same batches (keys, texts drawn in the hooks, batch RNG)."""
     (tmp_path / "train.yaml").write_text(
         "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
@@ -213,7 +213,7 @@ def test_train_metadataset_sample_blend_restores_exactly(roots, tmp_path):
 
     def blend():
         return er.get_train_dataset(tmp_path / "train.yaml", batch_size=3, shuffle_buffer_size=4, worker_config=WC,
-                                    task_encoder=Augmented(fail_every=11), samples_per_segment=6)  # fmt: skip
+                                    task_encoder=Augmented(fail_every=11), samples_per_segment=6, blend_samples=True)  # fmt: skip
 
     items = round_trip(blend, [1, 2, 5, 8, 13], count=16)
     assert any(len({key[0] for key in item[0]}) == 2 for item in items)  # batches mix the datasets
