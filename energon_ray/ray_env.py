@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional, Tuple
+from collections import deque
+from typing import Any, Deque, Optional, Tuple
 
 logger = logging.getLogger("energon_ray")
 
@@ -121,6 +122,10 @@ def start_ray_data_actors() -> None:
 _CLOSED = b"energon_ray_closed"
 
 
+#: the marks this process wrote, oldest first; one 4096 closes old is dropped (none of its tasks is left)
+_MARKED: Deque[str] = deque(maxlen=4096)
+
+
 def mark_closed(run_id: str) -> None:
     """Mark an execution closed, cluster-wide: a segment task of it that Ray starts after all reads
     nothing (measured: cancelled Ray Data tasks still queued in the feeder's task submitter ran
@@ -131,6 +136,10 @@ def mark_closed(run_id: str) -> None:
         _internal_kv_put(run_id.encode(), b"1", overwrite=True, namespace=_CLOSED)
     except Exception:  # Ray is shutting down: nothing of the run can start any more
         logger.debug("energon_ray: could not mark run %s closed", run_id, exc_info=True)
+        return
+    if len(_MARKED) == _MARKED.maxlen:
+        forget_closed(_MARKED[0])
+    _MARKED.append(run_id)
 
 
 def is_closed(run_id: Optional[str]) -> bool:

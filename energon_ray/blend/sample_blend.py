@@ -49,7 +49,7 @@ class SampleBlendDataset(PooledBlendDataset):
         tree = SubTree(ctx, first, ctx.leaf_indices(self))
         node = _AheadNode(self.num_workers)
         ctx.register(node)
-        batcher = _GroupBatcher([ctx.feeds[id(leaf)] for leaf in self.leaves()], ctx.stats)
+        batcher = _GroupBatcher([ctx.feeds[id(leaf)] for leaf in self.leaves()])
         size, group_samples = self.batch_size, self.batch_size * BATCHES_PER_GROUP
         given: List[List[Any]] = [[] for _ in range(self.num_workers)]
 
@@ -81,7 +81,10 @@ class SampleBlendDataset(PooledBlendDataset):
                 # the next group is drawn and batched while this one is given
                 node.ahead[worker] = start_group(worker)
             node.gave(worker)
-            return given[worker].pop() if len(given[worker]) > 1 else node.last(worker, given[worker].pop())
+            item = given[worker].pop()
+            if not given[worker]:
+                node.end(worker)
+            return item
 
         return next_item
 
@@ -110,11 +113,6 @@ class _AheadNode(GroupNode):
         self.taken[worker] = 0
         self.active[worker] = True
 
-    def last(self, worker: int, item: Any) -> Any:
-        """``item`` ends the current group."""
-        self.end(worker)
-        return item
-
     def overrides(self, worker: int) -> Optional[Any]:
         if self.active[worker]:
             return self.before[worker]
@@ -131,9 +129,9 @@ class _GroupBatcher:
     of ``batch_size`` samples in the order drawn, with the first leaf's task encoder (a
     metadataset's leaves share it) and hook seeds from the samples' positions."""
 
-    def __init__(self, feeds: List[Any], stats: Any):
+    def __init__(self, feeds: List[Any]):
         self.feeds = feeds
-        self.stats = stats
+        self.stats = feeds[0].queues.stats  # the loader's counters
         self.chain = FailureChain()
         self._tasks = None
 
@@ -151,20 +149,8 @@ class _GroupBatcher:
         return lambda: self._batches(wait, first.pin)
 
     def _batches(self, wait: Callable[[], Any], pin: bool) -> List[Any]:
-        from energon_ray.loader.feed import _ours, decode_row
-        from energon_ray.pipeline import rows
+        from energon_ray.loader.feed import seam_items
 
-        try:
-            table = wait()
-        except Exception as exc:
-            raise _ours(exc) from None
-        made = []
-        for row in rows.iter_rows(table):
-            kind, _, _, _, value = decode_row(row, pin)
-            if kind == rows.REPORT:
-                if self.stats is not None:
-                    self.stats.add_report(value, self.chain)
-                    self.stats.seam_batches += value.batches
-            else:
-                made.append(value)
+        made, _ = seam_items(wait, pin, self.stats, self.chain)
+        self.stats.seam_batches += len(made)
         return made

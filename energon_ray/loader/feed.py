@@ -51,6 +51,24 @@ def _ours(exc: BaseException) -> BaseException:
     return unwrap_error(exc) or exc
 
 
+def seam_items(wait: Callable[[], Any], pin: bool, stats: LoaderStats, chain: Any) -> Tuple[List[Any], List[List[int]]]:
+    """The items a seam-batch task made (``wait`` gives its table) with their samples' positions; its
+    report is counted in ``stats`` (skips joined by ``chain``), and its error raised as ours."""
+    try:
+        table = wait()
+    except Exception as exc:
+        raise _ours(exc) from None
+    items, spans = [], []
+    for row, positions in zip(rows.iter_rows(table), rows.positions(table)):
+        kind, _, _, _, value = decode_row(row, pin)
+        if kind == rows.REPORT:
+            stats.add_report(value, chain)
+        else:
+            items.append(value)
+            spans.append(positions or [])
+    return items, spans
+
+
 class LeafFeed:
     """One leaf dataset's items per logical worker, filled by the shared ``MultiFeed``."""
 
@@ -94,19 +112,7 @@ class LeafFeed:
         wait = self._seams.submit(worker, self.plan.streams[worker].config.hook_seed, groups)
 
         def resolve() -> List[Any]:
-            try:
-                table = wait()
-            except Exception as exc:
-                raise _ours(exc) from None
-            items, spans = [], []
-            for row, positions in zip(rows.iter_rows(table), rows.positions(table)):
-                kind, _, _, _, value = decode_row(row, self.pin)
-                if kind == rows.REPORT:
-                    self.queues.stats.add_report(value, self.queues.chain)
-                else:
-                    items.append(value)
-                    spans.append(positions or [])
-            pending.positions = spans
+            items, pending.positions = seam_items(wait, self.pin, self.queues.stats, self.queues.chain)
             return items
 
         pending = Pending(resolve)

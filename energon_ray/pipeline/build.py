@@ -27,7 +27,7 @@ import ray
 
 from energon_ray.errors import ExecutionLost
 from energon_ray.pipeline.shipped import ship, ship_each, unship
-from energon_ray.ray_env import forget_closed, import_task_modules, is_closed, mark_closed, verbose
+from energon_ray.ray_env import import_task_modules, is_closed, mark_closed, verbose
 
 # Ray Data is imported where an execution is planned (the feeder), never by the training process.
 if TYPE_CHECKING:  # the feeder process never imports the stages (torch, the task encoder's module)
@@ -296,8 +296,6 @@ class Feeder:
                     self._final_stats.pop(next(iter(self._final_stats)))
         with self._cond:
             self._runs.pop(run_id, None)
-            if len(self._closed) == self._closed.maxlen:
-                forget_closed(self._closed[0])  # thousands of closes ago: none of its tasks is left
             self._closed.append(run_id)
             self._cond.notify_all()
         if run is not None:
@@ -333,6 +331,11 @@ def feeder() -> Any:
     return handle
 
 
+def _new_id(kind: str) -> str:
+    """An execution's or task stream's id, unique cluster-wide (close marks are kept in the GCS)."""
+    return f"{os.getpid()}-{kind}{next(BlockStream._run_ids)}-{uuid.uuid4().hex[:12]}"
+
+
 class BlockStream:
     """The output blocks of one execution (run by the feeder), in order, as zero-copy Arrow tables.
 
@@ -346,8 +349,7 @@ class BlockStream:
     starts_next_early = False
 
     def __init__(self, segments, readers, configs, prefetch: int = 4, **kwargs: Any):
-        # unique cluster-wide (close marks are kept in the GCS)
-        self.run_id = f"{os.getpid()}-{next(BlockStream._run_ids)}-{uuid.uuid4().hex[:12]}"
+        self.run_id = _new_id("r")
         self.feeder = feeder()
         # pickled here, unpickled only by the Ray tasks: the feeder never imports the task encoder
         self.feeder.submit.remote(self.run_id, segments, ship_each(readers), ship(configs), kwargs)
@@ -440,9 +442,6 @@ def task_segments(window: int) -> int:
     return max(0, min(32, window // 2))
 
 
-#: ids of this process's closed task streams whose close marks are still kept
-_CLOSED_STREAMS: Deque[str] = deque(maxlen=256)
-
 #: ``ray_remote_args`` that a plain task takes as Ray Data's read/map tasks do.
 _TASK_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "scheduling_strategy", "label_selector")
 
@@ -474,7 +473,7 @@ class TaskStream:
         self._todo: Deque[Any] = deque(segments)
         self._refs: Deque[Any] = deque()
         self._in_flight = in_flight or 2 * _cluster_cpus()
-        self.stream_id = f"{os.getpid()}-t{next(BlockStream._run_ids)}-{uuid.uuid4().hex[:12]}"
+        self.stream_id = _new_id("t")
         self._submit()
 
     def _submit(self) -> None:
@@ -505,17 +504,13 @@ class TaskStream:
         if not refs or not ray.is_initialized():
             return
         mark_closed(self.stream_id)
-        if len(_CLOSED_STREAMS) == _CLOSED_STREAMS.maxlen:
-            forget_closed(_CLOSED_STREAMS[0])
-        _CLOSED_STREAMS.append(self.stream_id)
 
 
 @ray.remote(num_cpus=1, max_retries=3)
 def _seam_task(config: Any, worker: int, seed: int, groups, source: int) -> pa.Table:
     import_task_modules()  # before the config (shipped) is opened: its classes import torch
-    from energon_ray.pipeline.stages import seam_batches
-
     from energon_ray.pipeline.rows import resolve_located
+    from energon_ray.pipeline.stages import seam_batches
 
     _limit_torch_threads()
     groups = resolve_located(groups, ray.get)  # a sample blend's samples, read from their blocks here
