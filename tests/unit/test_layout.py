@@ -78,3 +78,29 @@ def test_the_feeders_module_imports_neither_torch_nor_ray_data():
     code = "import sys, energon_ray.pipeline.build; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'PIL', 'av'}), 'ray.data' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["[]", "False"]
+
+
+def test_task_imports_ignore_an_interrupt_that_lands_inside_import_torch():
+    """Ray cancels a running task by interrupting its main thread; inside ``import torch`` that left a
+    worker that could never import torch again. ``import_task_modules`` must finish the imports and
+    put the SIGINT handler back (here the interrupt is raised from inside the torch import)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import _thread, importlib.abc, signal, sys, time\n"
+        "from energon_ray.ray_env import import_task_modules\n"
+        "class Interrupt(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'torch':\n"
+        "            _thread.interrupt_main()\n"
+        "            time.sleep(0.05)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "before = signal.getsignal(signal.SIGINT)\n"
+        "import_task_modules()\n"
+        "print('torch' in sys.modules, 'energon_ray.pipeline.stages' in sys.modules, signal.getsignal(signal.SIGINT) is before)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "True", "True"]

@@ -6,7 +6,7 @@ import pytest
 
 from energon_ray.errors import FatalSampleError
 from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, WorkerQueues, round_robin
-from energon_ray.pipeline import rows
+from energon_ray.pipeline import rows, serde
 from energon_ray.pipeline.policy import StageRun
 
 
@@ -135,3 +135,38 @@ def test_chained_sources_batch_across_the_end_of_one_into_the_next():
     assert _drain(first, 0) == ["a0+a1+a2"]
     assert _drain(second, 0) == ["a3+b0+b1", "b2+b3"]
     assert first.done == second.done == [True]
+
+
+def test_hand_out_queues_give_samples_one_by_one_after_each_report_and_save_the_pool():
+    """A sample blend's leaf: a segment's samples are handed out (never batched here) only once its
+    report arrived; the state is the pool now plus the next segment (a half-fed segment is fed again)."""
+    q = WorkerQueues(1, 3, _pool_batches, hand_out=True, leaf=2)
+    q.feed((rows.LEFTOVER, 0, 0, 0, [(None, 3, [(0, 0, "s0"), (1, 0, "s1")])]), False)
+    assert q.pop(0) is NOTHING  # staged until the report
+    q.feed(_report(0, 0), False)
+    assert q.pop(0) == (0, 0, "s0", 2)
+    q.feed((rows.LEFTOVER, 0, 1, 0, [(None, 3, [(5, 0, "s5")])]), False)
+    state = q.state(0)
+    assert (state.checkpoint.segment, state.checkpoint.pools, state.consumed) == (1, [(None, 0, [(2, 1, 0)])], 0)
+    q.feed(_report(0, 1), True)
+    assert [q.pop(0), q.pop(0), q.pop(0)] == [(1, 0, "s1", 2), (5, 0, "s5", 2), NOTHING]
+    assert q.done[0] and q.stats.seam_batches == 0
+
+
+def test_located_leftovers_resolve_to_the_sample_bytes_of_their_block():
+    """The trainer of a sample blend pools where each sample lies (block, row, group, item); the
+    batching task reads exactly those bytes from the block."""
+    leftovers = rows.pack_leftovers([(None, 2, [(4, 0, {"k": "a"}), (7, 1, {"k": "b"})])], worker=0, segment=3)
+    block = rows.table([(rows.ITEM, 0, 3, 0, "batch"), (rows.LEFTOVER, 0, 3, 1, leftovers)])
+    decoded = rows.iter_rows(block)
+    next(decoded)
+    payload = serde.loads(next(decoded)[4], copy=False)
+    located = rows.locate_leftovers(payload, "block-ref", 1)
+    assert [p for _, _, p in located[0][2]] == [rows.Located("block-ref", 1, 0, 0), rows.Located("block-ref", 1, 0, 1)]
+    fetched = []
+    groups = rows.resolve_located([(2, [(4, 0, located[0][2][1][2]), (9, 0, b"as is")])],
+                                  lambda refs: fetched.extend(refs) or [block])  # fmt: skip
+    assert fetched == ["block-ref"]
+    (size, [(p1, _, first), (p2, _, second)]), = groups
+    assert size == 2 and (p1, p2) == (4, 9) and second == b"as is"
+    assert serde.loads(first) == {"k": "b"}
