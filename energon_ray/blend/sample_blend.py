@@ -3,14 +3,16 @@
 Energon blends a metadataset's encoded samples and then batches them, so one batch holds samples
 of several datasets. Here each leaf's Ray tasks leave their encoded samples unbatched and still
 serialized (``PlanOptions.blend_samples``: the leaf's queues hand them out one by one), the blend
-draws the source of each sample from the worker's seeded generator, and a Ray task batches
+draws the source of each sample from the worker's seeded generator, and a Ray actor batches
 each group of drawn samples (``batch`` and ``encode_batch`` never run in the training process).
 
 Per logical worker, ``BATCHES_PER_GROUP`` batches' worth of samples are drawn at once and batched
-by one Ray task, and the next group is drawn and started while this one is given (the trainer
-waits for a Ray task only when it outruns them). What a save records is the state before the
-group being given (the leaves' pools and the draws) and how many of its batches were given; a
-restore draws that group again and drops those (``blend.replay.GroupNode``).
+by one call of a ``GroupBatcher`` actor (warm: started with the loader), and the next group is
+drawn and started before this one is waited for (the trainer waits only when it outruns them); a
+pass's first group is one batch, so the first batch waits for no more draws than it needs. What
+a save records is the state before the group being given (the leaves' pools and the draws) and
+how many of its batches were given; a restore draws that group again (at full size: never fewer
+batches than were given of it) and drops those (``blend.replay.GroupNode``).
 """
 
 from __future__ import annotations
@@ -50,12 +52,19 @@ class SampleBlendDataset(PooledBlendDataset):
         node = _AheadNode(self.num_workers)
         ctx.register(node)
         batcher = _GroupBatcher([ctx.feeds[id(leaf)] for leaf in self.leaves()])
-        size, group_samples = self.batch_size, self.batch_size * BATCHES_PER_GROUP
+        size = self.batch_size
         given: List[List[Any]] = [[] for _ in range(self.num_workers)]
 
-        def start_group(worker: int) -> Tuple[Any, Optional[Callable[[], List[Any]]]]:
-            """Draw the next group and start its Ray task: (state before it, wait) — wait is None at the end."""
+        def start_group(worker: int) -> Tuple[Any, Optional[Callable[[], List[Any]]], bool]:
+            """Draw the next group and start its Ray task: (state before it, wait, first) — wait is
+            None at the end.
+
+            A pass's first group is one batch (the first batch waits for no more draws than it
+            needs); the others ``BATCHES_PER_GROUP``, a restored one too (it must hold at least
+            the batches given of the group it replays)."""
             before = tree.capture(worker)
+            first, node.fresh[worker] = node.fresh[worker], False
+            group_samples = size * (1 if first else BATCHES_PER_GROUP)
             samples: List[Any] = []
             while len(samples) < group_samples:
                 sample = draw(worker)
@@ -66,20 +75,21 @@ class SampleBlendDataset(PooledBlendDataset):
             groups = [samples[i : i + size] for i in range(0, full, size)]
             if full < len(samples) and not self.drop_last:
                 groups.append(samples[full:])
-            return before, (batcher(worker, groups) if groups else None)
+            return before, (batcher(worker, groups) if groups else None), first
 
         def next_item(worker: int) -> Any:
             while not given[worker]:
                 if node.ahead[worker] is None:
                     node.ahead[worker] = start_group(worker)
-                before, wait = node.ahead[worker]
+                before, wait, first = node.ahead[worker]
                 if wait is None:  # nothing left to draw
                     return EXHAUSTED
+                # the next group is drawn (and batched) while this one is batched and then given; not
+                # so after a pass's first group (one batch): the first batch waits for no more draws
+                node.ahead[worker] = None if first else start_group(worker)
                 made = wait()
                 node.begin(worker, before)
                 given[worker] = list(reversed(made[node.take_discard(worker) :]))
-                # the next group is drawn and batched while this one is given
-                node.ahead[worker] = start_group(worker)
             node.gave(worker)
             item = given[worker].pop()
             if not given[worker]:
@@ -105,8 +115,11 @@ class _AheadNode(GroupNode):
 
     def __init__(self, workers: int):
         super().__init__(None, workers)  # captures come from the provider
-        #: per worker: ``(state before it, wait)`` of the group drawn ahead, or None
-        self.ahead: List[Optional[Tuple[Any, Optional[Callable[[], List[Any]]]]]] = [None] * workers
+        #: per worker: ``(state before it, wait, whether it is the pass's first)`` of the group drawn
+        #: ahead, or None
+        self.ahead: List[Optional[Tuple[Any, Optional[Callable[[], List[Any]]], bool]]] = [None] * workers
+        #: per worker: no group drawn yet in this pass, nor restored (the first group is one batch)
+        self.fresh = [True] * workers
 
     def begin(self, worker: int, before: Any = None) -> None:
         self.before[worker] = before
@@ -122,11 +135,12 @@ class _AheadNode(GroupNode):
     def restore(self, worker: int, state: Any) -> None:
         super().restore(worker, state)
         self.ahead[worker] = None
+        self.fresh[worker] = False
 
 
 class _GroupBatcher:
-    """One Ray task batches a group's drawn samples (``pipeline.stages.seam_batches``), each group
-    of ``batch_size`` samples in the order drawn, with the first leaf's task encoder (a
+    """A warm ``GroupBatcher`` actor batches a group's drawn samples (``pipeline.stages.seam_batches``),
+    each ``batch_size`` samples in the order drawn, with the first leaf's task encoder (a
     metadataset's leaves share it) and hook seeds from the samples' positions."""
 
     def __init__(self, feeds: List[Any]):
@@ -142,8 +156,9 @@ class _GroupBatcher:
         if self._tasks is None:
             from energon_ray.pipeline.build import SeamTasks
 
-            # no CPU reserved: the segment tasks hold the CPUs, and the trainer is waiting for these
-            self._tasks = SeamTasks(first.dataset.stage_config(), first.source, first.multi.ray_remote_args, num_cpus=0)
+            # on the warm batching actors (no CPU reserved: the segment tasks hold the CPUs)
+            workers = len(first.plan.streams)
+            self._tasks = SeamTasks(first.dataset.stage_config(), first.source, first.multi.ray_remote_args, on_batcher=workers)
         seed = first.plan.streams[worker].config.hook_seed
         wait = self._tasks.submit(worker, seed, [(len(g), [(position, sub, payload) for position, sub, payload, _ in g]) for g in groups])
         return lambda: self._batches(wait, first.pin)

@@ -327,7 +327,7 @@ def seam_batches(
     made: List[Tuple[Any, List[int]]] = []
     try:  # only batched or grouped pipelines pool samples, so there is always a batcher to run
         for batch_size, group in groups:
-            samples = [(position, sub, serde.loads(payload)) for position, sub, payload in group]
+            samples = [(position, sub, serde.loads(payload, copy=False)) for position, sub, payload in group]
             made.extend(batcher.with_positions(samples, seed, batch_size, runs))
     except FatalSampleError as exc:
         fatal = ("FatalSampleError", str(exc))
