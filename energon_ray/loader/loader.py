@@ -209,14 +209,14 @@ class EnergonLoader:
         its samples re-read at their positions, encoded and batched with the same hook seeds.
 
         Raises:
-            StateError: a key of another loader or version, of several datasets, or of packed batches.
+            StateError: a key of another loader or version, of several datasets (but a train
+                metadataset's sample blend), or of packed batches.
         """
         return restore_sample(self.dataset, restore_key, self.ray_remote_args)
 
     def can_restore_sample(self) -> bool:
-        """Whether ``restore_sample`` can rebuild this loader's batches (not for packed datasets, nor for
-        a train metadataset's sample blend)."""
-        return not any(leaf.options.packing_buffer_size or leaf.options.blend_samples for leaf in self.dataset.leaves())
+        """Whether ``restore_sample`` can rebuild this loader's batches (not for packed datasets)."""
+        return not any(leaf.options.packing_buffer_size for leaf in self.dataset.leaves())
 
     def save_state_global(self, global_dst_rank: int) -> Optional[List[Optional[LoaderState]]]:
         """Every rank's state, gathered on ``global_dst_rank`` (``torch.distributed``; a list of one

@@ -7,6 +7,7 @@ restore segments (``SegmentSpec.keep``), ``run_reads`` runs those in one small R
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -137,3 +138,45 @@ def rebuild_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tup
     if len(items) != 1:
         raise StateError(f"restore_sample: the batch hooks made {len(items)} batches from the {len(group)} samples, not one")
     return items[0]
+
+
+def rebuild_blended_batch(blend_leaves: List[Any], sources: List[int], keys: List[tuple], remote_args=None) -> Any:
+    """A sample blend's batch made again (``blend.sample_blend``): each sample re-read at its own
+    leaf's position with its own hook seed, then all batched in the batch's order with the seed
+    and the task encoder the blend's batching used (its first leaf's, for the pass the keys name).
+
+    ``blend_leaves``: the blend's leaves; ``sources``: their indices among the loader's leaves.
+    """
+    from energon_ray.pipeline.build import SeamTasks
+
+    by_source = dict(zip(sources, blend_leaves))
+    worker = keys[0][3]
+    specs, readers, configs = [], {}, {}
+    for source in sorted({k[2] for k in keys}):
+        leaf = by_source[source]
+        mine = sorted({(k[4], k[1], k[5]) for k in keys if k[2] == source})
+        positions = np.array([p for p, _, _ in mine], dtype=np.int64)
+        stream = leaf.plan().streams[worker].config
+        specs.append(SegmentSpec(
+            worker=worker, global_worker=stream.global_worker, seed=mine[0][2], index=-1 - len(specs), start=int(positions[0]),
+            samples=np.array([i for _, i, _ in mine], dtype=np.int64), last=False, source=source, positions=positions,
+            keep=tuple((int(p), 0) for p in positions),
+        ))  # fmt: skip
+        readers[source], configs[source] = leaf.reader(), leaf.stage_config()
+    found = run_reads(specs, readers, configs, remote_args, by_source)
+    first, first_source = blend_leaves[0], sources[0]
+    seed = _pass_seed(first.plan().streams[worker].config, by_source[keys[0][2]].plan().streams[worker].config, keys[0][5])
+    group = [(int(k[4]), 0, found[(k[2], worker, int(k[4]), 0)]) for k in keys]
+    table = SeamTasks(first.stage_config(), first_source, remote_args).submit(worker, seed, [(len(group), group)])()
+    items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
+    if len(items) != 1:
+        raise StateError(f"restore_sample: the batch hooks made {len(items)} batches from the {len(group)} samples, not one")
+    return items[0]
+
+
+def _pass_seed(first: Any, keyed: Any, key_seed: int, passes: int = 4096) -> int:
+    """The first leaf's hook seed in the pass whose hook seed the keyed leaf's stream had."""
+    for epoch in range(passes):
+        if dataclasses.replace(keyed, first_epoch=epoch).hook_seed == key_seed:
+            return dataclasses.replace(first, first_epoch=epoch).hook_seed
+    raise StateError(f"restore_sample: hook seed {key_seed} is no pass's of worker stream {keyed.worker} (another seed or dataset?)")

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import RoundRobin
-from energon_ray.loader.restore import rebuild_batch, restore_streams
+from energon_ray.loader.restore import rebuild_batch, rebuild_blended_batch, restore_streams
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
 
 
@@ -149,12 +149,18 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     """The batch (or sample) whose ``__restore_key__`` this is, made again exactly.
 
     Raises:
-        StateError: an unusable key, samples of several datasets or worker streams, a packing dataset or
-            a train metadataset's sample blend.
+        StateError: an unusable key, samples of several datasets (outside a train metadataset's
+            sample blend) or worker streams, or a packing dataset.
     """
     keys = sample_keys(restore_key)
     if not keys:
         raise StateError(f"restore key {restore_key!r} names no sample")
+    leaves = dataset.leaves()
+    named = {k[2] for k in keys}
+    if not all(0 <= source < len(leaves) for source in named):
+        raise StateError(f"restore key names dataset(s) {sorted(named)}, this loader has {len(leaves)}")
+    if any(leaves[source].options.blend_samples for source in named):
+        return _rebuild_blended(dataset, leaves, keys, remote_args)
     origins = {(k[2], k[3], k[5]) for k in keys}
     if len(origins) != 1:
         raise StateError(
@@ -162,12 +168,29 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
             f"(dataset, worker, seed) {sorted(origins)}"
         )
     source, worker, seed = origins.pop()
-    leaves = dataset.leaves()
-    if not 0 <= source < len(leaves):
-        raise StateError(f"restore key names dataset {source}, this loader has {len(leaves)}")
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
         raise StateError(f"restore_sample cannot rebuild packed batches ({leaf!r} packs samples)")
-    if leaf.options.blend_samples:
-        raise StateError(f"restore_sample cannot rebuild the batches of a train metadataset's sample blend ({leaf!r})")
     return rebuild_batch(leaf, source, worker, seed, keys, remote_args)
+
+
+def _rebuild_blended(dataset: Composition, leaves: List[Any], keys: List[tuple], remote_args: Optional[dict]) -> Any:
+    """A batch of a train metadataset's sample blend (samples of several datasets, one worker)."""
+    from energon_ray.blend.sample_blend import SampleBlendDataset
+
+    workers = {k[3] for k in keys}
+    if len(workers) != 1:
+        raise StateError(f"restore_sample rebuilds a batch of one worker stream; this key holds samples of workers {sorted(workers)}")
+    blends, stack = [], [dataset]
+    while stack:  # the sample blend holding these datasets
+        node = stack.pop()
+        if isinstance(node, SampleBlendDataset):
+            blends.append(node)
+        stack.extend(c for c in [*getattr(node, "datasets", ()), getattr(node, "dataset", None)] if isinstance(c, Composition))
+    named = {id(leaves[k[2]]) for k in keys}
+    for blend in blends:
+        mine = blend.leaves()
+        if named <= {id(leaf) for leaf in mine}:
+            index = {id(leaf): i for i, leaf in enumerate(leaves)}
+            return rebuild_blended_batch(mine, [index[id(leaf)] for leaf in mine], keys, remote_args)
+    raise StateError(f"restore key names datasets {sorted({k[2] for k in keys})}, which no sample blend of this loader holds together")

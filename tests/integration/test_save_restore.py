@@ -205,7 +205,8 @@ def test_blend_and_mix_restore_with_small_states(roots):
 
 def test_train_metadataset_sample_blend_restores_exactly(roots, tmp_path):
     """A train metadataset with ``blend_samples=True`` blends samples before batching: restores inside a Ray-made group of
-    batches and across groups give the same batches (keys, texts drawn in the hooks, batch RNG)."""
+    batches and across groups give the same batches (keys, texts drawn in the hooks, batch RNG); restore_sample rebuilds
+    mixed batches exactly (each sample at its dataset's position and seed, batched with the blend's seed)."""
     (tmp_path / "train.yaml").write_text(
         "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
         f"      - {{weight: 2, path: {roots['a']}}}\n      - {{weight: 1, path: {roots['b']}}}\n"
@@ -217,11 +218,27 @@ def test_train_metadataset_sample_blend_restores_exactly(roots, tmp_path):
 
     items = round_trip(blend, [1, 2, 5, 8, 13], count=16)
     assert any(len({key[0] for key in item[0]}) == 2 for item in items)  # batches mix the datasets
-    loader = er.get_savable_loader(blend())
-    next(iter(loader))
-    assert not loader.can_restore_sample()
-    with pytest.raises(er.StateError, match="sample blend"):  # never a batch rebuilt with other seeds or order
-        loader.restore_sample(("Webdataset", 4, 0, 1, 2, 0))
+
+    class KeyedBatches(Keyed):  # samples augmented in encode_sample, batches drawing the hooks' RNG
+        def batch(self, samples):
+            out = super().batch(samples)
+            out.text = [f"{t}|{random.random():.6f}" for t in out.text]
+            return out
+
+    loader = er.get_savable_loader(
+        er.get_train_dataset(tmp_path / "train.yaml", batch_size=3, shuffle_buffer_size=4, worker_config=WC,
+                             task_encoder=KeyedBatches(), samples_per_segment=6, blend_samples=True)
+    )  # fmt: skip
+    it = iter(loader)
+    batches = [next(it) for _ in range(9)]
+    assert loader.can_restore_sample()
+    mixed = [b for b in batches if len({k[0] for k in b.__key__}) == 2]
+    assert mixed, "no batch mixes the datasets"
+    for batch in [batches[0], batches[4], batches[8], mixed[-1]]:
+        again = loader.restore_sample(batch.__restore_key__)
+        assert list(again.__key__) == list(batch.__key__) and list(again.text) == list(batch.text)
+    with pytest.raises(er.StateError, match="one worker stream"):
+        loader.restore_sample(tuple(batches[0].__restore_key__[:1]) + tuple(batches[1].__restore_key__[:1]))
     loader.close()
 
 
