@@ -89,11 +89,7 @@ class _GroupWrapper(_Wrapper):
                     return EXHAUSTED
                 out = make(worker, group)
                 pending[worker] = list(reversed(out[node.take_discard(worker) :]))
-            node.gave(worker)
-            item = pending[worker].pop()
-            if not pending[worker]:
-                node.end(worker)
-            return item
+            return node.give(worker, pending[worker])
 
         return next_item
 

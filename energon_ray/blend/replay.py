@@ -60,6 +60,14 @@ class GroupNode(Node):
     def gave(self, worker: int) -> None:
         self.taken[worker] += 1
 
+    def give(self, worker: int, pending: List[Any]) -> Any:
+        """The next of the group's outputs (``pending`` holds them reversed); the group ends with its last."""
+        self.gave(worker)
+        item = pending.pop()
+        if not pending:
+            self.end(worker)
+        return item
+
     def take_discard(self, worker: int) -> int:
         """Outputs to drop from the first group after a restore (then 0)."""
         drop, self.discard[worker] = self.discard[worker], 0

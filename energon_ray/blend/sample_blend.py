@@ -90,11 +90,7 @@ class SampleBlendDataset(PooledBlendDataset):
                 made = wait()
                 node.begin(worker, before)
                 given[worker] = list(reversed(made[node.take_discard(worker) :]))
-            node.gave(worker)
-            item = given[worker].pop()
-            if not given[worker]:
-                node.end(worker)
-            return item
+            return node.give(worker, given[worker])
 
         return next_item
 

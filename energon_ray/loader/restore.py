@@ -118,26 +118,13 @@ def rebuild_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tup
     """One batch made again from its samples' restore keys ``("Webdataset", index, leaf, worker,
     position, hook seed)``: the samples are re-read and encoded at their positions and batched by
     the seam-batch task, with the hook seeds they had."""
-    from energon_ray.pipeline.build import SeamTasks
-
-    ordered = sorted(keys, key=lambda k: k[4])
-    positions = np.array([k[4] for k in ordered], dtype=np.int64)
-    stream = leaf.plan().streams[worker].config
-    spec = SegmentSpec(
-        worker=worker, global_worker=stream.global_worker, seed=seed, index=-1, start=int(positions[0]),
-        samples=np.array([k[1] for k in ordered], dtype=np.int64), last=False, source=source, positions=positions,
-        keep=tuple((int(p), 0) for p in positions),
-    )  # fmt: skip
+    spec = _reread_spec(leaf, source, worker, seed, keys, index=-1)
     config = leaf.stage_config()
     found = run_reads([spec], {source: leaf.reader()}, {source: config}, remote_args, {source: leaf})
-    group = [(int(p), 0, found[(source, worker, int(p), 0)]) for p in positions]
+    group = [(int(p), 0, found[(source, worker, int(p), 0)]) for p in spec.positions]
     if leaf.options.batch_size is None:
         return serde.loads(group[0][2])
-    table = SeamTasks(config, source, remote_args).submit(worker, seed, [(len(group), group)])()
-    items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
-    if len(items) != 1:
-        raise StateError(f"restore_sample: the batch hooks made {len(items)} batches from the {len(group)} samples, not one")
-    return items[0]
+    return _batch_once(config, source, worker, seed, group, remote_args)
 
 
 def rebuild_blended_batch(blend_leaves: List[Any], sources: List[int], keys: List[tuple], remote_args=None) -> Any:
@@ -147,27 +134,38 @@ def rebuild_blended_batch(blend_leaves: List[Any], sources: List[int], keys: Lis
 
     ``blend_leaves``: the blend's leaves; ``sources``: their indices among the loader's leaves.
     """
-    from energon_ray.pipeline.build import SeamTasks
-
     by_source = dict(zip(sources, blend_leaves))
     worker = keys[0][3]
     specs, readers, configs = [], {}, {}
     for source in sorted({k[2] for k in keys}):
         leaf = by_source[source]
-        mine = sorted({(k[4], k[1], k[5]) for k in keys if k[2] == source})
-        positions = np.array([p for p, _, _ in mine], dtype=np.int64)
-        stream = leaf.plan().streams[worker].config
-        specs.append(SegmentSpec(
-            worker=worker, global_worker=stream.global_worker, seed=mine[0][2], index=-1 - len(specs), start=int(positions[0]),
-            samples=np.array([i for _, i, _ in mine], dtype=np.int64), last=False, source=source, positions=positions,
-            keep=tuple((int(p), 0) for p in positions),
-        ))  # fmt: skip
+        mine = list({k[4]: k for k in keys if k[2] == source}.values())  # each position read once
+        specs.append(_reread_spec(leaf, source, worker, mine[0][5], mine, index=-1 - len(specs)))
         readers[source], configs[source] = leaf.reader(), leaf.stage_config()
     found = run_reads(specs, readers, configs, remote_args, by_source)
     first, first_source = blend_leaves[0], sources[0]
     seed = _pass_seed(first.plan().streams[worker].config, by_source[keys[0][2]].plan().streams[worker].config, keys[0][5])
     group = [(int(k[4]), 0, found[(k[2], worker, int(k[4]), 0)]) for k in keys]
-    table = SeamTasks(first.stage_config(), first_source, remote_args).submit(worker, seed, [(len(group), group)])()
+    return _batch_once(first.stage_config(), first_source, worker, seed, group, remote_args)
+
+
+def _reread_spec(leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], index: int) -> SegmentSpec:
+    """A restore segment that re-reads the samples the keys name (of one leaf and worker), by position."""
+    ordered = sorted(((k[4], k[1]) for k in keys), key=lambda pair: pair[0])
+    positions = np.array([p for p, _ in ordered], dtype=np.int64)
+    stream = leaf.plan().streams[worker].config
+    return SegmentSpec(
+        worker=worker, global_worker=stream.global_worker, seed=seed, index=index, start=int(positions[0]),
+        samples=np.array([i for _, i in ordered], dtype=np.int64), last=False, source=source, positions=positions,
+        keep=tuple((int(p), 0) for p in positions),
+    )  # fmt: skip
+
+
+def _batch_once(config: Any, source: int, worker: int, seed: int, group: List[Tuple[int, int, Any]], remote_args) -> Any:
+    """The one batch the seam-batch task makes of ``group``."""
+    from energon_ray.pipeline.build import SeamTasks
+
+    table = SeamTasks(config, source, remote_args).submit(worker, seed, [(len(group), group)])()
     items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
     if len(items) != 1:
         raise StateError(f"restore_sample: the batch hooks made {len(items)} batches from the {len(group)} samples, not one")
