@@ -67,9 +67,14 @@ def record(path: str, batches: int = 12) -> dict:
         batch = next(it)
         out["keys"].append(list(batch.__key__))
         out["sums"].append(round(float(batch.image.double().sum()), 6))
-    for _ in range(120):  # where segments run (read on, so a slow-starting node gets its share)
-        if len(loader.stats.segments_per_node) >= 2:
-            break
+    # Where segments run: read on until both nodes ran some. Bounded in time, not in batches: on a
+    # loaded 2-core machine the worker node's first worker can take many seconds to start while the
+    # head's warm worker streams hundreds of batches of these 40 samples.
+    import ray
+
+    nodes = len([n for n in ray.nodes() if n["Alive"]])
+    deadline = time.monotonic() + 180
+    while len(loader.stats.segments_per_node) < nodes and time.monotonic() < deadline:
         next(it)
     out["nodes"] = len(loader.stats.segments_per_node)
     loader.close()
