@@ -254,8 +254,8 @@ def traverse_metadataset(path: Any, *, split_part: str, **kwargs: Any) -> List[T
 
 
 def prepare_metadataset(path: Any) -> None:
-    """Energon builds the auxiliary-data caches of a metadataset here. energon_ray reads no auxiliary
-    data, so it loads and validates the metadataset (every split, every referenced path) and writes nothing.
+    """Energon writes the join index of each ``join`` node here. energon_ray joins by key without
+    one, so it loads and validates the metadataset (every split, every referenced path) and writes nothing.
 
     Raises:
         DatasetConfigError: as :func:`load_dataset`.

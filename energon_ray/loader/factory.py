@@ -69,14 +69,19 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
         flat = parse_metadataset_file(path, split_part, ctx=ctx)
     wc = common["worker_config"]
     # Energon blends a train metadataset's samples and then batches them. Opt-in here (blend_samples=True:
-    # the leaves hand out samples, Ray tasks batch the drawn groups; 0.4x the throughput of whole
-    # per-source batches so far, see benchmarks/bench_sample_blend.py); never where samples are packed
-    # or grouped into batches in the leaves' Ray tasks
+    # the leaves hand out samples, Ray actors batch the drawn groups; as fast as whole per-source
+    # batches once running, a slower start, see benchmarks/bench_sample_blend.py); refused where
+    # samples are packed or grouped into batches in the leaves' Ray tasks
     te = common["task_encoder"]
-    blend_samples = (
-        options.blend_samples and options.training and len(flat.leaves) > 1 and options.batch_size is not None and not options.packing_buffer_size
-        and not is_overridden(te, "batch_group_criterion")
-    )  # fmt: skip
+    blend_samples = options.blend_samples and options.training and len(flat.leaves) > 1 and options.batch_size is not None
+    if blend_samples and (options.packing_buffer_size or is_overridden(te, "batch_group_criterion")):
+        # Energon would blend, then pack or group; here those run in the leaves' Ray tasks, before
+        # any blending: whole per-dataset batches would silently be something else than asked for
+        what = "packing_buffer_size" if options.packing_buffer_size else f"{type(te).__name__}.batch_group_criterion"
+        raise ValueError(
+            f"{path}: blend_samples=True cannot be combined with {what}: packing and grouping run in each "
+            "dataset's Ray tasks, before blending (leave blend_samples off for whole per-dataset batches)"
+        )
     global_workers = max(1, wc.num_workers) * wc.world_size
     leaves: List[EnergonDataset] = []
     offset = 0
@@ -267,7 +272,8 @@ def get_train_dataset(
         **kwargs: ``split_config``, ``dataset_config``, ``subflavors``, ``parallel_shard_iters``,
             ``samples_per_segment`` (samples one Ray task processes, rounded up to whole batches;
             default 64 — lower it for large media), ``blend_samples`` (a metadataset: blend samples,
-            then batch them in Ray tasks, as Energon does, so batches mix datasets; default: each
+            then batch them in Ray actors, as Energon does, so batches mix datasets; not with
+            ``packing_buffer_size`` or ``batch_group_criterion``: ``ValueError``; default: each
             batch is one dataset's, drawn by weight), and the deprecated decoder arguments
             (``image_decode``, ``auto_decode``, …).
 
