@@ -9,7 +9,6 @@ the exit code is 1 when anything is bad.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import os
 import sys
@@ -22,6 +21,7 @@ from tqdm import tqdm
 
 from energon_ray.cli.local_read import ALL_PARTS, LocalDataset, LocalShard, Problem, SampleChecker, ShardSamples, open_local
 from energon_ray.cli.prepare import user_errors
+from energon_ray.format.pool import process_pool
 from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import DatasetConfigError, IndexMismatchError, ShardReadError, resolve_trust
 from energon_ray.format.tar_index import check_tar_index, index_path, read_tar_index
@@ -176,13 +176,14 @@ def _results(dataset: LocalDataset, decoder: SampleDecoder, runs: List[Run], job
     """Each run's problems, in run order (in this process, or in a pool of ``jobs`` processes)."""
     if jobs <= 1 or len(runs) <= 1:
         checker = SampleChecker(dataset.spec, decoder)
-        yield from (check_run(dataset, checker, run) for run in runs)
-        return
-    # The platform's start method, as `prepare --num-workers`: with fork the workers start at once, and
-    # this process has decoded nothing (no torch thread pool to inherit).
-    with concurrent.futures.ProcessPoolExecutor(
-        max_workers=min(jobs, len(runs)), initializer=_init_worker, initargs=(dataset, decoder)
-    ) as pool:
+        return (check_run(dataset, checker, run) for run in runs)
+    # made now, before the progress bar starts its monitor thread: as `prepare --num-workers`, the
+    # workers are forked (they start at once) unless this process runs other threads
+    return _pooled(process_pool(min(jobs, len(runs)), initializer=_init_worker, initargs=(dataset, decoder)), runs)
+
+
+def _pooled(pool, runs: List[Run]) -> Iterator[List[Problem]]:
+    with pool:
         try:
             yield from pool.map(_check_in_worker, runs)
         finally:

@@ -6,7 +6,6 @@ header, and the index ends with the end offset of the last member (Energon's for
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import os
 import re
@@ -22,6 +21,7 @@ from tqdm import tqdm
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.info import check_write_target, meta_dir, write_file
+from energon_ray.format.pool import process_pool
 from energon_ray.format.tar_index import write_tar_index
 from energon_ray.format.tar_reader import SKIP_META_RE, TAR_ENCODING, non_utf8_name, split_member_name
 from energon_ray.storage import RemoteFile, RemotePath, as_path
@@ -158,8 +158,8 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
 
 def _index_shards(root: Path, names: List[str], num_workers: int, progress: bool) -> Iterator[ShardIndex]:
     workers = min(num_workers, len(names))
+    pool = process_pool(workers) if workers > 1 else None  # before the bar (its monitor is a thread)
     bar = tqdm(total=len(names), desc="Indexing shards", unit="shard", disable=not progress)
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
     samples = 0
     try:
         for shard in (pool.map if pool else map)(index_shard, [root] * len(names), names):

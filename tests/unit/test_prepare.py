@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 import sqlite3
 import tarfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from energon_ray.cli.main import main
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_yaml import read_dataset_spec
+from energon_ray.format.pool import process_pool
 from energon_ray.format.prepare import collapse_names, prepare_dataset, split_by_ratio
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.format.tar_reader import ShardReader, parse_sample
@@ -330,6 +333,50 @@ def test_parallel_indexing_writes_the_same_files(tmp_path):
     rows = [sqlite3.connect(tmp_path / n / ".nv-meta/index.sqlite").execute("SELECT * FROM samples").fetchall()
             for n in ("one", "two")]  # fmt: skip
     assert rows[0] == rows[1]
+
+
+#: held by a thread of the test process while a pool starts (see below)
+_HELD = threading.Lock()
+
+
+def _held_lock_free() -> tuple:
+    """In a pool worker: its pid and whether it can take ``_HELD`` (a forked child inherits it held)."""
+    got = _HELD.acquire(timeout=20)
+    if got:
+        _HELD.release()
+    return os.getpid(), got
+
+
+def test_worker_pools_are_not_forked_while_other_threads_run(tmp_path):
+    """A lock another thread holds at a fork stays held in the forked child for good: a process that
+    started Ray or ran torch, then prepares a dataset with workers, could hang. With a thread holding
+    a lock, the pool's workers still take it (they are not forked from this process), and
+    prepare_dataset with 2 workers writes what 1 worker writes."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold():
+        with _HELD:
+            taken.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    taken.wait()
+    try:
+        pool = process_pool(2)
+        try:
+            pid, got = pool.submit(_held_lock_free).result(timeout=120)
+        finally:
+            pool.shutdown()
+        assert pid != os.getpid() and got, "a pool worker inherited a lock held by another thread (forked)"
+        for name, workers in (("one", 1), ("two", 2)):
+            make_dataset(tmp_path / name, num=9, per_shard=2)
+            prepare_dataset(tmp_path / name, split_ratio=[8, 1, 1], num_workers=workers, **CAPTIONING)
+        for file in ("shards/shard_0003.tar.idx", ".nv-meta/.info.json", ".nv-meta/split.yaml"):
+            assert (tmp_path / "one" / file).read_bytes() == (tmp_path / "two" / file).read_bytes()
+    finally:
+        release.set()
+        holder.join()
 
 
 def test_collapse_names_only_joins_consecutive_equal_width_numbers():
