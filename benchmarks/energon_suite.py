@@ -91,25 +91,12 @@ def public_only_tests(tests: Path) -> Set[str]:
     return found
 
 
-def _write_forkserver_plugin(folder: Path) -> str:
-    """A pytest plugin (in ``folder``, on the run's path) that makes ``forkserver`` the default start
-    method: the suite's set-up prepares data with Energon's own ``prepare_dataset``, whose worker
-    processes are forked; once a test of energon_ray has started Ray in the pytest process, a forked
-    child can inherit a lock one of Ray's threads held and hang (seen in test_metadataset_v2's
-    ``setUp``). Both runs use it, so both libraries see the same start method."""
-    (folder / "_suite_forkserver.py").write_text(
-        "import multiprocessing\n\n\ndef pytest_configure(config):\n"
-        "    multiprocessing.set_start_method('forkserver', force=True)\n"
-    )
-    return "_suite_forkserver"
-
-
 def run_pytest(tests: Path, junit: Path, extra: List[str], timeout: int, only: Set[str] = frozenset()) -> Dict[str, Tuple[str, str]]:
     """``id -> (outcome, first line of the message)`` of one pytest run in a fresh process."""
     paths = [str(tests.parent), *EXTRA_PATHS, os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=os.pathsep.join(p for p in paths if p))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors", "--rootdir", str(tests.parent),
-           f"--junitxml={junit}", "-o", "faulthandler_timeout=" + str(timeout), "-p", _write_forkserver_plugin(tests.parent), *extra]
+           f"--junitxml={junit}", "-o", "faulthandler_timeout=" + str(timeout), *extra]
     # ``only``: the modules that hold them (a test id in a module that fails to import, e.g. without
     # torchvision, would make pytest refuse the whole command line); results are filtered below
     cmd += sorted({f"{tests}/{t.split('::')[0]}.py" for t in only}) if only else [str(tests)]
