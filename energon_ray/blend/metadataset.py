@@ -46,7 +46,7 @@ class LeafSpec:
     shuffle_over_epochs: Optional[int] = 1
     dataset_config: Optional[str] = None
     split_config: Optional[str] = None
-    #: ``aux:`` references, resolved to paths (recorded for traversal; aux data is not read).
+    #: ``aux:`` references, resolved to paths (the cookers' file stores, see ``energon_ray.cache.aux``).
     aux: Dict[str, Any] = dataclasses.field(default_factory=dict)
     #: a ``join:`` node (:class:`energon_ray.blend.join.JoinSpec`; ``path`` is then its primary's).
     join: Optional[Any] = None

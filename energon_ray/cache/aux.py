@@ -3,7 +3,8 @@ named file stores for the cook functions.
 
 A folder holding ``.nv-meta/.info.json`` (or ``.info.yaml``) is read as a prepared dataset (files by
 ``"<key>.<part>"``); any other folder (``filesystem://…``; its ``.nv-meta/index.sqlite`` may hold
-media metadata from ``prepare-media``) by relative file path.
+media metadata from ``prepare-media``) by relative file path. Either may be local or on an object
+store (``s3://``, ``msc://``, ``filesystem+s3://``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from energon_ray.cache.base import FileStore
 from energon_ray.cache.stores import DatasetFileStore, SystemFileStore
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.info import INFO_JSON, INFO_YAML, META_DIR
+from energon_ray.storage import RemotePath, StorageError, as_path
 
 #: keyword arguments the loader adds itself
 RESERVED = ("cache", "primary")
@@ -28,8 +30,8 @@ def aux_stores(refs: Mapping[str, Any], where: str) -> Dict[str, FileStore]:
         where: ``"file: splits.train"`` for messages.
 
     Raises:
-        DatasetConfigError: a reserved or non-identifier name, a path that does not exist, or a
-            remote path (not supported for aux yet).
+        DatasetConfigError: a reserved or non-identifier name, a path that does not exist, or an
+            object store that cannot be reached.
     """
     out: Dict[str, FileStore] = {}
     for name, ref in (refs or {}).items():
@@ -41,13 +43,16 @@ def aux_stores(refs: Mapping[str, Any], where: str) -> Dict[str, FileStore]:
         if isinstance(ref, FileStore):
             out[name] = ref
             continue
-        if not isinstance(ref, (str, Path)) or "://" in str(ref):
-            raise DatasetConfigError(f"{where}: aux.{name}: remote aux {str(ref)!r} is not supported yet; use a local dataset or folder")
-        path = Path(ref)
-        if any((path / META_DIR / info).is_file() for info in (INFO_JSON, INFO_YAML)):
-            out[name] = DatasetFileStore(path)
-        elif path.is_dir():
-            out[name] = SystemFileStore(path)
-        else:
-            raise DatasetConfigError(f"{where}: aux.{name}: {path} is neither a prepared dataset nor a folder")
+        if not isinstance(ref, (str, Path, RemotePath)):
+            raise DatasetConfigError(f"{where}: aux.{name}: expected a path, URL or FileStore, got {type(ref).__name__}")
+        path = as_path(ref)
+        try:
+            if any((path / META_DIR / info).is_file() for info in (INFO_JSON, INFO_YAML)):
+                out[name] = DatasetFileStore(path)
+            elif path.is_dir():
+                out[name] = SystemFileStore(path)
+            else:
+                raise DatasetConfigError(f"{where}: aux.{name}: {path} is neither a prepared dataset nor a folder")
+        except StorageError as exc:
+            raise DatasetConfigError(f"{where}: aux.{name}: cannot reach {path}: {exc}") from None
     return out

@@ -23,13 +23,14 @@ class AuxConfig:
 
     Args:
         aux: name → store, from the metadataset's ``aux:``.
-        primary_path: the dataset's own folder (for ``need_primary`` cookers).
+        primary_path: the dataset's own folder (for ``need_primary`` cookers; a remote one carries the
+            settings it was opened with).
         decoder: the dataset's decoder (``None``: aux files come as bytes).
         cache_pool: from ``get_loader(cache_pool=…)``.
     """
 
     aux: Dict[str, FileStore] = dataclasses.field(default_factory=dict)
-    primary_path: Optional[str] = None
+    primary_path: Any = None
     decoder: Any = None
     cache_pool: Optional[CachePool] = None
 

@@ -2,6 +2,8 @@
 (``DatasetFileStore``, via its ``.nv-meta/index.sqlite``) and ``DecodeFileStore`` (decodes on read).
 
 Stores pickle as their path; files and the index open again, lazily, in whatever process reads.
+Both kinds also live on object stores (``s3://``, ``msc://``): files are then read with one request
+each (a ranged one for a dataset member), and ``index.sqlite`` is copied once per node.
 """
 
 from __future__ import annotations
@@ -18,6 +20,16 @@ from energon_ray.decode.media_metadata import MediaMetadataBase, deserialize_med
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.indexer import open_index_readonly
 from energon_ray.samples.base import SourceInfo
+from energon_ray.storage import ObjectNotFoundError, RemotePath, as_path, is_remote
+from energon_ray.storage.cache import local_file_copy
+
+PathLike = Union[str, os.PathLike, RemotePath]
+
+
+def _open_index(file: Union[Path, RemotePath]) -> sqlite3.Connection:
+    """A read-only connection to an ``index.sqlite``, local or remote (then from the node's copy)."""
+    local = Path(local_file_copy(file)) if isinstance(file, RemotePath) else file
+    return open_index_readonly(local, any_thread=True)
 
 
 def _media_metadata(db: sqlite3.Connection, where: Path, key: str) -> MediaMetadataBase:
@@ -40,7 +52,8 @@ class SystemFileStore(FileStore[bytes]):
     """Files of a folder, read as bytes (``filesystem://`` entries of a metadataset's ``aux``).
 
     Args:
-        base_dir: the folder names are relative to; ``None``: names must be absolute paths.
+        base_dir: the folder names are relative to (a local path or an ``s3://``/``msc://`` prefix);
+            ``None``: names must be absolute paths or URLs.
 
     Raises (on read):
         KeyError: no such file, or a name that leads outside ``base_dir`` (``..``, absolute paths).
@@ -52,14 +65,31 @@ class SystemFileStore(FileStore[bytes]):
         b'hi'
     """
 
-    def __init__(self, base_dir: Optional[Union[str, os.PathLike]] = None):
-        self.base_dir = None if base_dir is None else Path(base_dir)
+    def __init__(self, base_dir: Optional[PathLike] = None):
+        self.base_dir = None if base_dir is None else as_path(base_dir)
+        self._index_copy: Optional[Path] = None
 
-    def _resolve(self, key: str) -> Path:
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"base_dir": self.base_dir}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["base_dir"])  # type: ignore[misc]
+
+    def _resolve(self, key: str) -> Union[Path, RemotePath]:
         if self.base_dir is None:
-            path = Path(key)
+            path = as_path(key)
             if not path.is_absolute():
-                raise KeyError(f"SystemFileStore without base_dir needs absolute paths, got {key!r}")
+                raise KeyError(f"SystemFileStore without base_dir needs absolute paths or URLs, got {key!r}")
+            return path
+        if isinstance(self.base_dir, RemotePath):
+            if key.startswith("/") or is_remote(key):
+                raise KeyError(f"{self.base_dir}: file name {key!r} leads outside the folder")
+            try:
+                path = self.base_dir / key
+            except ValueError:  # '..' above the bucket
+                raise KeyError(f"{self.base_dir}: file name {key!r} leads outside the folder") from None
+            if path == self.base_dir or not path.is_relative_to(self.base_dir):
+                raise KeyError(f"{self.base_dir}: file name {key!r} leads outside the folder")
             return path
         base = self.base_dir.resolve()
         path = (base / key).resolve()
@@ -71,7 +101,7 @@ class SystemFileStore(FileStore[bytes]):
         path = self._resolve(key)
         try:
             data = path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, ObjectNotFoundError):
             raise KeyError(f"{self.get_path()}: no file {key!r} ({path})") from None
         except IsADirectoryError:
             raise KeyError(f"{self.get_path()}: {key!r} is a folder, not a file") from None
@@ -90,9 +120,13 @@ class SystemFileStore(FileStore[bytes]):
         """
         if self.base_dir is None:
             raise DatasetConfigError("SystemFileStore without base_dir has no media metadata (it lives in base_dir/.nv-meta)")
-        file = self.base_dir / ".nv-meta" / "index.sqlite"
-        if not file.is_file():
-            raise DatasetConfigError(f"{self.base_dir}: no .nv-meta/index.sqlite; run `energon-ray prepare-media {self.base_dir}`")
+        file = self._index_copy
+        if file is None:
+            file = self.base_dir / ".nv-meta" / "index.sqlite"
+            if not file.is_file():
+                raise DatasetConfigError(f"{self.base_dir}: no .nv-meta/index.sqlite; run `energon-ray prepare-media {self.base_dir}`")
+            if isinstance(file, RemotePath):  # fetched once per node, looked up per process once
+                file = self._index_copy = Path(local_file_copy(file))
         # A connection per call: the store stays a plain picklable object, and opening is cheap.
         with contextlib.closing(open_index_readonly(file)) as db:
             return _media_metadata(db, self.base_dir, key)
@@ -105,18 +139,19 @@ class DatasetFileStore(FileStore[bytes]):
     """The files of a prepared dataset by full entry name ``"<sample key>.<part>"`` (e.g. ``"000042.jpg"``).
 
     Looks the name up in ``.nv-meta/index.sqlite`` (written by ``energon-ray prepare`` and by
-    ``energon prepare``) and reads only that member's bytes from its tar shard.
+    ``energon prepare``) and reads only that member's bytes from its tar shard (on an object store:
+    one ranged request; the index is copied once per node).
 
     Args:
-        path: the dataset folder.
+        path: the dataset folder, local or an ``s3://``/``msc://`` URL.
 
     Raises:
         DatasetConfigError: not a prepared dataset, or no ``index.sqlite`` (on first read).
         KeyError: no sample/part of that name.
     """
 
-    def __init__(self, path: Union[str, os.PathLike]):
-        self.path = Path(path)
+    def __init__(self, path: PathLike):
+        self.path = as_path(path)
         self._local = threading.local()
         self._shards: Optional[List[str]] = None
 
@@ -140,7 +175,7 @@ class DatasetFileStore(FileStore[bytes]):
                     f"{self.path}: no .nv-meta/index.sqlite to look files up by name; run `energon-ray prepare {self.path}`"
                 )
             self._shards = list(read_info(self.path))
-            db = open_index_readonly(file, any_thread=True)
+            db = _open_index(file)
             self._local.db = db
         return db
 
@@ -170,8 +205,11 @@ class DatasetFileStore(FileStore[bytes]):
         if shard_id >= len(self._shards):
             raise DatasetConfigError(f"{self.path}: index.sqlite names shard #{shard_id}, .nv-meta lists {len(self._shards)}")
         shard = self._shards[shard_id]
-        with open(self.path / shard, "rb") as f:
-            data = os.pread(f.fileno(), size, offset)
+        if isinstance(self.path, RemotePath):
+            data = (self.path / shard).read_range(offset, size)
+        else:
+            with open(self.path / shard, "rb") as f:
+                data = os.pread(f.fileno(), size, offset)
         if len(data) != size:
             raise DatasetConfigError(f"{self.path / shard}: truncated: {key!r} wants bytes [{offset}, {offset + size})")
         info = SourceInfo(dataset_path=self.get_path(), index=index, shard_name=shard, file_names=(key,))

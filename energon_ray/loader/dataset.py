@@ -19,6 +19,7 @@ from energon_ray.pipeline.stages import StageConfig
 from energon_ray.plan.sharder import compute_subset, slice_offsets, worker_ranges
 from energon_ray.plan.stream import SegmentPlan, StreamConfig, WorkerStream
 from energon_ray.source.reader import ReadSegment, shard_table
+from energon_ray.storage import as_path
 from energon_ray.errors import DatasetConfigError
 from energon_ray.task_encoder.base import TaskEncoder, is_overridden
 from energon_ray.worker import WorkerConfig
@@ -215,7 +216,7 @@ class EnergonDataset(Composition):
                 error_handler=self.worker_config.global_error_handler,
                 packing_buffer_size=self.options.packing_buffer_size,
                 batch_across_sources=self.options.batch_across_sources or self.options.blend_samples,
-                aux=AuxConfig(self.aux, self.dataset.root, self.decoder, self.cache_pool),
+                aux=AuxConfig(self.aux, as_path(self.dataset.root, self.dataset.storage), self.decoder, self.cache_pool),
             )
         return self._stages
 

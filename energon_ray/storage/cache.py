@@ -117,3 +117,35 @@ class ShardCache:
             except FileNotFoundError:
                 pass
             total -= nbytes
+
+
+#: where ``local_file_copy`` keeps its copies (default ``<tmp>/energon_ray_file_cache``)
+FILE_DIR_ENV = "ENERGON_RAY_FILE_CACHE_DIR"
+#: the byte budget of those copies (least recently used evicted first)
+FILE_CACHE_BYTES = 16 << 30
+
+
+def local_file_copy(path) -> str:
+    """A local file with the bytes of the remote object ``path`` (a ``RemotePath``), for readers that
+    need a real file (sqlite on a dataset's ``index.sqlite``).
+
+    The copy is shared by every process of the node and named by the object's URL, size and ETag, so a
+    changed object is fetched again; downloads go to a temporary name and are renamed. An object
+    larger than the budget is copied into a private temporary file instead.
+
+    Raises:
+        ObjectNotFoundError: no such object.
+    """
+    stat = path.stat()
+    size, etag = stat.st_size, stat.etag
+
+    def download(file) -> None:
+        file.write(path.read_bytes())
+
+    folder = os.environ.get(FILE_DIR_ENV) or os.path.join(tempfile.gettempdir(), "energon_ray_file_cache")
+    local = ShardCache(CacheConfig(directory=folder, max_bytes=FILE_CACHE_BYTES)).local_copy(str(path), size, etag, download)
+    if local is None:
+        handle, local = tempfile.mkstemp(suffix=f".{path.name}")
+        with os.fdopen(handle, "wb") as file:
+            download(file)
+    return local

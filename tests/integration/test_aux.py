@@ -4,6 +4,7 @@ aux folder (a metadataset's ``aux:``), through a ``FileStoreCachePool`` shared b
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import yaml
 from PIL import Image
 
 import energon_ray as er
+from energon_ray.format.media_index import MediaFilter, write_folder_media_metadata
 from energon_ray.format.prepare import prepare_dataset
 from energon_ray.synthetic import write_shards
 
@@ -25,23 +27,29 @@ def _png(width: int, height: int, seed: int) -> bytes:
     return out.getvalue()
 
 
-@pytest.fixture(scope="module")
-def aux_mds(tmp_path_factory):
-    """main (crude: txt names an image), imgs (prepared: img_K.png of K+8 x K+4), pics/pic_K.png (K+5 x K+3)."""
-    root = tmp_path_factory.mktemp("aux")
+def write_aux_tree(root) -> "Path":
+    """main (crude: txt names an image), imgs (prepared: img_K.png of K+8 x K+4), pics/pic_K.png
+    (K+5 x K+3), both with media metadata, and aux.yaml naming them (relative paths); returns aux.yaml."""
     write_shards(root / "main" / "shards", [(f"s{i:03d}", {"txt": f"{i % 4}".encode()}) for i in range(N)], 5)
     prepare_dataset(root / "main", split_ratio=(1, 0, 0), sample_type="CrudeWebdataset", progress=False)
     write_shards(root / "imgs" / "shards", [(f"img_{k}", {"png": _png(k + 8, k + 4, k)}) for k in range(4)], 2)
-    prepare_dataset(root / "imgs", split_ratio=(1, 0, 0), sample_type="CrudeWebdataset", progress=False)
+    prepare_dataset(root / "imgs", split_ratio=(1, 0, 0), sample_type="CrudeWebdataset", progress=False,
+                    media_filter=MediaFilter.parse(extension=True))  # fmt: skip
     (root / "pics").mkdir()
     for k in range(4):
         (root / "pics" / f"pic_{k}.png").write_bytes(_png(k + 5, k + 3, 10 + k))
+    write_folder_media_metadata(root / "pics", MediaFilter.parse(extension=True))
     mds = root / "aux.yaml"
     mds.write_text(yaml.safe_dump({
         "__module__": "megatron.energon", "__class__": "MetadatasetV2",
         "splits": {"train": {"path": "main", "aux": {"imgs": "imgs", "pics": "filesystem://pics"}}},
     }))  # fmt: skip
     return mds
+
+
+@pytest.fixture(scope="module")
+def aux_mds(tmp_path_factory):
+    return write_aux_tree(tmp_path_factory.mktemp("aux"))
 
 
 @er.stateless
@@ -62,7 +70,7 @@ class AuxEncoder(er.DefaultTaskEncoder):
     cookers = [er.Cooker(cook_with_aux)]
 
 
-def _run(mds, pool):
+def run_aux(mds, pool):
     ds = er.get_val_dataset(mds, split_part="train", batch_size=None, worker_config=WC, task_encoder=AuxEncoder())
     return {s.__key__: s for s in er.get_loader(ds, cache_pool=pool)}
 
@@ -70,7 +78,7 @@ def _run(mds, pool):
 def test_cooker_fetches_aux_images_through_the_cache_pool(ray_session, aux_mds, tmp_path):
     """Every sample gets its aux dataset image and aux folder image decoded, with exact shapes and sources."""
     pool = er.FileStoreCachePool(parent_cache_dir=tmp_path / "cache", max_cache_size_gbytes=0.01)
-    samples = _run(aux_mds, pool)
+    samples = run_aux(aux_mds, pool)
     assert sorted(samples) == [f"s{i:03d}" for i in range(N)]
     for i in range(N):
         s, k = samples[f"s{i:03d}"], i % 4
@@ -90,7 +98,7 @@ def test_pickle_method_needs_trust(ray_session, aux_mds, tmp_path, monkeypatch):
     with pytest.raises(er.UntrustedCodeError, match=r"method='pickle'.*trust_dataset_code=True"):
         er.FileStoreCachePool(parent_cache_dir=tmp_path / "cache", method="pickle")
     pool = er.FileStoreCachePool(parent_cache_dir=tmp_path / "cache", method="pickle", trust_dataset_code=True)
-    samples = _run(aux_mds, pool)
+    samples = run_aux(aux_mds, pool)
     assert sorted(samples) == [f"s{i:03d}" for i in range(N)]
     assert {tuple(s.image.shape) for s in samples.values()} == {(3, k + 4, k + 8) for k in range(4)}
     assert pool.current_cache_count == 8

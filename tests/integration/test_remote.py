@@ -8,21 +8,26 @@ them is only what the read tasks carry (the settings resolved where the dataset 
 from __future__ import annotations
 
 import itertools
+import pickle
 import re
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 import energon_ray as er
+from energon_ray.cache.stores import DatasetFileStore
 from energon_ray.cli.main import main as cli
 from energon_ray.errors import DatasetConfigError, ShardReadError
 from energon_ray.format.prepare import prepare_dataset
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.synthetic import captioning_samples, write_shards
 from tests.helpers import captioning_dataset, keys_of, prefixed_text_dataset
+from tests.integration.test_aux import N as AUX_N
+from tests.integration.test_aux import run_aux, write_aux_tree
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
 
 WC = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
@@ -215,3 +220,58 @@ def test_shard_cache_serves_later_epochs_from_local_disk(store, tmp_path, monkey
     assert again == first and server.ranged_gets("/cached/") == []
     assert len(list((tmp_path / "cache").glob("*.shard"))) == len(dataset.dataset.shards)
     assert np.all([p.stat().st_size > 0 for p in (tmp_path / "cache").glob("*.shard")])
+
+
+@pytest.fixture(scope="module")
+def aux_tree(store, tmp_path_factory):
+    """test_aux's tree (crude main, prepared imgs, folder pics, aux.yaml) on disk and in the bucket."""
+    root = tmp_path_factory.mktemp("auxtree")
+    yaml_file = write_aux_tree(root)
+    return {"root": root, "yaml": yaml_file, "url": store["server"].upload(root, BUCKET, "auxtree")}
+
+
+def test_remote_file_stores_read_by_name_and_refuse_escapes(store, aux_tree):
+    """A prepared dataset and a folder in the bucket as file stores: the local bytes by name (pickled
+    stores too), media metadata from their index.sqlite, KeyError for missing names and escapes."""
+    root, url = aux_tree["root"], aux_tree["url"]
+    images, pics = DatasetFileStore(f"{url}/imgs"), er.SystemFileStore(f"{url}/pics")
+    for k in range(4):
+        assert images[f"img_{k}.png"][0] == DatasetFileStore(root / "imgs")[f"img_{k}.png"][0]
+        assert pickle.loads(pickle.dumps(pics))[f"pic_{k}.png"][0] == (root / "pics" / f"pic_{k}.png").read_bytes()
+    data, info = pickle.loads(pickle.dumps(images))["img_2.png"]
+    assert (info.dataset_path, info.shard_name, info.file_names) == (f"{url}/imgs", "shards/shard_0001.tar", ("img_2.png",))
+    assert (images.get_media_metadata("img_3.png").width, images.get_media_metadata("img_3.png").height) == (11, 7)
+    assert (pics.get_media_metadata("pic_1.png").width, pics.get_media_metadata("pic_1.png").height) == (6, 4)
+    with pytest.raises(KeyError, match=r"no file 'img_9.png'"):
+        images["img_9.png"]
+    with pytest.raises(KeyError, match=r"sample 'img_1' has no part 'jpg'"):
+        images["img_1.jpg"]
+    with pytest.raises(KeyError, match=r"no file 'pic_9.png'"):
+        pics["pic_9.png"]
+    for escape in ("../imgs/.nv-meta/.info.json", "/pics/pic_1.png", "s3://energon/auxtree/pics/pic_1.png", "."):
+        with pytest.raises(KeyError, match=r"leads outside the folder"):
+            pics[escape]
+
+
+def test_aux_dataset_and_folder_in_the_bucket(store, aux_tree, tmp_path):
+    """A metadataset in the bucket whose aux: names a prepared dataset and a folder beside it (relative
+    paths): the cooker gets what the local tree gives (images, captions, source file names); an aux
+    image of the dataset is read with one ranged GET of exactly its tar member, a folder image whole."""
+    server, root, url = store["server"], aux_tree["root"], aux_tree["url"]
+    want = run_aux(aux_tree["yaml"], er.FileStoreCachePool(parent_cache_dir=tmp_path / "local"))
+    _clear_when_quiet(server)
+    got = run_aux(f"{url}/aux.yaml", er.FileStoreCachePool(parent_cache_dir=tmp_path / "remote"))
+    assert sorted(got) == sorted(want) == [f"s{i:03d}" for i in range(AUX_N)]
+    for key, sample in got.items():
+        assert torch.equal(sample.image, want[key].image) and sample.caption == want[key].caption
+        assert [n for s in sample.__sources__ for n in s.file_names] == [n for s in want[key].__sources__ for n in s.file_names]
+        assert [s.dataset_path for s in sample.__sources__][1:] == [f"{url}/imgs", f"{url}/pics"]
+    members = {DatasetFileStore(root / "imgs")._locate(f"img_{k}.png")[2:4] for k in range(4)}
+    ranges = set()
+    for get in server.ranged_gets("/auxtree/imgs/shards/"):
+        first, last = map(int, re.match(r"bytes=(\d+)-(\d+)", get.range).groups())
+        ranges.add((first, last - first + 1))
+    assert ranges == members
+    with server.app.lock:
+        whole = {r.path.rsplit("/", 1)[-1] for r in server.app.requests if r.method == "GET" and "/auxtree/pics/pic_" in r.path}
+    assert whole == {f"pic_{k}.png" for k in range(4)}
