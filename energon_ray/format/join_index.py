@@ -8,7 +8,6 @@ that key fills ``-1`` (``nonmatch: none``), drops the row (``skip``) or stops wi
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
@@ -19,6 +18,7 @@ from energon_ray.format.indexer import open_index_readonly
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.info import read_info
 from energon_ray.storage import RemotePath, as_path
+from energon_ray.storage.cache import local_file_copy
 
 #: Column value of a secondary that has no sample for the row (``nonmatch: none``).
 MISSING = -1
@@ -38,16 +38,12 @@ def _sample_rows(dataset: PreparedDataset) -> List[Tuple[int, str]]:
     # tar_file_id numbers the shards of .info in order; only this split part's shards count
     shard_of_id = {i: position[name] for i, name in enumerate(info_names) if name in position}
     starts = dataset.shard_starts
-    with tempfile.TemporaryDirectory() as tmp:
-        local = file
-        if isinstance(file, RemotePath):
-            local = Path(tmp) / "index.sqlite"
-            local.write_bytes(file.read_bytes())
-        db = open_index_readonly(Path(local))
-        try:
-            rows = db.execute("SELECT tar_file_id, sample_index, sample_key FROM samples").fetchall()
-        finally:
-            db.close()
+    local = Path(local_file_copy(file)) if isinstance(file, RemotePath) else file  # once per node
+    db = open_index_readonly(local)
+    try:
+        rows = db.execute("SELECT tar_file_id, sample_index, sample_key FROM samples").fetchall()
+    finally:
+        db.close()
     excluded = set(int(i) for i in dataset.excluded_indices()) if dataset.sample_excludes else set()
     out = []
     for tar_id, index, key in rows:
