@@ -3,7 +3,9 @@
 ``assert_round_trip(make, ks)`` runs a reference iterator once, saving its state before item ``k``
 for every ``k`` in ``ks`` (saving must not disturb it); then for each ``k`` a fresh iterator is
 restored from that state (after ``transport``, e.g. a JSON round trip) and must yield exactly the
-reference's items from ``k`` on, and end where it ended.
+reference's items from ``k`` on, and end where it ended. Each restored iterator is also saved again
+after its first item (a restored stage not yet pulled by every worker must save what it was
+restored with), and a third iterator restored from that must yield the rest.
 
 ``SimLeaf`` is a leaf dataset without Ray: each worker stream's segments are made in-process with the
 same row protocol the Ray stages use (items, leftover samples, report), so the driver-side queues,
@@ -53,20 +55,40 @@ def assert_round_trip(
         fresh = make()
         fresh.restore(state)
         rest: List[Any] = []
+        again = None
         while len(rest) < len(items) - k:
             try:
                 rest.append(next(fresh))
             except StopIteration:
                 break
+            if len(rest) == 1:
+                again = transport(fresh.save())
         assert rest == items[k:], f"restored after {k} items: got {rest[:4]}… expected {items[k:k + 4]}…"
         if ended:
-            try:
-                extra = next(fresh)
-            except StopIteration:
-                pass
-            else:
-                raise AssertionError(f"restored after {k} items: an extra item {extra!r} after the reference's end")
+            _assert_ends(fresh, f"restored after {k} items")
+        if again is not None:
+            third = make()
+            third.restore(again)
+            tail: List[Any] = []
+            while len(tail) < len(items) - k - 1:
+                try:
+                    tail.append(next(third))
+                except StopIteration:
+                    break
+            assert tail == items[k + 1 :], (
+                f"restored after {k} items, saved again after 1 more: got {tail[:4]}… expected {items[k + 1:k + 5]}…"
+            )
+            if ended:
+                _assert_ends(third, f"restored after {k} items, saved again after 1 more")
     return items
+
+
+def _assert_ends(it: Any, what: str) -> None:
+    try:
+        extra = next(it)
+    except StopIteration:
+        return
+    raise AssertionError(f"{what}: an extra item {extra!r} after the reference's end")
 
 
 def json_transport(state: Any) -> Any:

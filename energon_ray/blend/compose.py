@@ -535,7 +535,8 @@ class _MapNode(Node):
     def save(self, worker: int) -> Any:
         if self.pending[worker]:
             return {"discard": self.taken[worker]}
-        return {"discard": 0}
+        # restored, its item not pulled again yet: the sub-tree is still at the restored state
+        return {"discard": self.discard[worker]}
 
     def overrides(self, worker: int) -> Optional[Dict[str, Dict[int, Any]]]:
         """The sub-tree's state to save instead of the current one (an expansion is half given)."""

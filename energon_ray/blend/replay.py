@@ -75,7 +75,10 @@ class GroupNode(Node):
         return drop
 
     def save(self, worker: int) -> Any:
-        return {"discard": self.taken[worker] if self.active[worker] else 0, "done": self.done[worker]}
+        # restored but not pulled since: the sub-tree is still at the restored state, whose group
+        # still has to drop what the restore said
+        discard = self.taken[worker] if self.active[worker] else self.discard[worker]
+        return {"discard": discard, "done": self.done[worker]}
 
     def overrides(self, worker: int) -> Optional[Capture]:
         return self.before[worker] if self.active[worker] else None
@@ -122,6 +125,9 @@ class LiveNode(Node):
         self.captures[worker].pop(index, None)
 
     def save(self, worker: int) -> Any:
+        if self.replay[worker] is not None:  # restored, not replayed yet: still the restored state
+            live_restored, pulled_restored = self.replay[worker]
+            return {"live": _runs(live_restored), "pulled": pulled_restored, **self._extra(worker)}
         live = sorted(self.captures[worker])
         base = live[0] if live else 0
         pulled = self.count[worker] - base if live else 0

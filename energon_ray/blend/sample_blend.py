@@ -75,20 +75,21 @@ class SampleBlendDataset(PooledBlendDataset):
             groups = [samples[i : i + size] for i in range(0, full, size)]
             if full < len(samples) and not self.drop_last:
                 groups.append(samples[full:])
-            return before, (batcher(worker, groups) if groups else None), first
+            return before, (batcher(worker, groups) if groups else None), first, groups
 
         def next_item(worker: int) -> Any:
             while not given[worker]:
                 if node.ahead[worker] is None:
                     node.ahead[worker] = start_group(worker)
-                before, wait, first = node.ahead[worker]
+                before, wait, first, groups = node.ahead[worker]
                 if wait is None:  # nothing left to draw
                     return EXHAUSTED
                 # the next group is drawn (and batched) while this one is batched and then given; not
                 # so after a pass's first group (one batch): the first batch waits for no more draws
                 node.ahead[worker] = None if first else start_group(worker)
-                made = wait()
+                made, spans = wait()
                 node.begin(worker, before)
+                node.samples[worker] = _samples_of(groups, spans)
                 given[worker] = list(reversed(made[node.take_discard(worker) :]))
             return node.give(worker, given[worker])
 
@@ -105,17 +106,51 @@ class SampleBlendDataset(PooledBlendDataset):
         return "SampleBlendDataset(" + ", ".join(f"({ds!r}, {w:.3g})" for ds, w in zip(self.datasets, self.weights)) + ")"
 
 
+def _samples_of(groups: List[List[Any]], spans: List[List[int]]) -> List[List[List[int]]]:
+    """Per batch made from ``groups`` (``spans``: its samples' positions): ``[leaf, position]`` of
+    the samples it took, with those of any group before it whose batch failed (skipped samples are
+    consumed too)."""
+    out: List[List[List[int]]] = []
+    g = 0
+    for span in spans:
+        taken: List[List[int]] = []
+        while g < len(groups):
+            group = groups[g]
+            g += 1
+            taken.extend([int(leaf), int(position)] for position, _, _, leaf in group)
+            if [int(p) for p in span] == [int(position) for position, _, _, _ in group]:
+                break
+        out.append(taken)
+    return out
+
+
 class _AheadNode(GroupNode):
     """``GroupNode`` with one group drawn ahead: once the current group is given, the save point is
-    the state before the group drawn ahead (its draws and pool samples are already taken)."""
+    the state before the group drawn ahead (its draws and pool samples are already taken).
+
+    Its saved state also names the samples of the batches already given of the current group
+    (``consumed``: ``[leaf, position]`` pairs): a restore on another world size or worker count
+    counts them as seen (the leaves' states are from before the group)."""
 
     def __init__(self, workers: int):
         super().__init__(None, workers)  # captures come from the provider
-        #: per worker: ``(state before it, wait, whether it is the pass's first)`` of the group drawn
-        #: ahead, or None
-        self.ahead: List[Optional[Tuple[Any, Optional[Callable[[], List[Any]]], bool]]] = [None] * workers
+        #: per worker: ``(state before it, wait, whether it is the pass's first, its batches'
+        #: samples)`` of the group drawn ahead, or None
+        self.ahead: List[Optional[Tuple[Any, Optional[Callable[[], Any]], bool, List[List[Any]]]]] = [None] * workers
         #: per worker: no group drawn yet in this pass, nor restored (the first group is one batch)
         self.fresh = [True] * workers
+        #: per worker: per batch made of the current group, ``[leaf, position]`` of its samples
+        self.samples: List[List[List[List[int]]]] = [[] for _ in range(workers)]
+        #: per worker: ``consumed`` of the state restored, until its group is made again
+        self.restored: List[List[List[int]]] = [[] for _ in range(workers)]
+
+    def save(self, worker: int) -> Any:
+        state = super().save(worker)
+        if self.active[worker] and self.taken[worker]:
+            state["consumed"] = [ref for batch in self.samples[worker][: self.taken[worker]] for ref in batch]
+        elif not self.active[worker] and self.discard[worker] and self.restored[worker]:
+            state["consumed"] = self.restored[worker]  # restored, its group not yet made again
+        return state
 
     def begin(self, worker: int, before: Any = None) -> None:
         self.before[worker] = before
@@ -132,6 +167,7 @@ class _AheadNode(GroupNode):
         super().restore(worker, state)
         self.ahead[worker] = None
         self.fresh[worker] = False
+        self.restored[worker] = [[int(leaf), int(p)] for leaf, p in state.get("consumed", ())]
 
 
 class _GroupBatcher:
@@ -145,9 +181,9 @@ class _GroupBatcher:
         self.chain = FailureChain()
         self._tasks = None
 
-    def __call__(self, worker: int, groups: List[List[Any]]) -> Callable[[], List[Any]]:
-        """Start the task; the returned function waits for its batches (fewer than groups where a
-        batch hook failed or skipped: counted)."""
+    def __call__(self, worker: int, groups: List[List[Any]]) -> Callable[[], Tuple[List[Any], List[List[int]]]]:
+        """Start the task; the returned function waits for its batches and their samples' positions
+        (fewer batches than groups where a batch hook failed or skipped: counted)."""
         first = self.feeds[0]
         if self._tasks is None:
             from energon_ray.pipeline.build import SeamTasks
@@ -159,9 +195,9 @@ class _GroupBatcher:
         wait = self._tasks.submit(worker, seed, [(len(g), [(position, sub, payload) for position, sub, payload, _ in g]) for g in groups])
         return lambda: self._batches(wait, first.pin)
 
-    def _batches(self, wait: Callable[[], Any], pin: bool) -> List[Any]:
+    def _batches(self, wait: Callable[[], Any], pin: bool) -> Tuple[List[Any], List[List[int]]]:
         from energon_ray.loader.feed import seam_items
 
-        made, _ = seam_items(wait, pin, self.stats, self.chain)
+        made, spans = seam_items(wait, pin, self.stats, self.chain)
         self.stats.seam_batches += len(made)
-        return made
+        return made, spans

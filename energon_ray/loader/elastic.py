@@ -54,7 +54,8 @@ def redistribute(dataset: Any, states: Sequence[LoaderState]) -> Tuple[LoaderSta
 
     Raises:
         StateError: states missing or of different loaders, another sample order, or a dataset that
-            packs samples, repeats whole epochs (``blend_epochized``) or batches across datasets.
+            packs samples, repeats whole epochs (``blend_epochized``) or batches across the datasets of
+            a validation metadataset.
     """
     states = _check(dataset, states)
     wc = dataset.worker_config
@@ -100,8 +101,7 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
         why = (
             "packs samples (packs are made per segment of a worker stream)" if o.packing_buffer_size else
             "repeats epochs as a blend_epochized part" if o.repetitions is not None else
-            "batches across the datasets of a validation metadataset" if o.batch_across_sources else
-            "is a dataset of a train metadataset's sample blend" if o.blend_samples else None
+            "batches across the datasets of a validation metadataset" if o.batch_across_sources else None
         )  # fmt: skip
         if why is not None:
             raise StateError(
@@ -151,6 +151,17 @@ def _prefixes(dataset: Any, states: List[LoaderState], wc: WorkerConfig) -> Redi
     return Redistribution(pass_index, next_epoch, prefixes, [s.to_dict() for s in states])
 
 
+def _given_by_nodes(state: LoaderState, leaf: int, worker: int) -> set:
+    """Positions of ``leaf`` that a composition node of ``worker`` gave out after the leaves' saved
+    states (a sample blend's batches already given of the group being given)."""
+    out = set()
+    for per_worker in state.nodes:
+        node = per_worker[worker] if worker < len(per_worker) else None
+        if isinstance(node, dict):
+            out.update(int(p) for ref_leaf, p in node.get("consumed", ()) if int(ref_leaf) == leaf)
+    return out
+
+
 def _rest(stream: Any, state: LoaderState, leaf: int, worker: int) -> Tuple[np.ndarray, int]:
     """Sample indices an old worker stream had not yet given, up to its current epoch's end (in
     stream order), and the epoch that follows."""
@@ -159,7 +170,7 @@ def _rest(stream: Any, state: LoaderState, leaf: int, worker: int) -> Tuple[np.n
         cp = saved.checkpoint
         start = cp.segment * state.segment_lengths[leaf]
         pooled = {int(p) for ref_leaf, p, _ in cp.refs() if ref_leaf == leaf}
-        consumed = set(expand_ranges(saved.positions))
+        consumed = set(expand_ranges(saved.positions)) | _given_by_nodes(state, leaf, worker)
     else:  # a redistributed pass that had not started: nothing read yet
         start, pooled, consumed = 0, set(), set()
     if stream.length is not None:

@@ -102,6 +102,40 @@ def test_one_rank_to_two_ranks_blend_with_grouped_batches(roots):
     assert Counter(seen + rest) == all_keys("a", 45) + all_keys("b", 30)
 
 
+def test_sample_blend_moves_to_another_world_size(roots, tmp_path):
+    """A train metadataset blended sample by sample (blend_samples=True: batches mix the datasets, made
+    in groups by Ray actors), saved by 2 ranks x 2 workers inside a group, restored on 1 rank x 3
+    workers: every sample of both datasets comes exactly once over the old and the new batches."""
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        f"      - {{weight: 2, path: {roots['a']}}}\n      - {{weight: 1, path: {roots['b']}}}\n"
+    )
+
+    def blend(config, batch):
+        return train(mix, config, batch, repeat=False, blend_samples=True)
+
+    old = [er.get_savable_loader(blend(wc(r, 2, 2), 4)) for r in range(2)]
+    # 5 batches per rank, its workers in turn: each worker's first group (one batch), then 2 and 1 of
+    # the next groups' 4 batches
+    before = [take(loader, 5) for loader in old]
+    states = [json.loads(loader.save_state_rank().to_json()) for loader in old]
+    for loader in old:
+        loader.close()
+    seen = flat(before[0] + before[1])
+    assert len(seen) == 40 and any(len({k[0] for k in b.__key__}) == 2 for b in before[0] + before[1])
+    # the batches given of each rank's current group are named in its state (the leaves' states are
+    # from before that group)
+    consumed = [n.get("consumed") for s in states for per_worker in s["nodes"] for n in per_worker if isinstance(n, dict)]
+    assert sorted(len(c) for c in consumed if c) == [4, 4, 8, 8]
+
+    new = er.get_savable_loader(blend(wc(0, 1, 3), 8))
+    new.restore_state_global(states)
+    rest = list(new)
+    assert Counter(seen + flat(rest)) == all_keys("a", 45) + all_keys("b", 30)
+    assert Counter(flat(new)) == all_keys("a", 45) + all_keys("b", 30)  # the next pass: both datasets once
+
+
 def test_a_redistributed_pass_saves_and_restores_exactly(roots, tmp_path):
     """During the redistributed pass a state is as exact as any: a fresh loader restored from it gives
     the same batches; restore_loader_state reads every rank's file of a folder."""
