@@ -53,9 +53,9 @@ def redistribute(dataset: Any, states: Sequence[LoaderState]) -> Tuple[LoaderSta
     """This rank's state and stream prefixes from every rank's state of another configuration.
 
     Raises:
-        StateError: states missing or of different loaders, another sample order, or a dataset that
+        StateError: states missing or of different loaders, another sample order, a dataset that
             packs samples, repeats whole epochs (``blend_epochized``) or batches across the datasets of
-            a validation metadataset.
+            a validation metadataset, or a wrapper that held pulled items when the state was saved.
     """
     states = _check(dataset, states)
     wc = dataset.worker_config
@@ -108,7 +108,28 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
                 f"restoring on another world size or worker count is not supported for {leaf!r}: it {why}; restore "
                 "with the world size and num_workers it was saved with"
             )
+    for s in states:
+        for per_worker in s.nodes:
+            for worker, node in enumerate(per_worker):
+                if _holds_items(node):
+                    raise StateError(
+                        f"restoring on another world size or worker count: rank {s.rank}'s worker stream {worker} was saved "
+                        "while a wrapper held items it had pulled (a ShuffleBufferDataset or GroupBatchDataset buffer, "
+                        "a PackingDataset or generator batcher/map_fn/IterMapDataset half-way through its outputs); "
+                        "which of its samples were given is not in the state. Restore with the world size and "
+                        "num_workers it was saved with"
+                    )
     return states
+
+
+def _holds_items(node: Any) -> bool:
+    """Whether a composition node's saved state replaces its leaves' states by older ones (items it
+    pulled are held, or outputs of a group half given) without naming what it gave since."""
+    if not isinstance(node, dict):
+        return False
+    if node.get("live"):
+        return True
+    return int(node.get("discard", 0) or 0) > 0 and "consumed" not in node
 
 
 def _old_config(wc: WorkerConfig, state: LoaderState) -> WorkerConfig:

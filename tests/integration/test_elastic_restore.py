@@ -208,3 +208,34 @@ def test_what_cannot_move_says_so(roots, tmp_path):
         loader.close()
     with pytest.raises(er.StateError, match="packs samples"):
         packed(wc(0, 1, 1)).restore_state_global(packed_states)
+
+
+def test_wrappers_move_unless_they_hold_items(roots):
+    """A BatchDataset wrapper (nothing held between its groups) moves from 2 ranks x 2 workers to 1 x 3,
+    every sample once; a ShuffleBufferDataset under it holds pulled samples, so its state is refused
+    by name instead of repeating them."""
+
+    def keyed(samples):
+        return [s.__key__ for s in samples]
+
+    def wrapped(config, shuffle):
+        inner = train(roots["b"], config, None, repeat=False)
+        if shuffle:
+            inner = er.ShuffleBufferDataset(inner, size=6, worker_config=config)
+        return er.get_savable_loader(er.BatchDataset(inner, batch_size=4, batcher=keyed, worker_config=config))
+
+    for shuffle in (False, True):
+        old = [wrapped(wc(r, 2, 2), shuffle) for r in range(2)]
+        seen = [key for loader in old for batch in take(loader, 3) for key in batch]
+        states = [loader.save_state_rank() for loader in old]
+        for loader in old:
+            loader.close()
+        new = wrapped(wc(0, 1, 3), shuffle)
+        if shuffle:
+            with pytest.raises(er.StateError, match=r"while a wrapper held items.*ShuffleBufferDataset"):
+                new.restore_state_global(states)
+            new.close()
+            continue
+        new.restore_state_global(states)
+        rest = [key for batch in new for key in batch]
+        assert len(seen) == 24 and Counter(seen + rest) == all_keys("b", 30)
