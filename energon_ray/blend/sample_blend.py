@@ -37,10 +37,14 @@ class SampleBlendDataset(PooledBlendDataset):
         *datasets: ``(leaf, weight)`` pairs of leaves built with ``blend_samples=True``.
         batch_size: samples per batch.
         drop_last: drop each worker's last short batch (a pass of non-repeating leaves).
+        packing_buffer_size: pack the drawn samples before batching (``blend.packed_blend``); a
+            batch is then ``batch_size`` packs.
     """
 
-    def __init__(self, *datasets: Tuple[Composition, float], batch_size: int, drop_last: bool = False):
+    def __init__(self, *datasets: Tuple[Composition, float], batch_size: int, drop_last: bool = False,
+                 packing_buffer_size: Optional[int] = None):  # fmt: skip
         super().__init__(*datasets, batch_size=batch_size, drop_last=drop_last)
+        self.packing_buffer_size = packing_buffer_size
         for ds in self.datasets:
             if not getattr(getattr(ds, "options", None), "blend_samples", False):
                 raise ValueError(f"SampleBlendDataset: {ds!r} was not built to hand out its samples (blend_samples)")
@@ -49,9 +53,13 @@ class SampleBlendDataset(PooledBlendDataset):
         first = len(ctx.nodes)
         draw = super().provider(ctx, pass_index)  # one pooled (position, sub, payload, leaf) per call
         tree = SubTree(ctx, first, ctx.leaf_indices(self))
+        batcher = _GroupBatcher([ctx.feeds[id(leaf)] for leaf in self.leaves()])
+        if self.packing_buffer_size:
+            from energon_ray.blend.packed_blend import packed_provider
+
+            return packed_provider(self, ctx, draw, tree, batcher, BATCHES_PER_GROUP)
         node = _AheadNode(self.num_workers)
         ctx.register(node)
-        batcher = _GroupBatcher([ctx.feeds[id(leaf)] for leaf in self.leaves()])
         size = self.batch_size
         given: List[List[Any]] = [[] for _ in range(self.num_workers)]
 
@@ -109,11 +117,15 @@ class SampleBlendDataset(PooledBlendDataset):
 def _samples_of(groups: List[List[Any]], spans: List[List[int]]) -> List[List[List[int]]]:
     """Per batch made from ``groups`` (``spans``: its samples' positions): ``[leaf, position]`` of
     the samples it took, with those of any group before it whose batch failed (skipped samples are
-    consumed too)."""
+    consumed too). A group's samples count as taken with its last batch (a generator hook can make
+    several; the others carry no positions)."""
     out: List[List[List[int]]] = []
     g = 0
     for span in spans:
         taken: List[List[int]] = []
+        if not span:
+            out.append(taken)
+            continue
         while g < len(groups):
             group = groups[g]
             g += 1
@@ -181,19 +193,31 @@ class _GroupBatcher:
         self.chain = FailureChain()
         self._tasks = None
 
-    def __call__(self, worker: int, groups: List[List[Any]]) -> Callable[[], Tuple[List[Any], List[List[int]]]]:
-        """Start the task; the returned function waits for its batches and their samples' positions
-        (fewer batches than groups where a batch hook failed or skipped: counted)."""
-        first = self.feeds[0]
+    def _seam_tasks(self) -> Any:
         if self._tasks is None:
             from energon_ray.pipeline.build import SeamTasks
 
             # on the warm batching actors (no CPU reserved: the segment tasks hold the CPUs)
+            first = self.feeds[0]
             workers = len(first.plan.streams)
             self._tasks = SeamTasks(first.dataset.stage_config(), first.source, first.multi.ray_remote_args, on_batcher=workers)
-        seed = first.plan.streams[worker].config.hook_seed
-        wait = self._tasks.submit(worker, seed, [(len(g), [(position, sub, payload) for position, sub, payload, _ in g]) for g in groups])
-        return lambda: self._batches(wait, first.pin)
+        return self._tasks
+
+    def _seed(self, worker: int) -> int:
+        return self.feeds[0].plan.streams[worker].config.hook_seed
+
+    def __call__(self, worker: int, groups: List[List[Any]]) -> Callable[[], Tuple[List[Any], List[List[int]]]]:
+        """Start the task; the returned function waits for its batches and their samples' positions
+        (fewer batches than groups where a batch hook failed or skipped: counted)."""
+        groups_out = [(len(g), [(position, sub, payload) for position, sub, payload, _ in g]) for g in groups]
+        wait = self._seam_tasks().submit(worker, self._seed(worker), groups_out)
+        return lambda: self._batches(wait, self.feeds[0].pin)
+
+    def pack(self, worker: int, samples: List[Any], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
+        """Start packing drawn samples: the reference of the packs' table and a function waiting
+        for ``([(position, sub)] of the packs, report)``."""
+        chunk = [(position, sub, payload) for position, sub, payload, _ in samples]
+        return self._seam_tasks().submit_pack(worker, self._seed(worker), chunk, buffer_size)
 
     def _batches(self, wait: Callable[[], Any], pin: bool) -> Tuple[List[Any], List[List[int]]]:
         from energon_ray.loader.feed import seam_items

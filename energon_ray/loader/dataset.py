@@ -214,9 +214,11 @@ class EnergonDataset(Composition):
                 loader=Shipped(loader, "sample loader"),
                 batch_size=self.options.batch_size,
                 error_handler=self.worker_config.global_error_handler,
-                packing_buffer_size=self.options.packing_buffer_size,
+                # a sample blend packs the drawn samples itself (``SampleBlendDataset``)
+                packing_buffer_size=None if self.options.blend_samples else self.options.packing_buffer_size,
                 batch_across_sources=self.options.batch_across_sources or self.options.blend_samples,
                 aux=AuxConfig(self.aux, as_path(self.dataset.root, self.dataset.storage), self.decoder, self.cache_pool),
+                postencode=not (self.options.blend_samples and self.options.packing_buffer_size),
             )
         return self._stages
 

@@ -99,7 +99,7 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
     for i, leaf in enumerate(dataset.leaves()):
         o = leaf.options
         why = (
-            "packs samples (packs are made per segment of a worker stream)" if o.packing_buffer_size else
+            "packs samples (a pack holds samples of several positions, made per segment or per blend chunk)" if o.packing_buffer_size else
             "repeats epochs as a blend_epochized part" if o.repetitions is not None else
             "batches across the datasets of a validation metadataset" if o.batch_across_sources else None
         )  # fmt: skip

@@ -70,17 +70,16 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
     wc = common["worker_config"]
     # Energon blends a train metadataset's samples and then batches them. Opt-in here (blend_samples=True:
     # the leaves hand out samples, Ray actors batch the drawn groups; as fast as whole per-source
-    # batches once running, a slower start, see benchmarks/bench_sample_blend.py); refused where
-    # samples are packed or grouped into batches in the leaves' Ray tasks
+    # batches once running, a slower start, see benchmarks/bench_sample_blend.py); packing then runs on
+    # the blended samples too (blend.packed_blend); refused with grouping (in the leaves' Ray tasks)
     te = common["task_encoder"]
     blend_samples = options.blend_samples and options.training and len(flat.leaves) > 1 and options.batch_size is not None
-    if blend_samples and (options.packing_buffer_size or is_overridden(te, "batch_group_criterion")):
-        # Energon would blend, then pack or group; here those run in the leaves' Ray tasks, before
-        # any blending: whole per-dataset batches would silently be something else than asked for
-        what = "packing_buffer_size" if options.packing_buffer_size else f"{type(te).__name__}.batch_group_criterion"
+    if blend_samples and is_overridden(te, "batch_group_criterion"):
+        # Energon would blend, then group; here grouping runs in the leaves' Ray tasks, before any
+        # blending: whole per-dataset batches would silently be something else than asked for
         raise ValueError(
-            f"{path}: blend_samples=True cannot be combined with {what}: packing and grouping run in each "
-            "dataset's Ray tasks, before blending (leave blend_samples off for whole per-dataset batches)"
+            f"{path}: blend_samples=True cannot be combined with {type(te).__name__}.batch_group_criterion: grouping "
+            "runs in each dataset's Ray tasks, before blending (leave blend_samples off for whole per-dataset batches)"
         )
     global_workers = max(1, wc.num_workers) * wc.world_size
     leaves: List[EnergonDataset] = []
@@ -139,7 +138,9 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
         weights = [spec.weight for spec in flat.leaves]
     # Energon blends the leaves' samples and batches them per worker: len() counts those batches
     if blend_samples:
-        blend: Composition = SampleBlendDataset(*zip(leaves, weights), batch_size=options.batch_size, drop_last=options.drop_last)
+        # packing, if asked for, runs on the blended samples (as Energon's): blend.packed_blend
+        blend: Composition = SampleBlendDataset(*zip(leaves, weights), batch_size=options.batch_size, drop_last=options.drop_last,
+                                                packing_buffer_size=options.packing_buffer_size)  # fmt: skip
     else:
         blend = PooledBlendDataset(*zip(leaves, weights), batch_size=options.batch_size, drop_last=options.drop_last)
     if options.virtual_epoch_length:
@@ -272,9 +273,9 @@ def get_train_dataset(
         **kwargs: ``split_config``, ``dataset_config``, ``subflavors``, ``parallel_shard_iters``,
             ``samples_per_segment`` (samples one Ray task processes, rounded up to whole batches;
             default 64 — lower it for large media), ``blend_samples`` (a metadataset: blend samples,
-            then batch them in Ray actors, as Energon does, so batches mix datasets; not with
-            ``packing_buffer_size`` or ``batch_group_criterion``: ``ValueError``; default: each
-            batch is one dataset's, drawn by weight), and the deprecated decoder arguments
+            then pack (with ``packing_buffer_size``) and batch them in Ray actors, as Energon does,
+            so batches and packs mix datasets; not with ``batch_group_criterion``: ``ValueError``;
+            default: each batch is one dataset's, drawn by weight), and the deprecated decoder arguments
             (``image_decode``, ``auto_decode``, …).
 
     Raises:

@@ -521,6 +521,17 @@ def _batch_groups(config: Any, worker: int, seed: int, groups, source: int) -> "
 _seam_task = ray.remote(num_cpus=1, max_retries=3)(_batch_groups)
 
 
+def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int):
+    import_task_modules()
+    from energon_ray.pipeline.rows import parts, resolve_located
+    from energon_ray.pipeline.stages import seam_packs
+
+    _limit_torch_threads()
+    ((_, samples),) = resolve_located([(0, samples)], ray.get)  # read from their blocks here
+    table, packs, report = seam_packs(unship(config), worker, seed, samples, buffer_size, source)
+    return parts(table), (packs, report)
+
+
 @ray.remote(num_cpus=0, max_restarts=3, max_task_retries=3)
 class GroupBatcher:
     """Batches a sample blend's drawn groups for the loaders of one trainer process.
@@ -536,6 +547,12 @@ class GroupBatcher:
 
     def batch(self, config: Any, worker: int, seed: int, groups, source: int) -> "TableParts":
         return _batch_groups(config, worker, seed, groups, source)
+
+    @ray.method(num_returns=2)
+    def pack(self, config: Any, worker: int, seed: int, samples, buffer_size: int, source: int):
+        """The packs (a table the batching call reads them from) and, apart, their ``(position,
+        sub)`` and report: the trainer fetches only the second."""
+        return _pack_chunk(config, worker, seed, samples, buffer_size, source)
 
 
 #: logical workers per ``GroupBatcher`` (one actor batches ~1000 captioning samples/s on one core)
@@ -585,3 +602,12 @@ class SeamTasks:
             task = _seam_task.options(**self.remote_args) if self.remote_args else _seam_task
             ref = task.remote(self._config_ref, worker, seed, groups, self.source)
         return lambda: ray.get(ref)
+
+    def submit_pack(self, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
+        """Start packing a chunk of samples on a ``GroupBatcher``: the reference of its packs' table
+        (for ``Located`` packs) and a function waiting for ``(packs' (position, sub), report)``."""
+        if self._config_ref is None:
+            self._config_ref = ray.put(ship(self._config))
+        batchers = group_batchers(max(1, self.on_batcher))
+        table_ref, meta_ref = batchers[worker % len(batchers)].pack.remote(self._config_ref, worker, seed, samples, buffer_size, self.source)
+        return table_ref, lambda: ray.get(meta_ref)

@@ -42,6 +42,9 @@ class StageConfig:
     batch_across_sources: bool = False
     #: The dataset's auxiliary stores, its own path and the loader's cache pool (for cookers).
     aux: Optional[AuxConfig] = None
+    #: Run ``postencode_sample`` here (off where the samples are packed later: a sample blend's
+    #: packing runs it on each pack's members, as Energon's does).
+    postencode: bool = True
 
 
 def _runner(te: TaskEncoder, name: str, stage: str, handler: Any) -> HookRunner:
@@ -251,7 +254,7 @@ class BatchSamples:
             runs = packer.new_runs()
             data.runs.extend(runs)
             entries = packer(entries, seed, runs)
-        elif is_overridden(te, "postencode_sample"):
+        elif self.config.postencode and is_overridden(te, "postencode_sample"):
             entries = _postencode(te, entries, seed, handler, data.runs, size or 1)
         if data.spec.keep is not None:  # a restore read: the listed samples (or packs) for the trainer's pools
             wanted = {(int(p), int(s)) for p, s in data.spec.keep}
@@ -308,6 +311,26 @@ class EncodeAndBatch:
 
 def _table(out: List[Tuple[int, int, int, int, Any, Optional[List[int]]]], source: int) -> pa.Table:
     return rows.table([row[:5] for row in out], source=source, positions=[row[5] for row in out])
+
+
+def seam_packs(
+    config: StageConfig, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int, source: int = 0
+) -> Tuple[pa.Table, List[Tuple[int, int]], rows.Report]:
+    """Pack a chunk of a sample blend's drawn samples (serialized, in draw order) with Energon's
+    buffer semantics (``Packer``): a table with one ``LEFTOVER`` row of the packs (each serialized on
+    its own, so a batching call reads them from the store by ``Located``), their ``(position, sub)``
+    and a report."""
+    te: TaskEncoder = config.task_encoder.get()
+    packer = Packer(te, buffer_size, config.error_handler)
+    runs = packer.new_runs()
+    fatal, packs = None, []
+    try:
+        packs = packer([(position, sub, serde.loads(payload, copy=False)) for position, sub, payload in samples], seed, runs)
+    except FatalSampleError as exc:
+        fatal, packs = ("FatalSampleError", str(exc)), []
+    report = rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=0, runs=runs, fatal=fatal)
+    table = _table([(rows.LEFTOVER, worker, -1, 0, rows.pack_leftovers([(None, 0, packs)], worker, -1), None)], source)
+    return table, [(int(p), int(sub)) for p, sub, _ in packs], report
 
 
 def seam_batches(

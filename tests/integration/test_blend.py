@@ -163,9 +163,10 @@ def test_train_yaml_blends_samples_then_batches(sources):
     default.close()
 
 
-def test_blend_samples_refuses_packing_and_grouping(sources):
-    """``blend_samples=True`` with packing or a batch group criterion is refused by name (those run in
-    the datasets' Ray tasks, before blending), not quietly turned into whole per-dataset batches."""
+def test_blend_samples_refuses_grouping(sources):
+    """``blend_samples=True`` with a batch group criterion is refused by name (grouping runs in the
+    datasets' Ray tasks, before blending), not quietly turned into whole per-dataset batches; with
+    packing it builds (packs are made of the blended samples: test_save_restore)."""
     root = sources["root"]
     (root / "pack.yaml").write_text(
         "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
@@ -176,9 +177,7 @@ def test_blend_samples_refuses_packing_and_grouping(sources):
         def batch_group_criterion(self, sample):
             return 0, 4
 
-    with pytest.raises(ValueError, match=r"pack\.yaml: blend_samples=True cannot be combined with packing_buffer_size"):
-        er.get_train_dataset(root / "pack.yaml", worker_config=WC, batch_size=4, packing_buffer_size=8, blend_samples=True)
-    with pytest.raises(ValueError, match=r"cannot be combined with Grouped\.batch_group_criterion"):
+    with pytest.raises(ValueError, match=r"pack\.yaml: blend_samples=True cannot be combined with Grouped\.batch_group_criterion"):
         er.get_train_dataset(root / "pack.yaml", worker_config=WC, batch_size=4, task_encoder=Grouped(), blend_samples=True)
     # without blend_samples it builds (whole per-dataset batches); with one dataset there is no blend
     er.get_train_dataset(root / "pack.yaml", worker_config=WC, batch_size=4, task_encoder=Grouped())

@@ -1,0 +1,173 @@
+"""Packing after a sample blend (``get_train_dataset(metadataset, packing_buffer_size=…,
+blend_samples=True)``): Energon blends a metadataset's encoded samples, then packs them, then
+batches the packs, so a pack mixes datasets. Here too, off the training process:
+
+1. per logical worker, the blend's draws are cut into *chunks* of ``PACK_CHUNK_BUFFERS`` packing
+   buffers; a ``GroupBatcher`` actor packs each chunk with Energon's buffer semantics
+   (``pipeline.packing.Packer``: ``select_samples_to_pack`` on each full buffer, ``postencode_sample``
+   on each pack's members, ``pack_selected_samples``; the last buffer of a chunk is packed as it
+   is, as a segment's is where the datasets' own Ray tasks pack);
+2. the packs stay in Ray's object store; the trainer keeps where each lies (``Located``) and its
+   ``(position, sub)``, never the bytes;
+3. consecutive ``batch_size`` packs make a batch, made by the actor (``batch``/``encode_batch``),
+   ``BATCHES_PER_GROUP`` batches per call (a pass's first call: one).
+
+Saved state (``_PackNode``): the pack the next batch starts with, as the state before its chunk was
+drawn (the leaves' pools and the blend's draws, written instead of the current ones) plus how many
+packs of that chunk come before it. A restore draws that chunk again, packs it, drops those packs
+and goes on: the same packs and batches as the saved loader's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+from energon_ray.blend.base import Node, PassContext, Provider
+from energon_ray.blend.replay import SubTree
+from energon_ray.loader.merge import EXHAUSTED
+from energon_ray.pipeline.rows import Located
+
+#: packing buffers per chunk of drawn samples (one actor call packs a chunk)
+PACK_CHUNK_BUFFERS = 2
+
+#: a pending pack: (chunk, index in the chunk's packs, position, sub, where its bytes lie)
+Pack = Tuple[int, int, int, int, Located]
+#: where the next batch starts: (chunk, packs of it before), or None at a chunk boundary not yet drawn
+Cursor = Optional[Tuple[int, int]]
+
+
+class _PackNode(Node):
+    """Per worker: the packs made and not yet batched, the chunks' states before their draws, and
+    where the next batch starts (see the module's docstring)."""
+
+    def __init__(self, workers: int):
+        self.packs: List[Deque[Pack]] = [deque() for _ in range(workers)]
+        #: per worker: chunk number → the sub-tree's state before it was drawn
+        self.before: List[Dict[int, Any]] = [{} for _ in range(workers)]
+        self.chunks = [0] * workers
+        self.ended = [False] * workers
+        #: per worker: per batch of the current group (reversed, as given), where the next one starts
+        self.after: List[List[Cursor]] = [[] for _ in range(workers)]
+        self.cursor: List[Cursor] = [None] * workers
+        #: per worker, after a restore: packs of the first chunk drawn that were given already
+        self.skip = [0] * workers
+        #: per worker: no group batched yet in this pass (the first is one batch)
+        self.fresh = [True] * workers
+
+    def head(self, worker: int) -> Cursor:
+        """Where the first pack not yet in a batch lies."""
+        if self.packs[worker]:
+            chunk, index = self.packs[worker][0][:2]
+            return chunk, index
+        return None
+
+    def save(self, worker: int) -> Any:
+        cursor = self.cursor[worker]
+        if cursor is None and self.skip[worker]:  # restored, the chunk not drawn again yet
+            return {"skip": self.skip[worker]}
+        return {"skip": cursor[1] if cursor is not None else 0}
+
+    def overrides(self, worker: int) -> Optional[Any]:
+        cursor = self.cursor[worker]
+        return self.before[worker].get(cursor[0]) if cursor is not None else None
+
+    def restore(self, worker: int, state: Any) -> None:
+        self.packs[worker].clear()
+        self.before[worker].clear()
+        self.chunks[worker] = 0
+        self.ended[worker] = False
+        self.after[worker] = []
+        self.cursor[worker] = None
+        self.skip[worker] = int(state.get("skip", 0))
+        self.fresh[worker] = False
+
+    def forget_before(self, worker: int) -> None:
+        """Drop the states of chunks no pack of which is still to be batched."""
+        keep = self.cursor[worker][0] if self.cursor[worker] is not None else self.chunks[worker]
+        for chunk in [c for c in self.before[worker] if c < keep]:
+            del self.before[worker][chunk]
+
+
+def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree, batcher: Any, batches_per_group: int) -> Provider:
+    """The provider of ``blend`` (a ``SampleBlendDataset`` with ``packing_buffer_size``): its batches
+    of packs of the samples ``draw`` gives."""
+    workers, size, buffer = blend.num_workers, blend.batch_size, blend.packing_buffer_size
+    node = _PackNode(workers)
+    ctx.register(node)
+    given: List[List[Any]] = [[] for _ in range(workers)]
+
+    def draw_chunk(worker: int) -> bool:
+        """Draw the next chunk and pack it (its packs join the pending ones); False at the end."""
+        if node.ended[worker]:
+            return False
+        before = tree.capture(worker)
+        samples: List[Any] = []
+        while len(samples) < buffer * PACK_CHUNK_BUFFERS:
+            sample = draw(worker)
+            if sample is EXHAUSTED:
+                node.ended[worker] = True
+                break
+            samples.append(sample)
+        if not samples:
+            return False
+        chunk = node.chunks[worker]
+        node.chunks[worker] += 1
+        node.before[worker][chunk] = before
+        table, wait = batcher.pack(worker, samples, buffer)
+        made, report = wait()
+        batcher.stats.add_report(report, batcher.chain)
+        skip, node.skip[worker] = node.skip[worker], 0
+        if skip > len(made):
+            raise RuntimeError(
+                f"restoring worker stream {worker}: the chunk drawn again made {len(made)} packs, the saved state "
+                f"had given {skip} of them (is packing deterministic for the same samples?)"
+            )
+        for index, (position, sub) in enumerate(made):
+            if index >= skip:
+                node.packs[worker].append((chunk, index, position, sub, Located(table, 0, 0, index)))
+        return True
+
+    def start_group(worker: int) -> bool:
+        """Batch the next group of pending packs (drawing chunks as needed); False at the end."""
+        wanted = size * (1 if node.fresh[worker] else batches_per_group)
+        node.fresh[worker] = False
+        while len(node.packs[worker]) < wanted and draw_chunk(worker):
+            pass
+        pending = node.packs[worker]
+        count = min(len(pending), wanted)
+        if count < size and blend.drop_last:
+            count = 0
+        if count == 0:
+            pending.clear()
+            node.cursor[worker] = None
+            return False
+        taken = [pending.popleft() for _ in range(count)]
+        groups = [taken[i : i + size] for i in range(0, count, size)]
+        made, spans = batcher(worker, [[(p[2], p[3], p[4], None) for p in group] for group in groups])()
+        # where the next batch starts once each made batch is given: after its group
+        starts: List[Cursor] = [(g[0][0], g[0][1]) for g in groups[1:]] + [node.head(worker)]
+        after: List[Cursor] = []
+        g = 0
+        for span in spans:
+            if not span:  # one of several batches of a group: the group is not consumed yet
+                after.append((groups[g][0][0], groups[g][0][1]) if g < len(groups) else node.head(worker))
+                continue
+            while g < len(groups) - 1 and [int(p) for p in span] != [int(p[2]) for p in groups[g]]:
+                g += 1
+            after.append(starts[g])
+            g += 1
+        node.after[worker] = list(reversed(after))
+        given[worker] = list(reversed(made))
+        return True
+
+    def next_item(worker: int) -> Any:
+        while not given[worker]:
+            if not start_group(worker):
+                return EXHAUSTED
+        item = given[worker].pop()
+        node.cursor[worker] = node.after[worker].pop() if node.after[worker] else node.head(worker)
+        node.forget_before(worker)
+        return item
+
+    return next_item
