@@ -210,13 +210,13 @@ class EnergonLoader:
 
         Raises:
             StateError: a key of another loader or version, of several datasets (but a train
-                metadataset's sample blend), or of packed batches.
+                metadataset's sample blend), or of a sample blend's packed batches.
         """
         return restore_sample(self.dataset, restore_key, self.ray_remote_args)
 
     def can_restore_sample(self) -> bool:
-        """Whether ``restore_sample`` can rebuild this loader's batches (not for packed datasets)."""
-        return not any(leaf.options.packing_buffer_size for leaf in self.dataset.leaves())
+        """Whether ``restore_sample`` can rebuild this loader's batches (not for a sample blend's packs)."""
+        return not any(leaf.options.packing_buffer_size and leaf.options.blend_samples for leaf in self.dataset.leaves())
 
     def save_state_global(self, global_dst_rank: int) -> Optional[List[Optional[LoaderState]]]:
         """Every rank's state, gathered on ``global_dst_rank`` (``torch.distributed``; a list of one

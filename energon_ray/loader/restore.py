@@ -127,6 +127,25 @@ def rebuild_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tup
     return _batch_once(config, source, worker, seed, group, remote_args)
 
 
+def rebuild_packed_batch(leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[int, int, List[tuple]]], remote_args=None) -> Any:
+    """A packed batch made again from its packs' restore keys ``("Packed", position, sub, *members)``:
+    the members re-read and encoded at their positions (not packed, not post-encoded), then each
+    pack made again from its members (``postencode_sample``, ``pack_selected_samples``) and the packs
+    batched, all with the hook seeds they had. ``packs``: ``(position, sub, member keys)``."""
+    from energon_ray.pipeline.build import repack
+
+    members = list({k[4]: k for _, _, keys in packs for k in keys}.values())  # each position read once
+    spec = _reread_spec(leaf, source, worker, seed, members, index=-1)
+    config = dataclasses.replace(leaf.stage_config(), packing_buffer_size=None, postencode=False)
+    found = run_reads([spec], {source: leaf.reader()}, {source: config}, remote_args, {source: leaf})
+    groups = [(position, sub, [(int(k[4]), 0, found[(source, worker, int(k[4]), 0)]) for k in keys]) for position, sub, keys in packs]
+    table = repack(leaf.stage_config(), source, worker, seed, groups, leaf.options.batch_size, remote_args)
+    items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
+    if len(items) != 1:
+        raise StateError(f"restore_sample: the pack and batch hooks made {len(items)} items from {len(packs)} pack(s), not one")
+    return items[0]
+
+
 def rebuild_blended_batch(blend_leaves: List[Any], sources: List[int], keys: List[tuple], remote_args=None) -> Any:
     """A sample blend's batch made again (``blend.sample_blend``): each sample re-read at its own
     leaf's position with its own hook seed, then all batched in the batch's order with the seed

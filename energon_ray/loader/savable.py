@@ -9,13 +9,14 @@ before it is read or decoded again.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import RoundRobin
-from energon_ray.loader.restore import rebuild_batch, rebuild_blended_batch, restore_streams
+from energon_ray.loader.restore import rebuild_batch, rebuild_blended_batch, rebuild_packed_batch, restore_streams
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
+from energon_ray.pipeline.packing import PACKED
 
 
 class PassRun:
@@ -145,13 +146,32 @@ def sample_keys(restore_key: Any) -> List[tuple]:
     raise StateError(f"not a restore key: {restore_key!r}")
 
 
+def pack_keys(restore_key: Any) -> Optional[List[Tuple[int, int, List[tuple]]]]:
+    """``(position, sub, member keys)`` of each pack a packed batch's (or pack's) restore key names
+    (``("Packed", position, sub, *members)``, see ``pipeline.packing``); None for unpacked keys."""
+    if isinstance(restore_key, (tuple, list)) and restore_key and restore_key[0] == PACKED:
+        if len(restore_key) < 4:
+            raise StateError(f"restore key {tuple(restore_key)!r} of a pack names no member")
+        return [(int(restore_key[1]), int(restore_key[2]), sample_keys(list(restore_key[3:])))]
+    if isinstance(restore_key, (tuple, list)) and any(isinstance(p, (tuple, list)) for p in restore_key):
+        found = [pack_keys(part) for part in restore_key if isinstance(part, (tuple, list))]
+        if any(f is not None for f in found):
+            if any(f is None for f in found):
+                raise StateError("restore key mixes packs and unpacked samples")
+            return [pack for f in found for pack in f]
+    return None
+
+
 def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional[dict] = None) -> Any:
     """The batch (or sample) whose ``__restore_key__`` this is, made again exactly.
 
     Raises:
         StateError: an unusable key, samples of several datasets (outside a train metadataset's
-            sample blend) or worker streams, or a packing dataset.
+            sample blend) or worker streams, or packs of a sample blend.
     """
+    packs = pack_keys(restore_key)
+    if packs is not None:
+        return _rebuild_packed(dataset, packs, remote_args)
     keys = sample_keys(restore_key)
     if not keys:
         raise StateError(f"restore key {restore_key!r} names no sample")
@@ -170,8 +190,28 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     source, worker, seed = origins.pop()
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
-        raise StateError(f"restore_sample cannot rebuild packed batches ({leaf!r} packs samples)")
+        raise StateError(f"restore key {restore_key!r} names samples, not packs, of {leaf!r}, which packs samples")
     return rebuild_batch(leaf, source, worker, seed, keys, remote_args)
+
+
+def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple]]], remote_args: Optional[dict]) -> Any:
+    keys = [k for _, _, members in packs for k in members]
+    leaves = dataset.leaves()
+    origins = {(k[2], k[3], k[5]) for k in keys}
+    if len(origins) != 1:
+        raise StateError(
+            f"restore_sample rebuilds packed batches of one dataset's worker stream; this key holds samples of "
+            f"(dataset, worker, seed) {sorted(origins)}"
+        )
+    source, worker, seed = origins.pop()
+    if not 0 <= source < len(leaves):
+        raise StateError(f"restore key names dataset {source}, this loader has {len(leaves)}")
+    leaf = leaves[source]
+    if leaf.options.blend_samples:
+        raise StateError("restore_sample cannot rebuild the packed batches of a sample blend (packs mix datasets)")
+    if not leaf.options.packing_buffer_size:
+        raise StateError(f"restore key names packs, but {leaf!r} does not pack samples")
+    return rebuild_packed_batch(leaf, source, worker, seed, packs, remote_args)
 
 
 def _rebuild_blended(dataset: Composition, leaves: List[Any], keys: List[tuple], remote_args: Optional[dict]) -> Any:

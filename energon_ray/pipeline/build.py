@@ -521,6 +521,23 @@ def _batch_groups(config: Any, worker: int, seed: int, groups, source: int) -> "
 _seam_task = ray.remote(num_cpus=1, max_retries=3)(_batch_groups)
 
 
+@ray.remote(num_cpus=1, max_retries=3)
+def _repack_task(config: Any, worker: int, seed: int, packs, batch_size: Optional[int], source: int) -> "TableParts":
+    import_task_modules()
+    from energon_ray.pipeline.rows import parts
+    from energon_ray.pipeline.stages import repacked_batches
+
+    _limit_torch_threads()
+    return parts(repacked_batches(unship(config), worker, seed, packs, batch_size, source))
+
+
+def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: Optional[int], remote_args=None) -> pa.Table:
+    """Make packed batches again in a Ray task (``stages.repacked_batches``); waits for its table."""
+    options = {k: v for k, v in (remote_args or {}).items() if k in ("num_cpus", "memory", "resources")}
+    task = _repack_task.options(**options) if options else _repack_task
+    return ray.get(task.remote(ray.put(ship(config)), worker, seed, packs, batch_size, source))
+
+
 def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int):
     import_task_modules()
     from energon_ray.pipeline.rows import parts, resolve_located

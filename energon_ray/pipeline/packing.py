@@ -20,8 +20,26 @@ from energon_ray.task_encoder.decorators import get_failure_tolerance
 Item = Tuple[int, int, Any]
 
 
+#: first element of a pack's ``__restore_key__``: ``(PACKED, position, sub, *member restore keys)``
+PACKED = "Packed"
+
+
 def _key(sample: Any) -> Any:
     return sample.get("__key__") if isinstance(sample, dict) else getattr(sample, "__key__", "?")
+
+
+def _restore_key(sample: Any) -> Any:
+    return sample.get("__restore_key__") if isinstance(sample, dict) else getattr(sample, "__restore_key__", None)
+
+
+def _set_restore_key(pack: Any, key: tuple) -> None:
+    if isinstance(pack, dict):
+        pack["__restore_key__"] = key
+        return
+    try:
+        object.__setattr__(pack, "__restore_key__", key)
+    except (AttributeError, TypeError):  # a pack type without the attribute: no restore_sample for it
+        pass
 
 
 class Packer:
@@ -63,7 +81,9 @@ class Packer:
             out.append(entries)
         return out
 
-    def _final(self, group: List[Item], seed: int, runs: List[StageRun]) -> List[Item]:
+    def pack_group(self, group: List[Item], seed: int, runs: List[StageRun]) -> List[Item]:
+        """The packs of one selected group: ``postencode_sample`` on its members, then
+        ``pack_selected_samples``, as ``(position, sub, pack)`` items."""
         members = []
         for position, sub, sample in group:
             if self.do_post:
@@ -80,7 +100,13 @@ class Packer:
             packs = self.pack.call_many(runs[2], members, f"pack_selected_samples of {keys}")
         if packs is HookRunner.FAILED or packs is HookRunner.IGNORED:
             return []
-        return [(position, sub * 1000 + i, pack) for i, pack in enumerate(packs)]
+        # as Energon's: a pack's restore key names its members (restore_sample packs them again)
+        member_keys = tuple(_restore_key(sample) for _, _, sample in group)
+        out = []
+        for i, pack in enumerate(packs):
+            _set_restore_key(pack, (PACKED, position, sub * 1000 + i) + member_keys)
+            out.append((position, sub * 1000 + i, pack))
+        return out
 
     def __call__(self, encoded: List[Item], seed: int, runs: List[StageRun]) -> List[Item]:
         """Packs of one segment, as ``(position, sub, pack)`` items in emission order."""
@@ -110,11 +136,11 @@ class Packer:
                         )
                     continue
             empty_rounds = 0
-            out += self._final(pending.pop(0), seed, runs)
+            out += self.pack_group(pending.pop(0), seed, runs)
         while pending:
-            out += self._final(pending.pop(0), seed, runs)
+            out += self.pack_group(pending.pop(0), seed, runs)
         if reading:
             pending = self._groups(list(reading), seed, runs)
             while pending:
-                out += self._final(pending.pop(0), seed, runs)
+                out += self.pack_group(pending.pop(0), seed, runs)
         return out

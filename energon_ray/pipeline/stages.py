@@ -333,6 +333,37 @@ def seam_packs(
     return table, [(int(p), int(sub)) for p, sub, _ in packs], report
 
 
+def repacked_batches(
+    config: StageConfig, worker: int, seed: int, packs: List[Tuple[int, int, List[Tuple[int, int, Any]]]],
+    batch_size: Optional[int], source: int = 0,
+) -> pa.Table:  # fmt: skip
+    """Packs made again from their members (``(position, sub, members)``, members serialized and
+    encoded, not post-encoded) with the hook seeds they had, then batched as ``batch_size`` packs
+    (``None``: the packs themselves): ``restore_sample`` of a packed batch. ``ITEM`` rows and a ``REPORT``."""
+    te: TaskEncoder = config.task_encoder.get()
+    packer = Packer(te, 1, config.error_handler)
+    runs = packer.new_runs()
+    fatal, made = None, []
+    try:
+        items = []
+        for position, sub, members in packs:
+            group = [(p, s, serde.loads(payload, copy=False)) for p, s, payload in members]
+            items += [item for item in packer.pack_group(group, seed, runs) if item[1] == sub]
+        if batch_size is None:
+            made = [(pack, [position]) for position, _, pack in items]
+        elif items:
+            batcher = Batcher(te, config.error_handler, restore_rng=True)
+            batch_runs = batcher.new_runs()
+            runs += batch_runs
+            made = batcher.with_positions(items, seed, batch_size, batch_runs)
+    except FatalSampleError as exc:
+        fatal = ("FatalSampleError", str(exc))
+    report = rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=len(made), runs=runs, fatal=fatal)
+    out = [(rows.ITEM, worker, -1, seq, item, positions) for seq, (item, positions) in enumerate(made)]
+    out.append((rows.REPORT, worker, -1, len(made), report, None))
+    return _table(out, source)
+
+
 def seam_batches(
     config: StageConfig, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]], source: int = 0
 ) -> pa.Table:

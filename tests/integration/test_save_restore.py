@@ -399,6 +399,37 @@ class Keyed(er.DefaultTaskEncoder):
         return sample
 
 
+def test_restore_sample_rebuilds_packed_batches(roots):
+    """Packed batches (members post-encoded, packs drawing the hooks' RNG, packs pooled across segments)
+    are made again from their restore keys: the same documents, tokens and keys."""
+
+    class RandomPacks(TextPackingTaskEncoder):
+        def postencode_sample(self, sample):
+            sample.__key__ = f"{sample.__key__}+p"
+            return sample
+
+        def pack_selected_samples(self, samples):
+            pack = super().pack_selected_samples(samples)
+            pack.input_ids[-1] = int(random.random() * 1000)
+            return pack
+
+    loader = er.get_savable_loader(
+        er.get_train_dataset(roots["docs"], batch_size=3, shuffle_buffer_size=10, worker_config=WC, repeat=False,
+                             packing_buffer_size=8, task_encoder=RandomPacks(max_length=96), samples_per_segment=16)
+    )  # fmt: skip
+    batches = list(loader)
+    assert loader.can_restore_sample() and len(batches) > 6
+    docs = [d for b in batches for pack in b.documents for d in pack]
+    assert len(docs) == len(set(docs)) == 160 and all(d.endswith("+p") and not d.endswith("+p+p") for d in docs)
+    for batch in [batches[0], batches[3], batches[len(batches) // 2], batches[-1]]:
+        again = loader.restore_sample(batch.__restore_key__)
+        assert again.documents == batch.documents and torch.equal(again.input_ids, batch.input_ids)
+        assert again.__restore_key__ == batch.__restore_key__
+    with pytest.raises(er.StateError, match="names samples, not packs"):
+        loader.restore_sample(batches[0].__restore_key__[0][3:])
+    loader.close()
+
+
 def test_restore_sample_rebuilds_batches_exactly(roots):
     """Batches of both passes (their own hook seeds), of a short last batch and of a grouped loader."""
     loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=4, shuffle_buffer_size=5, worker_config=WC,
