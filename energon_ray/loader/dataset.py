@@ -14,6 +14,7 @@ from energon_ray.blend.base import Composition, PassContext
 from energon_ray.cache.cooking import AuxConfig
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.pipeline.load import SampleLoader
+from energon_ray.pipeline.policy import deferred_handler
 from energon_ray.pipeline.shipping import Shipped
 from energon_ray.pipeline.stages import StageConfig
 from energon_ray.plan.sharder import compute_subset, slice_offsets, worker_ranges
@@ -213,7 +214,8 @@ class EnergonDataset(Composition):
                 task_encoder=Shipped(self.task_encoder, "task encoder"),
                 loader=Shipped(loader, "sample loader"),
                 batch_size=self.options.batch_size,
-                error_handler=self.worker_config.global_error_handler,
+                # a user's handler runs in the loader's process, with the failures the tasks report
+                error_handler=deferred_handler(self.worker_config.global_error_handler),
                 # a sample blend packs the drawn samples itself (``SampleBlendDataset``)
                 packing_buffer_size=None if self.options.blend_samples else self.options.packing_buffer_size,
                 batch_across_sources=self.options.batch_across_sources or self.options.blend_samples,

@@ -302,12 +302,32 @@ class MultiFeed:
             return opened
         return self._open(next(self._windows, None))
 
+    def _handle_failures_early(self, block: Any) -> Dict[int, Row]:
+        """With a user's error handler: call it for the failures of the block's segments as the block
+        arrives, before its items are given (as Energon calls it while the failed sample is read),
+        not when its report row is reached after them. Returns the decoded report rows (their
+        failures handled) by row index."""
+        if self.stats.error_handler is None:
+            return {}
+        out: Dict[int, Row] = {}
+        for i, row in enumerate(rows.iter_rows(block)):
+            if row[0] != rows.REPORT:
+                continue
+            decoded = decode_row(row, self.pin)
+            for run in decoded[4].runs:
+                for exc, item, sources in run.deferred:
+                    self.stats.handle_failure(run.stage, exc, item, sources)
+                run.deferred = []
+            out[i] = decoded
+        return out
+
     def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:
         cursor = 0
         started = time.perf_counter()
         hand_out = {feed.source for feed in self.feeds if feed.queues.hand_out}
         try:
             for block in blocks:
+                early = self._handle_failures_early(block)
                 for i, (row, source, positions) in enumerate(zip(rows.iter_rows(block), rows.sources(block), rows.positions(block))):
                     spec = specs[cursor] if cursor < len(specs) else None
                     if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
@@ -315,7 +335,7 @@ class MultiFeed:
                             f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "
                             f"{None if spec is None else (spec.source, spec.worker, spec.index)}; order is not preserved"
                         )
-                    decoded = decode_row(row, self.pin)
+                    decoded = early[i] if i in early else decode_row(row, self.pin)
                     if source in hand_out and row[0] == rows.LEFTOVER:  # the batching task reads them from the block
                         decoded = (*decoded[:4], rows.locate_leftovers(decoded[4], blocks.last_ref, i))
                     yield source, decoded, spec.last, positions

@@ -21,6 +21,7 @@ from energon_ray.loader.elastic import Redistribution, from_origin, needs_redist
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import LoaderStats, RoundRobin
 from energon_ray.loader.savable import PassRun, check_fits, new_state, restore_sample, starts_of
+from energon_ray.errors import log_exception
 from energon_ray.loader.state import LoaderState, StateError
 from energon_ray.ray_env import ensure_ray, warm_up
 
@@ -63,6 +64,8 @@ class EnergonLoader:
         self.ray_remote_args = ray_remote_args
         self.pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.stats = LoaderStats()
+        handler = getattr(dataset.worker_config, "global_error_handler", log_exception)
+        self.stats.error_handler = None if handler is log_exception else handler  # see policy.DeferredHandler
         self._passes = 0
         self._stream: Optional[Iterator[Any]] = None
         #: the pass being iterated (what a save reads), a state waiting for the next iter(), items of

@@ -67,6 +67,8 @@ class LoaderStats:
         self.read_requests = 0
         self.read_bytes = 0
         self.read_retries = 0
+        #: the user's error handler, called here for the failures Ray tasks deferred to it
+        self.error_handler: Any = None
 
     @property
     def total_skipped(self) -> int:
@@ -90,6 +92,14 @@ class LoaderStats:
     def __repr__(self) -> str:
         return f"LoaderStats({self.as_dict()})"
 
+    def handle_failure(self, stage: str, exc: BaseException, item: Any, sources: List[Any]) -> None:
+        """Call the user's error handler (if any) for a failure a Ray task deferred to it (``stage``:
+        the hook that failed)."""
+        if self.error_handler is None:
+            return
+        # a handler that raises aborts loading with its own exception, as in Energon
+        self.error_handler(exc, item, sources)
+
     def add_report(self, report: rows.Report, chain: FailureChain) -> None:
         """Count a segment's report, log its skips, and raise its fatal error (in plan order)."""
         self.samples_read += report.samples_read
@@ -100,6 +110,8 @@ class LoaderStats:
         if report.node is not None:
             self.segments_per_node[report.node] = self.segments_per_node.get(report.node, 0) + 1
         for run in report.runs:
+            for exc, item, sources in getattr(run, "deferred", ()):
+                self.handle_failure(run.stage, exc, item, sources)
             if run.failures:
                 self.skipped[run.stage] = self.skipped.get(run.stage, 0) + run.failures
                 for message in run.messages:

@@ -19,6 +19,47 @@ from energon_ray.errors import SYSTEM_EXCEPTIONS, FatalSampleError, SkipSample, 
 MAX_REPORTED = 20
 
 
+class DeferredHandler:
+    """The user's error handler as Ray tasks see it: each failure is recorded in the stage's run
+    and travels with the segment's report; the loader calls the handler with it in the training
+    process (where the handler's state lives), in plan order, and a handler that raises aborts
+    loading there with its own exception (as Energon's)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DeferredHandler()"
+
+
+def deferred_handler(handler: Any) -> Any:
+    """What Ray tasks get for the user's ``handler``: the default (log) as it is, any other deferred."""
+    return handler if handler is log_exception else DeferredHandler()
+
+
+class FailedItem:
+    """What the error handler gets for an item that cannot leave its Ray task (not picklable)."""
+
+    def __init__(self, key: Any):
+        self.__key__ = key
+
+    def __repr__(self) -> str:
+        return f"FailedItem(__key__={self.__key__!r})"
+
+
+def _item_key(item: Any) -> Any:
+    return item.get("__key__") if isinstance(item, dict) else getattr(item, "__key__", None)
+
+
+def _picklable(value: Any) -> bool:
+    import pickle
+
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return True
+    except Exception:
+        return False
+
+
 @dataclasses.dataclass
 class StageRun:
     """Consecutive-failure bookkeeping of one stage within one segment."""
@@ -32,6 +73,17 @@ class StageRun:
     ignored: int = 0
     messages: List[str] = dataclasses.field(default_factory=list)
     last_error: str = ""
+    #: failures for the user's error handler, which the loader calls (``DeferredHandler``):
+    #: ``(exception, item, sources)``, each made picklable
+    deferred: List[Tuple[Any, Any, List[Any]]] = dataclasses.field(default_factory=list)
+
+    def defer(self, exc: BaseException, item: Any, sources: Optional[Sequence[Any]]) -> None:
+        if not _picklable(exc):
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+        if not _picklable(item):
+            item = FailedItem(_item_key(item))
+        sources = list(sources or ())
+        self.deferred.append((exc, item, sources if _picklable(sources) else []))
 
     def success(self) -> None:
         self.had_success = True
@@ -122,7 +174,9 @@ class HookRunner:
                 raise
             raise FatalSampleError(f"{what}: {self.stage} raised a system error: {describe_error(exc)}") from exc
         except Exception as exc:  # the policy: log, count, skip
-            if self.handler is not log_exception:
+            if isinstance(self.handler, DeferredHandler):
+                run.defer(exc, item, sources)
+            elif self.handler is not log_exception:
                 try:
                     self.handler(exc, item, list(sources or ()))
                 except Exception as abort:

@@ -91,11 +91,29 @@ def _reraise(exc, sample, sources):
 
 
 def test_custom_error_handler_can_abort(good):
-    """A global_error_handler that re-raises turns the first failure into FatalSampleError."""
+    """A global_error_handler that re-raises aborts loading at the first failure with that exception
+    (raised in the training process, where the handler runs), as in Energon."""
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1, global_error_handler=_reraise)
     loader = er.get_loader(er.get_val_dataset(good, split_part="train", worker_config=wc, batch_size=2, task_encoder=FailSome()))
-    with pytest.raises(er.FatalSampleError, match="error handler aborted"):
+    with pytest.raises(ValueError, match="cannot encode 0"):
         list(loader)
+
+
+def test_custom_error_handler_runs_in_the_loader_process(good):
+    """A global_error_handler is called in the training process (its state is the user's), once per
+    failed sample, with the exception, the sample and its sources, in the loader's order."""
+    calls = []
+
+    def collect(exc, sample, sources):
+        calls.append((type(exc).__name__, str(exc), sample.__key__, [s.shard_name for s in sources]))
+
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2, global_error_handler=collect)
+    loader = er.get_loader(er.get_val_dataset(good, split_part="train", worker_config=wc, batch_size=2, task_encoder=FailSome()))
+    batches = list(loader)
+    failed = sorted(int(key[-6:]) for _, _, key, _ in calls)
+    assert failed == [i for i in range(20) if i % 5 == 0] == sorted(int(m.split()[-1]) for _, m, _, _ in calls)
+    assert all(kind == "ValueError" and shards and shards[0].endswith(".tar") for kind, _, _, shards in calls)
+    assert loader.stats.skipped == {"encode_sample": 4} and sum(len(b.__key__) for b in batches) == 20 - 4 - 2
 
 
 # -- configuration errors: raised by get_*_dataset, before any Ray task ---------------------
