@@ -181,29 +181,28 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
         raise StateError(f"restore key names dataset(s) {sorted(named)}, this loader has {len(leaves)}")
     if any(leaves[source].options.blend_samples for source in named):
         return _rebuild_blended(dataset, leaves, keys, remote_args)
-    origins = {(k[2], k[3], k[5]) for k in keys}
-    if len(origins) != 1:
-        raise StateError(
-            f"restore_sample rebuilds a batch of one dataset's worker stream; this key holds samples of "
-            f"(dataset, worker, seed) {sorted(origins)}"
-        )
-    source, worker, seed = origins.pop()
+    source, worker, seed = _one_origin(keys, "a batch")
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
         raise StateError(f"restore key {restore_key!r} names samples, not packs, of {leaf!r}, which packs samples")
     return rebuild_batch(leaf, source, worker, seed, keys, remote_args)
 
 
-def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple]]], remote_args: Optional[dict]) -> Any:
-    keys = [k for _, _, members in packs for k in members]
-    leaves = dataset.leaves()
+def _one_origin(keys: List[tuple], what: str) -> Tuple[int, int, int]:
+    """The one (dataset, worker, hook seed) the samples' keys share."""
     origins = {(k[2], k[3], k[5]) for k in keys}
     if len(origins) != 1:
         raise StateError(
-            f"restore_sample rebuilds packed batches of one dataset's worker stream; this key holds samples of "
+            f"restore_sample rebuilds {what} of one dataset's worker stream; this key holds samples of "
             f"(dataset, worker, seed) {sorted(origins)}"
         )
-    source, worker, seed = origins.pop()
+    return origins.pop()
+
+
+def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple]]], remote_args: Optional[dict]) -> Any:
+    keys = [k for _, _, members in packs for k in members]
+    leaves = dataset.leaves()
+    source, worker, seed = _one_origin(keys, "packed batches")
     if not 0 <= source < len(leaves):
         raise StateError(f"restore key names dataset {source}, this loader has {len(leaves)}")
     leaf = leaves[source]

@@ -333,6 +333,14 @@ def seam_packs(
     return table, [(int(p), int(sub)) for p, sub, _ in packs], report
 
 
+def _made_table(made: List[Tuple[Any, List[int]]], runs: List[StageRun], fatal: Any, worker: int, source: int) -> pa.Table:
+    """``ITEM`` rows of what a seam call made (with its samples' positions), then its ``REPORT``."""
+    report = rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=len(made), runs=runs, fatal=fatal)
+    out = [(rows.ITEM, worker, -1, seq, item, positions) for seq, (item, positions) in enumerate(made)]
+    out.append((rows.REPORT, worker, -1, len(made), report, None))
+    return _table(out, source)
+
+
 def repacked_batches(
     config: StageConfig, worker: int, seed: int, packs: List[Tuple[int, int, List[Tuple[int, int, Any]]]],
     batch_size: Optional[int], source: int = 0,
@@ -358,10 +366,7 @@ def repacked_batches(
             made = batcher.with_positions(items, seed, batch_size, batch_runs)
     except FatalSampleError as exc:
         fatal = ("FatalSampleError", str(exc))
-    report = rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=len(made), runs=runs, fatal=fatal)
-    out = [(rows.ITEM, worker, -1, seq, item, positions) for seq, (item, positions) in enumerate(made)]
-    out.append((rows.REPORT, worker, -1, len(made), report, None))
-    return _table(out, source)
+    return _made_table(made, runs, fatal, worker, source)
 
 
 def seam_batches(
@@ -385,7 +390,4 @@ def seam_batches(
             made.extend(batcher.with_positions(samples, seed, batch_size, runs))
     except FatalSampleError as exc:
         fatal = ("FatalSampleError", str(exc))
-    report = rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=len(made), runs=runs, fatal=fatal)
-    out = [(rows.ITEM, worker, -1, seq, item, positions) for seq, (item, positions) in enumerate(made)]
-    out.append((rows.REPORT, worker, -1, len(made), report, None))
-    return _table(out, source)
+    return _made_table(made, runs, fatal, worker, source)

@@ -455,7 +455,11 @@ def test_restore_sample_rebuilds_batches_exactly(roots):
     grouped.close()
     packed = er.get_savable_loader(er.get_val_dataset(roots["docs"], split_part="train", batch_size=2, worker_config=WC, packing_buffer_size=8,
                                                       task_encoder=TextPackingTaskEncoder(max_length=96)))  # fmt: skip
-    assert not packed.can_restore_sample()
+    assert packed.can_restore_sample()  # packed validation batches too (see test_restore_sample_rebuilds_packed_batches)
+    val_batches = list(packed)
+    for batch in (val_batches[0], val_batches[-1]):
+        again = packed.restore_sample(batch.__restore_key__)
+        assert again.documents == batch.documents and torch.equal(again.input_ids, batch.input_ids)
     packed.close()
 
 
