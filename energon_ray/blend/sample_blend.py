@@ -7,7 +7,8 @@ draws the source of each sample from the worker's seeded generator, and a Ray ac
 each group of drawn samples (``batch`` and ``encode_batch`` never run in the training process).
 
 Per logical worker, ``BATCHES_PER_GROUP`` batches' worth of samples are drawn at once and batched
-by one call of a ``GroupBatcher`` actor (warm: started with the loader), and the next group is
+by one call of a ``GroupBatcher`` actor (started with the first group, which a plain Ray task on a
+warm worker batches while the actor imports torch), and the next group is
 drawn and started before this one is waited for (the trainer waits only when it outruns them); a
 pass's first group is one batch, so the first batch waits for no more draws than it needs. What
 a save records is the state before the group being given (the leaves' pools and the draws) and

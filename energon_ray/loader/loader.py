@@ -84,10 +84,6 @@ class EnergonLoader:
         self._training = any(leaf.options.training for leaf in leaves)
         ensure_ray()
         warm_up()  # the workers' imports (torch, the stages): the first batch's critical path
-        if any(leaf.options.blend_samples for leaf in leaves):
-            from energon_ray.pipeline.build import group_batchers
-
-            group_batchers(dataset.num_workers)  # a sample blend's batching actors import torch now
         self._early: Optional[MultiFeed] = None
         # The first pass starts now, while the caller builds its model: by the first next() the
         # feeder's Ray Data execution (opt-in: plain Ray tasks first) is under way.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
 import os
 import threading
 import uuid
@@ -556,7 +557,8 @@ class GroupBatcher:
     A plain task with no CPU of its own would get a fresh worker process, which Ray reaps once it
     idles (more workers than CPUs): a cold torch import on the trainer's critical path, again and
     again (measured on 2 cores: 5.7 s for the first group, 8 s mid-pass). These actors import
-    torch and the stages when they start (the loader starts them at build) and stay.
+    torch and the stages when they start (with a sample blend's first group; until they are
+    ready, plain tasks holding a CPU batch the groups on the warm workers) and stay.
     """
 
     def __init__(self) -> None:
@@ -575,24 +577,65 @@ class GroupBatcher:
 #: logical workers per ``GroupBatcher`` (one actor batches ~1000 captioning samples/s on one core)
 WORKERS_PER_BATCHER = 4
 
-_BATCHERS: Dict[str, List[Any]] = {}
+#: per Ray job: this process's ``GroupBatcher`` handles and a ready reference of each
+_BATCHERS: Dict[str, Tuple[List[Any], List[Any]]] = {}
+_BATCHERS_LOCK = threading.Lock()
 
 
 def group_batchers(workers: int) -> List[Any]:
     """This process's ``GroupBatcher`` actors for ``workers`` logical workers (one per
     ``WORKERS_PER_BATCHER``; shared by its loaders, one set per Ray job), started on this node."""
     job = ray.get_runtime_context().get_job_id()
-    handles = _BATCHERS.get(job, [])
     wanted = max(1, -(-workers // WORKERS_PER_BATCHER))
-    if len(handles) < wanted:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    with _BATCHERS_LOCK:
+        handles, ready = _BATCHERS.get(job, ([], []))
+        if len(handles) < wanted:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        node = ray.get_runtime_context().get_node_id()
-        strategy = NodeAffinitySchedulingStrategy(node, soft=True)
-        handles = handles + [GroupBatcher.options(scheduling_strategy=strategy).remote() for _ in range(wanted - len(handles))]
-        _BATCHERS.clear()
-        _BATCHERS[job] = handles
+            node = ray.get_runtime_context().get_node_id()
+            strategy = NodeAffinitySchedulingStrategy(node, soft=True)
+            more = [GroupBatcher.options(scheduling_strategy=strategy).remote() for _ in range(wanted - len(handles))]
+            handles, ready = handles + more, ready + [h.__ray_ready__.remote() for h in more]
+            _BATCHERS.clear()
+            _BATCHERS[job] = (handles, ready)
     return handles[:wanted]
+
+
+def batchers_ready(workers: int) -> bool:
+    """Whether the ``GroupBatcher`` actors for ``workers`` exist and finished starting (imports)."""
+    job = ray.get_runtime_context().get_job_id()
+    wanted = max(1, -(-workers // WORKERS_PER_BATCHER))
+    with _BATCHERS_LOCK:
+        handles, ready = _BATCHERS.get(job, ([], []))
+    if len(handles) < wanted:
+        return False
+    done, _ = ray.wait(ready[:wanted], num_returns=wanted, timeout=0)
+    return len(done) == wanted
+
+
+def start_group_batchers(workers: int) -> None:
+    """Start the ``GroupBatcher`` actors in the background (their process imports torch). Called
+    with a sample blend's first group, not with the loader: started together with the warm-up
+    imports or the first segments, the actor's import slowed them on a small machine (the first
+    batch's critical path: 3.0 s → 2.8 s measured when started after the warm-up, see
+    benchmarks/README). Until they are ready, groups are batched by plain Ray tasks on the warm
+    workers (``SeamTasks.submit``)."""
+    job = ray.get_runtime_context().get_job_id()
+    with _BATCHERS_LOCK:
+        if job in _STARTING:
+            return
+        _STARTING.add(job)
+
+    def start() -> None:
+        try:
+            group_batchers(workers)
+        except Exception:  # Ray shut down meanwhile
+            logging.getLogger("energon_ray").debug("GroupBatcher actors not started", exc_info=True)
+
+    threading.Thread(target=start, name="energon_ray_batchers", daemon=True).start()
+
+
+_STARTING: set = set()
 
 
 class SeamTasks:
@@ -612,10 +655,12 @@ class SeamTasks:
         (a zero-copy table)."""
         if self._config_ref is None:
             self._config_ref = ray.put(ship(self._config))
-        if self.on_batcher:
+        if self.on_batcher and batchers_ready(self.on_batcher):
             batchers = group_batchers(self.on_batcher)
             ref = batchers[worker % len(batchers)].batch.remote(self._config_ref, worker, seed, groups, self.source)
         else:
+            if self.on_batcher:  # the actors start now; meanwhile a plain task on a warm worker batches
+                start_group_batchers(self.on_batcher)
             task = _seam_task.options(**self.remote_args) if self.remote_args else _seam_task
             ref = task.remote(self._config_ref, worker, seed, groups, self.source)
         return lambda: ray.get(ref)
