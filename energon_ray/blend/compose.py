@@ -18,6 +18,8 @@ driver. The union here is decided in the driver instead, where the order is defi
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import math
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -190,14 +192,21 @@ class BlendDataset(Composition):
         draws = fresh()
         alive = [[w > 0 for w in self.weights] for _ in range(workers)]
         ctx.register(_BlendNode(draws, alive, fresh))
-        weights = np.asarray(self.weights)
+        weights = [float(w) for w in self.weights]
+        #: per worker: (which sources are alive, their cumulative weights), recomputed when one ends
+        cumulatives: List[Optional[Tuple[Tuple[bool, ...], List[float]]]] = [None] * workers
 
         def next_item(worker: int) -> Any:
             live = alive[worker]
             while any(live):
-                active = weights * np.asarray(live)
-                cumulative = np.cumsum(active)
-                choice = int(_pick(cumulative, draws[worker].next()))
+                key = tuple(live)
+                cached = cumulatives[worker]
+                if cached is None or cached[0] != key:
+                    # the sums numpy's cumsum of the masked weights gives (sequential float64 adds)
+                    cached = cumulatives[worker] = (key, list(itertools.accumulate(w if on else 0.0 for w, on in zip(weights, live))))
+                cumulative = cached[1]
+                # _pick in plain Python (a sample blend draws per sample: numpy's call overhead dominated)
+                choice = min(bisect.bisect_right(cumulative, draws[worker].next() * cumulative[-1]), len(cumulative) - 1)
                 while not live[choice]:  # u landed exactly on a boundary next to a dead source
                     choice -= 1
                 item = subs[choice](worker)
