@@ -550,6 +550,9 @@ def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, 
     return parts(table), (packs, report)
 
 
+_pack_task = ray.remote(num_cpus=1, max_retries=3, num_returns=2)(_pack_chunk)
+
+
 @ray.remote(num_cpus=0, max_restarts=3, max_task_retries=3)
 class GroupBatcher:
     """Batches a sample blend's drawn groups for the loaders of one trainer process.
@@ -666,10 +669,17 @@ class SeamTasks:
         return lambda: ray.get(ref)
 
     def submit_pack(self, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
-        """Start packing a chunk of samples on a ``GroupBatcher``: the reference of its packs' table
-        (for ``Located`` packs) and a function waiting for ``(packs' (position, sub), report)``."""
+        """Start packing a chunk of samples (on a ``GroupBatcher``, or a plain task until they are up):
+        the reference of its packs' table (for ``Located`` packs) and a function waiting for
+        ``(packs' (position, sub), report)``."""
         if self._config_ref is None:
             self._config_ref = ray.put(ship(self._config))
-        batchers = group_batchers(max(1, self.on_batcher))
-        table_ref, meta_ref = batchers[worker % len(batchers)].pack.remote(self._config_ref, worker, seed, samples, buffer_size, self.source)
+        workers = max(1, self.on_batcher)
+        if batchers_ready(workers):
+            batchers = group_batchers(workers)
+            table_ref, meta_ref = batchers[worker % len(batchers)].pack.remote(self._config_ref, worker, seed, samples, buffer_size, self.source)
+        else:  # as submit(): a plain task on a warm worker until the actors are up
+            start_group_batchers(workers)
+            task = _pack_task.options(**self.remote_args) if self.remote_args else _pack_task
+            table_ref, meta_ref = task.remote(self._config_ref, worker, seed, samples, buffer_size, self.source)
         return table_ref, lambda: ray.get(meta_ref)
