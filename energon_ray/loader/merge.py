@@ -110,7 +110,7 @@ class LoaderStats:
         if report.node is not None:
             self.segments_per_node[report.node] = self.segments_per_node.get(report.node, 0) + 1
         for run in report.runs:
-            for exc, item, sources in getattr(run, "deferred", ()):
+            for exc, item, sources in run.deferred:
                 self.handle_failure(run.stage, exc, item, sources)
             if run.failures:
                 self.skipped[run.stage] = self.skipped.get(run.stage, 0) + run.failures

@@ -583,6 +583,8 @@ WORKERS_PER_BATCHER = 4
 #: per Ray job: this process's ``GroupBatcher`` handles and a ready reference of each
 _BATCHERS: Dict[str, Tuple[List[Any], List[Any]]] = {}
 _BATCHERS_LOCK = threading.Lock()
+#: Ray jobs whose ``GroupBatcher`` actors were asked to start (``start_group_batchers``)
+_STARTING: set = set()
 
 
 def group_batchers(workers: int) -> List[Any]:
@@ -619,9 +621,8 @@ def batchers_ready(workers: int) -> bool:
 def start_group_batchers(workers: int) -> None:
     """Start the ``GroupBatcher`` actors in the background (their process imports torch). Called
     with a sample blend's first group, not with the loader: started together with the warm-up
-    imports or the first segments, the actor's import slowed them on a small machine (the first
-    batch's critical path: 3.0 s → 2.8 s measured when started after the warm-up, see
-    benchmarks/README). Until they are ready, groups are batched by plain Ray tasks on the warm
+    imports or the first segments, the actor's import slowed them on a small machine (a sample
+    blend's first batch on 2 cores: 3.04 s → 2.15 s, see benchmarks/README). Until they are ready, groups are batched by plain Ray tasks on the warm
     workers (``SeamTasks.submit``)."""
     job = ray.get_runtime_context().get_job_id()
     with _BATCHERS_LOCK:
@@ -637,8 +638,6 @@ def start_group_batchers(workers: int) -> None:
 
     threading.Thread(target=start, name="energon_ray_batchers", daemon=True).start()
 
-
-_STARTING: set = set()
 
 
 class SeamTasks:
@@ -656,30 +655,35 @@ class SeamTasks:
     def submit(self, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]]) -> Callable[[], pa.Table]:
         """Start one task for ``(batch size, group)`` pairs; the returned function waits for its rows
         (a zero-copy table)."""
-        if self._config_ref is None:
-            self._config_ref = ray.put(ship(self._config))
-        if self.on_batcher and batchers_ready(self.on_batcher):
-            batchers = group_batchers(self.on_batcher)
-            ref = batchers[worker % len(batchers)].batch.remote(self._config_ref, worker, seed, groups, self.source)
+        actor = self._batcher(worker)
+        if actor is not None:
+            ref = actor.batch.remote(self._config_ref, worker, seed, groups, self.source)
         else:
-            if self.on_batcher:  # the actors start now; meanwhile a plain task on a warm worker batches
-                start_group_batchers(self.on_batcher)
             task = _seam_task.options(**self.remote_args) if self.remote_args else _seam_task
             ref = task.remote(self._config_ref, worker, seed, groups, self.source)
         return lambda: ray.get(ref)
+
+    def _batcher(self, worker: int) -> Optional[Any]:
+        """Upload the config once; the ``GroupBatcher`` for ``worker`` if they run on batchers and
+        are up, else None (a plain task on a warm worker, while the actors start)."""
+        if self._config_ref is None:
+            self._config_ref = ray.put(ship(self._config))
+        if not self.on_batcher:
+            return None
+        if not batchers_ready(self.on_batcher):
+            start_group_batchers(self.on_batcher)
+            return None
+        batchers = group_batchers(self.on_batcher)
+        return batchers[worker % len(batchers)]
 
     def submit_pack(self, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
         """Start packing a chunk of samples (on a ``GroupBatcher``, or a plain task until they are up):
         the reference of its packs' table (for ``Located`` packs) and a function waiting for
         ``(packs' (position, sub), report)``."""
-        if self._config_ref is None:
-            self._config_ref = ray.put(ship(self._config))
-        workers = max(1, self.on_batcher)
-        if batchers_ready(workers):
-            batchers = group_batchers(workers)
-            table_ref, meta_ref = batchers[worker % len(batchers)].pack.remote(self._config_ref, worker, seed, samples, buffer_size, self.source)
-        else:  # as submit(): a plain task on a warm worker until the actors are up
-            start_group_batchers(workers)
+        actor = self._batcher(worker)
+        if actor is not None:
+            table_ref, meta_ref = actor.pack.remote(self._config_ref, worker, seed, samples, buffer_size, self.source)
+        else:
             task = _pack_task.options(**self.remote_args) if self.remote_args else _pack_task
             table_ref, meta_ref = task.remote(self._config_ref, worker, seed, samples, buffer_size, self.source)
         return table_ref, lambda: ray.get(meta_ref)

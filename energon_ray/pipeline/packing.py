@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, List, Tuple
 
 from energon_ray.errors import FatalSampleError
-from energon_ray.pipeline.policy import HookRunner, StageRun
+from energon_ray.pipeline.policy import HookRunner, StageRun, item_key
 from energon_ray.task_encoder.base import TaskEncoder, is_overridden
 from energon_ray.task_encoder.context import hook_call
 from energon_ray.task_encoder.decorators import get_failure_tolerance
@@ -25,7 +25,8 @@ PACKED = "Packed"
 
 
 def _key(sample: Any) -> Any:
-    return sample.get("__key__") if isinstance(sample, dict) else getattr(sample, "__key__", "?")
+    key = item_key(sample)
+    return "?" if key is None else key
 
 
 def _restore_key(sample: Any) -> Any:

@@ -46,7 +46,8 @@ class FailedItem:
         return f"FailedItem(__key__={self.__key__!r})"
 
 
-def _item_key(item: Any) -> Any:
+def item_key(item: Any) -> Any:
+    """An item's ``__key__`` (a dict's entry or an attribute; None without one)."""
     return item.get("__key__") if isinstance(item, dict) else getattr(item, "__key__", None)
 
 
@@ -81,7 +82,7 @@ class StageRun:
         if not _picklable(exc):
             exc = RuntimeError(f"{type(exc).__name__}: {exc}")
         if not _picklable(item):
-            item = FailedItem(_item_key(item))
+            item = FailedItem(item_key(item))
         sources = list(sources or ())
         self.deferred.append((exc, item, sources if _picklable(sources) else []))
 
