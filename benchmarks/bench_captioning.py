@@ -135,6 +135,8 @@ def energon_iter(path: str, workers: int):
 
 _ER_LOADER = {}
 _ER_OPTIONS = {}
+#: energon_ray's object_store_limit in bytes (None: the loader's default)
+_ER_LIMIT = None
 
 
 def _energon_ray_loader(path: str):
@@ -148,7 +150,8 @@ def _energon_ray_loader(path: str):
             path, split_part="train", worker_config=wc, batch_size=BATCH, shuffle_buffer_size=100,
             max_samples_per_sequence=100, repeat=False, task_encoder=Encoder(), **options,
         )  # fmt: skip
-        _ER_LOADER["loader"] = er.get_loader(ds)
+        loader_options = {} if _ER_LIMIT is None else {"object_store_limit": _ER_LIMIT}
+        _ER_LOADER["loader"] = er.get_loader(ds, **loader_options)
     return _ER_LOADER["loader"]
 
 
@@ -250,6 +253,8 @@ def run_child(name: str, args) -> Dict[str, float]:
            "--workdir", args.workdir, "--setup-delay", str(args.setup_delay)]  # fmt: skip
     if args.samples_per_segment:
         cmd += ["--samples-per-segment", str(args.samples_per_segment)]
+    if args.object_store_mib:
+        cmd += ["--object-store-mib", str(args.object_store_mib)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     peak = 0
     while proc.poll() is None:
@@ -268,10 +273,14 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     import json
 
     torch.set_num_threads(1)
-    if name in ("ray_data", "energon_ray"):
+    if name == "ray_data":
         import ray
 
         ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, logging_level="ERROR")
+    if name == "energon_ray":  # the private Ray energon_ray starts for a user who has none
+        from energon_ray.ray_env import ensure_ray
+
+        ensure_ray(num_cpus=args.cpus, logging_level="ERROR")
     if name == "energon_ray":
         _ER_OPTIONS["num_workers"] = args.cpus
     make = {
@@ -319,10 +328,14 @@ def main() -> None:
     parser.add_argument("--only", default="energon,webloader,ray_data,energon_ray")
     parser.add_argument("--setup-delay", type=float, default=0.0, help="seconds between building energon_ray's loader and iter()")
     parser.add_argument("--samples-per-segment", type=int, default=None, help="energon_ray: samples per Ray task")
+    parser.add_argument("--object-store-mib", type=int, default=None, help="energon_ray: object_store_limit in MiB")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.samples_per_segment:
         _ER_OPTIONS["samples_per_segment"] = args.samples_per_segment
+    if args.object_store_mib:
+        global _ER_LIMIT
+        _ER_LIMIT = args.object_store_mib << 20
 
     from energon_ray.format.info import meta_dir
     from energon_ray.format.prepare import prepare_dataset

@@ -14,16 +14,13 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """Start (once per test session) a private 2-CPU local Ray; shut it down at the end."""
+    """Start (once per test session) a private 2-CPU local Ray, as energon_ray starts one for a
+    user who has none; shut it down at the end."""
     import ray
 
+    from energon_ray.ray_env import ensure_ray
+
     if not ray.is_initialized():
-        ray.init(
-            address="local",
-            num_cpus=2,
-            include_dashboard=False,
-            object_store_memory=512 * 1024**2,
-            log_to_driver=False,
-        )
+        ensure_ray(num_cpus=2, object_store_memory=512 * 1024**2, log_to_driver=False)
     yield
     ray.shutdown()
