@@ -85,8 +85,22 @@ def _binary_chunk(buffer: pa.Buffer) -> pa.Array:
 _KIND_NAMES = {SEGMENT: "segment", ITEM: "batch/sample", LEFTOVER: "leftover samples", REPORT: "report"}
 
 
+class Dumped(NamedTuple):
+    """A payload serialized already (``table`` takes it as is): a batch made while its segment was
+    still being encoded, serialized at once so its tensors and samples are freed."""
+
+    buffer: pa.Buffer
+
+
+def dumped(row: Tuple[int, int, int, int, Any]) -> Dumped:
+    """``row``'s payload, serialized now (errors name the row as ``table``'s do)."""
+    return Dumped(_dump(row))
+
+
 def _dump(row: Tuple[int, int, int, int, Any]) -> pa.Buffer:
     kind, worker, segment, seq, payload = row
+    if isinstance(payload, Dumped):
+        return payload.buffer
     try:
         return serde.dumps(payload)
     except Exception as exc:

@@ -9,7 +9,7 @@ Every hook call is seeded from its stream position, so a stage gives the same ou
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
 
@@ -93,7 +93,9 @@ class EncodeSamples:
             out.append((kind, worker, segment, seq, data))
         return rows.table(out, source=source)
 
-    def encode(self, data: rows.SegmentData) -> None:
+    def encode(self, data: rows.SegmentData, sink: Optional[Callable[[], None]] = None) -> None:
+        """Encode the segment's samples into ``data.encoded``; ``sink`` is called after each sample's
+        outputs were added (it may take them out: ``EagerBatches``)."""
         self.config = config = self.configs[data.spec.source]
         te: TaskEncoder = config.task_encoder.get()
         loader: SampleLoader = config.loader.get()
@@ -108,12 +110,12 @@ class EncodeSamples:
         if data.fatal is None:
             try:
                 with cook_context(config.aux):
-                    self._encode_all(data, te, loader, load, cook, encode, runs)
+                    self._encode_all(data, te, loader, load, cook, encode, runs, sink)
             except FatalSampleError as exc:
                 data.fatal = ("FatalSampleError", str(exc))
         data.raw = []
 
-    def _encode_all(self, data, te, loader, load, cook, encode, runs) -> None:
+    def _encode_all(self, data, te, loader, load, cook, encode, runs, sink) -> None:
         do_encode = is_overridden(te, "encode_sample") or (
             self.config.packing_buffer_size is not None and is_overridden(te, "preencode_sample")
         )
@@ -135,13 +137,16 @@ class EncodeSamples:
                     continue
             if not do_encode:
                 data.encoded.append((position, 0, sample))
-                continue
-            with hook_call(seed, "encode", position, sample_index=position, batch_index=position // per_batch):
-                outputs = encode.call_many(runs["encode_sample"], sample, what, sources)
-            if outputs is HookRunner.FAILED or outputs is HookRunner.IGNORED:
-                continue
-            for sub, item in enumerate(outputs):
-                data.encoded.append((position, sub, item))
+            else:
+                with hook_call(seed, "encode", position, sample_index=position, batch_index=position // per_batch):
+                    outputs = encode.call_many(runs["encode_sample"], sample, what, sources)
+                if outputs is HookRunner.FAILED or outputs is HookRunner.IGNORED:
+                    continue
+                for sub, item in enumerate(outputs):
+                    data.encoded.append((position, sub, item))
+            del sample
+            if sink is not None:
+                sink()
 
 
 class Batcher:
@@ -210,18 +215,40 @@ class BatchSamples:
             out.extend(self.explode(serde.loads(payload)))
         return _table(out, source)
 
-    def explode(self, data: rows.SegmentData) -> Iterator[Tuple[int, int, int, int, Any, Optional[List[int]]]]:
-        """The segment's rows, each with the stream positions of an item's samples (``None`` otherwise)."""
+    def eager(self, data: rows.SegmentData) -> Optional["EagerBatches"]:
+        """Batches made while ``data`` is still being encoded, where a segment's batches are plain
+        consecutive groups of its samples (no packing, grouping, ``postencode_sample`` or cross-source
+        batching; not a restore read); ``None`` elsewhere."""
+        config = self.configs[data.spec.source]
+        te: TaskEncoder = config.task_encoder.get()
+        if (
+            config.batch_size is None
+            or config.packing_buffer_size
+            or config.batch_across_sources
+            or data.spec.keep is not None
+            or is_overridden(te, "batch_group_criterion")
+            or (config.postencode and is_overridden(te, "postencode_sample"))
+        ):
+            return None
+        return EagerBatches(data, Batcher(te, config.error_handler), config.batch_size)
+
+    def explode(
+        self, data: rows.SegmentData, eager: Optional["EagerBatches"] = None
+    ) -> Iterator[Tuple[int, int, int, int, Any, Optional[List[int]]]]:
+        """The segment's rows, each with the stream positions of an item's samples (``None`` otherwise);
+        ``eager``: the batches made (and serialized) while the segment was encoded come first."""
         spec = data.spec
         self.config = self.configs[spec.source]
         items: List[Tuple[Any, List[int]]] = []
         leftovers: List[Any] = []
         try:
-            items, leftovers = self._batches(data)
+            items, leftovers = self._batches(data, eager)
         except FatalSampleError as exc:
             data.fatal = data.fatal or ("FatalSampleError", str(exc))
         if data.fatal is not None:
-            leftovers = []
+            items, leftovers = [], []  # a fatal segment gives nothing, even what was batched before
+        elif eager is not None:
+            items = eager.items + items
         for seq, (item, positions) in enumerate(items):
             yield rows.ITEM, spec.worker, spec.index, seq, item, positions
         if leftovers:
@@ -230,7 +257,7 @@ class BatchSamples:
             worker=spec.worker,
             segment=spec.index,
             samples_read=data.samples_read,
-            samples_encoded=len(data.encoded),
+            samples_encoded=len(data.encoded) + (eager.samples if eager is not None else 0),
             batches=len(items),
             runs=data.runs,
             fatal=data.fatal,
@@ -241,9 +268,9 @@ class BatchSamples:
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report, None
 
-    def _batches(self, data: rows.SegmentData) -> Tuple[List[Tuple[Any, List[int]]], List[Any]]:
+    def _batches(self, data: rows.SegmentData, eager: Optional["EagerBatches"] = None) -> Tuple[List[Tuple[Any, List[int]]], List[Any]]:
         """Items (batches, or samples without batching) with their samples' positions, and leftover
-        groups ``(key, size, items)``."""
+        groups ``(key, size, items)`` (of the samples ``eager`` left)."""
         te: TaskEncoder = self.config.task_encoder.get()
         handler, size, seed = self.config.error_handler, self.config.batch_size, data.spec.seed
         entries = data.encoded
@@ -268,9 +295,12 @@ class BatchSamples:
             return [(item, [position]) for position, _, item in entries], []
         if self.config.batch_across_sources:
             return [], ([(None, size, entries)] if entries else [])
-        batcher = Batcher(te, handler)
-        runs = batcher.new_runs()
-        data.runs.extend(runs)
+        if eager is not None:
+            batcher, runs = eager.batcher, eager.runs
+        else:
+            batcher = Batcher(te, handler)
+            runs = batcher.new_runs()
+            data.runs.extend(runs)
         cut = len(entries) - len(entries) % size
         items = [b for start in range(0, cut, size) for b in batcher.with_positions(entries[start : start + size], seed, size, runs)]
         return items, ([(None, size, entries[cut:])] if cut < len(entries) else [])
@@ -289,6 +319,35 @@ def _postencode(te: TaskEncoder, entries, seed: int, handler: Any, runs_out: Lis
     return out
 
 
+class EagerBatches:
+    """A segment's batches made as soon as ``batch_size`` samples are encoded, each serialized at
+    once: a task holds one batch's samples and the serialized block, not all encoded samples, their
+    batches and the block together (same hooks, seeds and batches as batching after encoding)."""
+
+    def __init__(self, data: rows.SegmentData, batcher: Batcher, size: int):
+        self.data = data
+        self.batcher = batcher
+        self.size = size
+        self.runs = batcher.new_runs()
+        data.runs.extend(self.runs)
+        #: ``(Dumped batch, positions)``, in order
+        self.items: List[Tuple[rows.Dumped, List[int]]] = []
+        #: samples taken out of ``data.encoded``
+        self.samples = 0
+
+    def __call__(self) -> None:
+        data, size = self.data, self.size
+        spec = data.spec
+        while len(data.encoded) >= size:
+            group = data.encoded[:size]
+            del data.encoded[:size]
+            self.samples += size
+            for item, positions in self.batcher.with_positions(group, spec.seed, size, self.runs):
+                row = (rows.ITEM, spec.worker, spec.index, len(self.items), item)
+                self.items.append((rows.dumped(row), positions))
+            del group
+
+
 class EncodeAndBatch:
     """Stages 1 and 2 in one call: the encoded samples go straight to batching, never serialized."""
 
@@ -304,8 +363,9 @@ class EncodeAndBatch:
             if kind != rows.SEGMENT:
                 out.append((kind, worker, segment, seq, data, None))
                 continue
-            self.encode.encode(data)
-            out.extend(self.batch.explode(data))
+            eager = self.batch.eager(data)
+            self.encode.encode(data, eager)
+            out.extend(self.batch.explode(data, eager))
         return _table(out, source)
 
 

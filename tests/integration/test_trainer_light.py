@@ -36,6 +36,33 @@ class PidBatches(er.DefaultTaskEncoder):
         return {"keys": [s.__key__ for s in samples], "pid": os.getpid(), "image": torch.stack([s.image for s in samples])}
 
 
+
+class _Tracked:
+    """An encoded sample that counts the instances alive in its process."""
+
+    live = 0
+
+    def __init__(self, key: str):
+        self.key = key
+        type(self).live += 1
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        type(self).live += 1
+
+    def __del__(self):
+        type(self).live -= 1
+
+
+class LiveSamples(er.DefaultTaskEncoder):
+    """Each batch tells how many encoded samples its Ray worker held when it was made."""
+
+    def encode_sample(self, sample):
+        return _Tracked(sample.__key__)
+
+    def batch(self, samples):
+        return {"keys": [s.key for s in samples], "live": _Tracked.live}
+
 def test_every_batch_is_made_in_a_ray_worker_even_across_segments(tmp_path):
     """With skipped samples, full batches still come out (seam batches), and none was made in the trainer."""
     path = captioning_dataset(tmp_path / "ds", n=60, per_shard=7)
@@ -195,3 +222,15 @@ def test_a_private_ray_returns_released_blocks_memory_within_tens_of_ms():
             time.sleep(0.005)
         waits.append(time.perf_counter() - start)
     assert max(waits) < 0.3, waits
+
+
+
+def test_a_segment_task_holds_one_batch_of_encoded_samples_not_the_whole_segment(tmp_path):
+    """A batch is made as soon as its samples are encoded (and serialized at once), so a task's memory
+    is one batch of samples plus its block, not every encoded sample of its segment as well."""
+    path = captioning_dataset(tmp_path / "ds", n=48, per_shard=8)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=LiveSamples(), samples_per_segment=16)
+    batches = list(er.get_loader(ds))
+    assert sorted(k for b in batches for k in b["keys"]) == [f"sample_{i:06d}" for i in range(48)]
+    assert [b["live"] for b in batches] == [4] * 12
