@@ -21,6 +21,7 @@ import numpy as np
 
 from energon_ray.loader.savable import describe, new_state
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, expand_ranges, fingerprint
+from energon_ray.plan.stream import SegmentLayout
 from energon_ray.worker import WorkerConfig
 
 
@@ -189,7 +190,7 @@ def _rest(stream: Any, state: LoaderState, leaf: int, worker: int) -> Tuple[np.n
     if state.streams:
         saved = state.streams[leaf][worker]
         cp = saved.checkpoint
-        start = cp.segment * state.segment_lengths[leaf]
+        start = SegmentLayout.from_list(state.segment_lengths[leaf]).start(cp.segment)
         pooled = {int(p) for ref_leaf, p, _ in cp.refs() if ref_leaf == leaf}
         consumed = set(expand_ranges(saved.positions)) | _given_by_nodes(state, leaf, worker)
     else:  # a redistributed pass that had not started: nothing read yet

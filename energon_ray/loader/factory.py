@@ -54,6 +54,18 @@ def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
         raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
 
 
+def _segment_samples(value: Any) -> Any:
+    """``samples_per_segment``: a positive int, or ``(first, later)`` positive ints (as a tuple)."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"samples_per_segment must be a positive int or (first, later), got {value!r}")
+        for part in value:
+            _check_positive("each of samples_per_segment's (first, later)", part, allow_none=False)
+        return tuple(value)
+    _check_positive("samples_per_segment", value, allow_none=False)
+    return value
+
+
 def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict, trusted: bool,
                  subflavors: Optional[dict] = None) -> Composition:
     """Leaves of a metadataset as EnergonDatasets, blended (train) or concatenated (val).
@@ -197,8 +209,7 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
         options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
         samples_per_segment = kwargs.pop("samples_per_segment", None)
         if samples_per_segment is not None:
-            _check_positive("samples_per_segment", samples_per_segment, allow_none=False)
-            options.segment_samples = samples_per_segment
+            options.segment_samples = _segment_samples(samples_per_segment)
         kwargs.pop("packing_buffer_size", None)
         options.blend_samples = bool(kwargs.pop("blend_samples", False))
         if kwargs:
@@ -208,8 +219,7 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
     options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
     samples_per_segment = kwargs.pop("samples_per_segment", None)
     if samples_per_segment is not None:
-        _check_positive("samples_per_segment", samples_per_segment, allow_none=False)
-        options.segment_samples = samples_per_segment
+        options.segment_samples = _segment_samples(samples_per_segment)
     dataset = _open(path, split_part, kwargs, trusted)
     kwargs.pop("sample_type", None)
     if kwargs:
@@ -272,7 +282,8 @@ def get_train_dataset(
             metadataset.
         **kwargs: ``split_config``, ``dataset_config``, ``subflavors``, ``parallel_shard_iters``,
             ``samples_per_segment`` (samples one Ray task processes, rounded up to whole batches;
-            default 64 — lower it for large media), ``blend_samples`` (a metadataset: blend samples,
+            default: 64 for each worker's first segment, 128 after, 64 with packing; an int makes
+            every segment that long — lower it for large media; ``(first, later)`` sets both), ``blend_samples`` (a metadataset: blend samples,
             then pack (with ``packing_buffer_size``) and batch them in Ray actors, as Energon does,
             so batches and packs mix datasets; not with ``batch_group_criterion``: ``ValueError``;
             default: each batch is one dataset's, drawn by weight), and the deprecated decoder arguments

@@ -44,10 +44,10 @@ def restore_reads(leaves: Sequence[Any], plans: Sequence[SegmentPlan], streams: 
     for (leaf, worker), refs in sorted(wanted.items()):
         plan = plans[leaf]
         if leaves[leaf].options.packing_buffer_size:
-            length = plan.segment_length
-            for index in sorted({p // length for p, _ in refs}):
+            index_of = plan.layout.index
+            for index in sorted({index_of(p) for p, _ in refs}):
                 spec = plan.segment(worker, index)
-                keep = tuple(sorted(r for r in refs if r[0] // length == index))
+                keep = tuple(sorted(r for r in refs if index_of(r[0]) == index))
                 specs.append(SegmentSpec(**{**_spec_fields(spec), "keep": keep}))
             continue
         stream = plan.streams[worker]

@@ -110,7 +110,7 @@ def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderStat
         fingerprint=fingerprint(describe(dataset)),
         passes=passes,
         epoch_items=epoch_items,
-        segment_lengths=[leaf.segment_length for leaf in dataset.leaves()],
+        segment_lengths=[leaf.segment_layout.to_list() for leaf in dataset.leaves()],
         order_fingerprint=fingerprint(describe(dataset, order_only=True)),
     )
 

@@ -15,7 +15,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 #: Bump when the meaning of a field changes; ``from_dict`` refuses other versions.
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: segment_lengths hold SegmentLayout lists (short first segments)
 
 #: ``(leaf index, stream position, sub-index)`` of a pooled sample (or pack).
 SampleRef = Tuple[int, int, int]
@@ -114,8 +114,8 @@ class LoaderState:
     round_robin: Optional[RoundRobinState] = None
     nodes: List[List[Any]] = dataclasses.field(default_factory=list)
     streams: List[List[StreamState]] = dataclasses.field(default_factory=list)
-    #: positions per segment of each leaf (a restore with another world size maps segments to positions)
-    segment_lengths: List[int] = dataclasses.field(default_factory=list)
+    #: each leaf's ``SegmentLayout.to_list()`` (a restore with another world size maps segments to positions)
+    segment_lengths: List[List[int]] = dataclasses.field(default_factory=list)
     #: digest of what decides the sample order, batch sizes and worker counts left out
     order_fingerprint: str = ""
     #: the pass ``pass_index`` runs on streams redistributed from ``states`` (another world size's

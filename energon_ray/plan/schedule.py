@@ -1,7 +1,7 @@
 """The order in which segments of several leaf datasets are handed to one Ray execution.
 
 Every segment gets a *need key*: the blend step at which its first item is expected to be taken,
-``offset + index * items_per_segment / share`` (``share``: the leaf's expected fraction of a worker's
+``offset + start * items_per_position / share`` (``start``: its first stream position; ``share``: the leaf's expected fraction of a worker's
 items; ``offset``: steps before the leaf starts, for concatenations). Merging the leaves' segment
 streams by ``(key, worker, leaf)`` gives Ray one task list in roughly the order the loader consumes
 items, so one execution feeds all sources and none runs far ahead of its share. The keys only
@@ -33,15 +33,17 @@ class LeafSchedule:
     plan: SegmentPlan
     share: float
     offset: float
-    items_per_segment: float
+    #: items per stream position (``1 / batch_size`` for a batched leaf)
+    items_per_position: float
     need: Optional[NeedFn] = None
     #: First segment of each worker (a restored loader resumes there); ``None``: all from 0.
     starts: Optional[Tuple[int, ...]] = None
 
     def key(self, index: int, worker: int = 0) -> float:
+        items = self.plan.layout.start(index) * self.items_per_position
         if self.need is not None:
-            return self.need(worker, int(index * self.items_per_segment))
-        return self.offset + index * self.items_per_segment / max(self.share, 1e-9)
+            return self.need(worker, int(items))
+        return self.offset + items / max(self.share, 1e-9)
 
 
 def _worker_segments(leaf: LeafSchedule, leaf_index: int, worker: int) -> Iterator[Tuple[float, int, int, SegmentSpec]]:
@@ -64,7 +66,7 @@ def merged_segments(leaves: Sequence[LeafSchedule]) -> Iterator[SegmentSpec]:
         >>> def plan(n, source):
         ...     cfg = StreamConfig(worker=0, global_worker=0, seed=1, offsets=(0, n), training=False, repeat=False)
         ...     return SegmentPlan([WorkerStream(cfg)], 2, source=source)
-        >>> specs = merged_segments([LeafSchedule(plan(8, 0), 0.75, 0, 2), LeafSchedule(plan(4, 1), 0.25, 0, 2)])
+        >>> specs = merged_segments([LeafSchedule(plan(8, 0), 0.75, 0, 1), LeafSchedule(plan(4, 1), 0.25, 0, 1)])
         >>> [(s.source, s.index) for s in specs]
         [(0, 0), (1, 0), (0, 1), (0, 2), (0, 3), (1, 1)]
     """

@@ -1,8 +1,10 @@
 """A logical worker's sample stream and its cut into segments: position → sample, purely.
 
-Stream position ``p`` of a worker is its ``p``-th sample over all epochs. Segments are fixed runs of
-``segment_length`` positions (a multiple of the batch size); segment ``s`` of every worker forms
-round ``s``. Ray runs segments as tasks; the order of outputs is decided here, not by Ray.
+Stream position ``p`` of a worker is its ``p``-th sample over all epochs. Segments are runs of
+``segment_length`` positions (a multiple of the batch size), except the first ``first_rounds`` of each
+worker, which are ``first_length`` long (a quick first batch; longer segments later mean fewer blocks
+for the trainer to take); segment ``s`` of every worker forms round ``s``. Ray runs segments as
+tasks; the order of outputs is decided here, not by Ray.
 """
 
 from __future__ import annotations
@@ -187,19 +189,70 @@ class SegmentSpec:
         )  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class SegmentLayout:
+    """Where the segments of a worker stream start: ``first_rounds`` segments of ``first_length``
+    positions, then segments of ``length``.
+
+    Example:
+        >>> layout = SegmentLayout(length=8, first_length=4, first_rounds=2)
+        >>> [layout.start(i) for i in range(4)], [layout.index(p) for p in (0, 3, 4, 8, 15, 16)]
+        ([0, 4, 8, 16], [0, 0, 1, 2, 2, 3])
+    """
+
+    length: int
+    first_length: int = 0
+    first_rounds: int = 0
+
+    def __post_init__(self):
+        if self.length < 1 or (self.first_rounds and self.first_length < 1) or self.first_rounds < 0:
+            raise ValueError(f"segment lengths must be >= 1: {self}")
+
+    @property
+    def ramp(self) -> int:
+        """Positions covered by the first (short) segments."""
+        return self.first_rounds * self.first_length
+
+    def start(self, index: int) -> int:
+        """First position of segment ``index``."""
+        if index <= self.first_rounds:
+            return index * self.first_length
+        return self.ramp + (index - self.first_rounds) * self.length
+
+    def size(self, index: int) -> int:
+        """Positions of segment ``index`` (before the stream's end clips it)."""
+        return self.first_length if index < self.first_rounds else self.length
+
+    def index(self, position: int) -> int:
+        """The segment that holds ``position``."""
+        if position < self.ramp:
+            return position // self.first_length
+        return self.first_rounds + (position - self.ramp) // self.length
+
+    def count(self, positions: int) -> int:
+        """Segments of a stream of ``positions`` positions."""
+        return 0 if positions <= 0 else self.index(positions - 1) + 1
+
+    def to_list(self) -> List[int]:
+        return [self.length, self.first_length, self.first_rounds]
+
+    @classmethod
+    def from_list(cls, values: Sequence[int]) -> "SegmentLayout":
+        return cls(*(int(v) for v in values))
+
+
 class SegmentPlan:
     """Cuts the worker streams of one rank into segments, ordered round by round.
 
     Args:
         streams: one per local worker.
-        segment_length: positions per segment (a multiple of the batch size).
+        segment_length: positions per segment (a multiple of the batch size), or the whole layout.
     """
 
-    def __init__(self, streams: Sequence[WorkerStream], segment_length: int, source: int = 0):
-        if segment_length < 1:
-            raise ValueError(f"segment_length must be >= 1, got {segment_length}")
+    def __init__(self, streams: Sequence[WorkerStream], segment_length: "int | SegmentLayout", source: int = 0):
+        layout = segment_length if isinstance(segment_length, SegmentLayout) else SegmentLayout(int(segment_length))
         self.streams = list(streams)
-        self.segment_length = segment_length
+        self.layout = layout
         self.source = source
 
     def num_segments(self, worker: int) -> Optional[int]:
@@ -207,7 +260,7 @@ class SegmentPlan:
         length = self.streams[worker].length
         if length is None:
             return None
-        return -(-length // self.segment_length)
+        return self.layout.count(length)
 
     @property
     def num_rounds(self) -> Optional[int]:
@@ -220,8 +273,8 @@ class SegmentPlan:
     def segment(self, worker: int, index: int) -> Optional[SegmentSpec]:
         """Segment ``index`` of ``worker`` (``None`` past the end of a finite stream)."""
         stream = self.streams[worker]
-        start = index * self.segment_length
-        samples = stream.samples(start, start + self.segment_length)
+        start = self.layout.start(index)
+        samples = stream.samples(start, start + self.layout.size(index))
         if len(samples) == 0:
             return None
         length = stream.length

@@ -62,17 +62,20 @@ def all_keys(prefix, n):
     return Counter(f"{prefix}_{i:06d}" for i in range(n))
 
 
-def test_two_ranks_to_one_rank_finishes_the_epoch_exactly_once(roots):
+@pytest.mark.parametrize("segments", [None, (4, 8)])
+def test_two_ranks_to_one_rank_finishes_the_epoch_exactly_once(roots, segments):
     """2 ranks x 2 workers (batch 4) saved mid-epoch, restored on 1 rank x 3 workers (batch 8): the
-    pass gives exactly the samples the old ranks had not; the next pass is a whole epoch again."""
-    old = [er.get_savable_loader(train(roots["a"], wc(r, 2, 2), 4, repeat=False)) for r in range(2)]
+    pass gives exactly the samples the old ranks had not; the next pass is a whole epoch again.
+    ``(4, 8)``: the states stand in the longer segments after each stream's short first one."""
+    more = {} if segments is None else {"samples_per_segment": segments}
+    old = [er.get_savable_loader(train(roots["a"], wc(r, 2, 2), 4, repeat=False, **more)) for r in range(2)]
     seen = flat(take(old[0], 3)) + flat(take(old[1], 3))
     states = [json.loads(loader.save_state_rank().to_json()) for loader in old]
     for loader in old:
         loader.close()
     assert len(seen) == 24
 
-    new = er.get_savable_loader(train(roots["a"], wc(0, 1, 3), 8, repeat=False))
+    new = er.get_savable_loader(train(roots["a"], wc(0, 1, 3), 8, repeat=False, **more))
     new.restore_state_global(states)
     rest = list(new)
     assert all(len(b.__key__) == 8 for b in rest[:-3])  # full batches except each stream's last

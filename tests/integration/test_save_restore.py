@@ -130,6 +130,20 @@ def test_train_restores_mid_epoch_and_across_epochs(roots, num_workers):
     assert len(keys) == len(set(keys)) == 36  # within each worker's first epoch nothing repeats
 
 
+def test_restores_across_short_first_segments_and_longer_later_ones(roots):
+    """``samples_per_segment=(first, later)``: states saved inside the short first segments, at their
+    end and in the longer ones restore exactly (two workers, skipped samples, shuffle buffer)."""
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+
+    def build():
+        return er.get_train_dataset(roots["a"], batch_size=3, shuffle_buffer_size=6, max_samples_per_sequence=4, worker_config=wc,
+                                    repeat=False, task_encoder=Augmented(fail_every=7), samples_per_segment=(3, 9))  # fmt: skip
+
+    assert build().segment_layout.to_list() == [9, 3, 1]
+    items = round_trip(build, [1, 2, 3, 5, 8, 11], count=15)
+    keys = [k for b in items if b != END for k in b[0]]
+    assert len(keys) == len(set(keys)) == 45 - len([i for i in range(45) if i % 7 == 3])
+
 def test_repeat_false_passes_get_fresh_hook_seeds_and_restore_across_passes(roots):
     def build():
         return er.get_train_dataset(roots["b"], batch_size=4, shuffle_buffer_size=5, worker_config=WC, repeat=False, task_encoder=Augmented())

@@ -7,7 +7,7 @@ import pytest
 
 from energon_ray.plan.order import interleave, shuffle_buffer, train_epoch_order, val_order
 from energon_ray.plan.sharder import bit_reversal_order, compute_subset, global_worker_counts, slice_offsets, worker_ranges
-from energon_ray.plan.stream import SegmentPlan, StreamConfig, WorkerStream
+from energon_ray.plan.stream import SegmentLayout, SegmentPlan, StreamConfig, WorkerStream
 from energon_ray.worker import WorkerConfig
 
 
@@ -133,6 +133,49 @@ def test_segment_plan_rounds_and_last_flags():
         (0, 2, [8, 9], True),
     ]
 
+
+
+def test_segment_plan_with_short_first_rounds_covers_every_position_once():
+    """Each worker's first segments are short, the rest long; together they cover the stream exactly,
+    and a position maps back to the segment that holds it."""
+    streams = [
+        _stream(repeat=False, training=False, offsets=(0, 10)),
+        _stream(repeat=False, training=False, offsets=(10, 13)),
+    ]
+    layout = SegmentLayout(length=4, first_length=2, first_rounds=2)
+    plan = SegmentPlan(streams, layout)
+    assert plan.num_segments(0) == 4 and plan.num_segments(1) == 2 and plan.num_rounds == 4
+    assert [(s.worker, s.index, s.start, s.samples.tolist(), s.last) for s in plan.rounds(0, 4)] == [
+        (0, 0, 0, [0, 1], False),
+        (1, 0, 0, [10, 11], False),
+        (0, 1, 2, [2, 3], False),
+        (1, 1, 2, [12], True),
+        (0, 2, 4, [4, 5, 6, 7], False),
+        (0, 3, 8, [8, 9], True),
+    ]
+    assert [layout.index(p) for p in range(10)] == [0, 0, 1, 1, 2, 2, 2, 2, 3, 3]
+    assert SegmentLayout.from_list(layout.to_list()) == layout
+
+
+def test_default_segments_are_short_first_then_long_unless_the_user_sets_a_length(tmp_path):
+    """Default: each worker's first segment is one of 64 samples (quick first batch), later ones 128 (fewer
+    blocks for the trainer); ``samples_per_segment`` makes them all that long; packing keeps one length."""
+    import energon_ray as er
+    from tests.helpers import captioning_dataset
+
+    path = captioning_dataset(tmp_path / "ds", n=20, per_shard=10)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    default = er.get_train_dataset(path, batch_size=32, worker_config=wc, max_samples_per_sequence=5)
+    assert default.segment_layout == SegmentLayout(128, first_length=64, first_rounds=1)
+    chosen = er.get_train_dataset(path, batch_size=32, worker_config=wc, max_samples_per_sequence=5, samples_per_segment=96)
+    assert chosen.segment_layout == SegmentLayout(96)
+    big_batches = er.get_train_dataset(path, batch_size=100, worker_config=wc, max_samples_per_sequence=5)
+    assert big_batches.segment_layout == SegmentLayout(200, first_length=100, first_rounds=1)
+    both = er.get_train_dataset(path, batch_size=4, worker_config=wc, max_samples_per_sequence=5, samples_per_segment=(6, 16))
+    assert both.segment_layout == SegmentLayout(16, first_length=8, first_rounds=1)
+    for bad in ((8,), (0, 8), (8, 2.5), "8"):
+        with pytest.raises(ValueError, match="samples_per_segment"):
+            er.get_train_dataset(path, batch_size=4, worker_config=wc, max_samples_per_sequence=5, samples_per_segment=bad)
 
 def test_worker_seed_matches_energon_rule():
     """Stream seeds follow Energon's sha1(f'{gid},{seed_offset}') rule and depend on seed_offset."""
