@@ -56,6 +56,16 @@ def _data(workdir: Path, samples: int) -> Path:
     return root
 
 
+#: energon_ray's ``samples_per_segment`` (None: its default)
+_SEGMENTS = None
+
+
+def _segments(text: str):
+    """``--samples-per-segment``: ``N`` or ``FIRST,LATER``."""
+    parts = [int(p) for p in text.split(",")]
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
 def _iter(kind: str, root: Path):
     if kind == "energon":
         import megatron.energon as me
@@ -70,6 +80,8 @@ def _iter(kind: str, root: Path):
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
     common = dict(split_part="train", worker_config=wc, batch_size=BATCH, shuffle_buffer_size=100,
                   max_samples_per_sequence=100)  # fmt: skip
+    if _SEGMENTS is not None:
+        common["samples_per_segment"] = _SEGMENTS
     encoder = bc.make_energon_encoder(er)
     if kind == "samples":
         ds = er.get_train_dataset(root / "mix.yaml", task_encoder=encoder(), blend_samples=True, **common)
@@ -113,8 +125,12 @@ def main() -> None:
     parser.add_argument("--take", type=int, default=None, help="samples taken per pass (default: --samples)")
     parser.add_argument("--workdir", default="/tmp/energon_ray_bench")
     parser.add_argument("--only", default="energon,samples,batches")
+    parser.add_argument("--samples-per-segment", default=None, help="energon_ray: N or FIRST,LATER")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.samples_per_segment:
+        global _SEGMENTS
+        _SEGMENTS = _segments(args.samples_per_segment)
     root = _data(Path(args.workdir), args.samples)
     if args.child:
         print(json.dumps(child(args.child, root, (args.take or args.samples) // BATCH)))
@@ -124,6 +140,8 @@ def main() -> None:
     for run in range(args.runs):
         for kind in args.only.split(","):
             cmd = [sys.executable, __file__, "--child", kind, "--samples", str(args.samples), "--workdir", args.workdir]
+            if args.samples_per_segment:
+                cmd += ["--samples-per-segment", args.samples_per_segment]
             out = subprocess.run(cmd + (["--take", str(args.take)] if args.take else []),
                                  capture_output=True, text=True, env=env)  # fmt: skip
             line = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
