@@ -239,6 +239,8 @@ class BatchSamples:
         ``eager``: the batches made (and serialized) while the segment was encoded come first."""
         spec = data.spec
         self.config = self.configs[spec.source]
+        if eager is not None:
+            data.runs.extend(eager.runs)
         items: List[Tuple[Any, List[int]]] = []
         leftovers: List[Any] = []
         try:
@@ -328,8 +330,8 @@ class EagerBatches:
         self.data = data
         self.batcher = batcher
         self.size = size
+        #: reported after the encode stage's runs (``explode`` adds them), as without eager batching
         self.runs = batcher.new_runs()
-        data.runs.extend(self.runs)
         #: ``(Dumped batch, positions)``, in order
         self.items: List[Tuple[rows.Dumped, List[int]]] = []
         #: samples taken out of ``data.encoded``
