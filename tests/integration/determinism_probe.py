@@ -81,6 +81,8 @@ def record(path: str, batches: int = 12) -> dict:
     common = dict(worker_config=wc, shuffle_buffer_size=9, max_samples_per_sequence=4)
     out["packed"] = _keys(er.get_train_dataset(path, batch_size=2, packing_buffer_size=6, task_encoder=PackPairs(), **common), 8)
     out["grouped"] = _keys(er.get_train_dataset(path, batch_size=3, task_encoder=GroupByIndex(), **common), 8)
+    # short first segments, longer ones after (the default layout, scaled down to this dataset)
+    out["layout"] = _keys(er.get_train_dataset(path, batch_size=2, samples_per_segment=(2, 6), task_encoder=NoisyEncoder(), **common), 12)
     return out
 
 

@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_same_batches_on_1_cpu_2_cpus_and_2_nodes(tmp_path):
-    """Keys and (augmented) pixel sums of the first 12 batches, and packed and grouped pipelines' keys,
-    are identical on three Ray layouts; on the 2-node cluster segments ran on both nodes."""
+    """Keys and (augmented) pixel sums of the first 12 batches, and packed, grouped and short-then-long
+    segmented pipelines' keys, are identical on three Ray layouts; on the 2-node cluster segments ran
+    on both nodes."""
     path = str(captioning_dataset(tmp_path / "ds", n=40, per_shard=6))
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("RAY_ADDRESS", None)
@@ -39,6 +40,7 @@ def test_same_batches_on_1_cpu_2_cpus_and_2_nodes(tmp_path):
     assert len(in_process["keys"]) == 12 and all(len(k) == 5 for k in in_process["keys"])
     assert all("+" in k for b in in_process["packed"] for k in b) and len(in_process["grouped"]) == 8
     assert all(len({int(k[-6:]) % 3 for k in b}) == 1 for b in in_process["grouped"])
+    assert len(in_process["layout"]) == 12 and all(len(b) == 2 for b in in_process["layout"])
     assert in_process.pop("nodes") == 1 and results["local1"].pop("nodes") == 1
     assert results["cluster2"].pop("nodes") == 2
     assert results["local1"] == in_process
