@@ -171,10 +171,10 @@ class MultiFeed:
             plan = leaf.plan(pass_index, source=i) if plan_for is None else plan_for(leaf, i)
             self.feeds.append(LeafFeed(self, leaf, plan, pin, stats, source=i))
             # a sample blend's leaf gives samples, which the blend batches
-            items = 1 / (1 if leaf.options.blend_samples else leaf.options.batch_size or 1)
+            per_item = 1 if leaf.options.blend_samples else leaf.options.batch_size or 1
             first = None if starts is None else tuple(starts[i])
             self.schedules.append(
-                LeafSchedule(plan=plan, share=share, offset=offset, items_per_position=items, need=need, starts=first)
+                LeafSchedule(plan=plan, share=share, offset=offset, positions_per_item=per_item, need=need, starts=first)
             )
         self._rows: Optional[Iterator[Tuple[int, Row, bool, Optional[List[int]]]]] = None
         #: ``(segments, BlockStream | TaskStream)`` of the window being executed

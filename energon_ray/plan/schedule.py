@@ -1,8 +1,9 @@
 """The order in which segments of several leaf datasets are handed to one Ray execution.
 
 Every segment gets a *need key*: the blend step at which its first item is expected to be taken,
-``offset + start * items_per_position / share`` (``start``: its first stream position; ``share``: the leaf's expected fraction of a worker's
-items; ``offset``: steps before the leaf starts, for concatenations). Merging the leaves' segment
+``offset + start / positions_per_item / share`` (``start``: its first stream position; ``share``: the
+leaf's expected fraction of a worker's items; ``offset``: steps before the leaf starts, for
+concatenations). Merging the leaves' segment
 streams by ``(key, worker, leaf)`` gives Ray one task list in roughly the order the loader consumes
 items, so one execution feeds all sources and none runs far ahead of its share. The keys only
 decide *when work is scheduled*; the loader's output order comes from the composition and never
@@ -33,14 +34,14 @@ class LeafSchedule:
     plan: SegmentPlan
     share: float
     offset: float
-    #: items per stream position (``1 / batch_size`` for a batched leaf)
-    items_per_position: float
+    #: stream positions per item (the batch size of a batched leaf)
+    positions_per_item: float
     need: Optional[NeedFn] = None
     #: First segment of each worker (a restored loader resumes there); ``None``: all from 0.
     starts: Optional[Tuple[int, ...]] = None
 
     def key(self, index: int, worker: int = 0) -> float:
-        items = self.plan.layout.start(index) * self.items_per_position
+        items = self.plan.layout.start(index) / self.positions_per_item
         if self.need is not None:
             return self.need(worker, int(items))
         return self.offset + items / max(self.share, 1e-9)
