@@ -50,8 +50,39 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     ray.init(address="local", _system_config=system, **init_kwargs)
 
 
+def release_leaked_logging_locks() -> int:
+    """Release the logging locks this thread holds although it is in no logging call; returns how many.
+
+    Ray stops a cancelled task (Ray Data cancels its running tasks when an execution is closed) with
+    a ``KeyboardInterrupt`` in the worker's main thread, wherever it is. One that lands right after
+    ``logging`` took its module lock (``logging._acquireLock``, before the ``try`` that releases it)
+    or a handler's lock leaves that lock held by the main thread for good. Ray reuses the process:
+    the next task's reader threads then block forever on their first log call (seen in CI: a remote
+    read's botocore debug call, the suite hung). Our tasks call this first, where the main thread is
+    in no logging call, so any lock it holds is such a leftover.
+    """
+    import logging
+
+    locks = [getattr(logging, "_lock", None)]
+    for ref in list(getattr(logging, "_handlerList", ())):
+        handler = ref()
+        if handler is not None:
+            locks.append(handler.lock)
+    released = 0
+    for lock in locks:
+        owned = getattr(lock, "_is_owned", None)
+        while owned is not None and owned():
+            lock.release()
+            released += 1
+    if released:
+        logger.warning("energon_ray: released %d logging lock(s) an interrupted task left held in this worker", released)
+    return released
+
+
 def import_task_modules() -> None:
-    """Import torch and energon_ray's stages in a Ray task, deaf to Ray's cancel meanwhile.
+    """Import torch and energon_ray's stages in a Ray task, deaf to Ray's cancel meanwhile; first
+    release logging locks an earlier, interrupted task of this worker left held
+    (``release_leaked_logging_locks``).
 
     ``ray.cancel`` (and Ray Data stopping an execution) interrupts a running task with
     ``KeyboardInterrupt`` wherever it is; one that lands inside ``import torch`` leaves torch
@@ -62,6 +93,7 @@ def import_task_modules() -> None:
     """
     import sys
 
+    release_leaked_logging_locks()
     if "energon_ray.pipeline.stages" in sys.modules:
         return
     import signal

@@ -1,0 +1,44 @@
+"""What our Ray tasks do first in a reused worker process (no Ray needed to check it)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+from energon_ray.ray_env import import_task_modules
+
+
+def _held_by_this_thread(lock) -> bool:
+    return lock._is_owned()
+
+
+def test_a_task_start_releases_logging_locks_an_interrupted_task_left_held():
+    """A KeyboardInterrupt (Ray's cancel) right after logging took its module lock, or a handler's,
+    leaves them held by the main thread; another thread's first log call then blocks for good. The
+    entry every task of ours calls releases them, so a reader thread can log again."""
+    handler = logging.StreamHandler()
+    logging.getLogger("energon_ray_test_leak").addHandler(handler)
+    logging._lock.acquire()  # as the interrupt leaves them (inside logging._acquireLock)
+    handler.acquire()
+    try:
+        import_task_modules()
+        assert not _held_by_this_thread(logging._lock) and not _held_by_this_thread(handler.lock)
+
+        done = threading.Event()
+
+        def reader():
+            logging.getLogger(f"energon_ray_test_{uuid.uuid4().hex}")  # takes logging's module lock
+            handler.acquire()
+            handler.release()
+            done.set()
+
+        thread = threading.Thread(target=reader, daemon=True)
+        thread.start()
+        assert done.wait(5), "a reader thread blocked on a logging lock the main thread still held"
+    finally:
+        while _held_by_this_thread(logging._lock):
+            logging._lock.release()
+        while _held_by_this_thread(handler.lock):
+            handler.release()
+        logging.getLogger("energon_ray_test_leak").removeHandler(handler)
