@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from typing import Any, Deque, Optional, Tuple
+from typing import Any, Callable, Deque, Optional, Tuple
 
 logger = logging.getLogger("energon_ray")
 
@@ -48,6 +48,31 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     system = dict(init_kwargs.pop("_system_config", None) or {})
     system.setdefault("free_objects_period_milliseconds", FREE_OBJECTS_PERIOD_MS)
     ray.init(address="local", _system_config=system, **init_kwargs)
+
+
+def deaf_to_cancel(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` with SIGINT ignored in the main thread (restored after): Ray's cancel of a running
+    task (``ray.cancel``; Ray Data cancels its running tasks when an execution is closed) arrives as
+    SIGINT and raises ``KeyboardInterrupt`` wherever the task is, which can leave a lock held (see
+    ``release_leaked_logging_locks``) or a module half imported in a worker Ray reuses. Our tasks
+    finish their segment instead (a closed execution's output is not read, and tasks not yet started
+    read nothing: ``mark_closed``). Restored after each call, so other tasks in the same worker
+    process stay cancellable."""
+    import functools
+    import signal
+    import threading
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    return run
 
 
 def release_leaked_logging_locks() -> int:

@@ -28,7 +28,7 @@ import ray
 
 from energon_ray.errors import ExecutionLost
 from energon_ray.pipeline.shipped import ship, ship_each, unship
-from energon_ray.ray_env import import_task_modules, is_closed, mark_closed, verbose
+from energon_ray.ray_env import deaf_to_cancel, import_task_modules, is_closed, mark_closed, verbose
 
 # Ray Data is imported where an execution is planned (the feeder), never by the training process.
 if TYPE_CHECKING:  # the feeder process never imports the stages (torch, the task encoder's module)
@@ -71,6 +71,7 @@ def _node() -> Optional[str]:
 # The map_batches callables get the stage config ``Shipped`` and build their stage in the task.
 
 
+@deaf_to_cancel
 def encode_and_batch(batch, config):
     import_task_modules()
     from energon_ray.pipeline.stages import EncodeAndBatch
@@ -81,6 +82,7 @@ def encode_and_batch(batch, config):
     return stage(batch)
 
 
+@deaf_to_cancel
 def encode_samples(batch, config):
     import_task_modules()
     from energon_ray.pipeline.stages import EncodeSamples
@@ -89,6 +91,7 @@ def encode_samples(batch, config):
     return EncodeSamples(unship(config))(batch)
 
 
+@deaf_to_cancel
 def batch_samples(batch, config):
     import_task_modules()
     from energon_ray.pipeline.stages import BatchSamples
@@ -414,6 +417,7 @@ class BlockStream:
 
 
 @ray.remote(num_cpus=1, max_retries=3)
+@deaf_to_cancel
 def _segment_task(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool, stream_id: Optional[str] = None) -> Optional[pa.Table]:
     """What an execution's fused read + map task makes of one segment, as a plain Ray task (nothing
     once its stream is closed)."""
@@ -509,6 +513,7 @@ class TaskStream:
         mark_closed(self.stream_id)
 
 
+@deaf_to_cancel
 def _batch_groups(config: Any, worker: int, seed: int, groups, source: int) -> "TableParts":
     import_task_modules()  # before the config (shipped) is opened: its classes import torch
     from energon_ray.pipeline.rows import parts, resolve_located
@@ -523,6 +528,7 @@ _seam_task = ray.remote(num_cpus=1, max_retries=3)(_batch_groups)
 
 
 @ray.remote(num_cpus=1, max_retries=3)
+@deaf_to_cancel
 def _repack_task(config: Any, worker: int, seed: int, packs, batch_size: Optional[int], source: int) -> "TableParts":
     import_task_modules()
     from energon_ray.pipeline.rows import parts
@@ -539,6 +545,7 @@ def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: 
     return ray.get(task.remote(ray.put(ship(config)), worker, seed, packs, batch_size, source))
 
 
+@deaf_to_cancel
 def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int):
     import_task_modules()
     from energon_ray.pipeline.rows import parts, resolve_located

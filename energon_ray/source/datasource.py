@@ -21,6 +21,16 @@ if TYPE_CHECKING:
     from energon_ray.source.reader import ReadSegment
 
 
+def _read(spec: "SegmentSpec", reader: Any) -> List[pa.Table]:
+    """A read task's body (in the Ray task, never in the feeder)."""
+    from energon_ray.ray_env import import_task_modules
+
+    import_task_modules()
+    from energon_ray.source.reader import read_segment
+
+    return [read_segment(spec, reader)]
+
+
 class SegmentDatasource(Datasource):
     """Reads planned segments of tar shards.
 
@@ -49,14 +59,11 @@ class SegmentDatasource(Datasource):
         tasks = []
         for spec in self._segments:
             def read_fn(spec: "SegmentSpec" = spec, reader: Any = self._readers[spec.source], run_id=self._run_id) -> Iterable[pa.Table]:
-                from energon_ray.ray_env import import_task_modules, is_closed
+                from energon_ray.ray_env import deaf_to_cancel, is_closed
 
                 if is_closed(run_id):  # started by Ray after its execution was closed: nobody reads it
                     return []
-                import_task_modules()
-                from energon_ray.source.reader import read_segment  # in the Ray task, never in the feeder
-
-                return [read_segment(spec, reader)]
+                return deaf_to_cancel(_read)(spec, reader)
 
             meta = BlockMetadata(num_rows=1, size_bytes=None, exec_stats=None, input_files=None)
             tasks.append(ReadTask(read_fn, meta, per_task_row_limit=per_task_row_limit))

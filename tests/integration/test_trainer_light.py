@@ -234,3 +234,34 @@ def test_a_segment_task_holds_one_batch_of_encoded_samples_not_the_whole_segment
     batches = list(er.get_loader(ds))
     assert sorted(k for b in batches for k in b["keys"]) == [f"sample_{i:06d}" for i in range(48)]
     assert [b["live"] for b in batches] == [4] * 12
+
+
+def _marks_start_and_end(folder: str) -> bool:
+    from pathlib import Path
+
+    Path(folder, "started").touch()
+    time.sleep(1.5)
+    Path(folder, "finished").touch()
+    return True
+
+
+def test_our_tasks_finish_their_work_when_ray_cancels_them(tmp_path):
+    """Ray's cancel (as Ray Data sends when an execution is closed) interrupts a running task
+    wherever it is; ours ignore it and finish (an interrupt can leave a lock held in a worker Ray
+    reuses), while other tasks in the same workers stay cancellable."""
+    from energon_ray.ray_env import deaf_to_cancel
+
+    results = {}
+    for name, fn in (("ours", deaf_to_cancel(_marks_start_and_end)), ("plain", _marks_start_and_end)):
+        folder = tmp_path / name
+        folder.mkdir()
+        ref = ray.remote(num_cpus=1)(fn).remote(str(folder))
+        deadline = time.monotonic() + 60
+        while not (folder / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ray.cancel(ref)
+        end = time.monotonic() + 5
+        while not (folder / "finished").exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        results[name] = (folder / "finished").exists()
+    assert results == {"ours": True, "plain": False}
