@@ -113,27 +113,22 @@ def import_task_modules() -> None:
     ``KeyboardInterrupt`` wherever it is; one that lands inside ``import torch`` leaves torch
     half-registered, and every later task of that worker process fails on import ("Only a single
     TORCH_LIBRARY can be used to register the namespace prims", seen in test_remote). Ray delivers
-    the interrupt as SIGINT to the main thread, which is ignored while the imports run; a cancel
-    arriving then is dropped, and the task runs on (a closed execution's output is not read).
+    the interrupt as SIGINT to the main thread, which is ignored while the imports run
+    (``deaf_to_cancel``); a cancel arriving then is dropped, and the task runs on (a closed
+    execution's output is not read).
     """
     import sys
 
     release_leaked_logging_locks()
-    if "energon_ray.pipeline.stages" in sys.modules:
-        return
-    import signal
-    import threading
+    if "energon_ray.pipeline.stages" not in sys.modules:
+        _import_stages()
 
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        import energon_ray.pipeline.stages  # noqa: F401
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        import torch  # noqa: F401
 
-        import energon_ray.pipeline.stages  # noqa: F401
-    finally:
-        signal.signal(signal.SIGINT, previous)
+@deaf_to_cancel
+def _import_stages() -> None:
+    import torch  # noqa: F401
+
+    import energon_ray.pipeline.stages  # noqa: F401
 
 
 _warmed = False

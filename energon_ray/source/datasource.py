@@ -15,16 +15,16 @@ from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
 from energon_ray.pipeline.shipped import ship_each
+from energon_ray.ray_env import deaf_to_cancel, import_task_modules, is_closed
 
 if TYPE_CHECKING:
     from energon_ray.plan.stream import SegmentSpec
     from energon_ray.source.reader import ReadSegment
 
 
+@deaf_to_cancel
 def _read(spec: "SegmentSpec", reader: Any) -> List[pa.Table]:
     """A read task's body (in the Ray task, never in the feeder)."""
-    from energon_ray.ray_env import import_task_modules
-
     import_task_modules()
     from energon_ray.source.reader import read_segment
 
@@ -59,11 +59,9 @@ class SegmentDatasource(Datasource):
         tasks = []
         for spec in self._segments:
             def read_fn(spec: "SegmentSpec" = spec, reader: Any = self._readers[spec.source], run_id=self._run_id) -> Iterable[pa.Table]:
-                from energon_ray.ray_env import deaf_to_cancel, is_closed
-
                 if is_closed(run_id):  # started by Ray after its execution was closed: nobody reads it
                     return []
-                return deaf_to_cancel(_read)(spec, reader)
+                return _read(spec, reader)
 
             meta = BlockMetadata(num_rows=1, size_bytes=None, exec_stats=None, input_files=None)
             tasks.append(ReadTask(read_fn, meta, per_task_row_limit=per_task_row_limit))
