@@ -1,6 +1,7 @@
 """Captioning throughput, side by side in one run, each contender a fresh process with the same
 CPU budget (N DataLoader workers vs an N-CPU private Ray): megatron-energon, webdataset's WebLoader,
-plain Ray ``read_webdataset`` + ``map_batches``, energon_ray (and the one-process decode floor).
+plain Ray ``read_webdataset`` + ``map_batches``, energon_ray (plain Ray tasks, its default), energon_ray_data
+(energon_ray with ``executor="ray_data"``), and the one-process decode floor.
 
 Workload (the same for all): 6000 JPEGs 320x240 + captions in tar shards, batch 32,
 decode → resize to 224x224 → float → tokenize the batch's captions.
@@ -273,6 +274,9 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     import json
 
     torch.set_num_threads(1)
+    if name == "energon_ray_data":  # energon_ray with the Ray Data executor (the feeder's executions)
+        os.environ["ENERGON_RAY_EXECUTOR"] = "ray_data"
+        name = "energon_ray"
     if name == "ray_data":
         import ray
 

@@ -29,7 +29,8 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     used as is. Otherwise: an explicit ``address`` or ``RAY_ADDRESS`` attaches to that cluster; without
     one, a private local Ray is started (``address="local"``), so a stray Ray on the same machine is
     never joined by accident. The private Ray frees released objects every ``FREE_OBJECTS_PERIOD_MS``
-    (a ``_system_config`` in ``init_kwargs`` may say otherwise); for a cluster of your own, pass
+    and reports a failed task that Ray retries only when verbose (a ``_system_config`` in
+    ``init_kwargs`` may say otherwise); for a cluster of your own, pass
     ``--system-config='{"free_objects_period_milliseconds": 20}'`` to ``ray start --head``.
     """
     import ray
@@ -47,6 +48,10 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     init_kwargs.setdefault("logging_level", logging.INFO if verbose() else logging.WARNING)
     system = dict(init_kwargs.pop("_system_config", None) or {})
     system.setdefault("free_objects_period_milliseconds", FREE_OBJECTS_PERIOD_MS)
+    # The loader's segment tasks are owned by this process: a user's ray.shutdown() while a loader
+    # still runs fails them "with retries left", and Ray's core worker then logs an error line per
+    # task for the error it can no longer push to the (gone) driver. Quiet unless verbose.
+    system.setdefault("enable_output_error_log_if_still_retry", verbose())
     ray.init(address="local", _system_config=system, **init_kwargs)
 
 

@@ -68,7 +68,7 @@ def main() -> None:
         f"after the first batch ({stats.first_batch_seconds:.1f} s to the first batch)"
     )
     print("loader stats:", json.dumps(loader.stats.as_dict()))
-    print("Ray Data per-stage stats:\n" + loader.ray_stats())
+    print("execution stats:\n" + loader.ray_stats())
 
 
 if __name__ == "__main__":

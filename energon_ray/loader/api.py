@@ -24,6 +24,7 @@ def get_loader(
     pin_memory: Optional[bool] = None,
     ray_remote_args: Optional[dict] = None,
     object_store_limit: Optional[int] = DEFAULT_OBJECT_STORE_LIMIT,
+    executor: Optional[str] = None,
     **energon_options: Any,
 ) -> EnergonLoader:
     """Iterate a dataset's batches, produced by Ray Data.
@@ -36,6 +37,8 @@ def get_loader(
         pin_memory: pin batch tensors (default: when CUDA is available; never fails on a CPU-only box).
         ray_remote_args: resources per segment task.
         object_store_limit: bytes of finished blocks Ray may hold ahead of the trainer (``None``: Ray's default).
+        executor: ``"tasks"`` (default, or ``$ENERGON_RAY_EXECUTOR``): segments as plain Ray tasks;
+            ``"ray_data"``: as Ray Data executions (see ``EnergonLoader``).
         **energon_options: ``cache_pool`` (a ``CachePool``: cookers get it as ``cache``, hooks as
             ``self.cache``, in the segment tasks); Energon's ``watchdog_timeout_seconds``,
             ``watchdog_initial_timeout_seconds``, ``fail_on_timeout``, ``gc_collect_every_n_steps``,
@@ -54,7 +57,7 @@ def get_loader(
     return EnergonLoader(dataset, **_loader_options(
         "get_loader", dataset, worker_config=worker_config, prefetch_factor=prefetch_factor,
         prefetch_batches=prefetch_batches, pin_memory=pin_memory, ray_remote_args=ray_remote_args,
-        object_store_limit=object_store_limit, **energon_options,
+        object_store_limit=object_store_limit, executor=executor, **energon_options,
     ))  # fmt: skip
 
 
@@ -68,6 +71,7 @@ def _loader_options(
     pin_memory: Optional[bool] = None,
     ray_remote_args: Optional[dict] = None,
     object_store_limit: Optional[int] = DEFAULT_OBJECT_STORE_LIMIT,
+    executor: Optional[str] = None,
     **energon_options: Any,
 ) -> Dict[str, Any]:
     """``EnergonLoader``'s keywords from ``get_loader``'s (Energon's names checked and mapped)."""
@@ -83,7 +87,7 @@ def _loader_options(
         prefetch_batches = prefetch_factor
     return dict(
         prefetch_batches=prefetch_batches, ray_remote_args=ray_remote_args, pin_memory=pin_memory,
-        object_store_limit=object_store_limit,
+        object_store_limit=object_store_limit, executor=executor,
     )  # fmt: skip
 
 

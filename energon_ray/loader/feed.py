@@ -13,8 +13,10 @@ the driver's overhead that of a single source.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
+import os
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -37,6 +39,19 @@ MAX_WINDOW_SEGMENTS = 512
 FIRST_WINDOW_SEGMENTS = 64
 #: Restarts of a lost execution (feeder actor, node) within one pass before the loader gives up.
 MAX_RECOVERIES = 3
+
+#: how a pass's segments are executed (``MultiFeed.start``); the first is the default
+EXECUTORS = ("tasks", "ray_data")
+
+
+def check_executor(executor: Optional[str]) -> str:
+    """``executor`` checked; ``None``: ``$ENERGON_RAY_EXECUTOR`` or the default, ``"tasks"``."""
+    if executor is None:
+        executor = os.environ.get("ENERGON_RAY_EXECUTOR", "").strip() or EXECUTORS[0]
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {', '.join(map(repr, EXECUTORS))}, not {executor!r}")
+    return executor
+
 
 def decode_row(row: Row, pin: bool) -> Row:
     """A row of an output block with its payload loaded zero-copy (items pinned if asked)."""
@@ -132,7 +147,9 @@ class MultiFeed:
         prefetch_batches: blocks Ray prefetches.
         ray_remote_args: resources per segment task.
         object_store_limit: bytes of finished blocks an execution may hold ahead of the trainer.
-        on_execute: called with each ``BlockStream`` when its execution starts.
+        executor: ``"tasks"`` (plain Ray tasks) or ``"ray_data"`` (the feeder's Ray Data executions);
+            see ``start``.
+        on_execute: called with each ``BlockStream`` or ``TaskStream`` when its execution starts.
         starts: first segment of each leaf's worker streams (a restored pass).
         restored: the loader state this pass restores (kept to recognise an early start).
         plan_for: ``(leaf, index) -> SegmentPlan`` instead of the leaf's own plan (redistributed pass).
@@ -150,6 +167,7 @@ class MultiFeed:
         prefetch_batches: int = 4,
         ray_remote_args: Optional[dict] = None,
         object_store_limit: Optional[int] = None,
+        executor: Optional[str] = None,
         on_execute: Optional[Callable[[Any], None]] = None,
         starts: Optional[Sequence[Sequence[int]]] = None,
         restored: Any = None,
@@ -182,6 +200,7 @@ class MultiFeed:
         #: ``[the next window's (segments, stream) or None]`` once started before the current one ended
         self._following: Optional[List[Any]] = None
         self.object_store_limit = object_store_limit
+        self.executor = check_executor(executor)
         self.endless = any(s.plan.num_rounds is None for s in self.schedules)
         self._readers = {i: leaf.reader() for i, leaf in enumerate(self.leaves)}
         self._configs = {i: leaf.stage_config() for i, leaf in enumerate(self.leaves)}
@@ -250,13 +269,26 @@ class MultiFeed:
         self._current = self._following = None
 
     def start(self) -> None:
-        """Start the first window's execution now (before anyone iterates: a head start).
+        """Start the pass's execution now (before anyone iterates: a head start).
 
-        Its first segments run as plain Ray tasks (unless ``ENERGON_RAY_START_WITH_TASKS=0``)
-        (``TaskStream``: only warm workers needed, no feeder, Ray Data actors or planning), and the
-        feeder's execution of the rest of the window starts once their first block has arrived.
+        ``executor="tasks"`` (the default): every segment, window after window, is a plain Ray task
+        of one ``TaskStream``. ``executor="ray_data"``: each window is a Ray Data execution in the
+        feeder actor; the first window's first segments run as plain tasks (unless
+        ``ENERGON_RAY_START_WITH_TASKS=0``: only warm workers needed, no feeder, Ray Data actors or
+        planning), and the feeder's execution of the rest starts once their first block has arrived.
         """
-        if self._rows is None:
+        if self._rows is not None:
+            return
+        if self.executor == "tasks":
+            from energon_ray.pipeline.build import TaskStream
+
+            self._current = (None, TaskStream(
+                self._counted(itertools.chain.from_iterable(self._windows)), self._readers, self._configs,
+                ray_remote_args=self.ray_remote_args, object_store_limit=self.object_store_limit,
+            ))  # fmt: skip
+            if self.on_execute is not None:
+                self.on_execute(self._current[1])
+        else:
             from energon_ray.pipeline.build import task_segments
 
             window = next(self._windows, None)
@@ -266,7 +298,12 @@ class MultiFeed:
                 self._current = self._open(window[:direct], tasks=True)
             else:
                 self._current = self._open(window)
-            self._rows = self._row_stream()
+        self._rows = self._row_stream()
+
+    def _counted(self, specs: Iterator[Any]) -> Iterator[Any]:
+        for spec in specs:
+            self.stats.segments_as_tasks += 1
+            yield spec
 
     def _open(self, specs, tasks: bool = False, early: bool = False):
         from energon_ray.pipeline.build import BlockStream, TaskStream
@@ -289,12 +326,12 @@ class MultiFeed:
         while self._current is not None:
             specs, stream = self._current
             for out in self._execute(stream, specs):
-                if stream.starts_next_early and self._following is None:
+                if stream.starts_next_early and self._following is None and specs is not None:
                     # the tasks' workers are warm: the feeder's execution of the next window starts
                     # now, holding a quarter of the usual bytes ahead while the tasks' blocks are read
                     self._following = [self._open(next(self._windows, None), early=True)]
                 yield out
-            self._current = self._next_window()
+            self._current = None if specs is None else self._next_window()
 
     def _next_window(self):
         if self._following is not None:
@@ -322,14 +359,16 @@ class MultiFeed:
         return out
 
     def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:
-        cursor = 0
+        """The rows of a stream's blocks, checked against the segments expected (``specs``, or the
+        stream's own ``next_spec`` for a pass-long ``TaskStream``)."""
+        expected = blocks.next_spec if specs is None else functools.partial(next, iter(specs), None)
+        spec = expected()
         started = time.perf_counter()
         hand_out = {feed.source for feed in self.feeds if feed.queues.hand_out}
         try:
             for block in blocks:
                 early = self._handle_failures_early(block)
                 for i, (row, source, positions) in enumerate(zip(rows.iter_rows(block), rows.sources(block), rows.positions(block))):
-                    spec = specs[cursor] if cursor < len(specs) else None
                     if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
                         raise RuntimeError(
                             f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "
@@ -340,7 +379,7 @@ class MultiFeed:
                         decoded = (*decoded[:4], rows.locate_leftovers(decoded[4], blocks.last_ref, i))
                     yield source, decoded, spec.last, positions
                     if row[0] == rows.REPORT:
-                        cursor += 1
+                        spec = expected()
         except Exception as exc:
             ours = unwrap_error(exc)
             if ours is not None:
@@ -348,5 +387,5 @@ class MultiFeed:
             raise
         finally:
             blocks.close()
-        logger.debug("window of %d segments took %.2fs", len(specs), time.perf_counter() - started)
+        logger.debug("%s took %.2fs", "the pass's tasks" if specs is None else f"window of {len(specs)} segments", time.perf_counter() - started)
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.elastic import Redistribution, from_origin, needs_redistribution, redistribute
-from energon_ray.loader.feed import MultiFeed
+from energon_ray.loader.feed import MultiFeed, check_executor
 from energon_ray.loader.merge import LoaderStats, RoundRobin
 from energon_ray.loader.savable import PassRun, check_fits, new_state, restore_sample, starts_of
 from energon_ray.errors import log_exception
@@ -39,6 +39,9 @@ class EnergonLoader:
         ray_remote_args: resources per segment task, e.g. ``{"num_cpus": 1}``.
         pin_memory: pin batches (default: when CUDA is available).
         object_store_limit: bytes of finished blocks Ray may hold ahead of the trainer (bounds memory).
+        executor: ``"tasks"`` (default; ``$ENERGON_RAY_EXECUTOR`` if set): segments run as plain Ray
+            tasks submitted by this process; ``"ray_data"``: as Ray Data executions in a feeder actor
+            (``ray_stats()`` then gives Ray Data's per-operator stats). Same batches either way.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class EnergonLoader:
         ray_remote_args: Optional[dict] = None,
         pin_memory: Optional[bool] = None,
         object_store_limit: Optional[int] = DEFAULT_OBJECT_STORE_LIMIT,
+        executor: Optional[str] = None,
     ):
         if not isinstance(dataset, Composition):
             raise TypeError(
@@ -78,6 +82,7 @@ class EnergonLoader:
         self._started = False
         self._executions: Dict[str, Any] = {}
         self.object_store_limit = object_store_limit
+        self.executor = check_executor(executor)
         leaves = dataset.leaves()
         if len({id(leaf) for leaf in leaves}) != len(leaves):
             raise ValueError("a dataset object appears twice in this composition; build each source separately")
@@ -249,7 +254,8 @@ class EnergonLoader:
         self._start_restore(mine, redist)
 
     def ray_stats(self) -> str:
-        """Ray's per-operator stats (throughput per stage) of the latest execution."""
+        """The latest execution's stats: its segment tasks' (count, bytes, time waited for blocks),
+        or with ``executor="ray_data"`` Ray Data's per-operator stats (throughput per stage)."""
         return "\n".join(stream.stats() for stream in self._executions.values())
 
     # -- internals -----------------------------------------------------------------------------
@@ -304,6 +310,7 @@ class EnergonLoader:
             prefetch_batches=self.prefetch_batches,
             ray_remote_args=self.ray_remote_args,
             object_store_limit=self.object_store_limit,
+            executor=self.executor,
             on_execute=self._remember("all"),
             starts=starts_of(restore),
             restored=restore,

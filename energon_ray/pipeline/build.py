@@ -19,6 +19,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Union
@@ -441,9 +442,9 @@ def _cluster_cpus() -> int:
 
 
 def task_segments(window: int) -> int:
-    """How many segments of a pass's first window (``window`` long) run as plain Ray tasks: half the
-    window, at most 32 (the rest is the feeder's Ray Data execution, which starts meanwhile);
-    ``ENERGON_RAY_START_WITH_TASKS=0`` turns this off (every segment in Ray Data)."""
+    """With the Ray Data executor: how many segments of a pass's first window (``window`` long) run
+    as plain Ray tasks: half the window, at most 32 (the rest is the feeder's Ray Data execution,
+    which starts meanwhile); ``ENERGON_RAY_START_WITH_TASKS=0`` turns this off."""
     if os.environ.get("ENERGON_RAY_START_WITH_TASKS", "1").strip().lower() in ("0", "false", "no"):
         return 0
     return max(0, min(32, window // 2))
@@ -451,42 +452,98 @@ def task_segments(window: int) -> int:
 
 #: ``ray_remote_args`` that a plain task takes as Ray Data's read/map tasks do.
 _TASK_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "scheduling_strategy", "label_selector")
+#: submissions between two looks at the cluster's CPUs (an autoscaling cluster grows and shrinks)
+_RESIZE_EVERY = 32
 
 
 class TaskStream:
-    """The first segments of a pass as plain Ray tasks, one per segment, in order.
+    """Segments as plain Ray tasks, one per segment, their blocks given in order.
 
-    A cold Ray Data execution first needs the feeder's process, Ray Data's actors and its planning
-    (several CPU-seconds; measured on 2 cores: the first batch waited for them although the warm
-    workers were idle); these tasks need only warm workers. Their output is the same table a
-    ``BlockStream`` yields for these segments. Two tasks per CPU of the cluster are in flight (a
-    new one is submitted as each block is taken), which bounds the finished blocks waiting as Ray
-    Data's own concurrency does; the loader starts the feeder's execution of what follows once
-    this stream's first block has arrived, and these tasks keep the CPUs busy while it starts.
+    The loader's default executor (``executor="tasks"``) runs a whole pass this way: the trainer
+    process submits the tasks and maps their blocks, with no feeder actor, no Ray Data actors and no
+    streaming executor to start (measured on 2 cores: those three processes cost ~2.9 CPU-seconds of
+    a cold pass, a fifth of the machine's work). With ``executor="ray_data"`` only a pass's first
+    segments run here, while the feeder's execution starts.
+
+    In flight: one task per CPU slot of the cluster (its CPUs over a task's ``num_cpus``, looked up
+    again every ``_RESIZE_EVERY`` submissions), plus finished blocks waiting ahead of the consumer:
+    ``ahead`` of them, and at most ``object_store_limit`` bytes of them (block sizes as measured so
+    far). The next task is submitted before a block is waited for, and finished blocks are pulled to
+    this node as soon as they are done (``fetch_local``). Tasks are spread over the nodes as Ray
+    Data spreads its own (``SPREAD``) unless ``ray_remote_args`` names a scheduling strategy.
+
+    Args:
+        segments: the segments in output order (any iterable: taken as tasks are submitted).
+        readers, configs: per leaf (``SegmentSpec.source``), as ``build_dataset`` takes them.
+        ahead: finished blocks that may wait ahead of the consumer (default: one per slot).
+        object_store_limit: bytes of finished blocks that may wait ahead of the consumer.
     """
 
-    #: the loader starts the next window's execution as soon as this stream yields
+    #: with the Ray Data executor, the loader starts the next window's execution as this stream yields
     starts_next_early = True
 
     def __init__(self, segments, readers, configs, *, ray_remote_args: Optional[Dict[str, Any]] = None,
-                 fuse_stages: bool = True, in_flight: Optional[int] = None, **_execution_options: Any):  # fmt: skip
+                 fuse_stages: bool = True, ahead: Optional[int] = None, object_store_limit: Optional[int] = None,
+                 **_execution_options: Any):  # fmt: skip
         options = {k: v for k, v in (ray_remote_args or {}).items() if k in _TASK_OPTIONS}
-        self._task = _segment_task.options(**options) if options else _segment_task
+        options.setdefault("scheduling_strategy", "SPREAD")
+        self._task = _segment_task.options(**options)
+        self._task_cpus = float(options.get("num_cpus", 1) or 0)
         self._fuse = fuse_stages
+        if not isinstance(readers, Mapping):
+            readers, configs = {0: readers}, {0: configs}
         # one upload each, shared by the tasks (a task encoder with a tokenizer can be megabytes)
         shipped = ship_each(readers)
-        self._reader_refs = {k: ray.put(shipped[k]) for k in {spec.source for spec in segments}}
+        self._reader_refs = {k: ray.put(v) for k, v in shipped.items()}
         self._config_ref = ray.put(ship(configs))
-        self._todo: Deque[Any] = deque(segments)
+        self._todo: Iterator[Any] = iter(segments)
         self._refs: Deque[Any] = deque()
-        self._in_flight = in_flight or 2 * _cluster_cpus()
+        #: specs of the submitted tasks whose rows the consumer has not reached (``next_spec``)
+        self._specs: Deque[Any] = deque()
+        self._ahead = ahead
+        self._limit = object_store_limit
+        self._block_bytes = 0  # the largest block seen
+        self._submitted = 0
+        self._slots = self._cluster_slots()
         self.stream_id = _new_id("t")
+        #: counters for ``stats()``
+        self.tasks = 0
+        self.blocks_bytes = 0
+        self.waited = 0.0
+        self.most_in_flight = 0
+        self._started = time.perf_counter()
         self._submit()
 
+    def _cluster_slots(self) -> int:
+        cpus = _cluster_cpus()
+        return max(1, int(cpus // self._task_cpus)) if self._task_cpus > 0 else cpus
+
+    def in_flight_limit(self) -> int:
+        """Tasks submitted and not yet taken: one per slot plus the finished blocks allowed ahead."""
+        ahead = self._slots if self._ahead is None else max(1, self._ahead)
+        if self._limit is not None and self._block_bytes:
+            ahead = max(1, min(ahead, self._limit // self._block_bytes))
+        return self._slots + ahead
+
     def _submit(self) -> None:
-        while self._todo and len(self._refs) < self._in_flight:
-            spec = self._todo.popleft()
+        limit = self.in_flight_limit()
+        while len(self._refs) < limit:
+            spec = next(self._todo, None)
+            if spec is None:
+                self._todo = iter(())
+                break
             self._refs.append(self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id))
+            self._specs.append(spec)
+            self.tasks += 1
+            self._submitted += 1
+            if self._submitted % _RESIZE_EVERY == 0:
+                self._slots = self._cluster_slots()
+                limit = self.in_flight_limit()
+        self.most_in_flight = max(self.most_in_flight, len(self._refs))
+
+    def next_spec(self) -> Any:
+        """The segment whose rows come next (``None`` when none is left)."""
+        return self._specs.popleft() if self._specs else None
 
     def __iter__(self) -> Iterator[pa.Table]:
         return self
@@ -496,17 +553,31 @@ class TaskStream:
             raise StopIteration
         ref = self.last_ref = self._refs.popleft()
         self._submit()  # the next task starts before this block is waited for
-        return BlockStream._get(ref)
+        if len(self._refs) > 1:  # pull finished blocks to this node meanwhile
+            ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0, fetch_local=True)
+        started = time.perf_counter()
+        table = BlockStream._get(ref)
+        self.waited += time.perf_counter() - started
+        if table is not None:
+            self.blocks_bytes += table.nbytes
+            self._block_bytes = max(self._block_bytes, table.nbytes)
+        return table
 
     def stats(self) -> str:
-        return ""
+        """What this stream's tasks did (the Ray Data executor reports Ray Data's operators instead)."""
+        return (
+            f"EnergonSegmentTasks: {self.tasks} segment tasks ({self._slots} slots), "
+            f"{self.blocks_bytes / 2**20:.1f} MiB of blocks, {time.perf_counter() - self._started:.2f} s since the first "
+            f"submit, {self.waited:.2f} s waited for blocks, at most {self.most_in_flight} tasks in flight"
+        )
 
     def close(self) -> None:
         """Stop: no task of this stream starts reading after ``close()`` (each checks the close mark
         first). Tasks already reading finish their segment; nothing is interrupted, since
         ``ray.cancel`` raises ``KeyboardInterrupt`` wherever the task is, and one that landed in
         ``import torch`` left a worker process whose every later task failed (seen in test_remote)."""
-        self._todo.clear()
+        self._todo = iter(())
+        self._specs.clear()
         refs, self._refs = list(self._refs), deque()
         if not refs or not ray.is_initialized():
             return

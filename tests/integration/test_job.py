@@ -20,5 +20,5 @@ def test_captioning_job_prints_shapes_and_throughput(tmp_path, monkeypatch, caps
     assert "batch 0: images (8, 3, 32, 32) torch.float32" in out
     assert "samples in" in out and "samples/s" in out
     assert '"samples_read": 40' in out and '"skipped": {}' in out
-    assert "ReadEnergonSegments->MapBatches(encode_and_batch)" in out
+    assert "EnergonSegmentTasks: " in out and " segment tasks (" in out
     assert (tmp_path / "run" / "dataset" / ".nv-meta" / "dataset.yaml").is_file()

@@ -138,9 +138,21 @@ def test_batches_are_pinned_only_with_cuda_and_asking_without_cuda_explains(ds_p
 
 
 def test_ray_stats_and_no_ray_native_dataset(ds_path):
-    """ray_stats() reports Ray Data's operators; there is no half-working Ray Dataset of internal rows."""
+    """ray_stats() reports the segment tasks (or, with the Ray Data executor, Ray Data's operators);
+    there is no half-working Ray Dataset of internal rows."""
+    import re
+
     ds = er.get_val_dataset(ds_path, split_part="train", batch_size=4, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2))
     loader = er.get_loader(ds)
+    assert sum(len(b.__key__) for b in loader) == 40
+    segments = sum(loader.stats.segments_per_node.values())
+    stats = re.fullmatch(
+        r"EnergonSegmentTasks: (\d+) segment tasks \(2 slots\), ([\d.]+) MiB of blocks, [\d.]+ s since the first "
+        r"submit, [\d.]+ s waited for blocks, at most (\d+) tasks in flight", loader.ray_stats()
+    )  # fmt: skip
+    assert stats is not None, loader.ray_stats()
+    assert int(stats[1]) == segments and float(stats[2]) > 0 and 1 <= int(stats[3]) <= 4
+    loader = er.get_loader(ds, executor="ray_data")
     assert sum(len(b.__key__) for b in loader) == 40
     assert "ReadEnergonSegments" in loader.ray_stats()
     assert not hasattr(ds, "ray_dataset") and not hasattr(loader, "ray_dataset")

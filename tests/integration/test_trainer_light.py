@@ -8,6 +8,7 @@ import os
 import threading
 import time
 
+import pytest
 import ray
 import torch
 
@@ -105,13 +106,14 @@ def test_batch_tensors_are_writable_views_that_outlive_the_loader(tmp_path):
 
 
 def test_a_dead_feeder_is_replaced_and_the_loader_goes_on_exactly(tmp_path, caplog):
-    """Killing the feeder actor mid-epoch: the loader restarts its execution on a new feeder from its
+    """With the Ray Data executor, killing the feeder actor mid-epoch: the loader restarts its execution on a new feeder from its
     worker streams' checkpoints and yields exactly the batches of an undisturbed run (a warning says so)."""
     path = captioning_dataset(tmp_path / "ds", n=30, per_shard=7)
 
     def build():  # one batch per segment: most of them are made after the kill
         return er.get_loader(er.get_train_dataset(path, batch_size=3, shuffle_buffer_size=5, samples_per_segment=3,
-                                                  worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2)))  # fmt: skip
+                                                  worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2)),
+                             executor="ray_data")  # fmt: skip
 
     reference = build()
     it = iter(reference)
@@ -132,31 +134,74 @@ def test_a_dead_feeder_is_replaced_and_the_loader_goes_on_exactly(tmp_path, capl
     assert sum(len(b.__key__) for b in again) == 30
 
 
-def test_a_pass_starts_with_plain_ray_tasks_then_the_feeders_execution(tmp_path, monkeypatch):
-    """By default the first segments of a pass run as plain Ray tasks (no feeder or Ray Data to start
-    first), the rest in the feeder's Ray Data execution; the batches are exactly those of Ray Data
-    alone (``ENERGON_RAY_START_WITH_TASKS=0``), and the feeder process never imports torch (readers
-    and stages reach it pickled)."""
+def test_the_executors_make_the_same_batches(tmp_path, monkeypatch):
+    """By default every segment of a pass is a plain Ray task submitted by the loader (no feeder, no
+    Ray Data execution); ``executor="ray_data"`` runs the first segments as tasks and the rest in the
+    feeder's Ray Data execution, and with ``ENERGON_RAY_START_WITH_TASKS=0`` all of them. The
+    batches are the same, and the feeder process never imports torch (readers and stages reach it
+    pickled)."""
     path = captioning_dataset(tmp_path / "ds", n=40, per_shard=7)
     monkeypatch.delenv("ENERGON_RAY_START_WITH_TASKS", raising=False)
+    monkeypatch.delenv("ENERGON_RAY_EXECUTOR", raising=False)
 
-    def run():
+    def run(**options):
         wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
         ds = er.get_val_dataset(path, split_part="train", batch_size=2, worker_config=wc, samples_per_segment=2)
-        loader = er.get_loader(ds)
+        loader = er.get_loader(ds, **options)
         return [list(b.__key__) for b in loader], loader
 
+    runs_before = ray.get(feeder().usage.remote())["runs"]
     got, loader = run()
-    # 20 segments of 2 samples in one first window: its first half as tasks
-    assert loader.stats.segments_as_tasks == 10
+    assert loader.executor == "tasks"
+    assert loader.stats.segments_as_tasks == 20  # 20 segments of 2 samples, all as tasks
     assert sum(loader.stats.segments_per_node.values()) == 20
+    assert loader.ray_stats().startswith("EnergonSegmentTasks: 20 segment tasks")
+    assert "ReadEnergonSegments" not in loader.ray_stats()
+    assert ray.get(feeder().usage.remote())["runs"] == runs_before
+    assert sorted(k for b in got for k in b) == [f"sample_{i:06d}" for i in range(40)]
+
+    mixed, loader = run(executor="ray_data")
+    assert loader.stats.segments_as_tasks == 10  # the first window's first half
     assert "ReadEnergonSegments" in loader.ray_stats()  # Ray Data made the other segments
     assert ray.get(feeder().usage.remote())["torch"] == 0
     monkeypatch.setenv("ENERGON_RAY_START_WITH_TASKS", "0")  # Ray Data runs every segment
-    reference, plain = run()
-    assert plain.stats.segments_as_tasks == 0
-    assert got == reference
-    assert sorted(k for b in got for k in b) == [f"sample_{i:06d}" for i in range(40)]
+    monkeypatch.setenv("ENERGON_RAY_EXECUTOR", "ray_data")  # the environment picks the executor
+    plain, loader = run()
+    assert loader.executor == "ray_data" and loader.stats.segments_as_tasks == 0
+    assert got == mixed == plain
+    with pytest.raises(ValueError, match="executor must be one of 'tasks', 'ray_data', not 'threads'"):
+        run(executor="threads")
+
+
+def test_task_streams_hold_at_most_their_byte_limit_of_finished_blocks(tmp_path):
+    """A task stream keeps one task per CPU slot running and lets finished blocks wait ahead of the
+    consumer up to ``object_store_limit`` bytes (at least one block): with a limit below one block's
+    size, at most slots + 1 tasks are in flight once a block's size is known; without a limit, two
+    per slot."""
+    from energon_ray.pipeline.build import TaskStream
+
+    path = captioning_dataset(tmp_path / "ds", n=40, per_shard=10)
+    leaf = er.get_val_dataset(path, split_part="train", batch_size=2, samples_per_segment=2).leaves()[0]
+    plan = leaf.plan()
+    specs = [plan.segment(w, i) for i in range(max(map(plan.num_segments, range(len(plan.streams))))) for w in range(len(plan.streams)) if i < plan.num_segments(w)]
+    slots = int(ray.cluster_resources()["CPU"])
+
+    def drain(stream):
+        seen, blocks = [], 0
+        for block in stream:
+            blocks += 1
+            seen.append(len(stream._refs))
+        return seen, blocks
+
+    tight = TaskStream(iter(specs), leaf.reader(), leaf.stage_config(), object_store_limit=1)
+    assert tight.in_flight_limit() == 2 * slots  # no block size known yet
+    seen, blocks = drain(tight)
+    assert blocks == len(specs) == tight.tasks
+    assert tight.in_flight_limit() == slots + 1
+    assert max(seen[slots:]) == slots + 1  # the first blocks were submitted before any size was known
+    free = TaskStream(iter(specs), leaf.reader(), leaf.stage_config(), object_store_limit=None)
+    seen, _ = drain(free)
+    assert free.most_in_flight == min(2 * slots, len(specs)) and free.in_flight_limit() == 2 * slots
 
 
 def test_tasks_of_a_closed_execution_read_nothing(tmp_path):
