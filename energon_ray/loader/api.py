@@ -33,7 +33,7 @@ def get_loader(
         dataset: from ``get_train_dataset`` / ``get_val_dataset``, or a composition of them.
         worker_config: accepted for Energon compatibility (deprecated there too); must match the dataset's.
         prefetch_factor: Energon's name for ``prefetch_batches``.
-        prefetch_batches: blocks Ray prefetches ahead, per source.
+        prefetch_batches: with ``executor="ray_data"``, blocks requested ahead of the loop.
         pin_memory: pin batch tensors (default: when CUDA is available; never fails on a CPU-only box).
         ray_remote_args: resources per segment task.
         object_store_limit: bytes of finished blocks Ray may hold ahead of the trainer (``None``: Ray's default).

@@ -1,7 +1,8 @@
-"""Feeds: the leaf datasets' worker streams for one pass, produced by ONE Ray execution.
+"""Feeds: the leaf datasets' worker streams for one pass, produced by ONE stream of Ray tasks.
 
 ``MultiFeed`` hands Ray the segments of all leaves in one task list, ordered by when the loader is
-expected to need them (``plan.schedule``), executes it window by window, and files each row of the
+expected to need them (``plan.schedule``), submits it window by window (plain tasks by default, one
+Ray Data execution per window with ``executor="ray_data"``), and files each row of the
 output blocks into its leaf's per-worker queues. Per batch the trainer only maps a block from the
 object store and unpickles a few hundred bytes of metadata: tensors are views of the shared memory
 (``serde.loads(copy=False)``), and on CUDA each batch is copied once into pinned memory.
@@ -135,7 +136,8 @@ class LeafFeed:
 
 
 class MultiFeed:
-    """All leaves of a composition for one pass, executed as one Ray Dataset per window.
+    """All leaves of a composition for one pass: one stream of segment tasks (or, with the Ray Data
+    executor, one Ray Dataset execution per window).
 
     Args:
         leaves: the leaf datasets, in the composition's order.

@@ -35,7 +35,8 @@ class EnergonLoader:
     Args:
         dataset: from ``get_train_dataset`` / ``get_val_dataset``, or a ``BlendDataset``,
             ``ConcatDataset``, ``MixBatchDataset``, ``EpochizeDataset``, ``MapDataset`` of them.
-        prefetch_batches: blocks Ray prefetches (and decodes/pins) ahead of the loop, per source.
+        prefetch_batches: with ``executor="ray_data"``, the feeder's blocks requested ahead of the loop
+            (the tasks executor keeps one task per CPU slot running and as many queued).
         ray_remote_args: resources per segment task, e.g. ``{"num_cpus": 1}``.
         pin_memory: pin batches (default: when CUDA is available).
         object_store_limit: bytes of finished blocks Ray may hold ahead of the trainer (bounds memory).

@@ -59,8 +59,9 @@ class LoaderStats:
         self.ignored: Dict[str, int] = {}
         #: segments made per Ray node id
         self.segments_per_node: Dict[str, int] = {}
-        #: segments made by plain Ray tasks (a pass's start; none with ENERGON_RAY_START_WITH_TASKS=0);
-        #: the rest by Ray Data executions
+        #: segments made by plain Ray tasks: all of them with the default executor; with
+        #: ``executor="ray_data"`` a pass's start (none with ENERGON_RAY_START_WITH_TASKS=0), the
+        #: rest by Ray Data executions
         self.segments_as_tasks = 0
         #: read requests of the segments (remote: requests to the store), bytes they read, and
         #: retries of transient store errors (each retried request gave the same bytes)

@@ -6,10 +6,13 @@ the read into the same task, so only finished batches cross the object store. Wi
 ``fuse_stages=False`` encoding and batching are two ``map_batches`` stages (e.g. to give
 ``encode_batch`` other resources). ``preserve_order`` keeps Ray's output in plan order.
 
-The ``Feeder`` actor runs those executions outside the training process; ``BlockStream`` hands
-their output blocks to the trainer as Arrow tables mapped from the object store (no copy, no per-row
-work, no Ray iterator threads); ``SeamTasks`` batches leftover samples that straddle segments in Ray
-tasks, so the trainer never runs a task-encoder hook.
+How the loader runs them: by default ``TaskStream`` submits each segment as one plain Ray task that
+reads it and runs the same fused stage (``_segment_task``), in plan order, bounded in tasks and
+bytes; with ``executor="ray_data"`` the ``Feeder`` actor runs the Ray Dataset above outside the
+training process and ``BlockStream`` takes its output. Either way the trainer gets the output blocks
+as Arrow tables mapped from the object store (no copy, no per-row work, no Ray iterator threads);
+``SeamTasks`` batches leftover samples that straddle segments in Ray tasks, so the trainer never
+runs a task-encoder hook.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from energon_ray.worker import WorkerConfig
 
 #: ``loader`` keys besides ``get_loader``'s keywords.
 _LOADER_OWN_KEYS = ("num_workers",)
-_GET_LOADER_KEYS = ("prefetch_batches", "pin_memory", "ray_remote_args", "object_store_limit")
+_GET_LOADER_KEYS = ("prefetch_batches", "pin_memory", "ray_remote_args", "object_store_limit", "executor")
 
 
 class EnergonDataModule(pl.LightningDataModule):
@@ -44,7 +44,7 @@ class EnergonDataModule(pl.LightningDataModule):
         seed_offset: ``WorkerConfig.seed_offset`` (changes the order and the hooks' random draws).
         loader: ``num_workers`` (logical sample streams per rank, ``WorkerConfig.num_workers``) and
             ``get_loader`` keywords (``prefetch_batches``, ``pin_memory``, ``ray_remote_args``,
-            ``object_store_limit``).
+            ``object_store_limit``, ``executor``).
         dataset_options: more keywords for every ``get_*_dataset`` call (``samples_per_segment``,
             ``trust_dataset_code``, ``subflavors`` …).
         prepare: called once per node before the loaders are built (Lightning's ``prepare_data``),

@@ -33,7 +33,7 @@ def test_captioning_composes_with_overrides_and_interpolates_the_tokenizer():
     assert resolved["dataset"]["task_encoder"]["tokenizer"] == {
         "_target_": "energon_ray.tasks.tokenizer.ByteTokenizer", "max_length": 32, "vocab_size": 259,
     }  # fmt: skip
-    assert resolved["dataset"]["loader"] == {"num_workers": 3, "prefetch_batches": 4, "pin_memory": None, "ray_remote_args": None}
+    assert resolved["dataset"]["loader"] == {"num_workers": 3, "prefetch_batches": 4, "pin_memory": None, "ray_remote_args": None, "executor": None}
     assert resolved["dataset"]["path"] == "/data/work/data/vision_captioning_synthetic"
     assert resolved["dataset"]["prepare"]["root"] == "/data/work/data/vision_captioning_synthetic"
     assert resolved["trainer"]["max_steps"] == 7 and resolved["trainer"]["ray"]["num_workers"] == 0
@@ -78,7 +78,7 @@ def test_every_builtin_task_builds_its_datamodule_and_task_without_ray():
         assert isinstance(datamodule, EnergonDataModule)
         got = (type(datamodule.task_encoder).__name__, type(datamodule.task_encoder.tokenizer).__name__, type(task).__name__, type(task.model).__name__)
         assert got == (encoder, tokenizer, task_type, backbone), name
-        assert (datamodule.batch_size, datamodule.num_workers, datamodule.loader_options) == (8, 2, {"prefetch_batches": 4, "pin_memory": None, "ray_remote_args": None})
+        assert (datamodule.batch_size, datamodule.num_workers, datamodule.loader_options) == (8, 2, {"prefetch_batches": 4, "pin_memory": None, "ray_remote_args": None, "executor": None})
         assert callable(datamodule.prepare) and datamodule.path.startswith("/data/work/data/")
     datamodule, task = build(_task("vision/captioning", "tokenizer.max_length=48"))
     assert datamodule.task_encoder.tokenizer.max_length == 48 and task.model.decoder.max_positions == 48
@@ -160,6 +160,7 @@ def test_datamodule_checks_its_arguments_and_keeps_states_for_later():
         EnergonDataModule("/d", "captioning", 4)
     data = EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"num_workers": 3, "prefetch_batches": 2}, model_data_kwargs={"num_classes": 5})
     assert (data.num_workers, data.loader_options, data.model_data_kwargs) == (3, {"prefetch_batches": 2}, {"num_classes": 5})
+    assert EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"executor": "ray_data"}).loader_options == {"executor": "ray_data"}
     assert data.state_dict() == {}
     data.load_state_dict({"train_loader_states": [{"version": 1}]})
     assert data._pending_states == [{"version": 1}]
