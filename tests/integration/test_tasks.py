@@ -59,7 +59,7 @@ class _Keys(pl.Callback):
 
 def test_lightning_checkpoint_continues_on_the_next_batches(work_dir):
     """fit(ckpt_path) of a step-3 checkpoint trains steps 4-6 on exactly the batches an uninterrupted run did
-    (the checkpointed run used the Ray Data executor, set in the config: states do not depend on it)."""
+    (the checkpointed run used the Ray Data executor, set by `loader.executor`: states do not depend on it)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
@@ -72,7 +72,7 @@ def test_lightning_checkpoint_continues_on_the_next_batches(work_dir):
 
     expected, _ = run(6)
     saver = instantiate(OmegaConf.create({"_target_": "lightning.pytorch.callbacks.ModelCheckpoint", "dirpath": os.path.join(work_dir, "ckpt"), "every_n_train_steps": 3}))
-    first, _ = run(3, saver, overrides=["dataset.loader.executor=ray_data"])
+    first, _ = run(3, saver, overrides=["loader.executor=ray_data"])
     path = os.path.join(work_dir, "ckpt", os.listdir(os.path.join(work_dir, "ckpt"))[0])
     checkpoint = torch.load(path, weights_only=True)
     states = checkpoint["EnergonDataModule"]["train_loader_states"]
