@@ -249,6 +249,7 @@ class EnergonDataset(Composition):
                 batch_across_sources=self.options.batch_across_sources or self.options.blend_samples,
                 aux=AuxConfig(self.aux, as_path(self.dataset.root, self.dataset.storage), self.decoder, self.cache_pool),
                 postencode=not (self.options.blend_samples and self.options.packing_buffer_size),
+                num_workers=max(1, self.worker_config.num_workers),
             )
         return self._stages
 

@@ -9,6 +9,7 @@ Every hook call is seeded from its stream position, so a stage gives the same ou
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
@@ -23,7 +24,7 @@ from energon_ray.pipeline.policy import HookRunner, StageRun
 from energon_ray.pipeline.shipping import Shipped
 from energon_ray.samples import CrudeSample
 from energon_ray.task_encoder.base import TaskEncoder, is_overridden
-from energon_ray.task_encoder.context import hook_call
+from energon_ray.task_encoder.context import hook_call, worker_slot
 from energon_ray.task_encoder.decorators import get_failure_tolerance
 
 
@@ -45,6 +46,8 @@ class StageConfig:
     #: Run ``postencode_sample`` here (off where the samples are packed later: a sample blend's
     #: packing runs it on each pack's members, as Energon's does).
     postencode: bool = True
+    #: logical workers of the rank (hooks count samples and batches across them, as Energon's do)
+    num_workers: int = 1
 
 
 def _runner(te: TaskEncoder, name: str, stage: str, handler: Any) -> HookRunner:
@@ -109,7 +112,7 @@ class EncodeSamples:
         data.runs.extend(runs.values())
         if data.fatal is None:
             try:
-                with cook_context(config.aux):
+                with cook_context(config.aux), worker_slot(data.spec.worker, config.num_workers):
                     self._encode_all(data, te, loader, load, cook, encode, runs, sink)
             except FatalSampleError as exc:
                 data.fatal = ("FatalSampleError", str(exc))
@@ -120,6 +123,8 @@ class EncodeSamples:
             self.config.packing_buffer_size is not None and is_overridden(te, "preencode_sample")
         )
         seed = data.spec.seed
+        # a hook marked @stateless(restore_seeds=True) gets Energon's seed for the sample (hook_seed)
+        encode_kind = None if getattr(encode.fn, "__restore_seeds__", False) else "encode"
         per_batch = self.config.batch_size or 1  # a sample hook sees the index of the batch it will be in
         raws, data.raw = data.raw, []
         raws.reverse()
@@ -138,7 +143,7 @@ class EncodeSamples:
             if not do_encode:
                 data.encoded.append((position, 0, sample))
             else:
-                with hook_call(seed, "encode", position, sample_index=position, batch_index=position // per_batch):
+                with hook_call(seed, encode_kind, position, sample_index=position, batch_index=position // per_batch):
                     outputs = encode.call_many(runs["encode_sample"], sample, what, sources)
                 if outputs is HookRunner.FAILED or outputs is HookRunner.IGNORED:
                     continue
@@ -244,7 +249,8 @@ class BatchSamples:
         items: List[Tuple[Any, List[int]]] = []
         leftovers: List[Any] = []
         try:
-            items, leftovers = self._batches(data, eager)
+            with worker_slot(spec.worker, self.config.num_workers):
+                items, leftovers = self._batches(data, eager)
         except FatalSampleError as exc:
             data.fatal = data.fatal or ("FatalSampleError", str(exc))
         if data.fatal is not None:
@@ -375,6 +381,18 @@ def _table(out: List[Tuple[int, int, int, int, Any, Optional[List[int]]]], sourc
     return rows.table([row[:5] for row in out], source=source, positions=[row[5] for row in out])
 
 
+def _in_worker_slot(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(config, worker, ...)`` runs its hooks as logical worker ``worker`` (``worker_slot``)."""
+
+    @functools.wraps(fn)
+    def run(config: StageConfig, worker: int, *args: Any, **kwargs: Any) -> Any:
+        with worker_slot(worker, config.num_workers):
+            return fn(config, worker, *args, **kwargs)
+
+    return run
+
+
+@_in_worker_slot
 def seam_packs(
     config: StageConfig, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int, source: int = 0
 ) -> Tuple[pa.Table, List[Tuple[int, int]], rows.Report]:
@@ -403,6 +421,7 @@ def _made_table(made: List[Tuple[Any, List[int]]], runs: List[StageRun], fatal: 
     return _table(out, source)
 
 
+@_in_worker_slot
 def repacked_batches(
     config: StageConfig, worker: int, seed: int, packs: List[Tuple[int, int, List[Tuple[int, int, Any]]]],
     batch_size: Optional[int], source: int = 0,
@@ -431,6 +450,7 @@ def repacked_batches(
     return _made_table(made, runs, fatal, worker, source)
 
 
+@_in_worker_slot
 def seam_batches(
     config: StageConfig, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]], source: int = 0
 ) -> pa.Table:

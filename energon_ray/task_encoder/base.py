@@ -156,14 +156,18 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
 
     @property
     def current_sample_index(self) -> int:
-        """Stream position of the sample being encoded (inside ``encode_sample``)."""
+        """Index of the sample being encoded (inside ``encode_sample``), as Energon counts it: its
+        position in its worker stream, interleaved with the rank's other workers
+        (``position × num_workers + worker``)."""
         return context.current_sample_index()
 
     @property
     def current_batch_index(self) -> int:
-        """Index in its worker stream of the batch being built (inside ``batch`` / ``encode_batch``) or
-        that the sample will go into (inside ``cook_crude_sample``, ``encode_sample``,
-        ``postencode_sample``: position // batch size)."""
+        """Index of the batch being built (inside ``batch`` / ``encode_batch``) or that the sample will
+        go into (inside ``cook_crude_sample``, ``encode_sample``, ``postencode_sample``: position //
+        batch size), as Energon counts it: the rank's workers take turns (``index × num_workers +
+        worker``: the loader's batch number). With a generator ``encode_sample`` it is the batch of
+        the sample's first output (Energon's moves on between outputs)."""
         return context.current_batch_index()
 
     @property

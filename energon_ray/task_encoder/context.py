@@ -9,7 +9,7 @@ import contextlib
 import hashlib
 import random
 import threading
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 import torch
@@ -17,32 +17,62 @@ import torch
 _local = threading.local()
 
 
+def _slot() -> Tuple[int, int]:
+    return getattr(_local, "slot", (0, 1))
+
+
+def rank_index(local: int) -> int:
+    """A worker stream's ``local`` sample or batch index as Energon counts it within the rank: the
+    rank's workers interleaved (``local × workers + worker``, see ``worker_slot``)."""
+    worker, workers = _slot()
+    return local * workers + worker
+
+
+@contextlib.contextmanager
+def worker_slot(worker: int, workers: int) -> Iterator[None]:
+    """Hooks called inside run for logical worker ``worker`` of the rank's ``workers``: their
+    ``current_sample_index`` and ``current_batch_index`` count as Energon's do (the rank's workers
+    take turns: worker 1's first batch is batch 1), and Energon's per-sample seeds follow."""
+    prev = _slot()
+    _local.slot = (int(worker), max(1, int(workers)))
+    try:
+        yield
+    finally:
+        _local.slot = prev
+
+
 def current_sample_index() -> int:
-    """Stream position of the sample the current hook is processing."""
+    """Index of the sample the current hook is processing, as Energon counts it in the rank (the
+    position in its worker stream, interleaved with the rank's other workers: ``rank_index``)."""
     value = getattr(_local, "sample_index", None)
     if value is None:
         raise RuntimeError("current_sample_index is only available inside a task-encoder hook of a running loader")
-    return value
+    return rank_index(value)
 
 
 def current_batch_index() -> int:
-    """Index of the batch the current hook is building (per logical worker stream)."""
+    """Index of the batch the current hook is building (or its sample will go into), as Energon
+    counts it in the rank (``rank_index`` of the batch's index in its worker stream)."""
     value = getattr(_local, "batch_index", None)
     if value is None:
         raise RuntimeError("current_batch_index is only available inside a task-encoder hook of a running loader")
-    return value
+    return rank_index(value)
 
 
-def hook_seed(worker_seed: int, kind: str, index: int) -> int:
-    """32-bit seed of one hook call: a pure function of the stream seed, the hook kind and the position."""
-    digest = hashlib.sha1(f"{worker_seed}|{kind}|{index}".encode()).digest()
-    return int.from_bytes(digest[:4], "big")
+def hook_seed(worker_seed: int, kind: Optional[str], index: int) -> int:
+    """32-bit seed of one hook call: a pure function of the stream seed, the hook kind and the position.
+
+    ``kind=None``: the seed Energon gives a ``@stateless(restore_seeds=True)`` hook, from the worker
+    seed and the sample index alone (the first four bytes of the SHA-1 of ``"seed|index"``, big
+    endian), so such a hook draws Energon's random numbers for the same sample."""
+    text = f"{worker_seed}|{index}" if kind is None else f"{worker_seed}|{kind}|{index}"
+    return int.from_bytes(hashlib.sha1(text.encode()).digest()[:4], "big")
 
 
 @contextlib.contextmanager
 def hook_call(
     worker_seed: int,
-    kind: str,
+    kind: Optional[str],
     seed_index: int,
     *,
     sample_index: Optional[int] = None,
@@ -55,7 +85,8 @@ def hook_call(
     process runs the call. ``restore_rng`` puts the caller's RNG state back afterwards (used when a
     hook runs in the trainer process).
     """
-    seed = hook_seed(worker_seed, kind, seed_index)
+    # Energon's seed of a restore_seeds hook counts the sample in the rank (current_sample_index)
+    seed = hook_seed(worker_seed, kind, rank_index(seed_index) if kind is None else seed_index)
     saved = None
     if restore_rng:
         saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())

@@ -1,8 +1,9 @@
 """``@stateless`` and ``Cooker``: markers Energon users put on their hooks.
 
-On Ray every hook call is already reseeded from its stream position (see ``context.hook_call``),
-so ``@stateless(restore_seeds=True)`` is the default behaviour; the decorator still records its
-options (``failure_tolerance``) for the error policy.
+On Ray every hook call is already reseeded from its stream position (see ``context.hook_call``);
+an ``encode_sample`` marked ``@stateless(restore_seeds=True)`` is seeded as Energon seeds it (from
+the worker seed and ``current_sample_index``), so it draws Energon's numbers. The decorator also
+records its options (``failure_tolerance``) for the error policy.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ def stateless(
     """Mark a hook as deterministic given its inputs (and, with ``restore_seeds``, its position).
 
     Args:
-        restore_seeds: Energon reseeds the RNGs per call only with this flag; energon_ray always does.
+        restore_seeds: Energon reseeds the RNGs per call only with this flag; energon_ray always
+            does, and with the flag (on ``encode_sample``) uses Energon's seed for the sample.
         failure_tolerance: consecutive failures of this hook before ``FatalSampleError`` (0 = never).
 
     Example:

@@ -705,3 +705,34 @@ def test_sample_hooks_see_the_batch_index_their_sample_goes_into():
     stage = EncodeSamples(StageConfig(task_encoder=Shipped(Reads(), "te"), loader=Shipped(lambda raw: raw, "loader"), batch_size=2))
     stage.encode(data)
     assert seen == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2)] and len(data.encoded) == 5
+
+
+def test_indices_count_over_the_ranks_interleaved_workers():
+    """Inside worker_slot(worker, workers) a hook's indices are Energon's: local × workers + worker
+    (worker 1 of 2 makes the loader's batches 1, 3, 5 …); outside it the local index itself."""
+    te = TaskEncoder()
+    with context.worker_slot(1, 2):
+        with context.hook_call(0, "encode_sample", 3, sample_index=3, batch_index=1):
+            assert (te.current_sample_index, te.current_batch_index) == (7, 3)
+        with context.worker_slot(0, 3):  # nested: the inner slot wins, the outer comes back
+            with context.hook_call(0, "encode_sample", 3, sample_index=3, batch_index=1):
+                assert (te.current_sample_index, te.current_batch_index) == (9, 3)
+        with context.hook_call(0, "encode_sample", 0, sample_index=0, batch_index=0):
+            assert (te.current_sample_index, te.current_batch_index) == (1, 1)
+    with context.hook_call(0, "encode_sample", 3, sample_index=3, batch_index=1):
+        assert (te.current_sample_index, te.current_batch_index) == (3, 1)
+
+
+def test_a_restore_seeds_hook_draws_energons_numbers():
+    """kind=None seeds as Energon seeds a @stateless(restore_seeds=True) hook: from the worker seed
+    and the sample index in the rank. The draws are those Energon's own suite pins for worker seed
+    273211461 (one worker), samples 0 and 1; worker 1 of 2 draws sample 1's numbers at position 0."""
+    def draw(index):
+        with context.hook_call(273211461, None, index, sample_index=index):
+            return random.randint(0, 1000)
+
+    assert [draw(0), draw(1)] == [661, 762]
+    with context.worker_slot(1, 2):
+        assert draw(0) == 762
+    # hooks without the flag keep energon_ray's own per-kind seeds
+    assert context.hook_seed(273211461, "encode", 0) != context.hook_seed(273211461, None, 0)

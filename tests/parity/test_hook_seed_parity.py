@@ -1,0 +1,65 @@
+"""A ``@stateless(restore_seeds=True)`` hook sees Energon's indices and draws Energon's random numbers."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import energon_ray as er
+from tests.helpers import captioning_dataset
+
+pytestmark = pytest.mark.parity
+
+
+def _encoder(lib):
+    class Encoder(lib.DefaultTaskEncoder):
+        @lib.stateless(restore_seeds=True)
+        def encode_sample(self, sample):
+            draws = (random.randint(0, 1000), int(np.random.randint(0, 1000)), int(torch.randint(0, 1000, ())))
+            return (sample.__key__, self.current_batch_index, self.current_sample_index, draws)
+
+        def batch(self, samples):
+            return list(samples)
+
+    return Encoder()
+
+
+def _batches(lib, path, rank, workers, n, train):
+    wc = lib.WorkerConfig(rank=rank, world_size=2, num_workers=workers)
+    if train:
+        ds = lib.get_train_dataset(
+            path, batch_size=2, task_encoder=_encoder(lib), worker_config=wc, shuffle_buffer_size=20, max_samples_per_sequence=10
+        )  # fmt: skip
+    else:
+        ds = lib.get_val_dataset(path, split_part="train", batch_size=2, task_encoder=_encoder(lib), worker_config=wc)
+    out = []
+    for batch in lib.get_loader(ds):
+        out.append([(key, bi, si, tuple(draws)) for key, bi, si, draws in batch])
+        if len(out) == n:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return captioning_dataset(tmp_path_factory.mktemp("hook_seed_parity") / "ds", n=48, per_shard=6)
+
+
+@pytest.mark.parametrize("rank,workers", [(0, 2), (1, 2), (0, 3)])
+def test_restore_seeds_hooks_match_energon(path, rank, workers):
+    """Rank ``rank`` of 2 with ``workers`` workers, 12 validation batches: every sample's key, its
+    ``current_batch_index`` and ``current_sample_index`` (counted over the rank's interleaved workers)
+    and its python, numpy and torch random draws equal megatron-energon's. Training batches (whose
+    shuffled order is energon_ray's own): the same indices and draws batch for batch."""
+    import megatron.energon as me
+
+    ours = _batches(er, path, rank, workers, 12, train=False)
+    assert ours == _batches(me, path, rank, workers, 12, train=False)
+    assert [b[0][1] for b in ours] == list(range(12))  # the loader's batch index, as Energon counts it
+    assert len({s[3] for b in ours for s in b}) == 24  # every sample drew its own numbers
+    drop_keys = lambda batches: [[s[1:] for s in b] for b in batches]  # noqa: E731
+    ours = _batches(er, path, rank, workers, 12, train=True)
+    assert drop_keys(ours) == drop_keys(_batches(me, path, rank, workers, 12, train=True))
