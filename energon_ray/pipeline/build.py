@@ -506,7 +506,6 @@ class TaskStream:
         self._ahead = ahead
         self._limit = object_store_limit
         self._block_bytes = 0  # the largest block seen
-        self._submitted = 0
         self._slots = self._cluster_slots()
         self.stream_id = _new_id("t")
         #: counters for ``stats()``
@@ -538,8 +537,7 @@ class TaskStream:
             self._refs.append(self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id))
             self._specs.append(spec)
             self.tasks += 1
-            self._submitted += 1
-            if self._submitted % _RESIZE_EVERY == 0:
+            if self.tasks % _RESIZE_EVERY == 0:
                 self._slots = self._cluster_slots()
                 limit = self.in_flight_limit()
         self.most_in_flight = max(self.most_in_flight, len(self._refs))
