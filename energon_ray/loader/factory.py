@@ -205,21 +205,17 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
     if decoder is not None and trusted:
         decoder = decoder.with_trust(True)
     subflavors = kwargs.pop("subflavors", None)
+    options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
+    samples_per_segment = kwargs.pop("samples_per_segment", None)
+    if samples_per_segment is not None:
+        options.segment_samples = _segment_samples(samples_per_segment)
     if is_metadataset_path(path):
-        options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
-        samples_per_segment = kwargs.pop("samples_per_segment", None)
-        if samples_per_segment is not None:
-            options.segment_samples = _segment_samples(samples_per_segment)
         kwargs.pop("packing_buffer_size", None)
         options.blend_samples = bool(kwargs.pop("blend_samples", False))
         if kwargs:
             raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
         common = dict(worker_config=worker_config, task_encoder=task_encoder, decoder=decoder)
         return _metadataset(path, split_part, options, common, trusted, subflavors)
-    options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
-    samples_per_segment = kwargs.pop("samples_per_segment", None)
-    if samples_per_segment is not None:
-        options.segment_samples = _segment_samples(samples_per_segment)
     dataset = _open(path, split_part, kwargs, trusted)
     kwargs.pop("sample_type", None)
     if kwargs:

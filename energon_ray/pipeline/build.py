@@ -532,7 +532,6 @@ class TaskStream:
         while len(self._refs) < limit:
             spec = next(self._todo, None)
             if spec is None:
-                self._todo = iter(())
                 break
             self._refs.append(self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id))
             self._specs.append(spec)
