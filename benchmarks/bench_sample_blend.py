@@ -7,10 +7,11 @@ Contenders, each a fresh process on a 2-CPU budget, the captioning task encoder 
 a weighted blend with ``repeat=False``, so the datasets repeat):
 
 - ``energon``: megatron-energon's ``get_train_dataset`` of the YAML (blends samples, then batches);
-- ``samples``: energon_ray's ``get_train_dataset(..., blend_samples=True)`` of the same YAML (``SampleBlendDataset``: samples
+- ``samples``: energon_ray's ``get_train_dataset`` of the same YAML (its default since stop 30, here
+  ``blend_samples=True``; ``SampleBlendDataset``: samples
   drawn in the trainer, still serialized, batched by one Ray task per group of 4 batches);
 - ``batches``: energon_ray's ``BlendDataset`` of the two datasets (each batch one dataset's, made in
-  the segment tasks).
+  the segment tasks; what the YAML gives with ``blend_samples=False``).
 
 Reported per contender: full-pass samples/s, steady samples/s (the middle 80 % of batches), first
 batch (s after ``iter()``), trainer CPU ms per batch after the first. ``--take N`` takes N samples per

@@ -9,9 +9,10 @@ What it does:
    ``git archive HEAD tests``) into a temporary folder, twice;
 2. in the second copy, rewrites the imports of Energon's *public* names to ``energon_ray``: the top
    level (``from megatron.energon import …``) and the submodules Energon's documents point users to
-   (``megatron.energon.av``, ``.media``, ``.transforms``, ``.cache``, ``.task_encoder.cooking``,
-   ``.task_encoder.base``). Everything else
-   (``EPath``, ``BaseWebdatasetFactory.prepare_dataset``, the ``energon`` CLI used to prepare test data)
+   (``megatron.energon.av``, ``.media`` and ``.media.metadata`` (where Energon defines what
+   ``.media`` exports), ``.transforms``, ``.cache``, ``.task_encoder.cooking``,
+   ``.task_encoder.base``). Everything else (``EPath``, ``BaseWebdatasetFactory.prepare_dataset``,
+   the ``energon`` CLI used to prepare test data)
    stays Energon's, so the test data is prepared by Energon and only the code under test changes;
 3. runs pytest on both copies (fresh processes, ``--junitxml``) and compares test by test.
 
@@ -40,11 +41,11 @@ from typing import Dict, List, Set, Tuple
 #: where test-only packages of Energon's suite (torchvision, soundfile) live, e.g. ``pip install --target``
 EXTRA_PATHS: List[str] = []
 PUBLIC_MODULES = ("megatron.energon", "megatron.energon.av", "megatron.energon.edataclass", "megatron.energon.flavors",
-                  "megatron.energon.media", "megatron.energon.transforms", "megatron.energon.cache",
+                  "megatron.energon.media", "megatron.energon.media.metadata", "megatron.energon.transforms", "megatron.energon.cache",
                   "megatron.energon.task_encoder.cooking", "megatron.energon.task_encoder.base")
 # ``megatron.energon.edataclass`` is a module there and the decorator itself here (as at Energon's top
 # level): its imports stay Energon's, whose decorator makes plain dataclasses either package reads.
-_REWRITE = re.compile(r"^(\s*)(from|import) megatron\.energon(\.(?:av|media|transforms|cache|task_encoder\.cooking|task_encoder\.base))?(\s)", re.M)
+_REWRITE = re.compile(r"^(\s*)(from|import) megatron\.energon(\.(?:av|media\.metadata|media|transforms|cache|task_encoder\.cooking|task_encoder\.base))?(\s)", re.M)
 
 
 def copy_tests(repo: Path, dest: Path) -> Path:

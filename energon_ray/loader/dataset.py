@@ -66,8 +66,9 @@ class PlanOptions:
     batch_across_sources: bool = False
     #: A leaf of a batched train blend of a metadataset with ``blend_samples=True``: every sample leaves
     #: its Ray task unbatched (still serialized), the blend draws samples, and Ray tasks batch them
-    #: (``SampleBlendDataset``). On the factory's options: the user asked for it.
-    blend_samples: bool = False
+    #: (``SampleBlendDataset``). On the factory's options: what the user asked for (``None``: blend
+    #: samples wherever it can, as Energon does).
+    blend_samples: Optional[bool] = False
 
 
 class EnergonDataset(Composition):

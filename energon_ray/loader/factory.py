@@ -80,19 +80,23 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
     else:
         flat = parse_metadataset_file(path, split_part, ctx=ctx)
     wc = common["worker_config"]
-    # Energon blends a train metadataset's samples and then batches them. Opt-in here (blend_samples=True:
-    # the leaves hand out samples, Ray actors batch the drawn groups; as fast as whole per-source
-    # batches once running, a slower start, see benchmarks/bench_sample_blend.py); packing then runs on
-    # the blended samples too (blend.packed_blend); refused with grouping (in the leaves' Ray tasks)
+    # Energon blends a train metadataset's samples and then batches them, and so do we by default: the
+    # leaves hand out samples, Ray actors batch the drawn groups (blend.sample_blend); packing then runs
+    # on the blended samples too (blend.packed_blend). ``blend_samples=False`` draws whole per-dataset
+    # batches by weight instead (faster to start, see benchmarks/bench_sample_blend.py). Grouping runs
+    # in the leaves' Ray tasks, before any blending, so a task encoder with batch_group_criterion gets
+    # whole per-dataset (grouped) batches unless it asks for blend_samples=True, which is refused.
     te = common["task_encoder"]
-    blend_samples = options.blend_samples and options.training and len(flat.leaves) > 1 and options.batch_size is not None
-    if blend_samples and is_overridden(te, "batch_group_criterion"):
+    grouped = is_overridden(te, "batch_group_criterion")
+    blendable = options.training and len(flat.leaves) > 1 and options.batch_size is not None
+    if options.blend_samples and blendable and grouped:
         # Energon would blend, then group; here grouping runs in the leaves' Ray tasks, before any
-        # blending: whole per-dataset batches would silently be something else than asked for
+        # blending: mixed batches would silently be something else than asked for
         raise ValueError(
             f"{path}: blend_samples=True cannot be combined with {type(te).__name__}.batch_group_criterion: grouping "
-            "runs in each dataset's Ray tasks, before blending (leave blend_samples off for whole per-dataset batches)"
+            "runs in each dataset's Ray tasks, before blending (blend_samples=False gives whole per-dataset batches)"
         )
+    blend_samples = blendable and (not grouped if options.blend_samples is None else options.blend_samples)
     global_workers = max(1, wc.num_workers) * wc.world_size
     leaves: List[EnergonDataset] = []
     offset = 0
@@ -211,7 +215,9 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
         options.segment_samples = _segment_samples(samples_per_segment)
     if is_metadataset_path(path):
         kwargs.pop("packing_buffer_size", None)
-        options.blend_samples = bool(kwargs.pop("blend_samples", False))
+        options.blend_samples = kwargs.pop("blend_samples", None)
+        if options.blend_samples is not None and not isinstance(options.blend_samples, bool):
+            raise TypeError(f"blend_samples must be a bool or None, got {options.blend_samples!r}")
         if kwargs:
             raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
         common = dict(worker_config=worker_config, task_encoder=task_encoder, decoder=decoder)
@@ -279,10 +285,12 @@ def get_train_dataset(
         **kwargs: ``split_config``, ``dataset_config``, ``subflavors``, ``parallel_shard_iters``,
             ``samples_per_segment`` (samples one Ray task processes, rounded up to whole batches;
             default: 64 for each worker's first segment, 128 after, 64 with packing; an int makes
-            every segment that long — lower it for large media; ``(first, later)`` sets both), ``blend_samples`` (a metadataset: blend samples,
-            then pack (with ``packing_buffer_size``) and batch them in Ray actors, as Energon does,
-            so batches and packs mix datasets; not with ``batch_group_criterion``: ``ValueError``;
-            default: each batch is one dataset's, drawn by weight), and the deprecated decoder arguments
+            every segment that long — lower it for large media; ``(first, later)`` sets both), ``blend_samples`` (a batched train
+            metadataset: ``None``, the default, blends samples, then packs (with ``packing_buffer_size``)
+            and batches them in Ray actors, as Energon does, so batches and packs mix datasets, except
+            with ``batch_group_criterion`` (grouping runs before blending here: whole per-dataset
+            batches); ``False``: each batch is one dataset's, drawn by weight (a faster start);
+            ``True`` with ``batch_group_criterion``: ``ValueError``), and the deprecated decoder arguments
             (``image_decode``, ``auto_decode``, …).
 
     Raises:

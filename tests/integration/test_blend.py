@@ -127,19 +127,19 @@ def test_nested_yaml_weights_multiply_and_subflavors_arrive(sources):
 
 
 def test_train_yaml_blends_samples_then_batches(sources):
-    """With ``blend_samples=True`` a batched train metadataset blends samples and then batches them, as
-    Energon does (by default each batch is one dataset's, see test_blend_epochized_exact_counts): batches mix
-    the datasets; over 150 batches of 8 each source's share is its weight's within ±4 points; the
-    same seed gives the same batches, another seed other ones; the batches are made in Ray tasks
-    (counted as seam batches), not by the loader."""
+    """By default (``blend_samples=None``, as ``True``) a batched train metadataset blends samples and
+    then batches them, as Energon does: batches mix the datasets; over 150 batches of 8 each source's
+    share is its weight's within ±4 points; the same seed gives the same batches, another seed other
+    ones; the batches are made in Ray tasks (counted as seam batches), not by the loader.
+    ``blend_samples=False`` gives whole per-dataset batches."""
     root = sources["root"]
     (root / "samples.yaml").write_text(
         "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
         "      - {weight: 3, path: a}\n      - {weight: 1, path: c}\n"
     )
 
-    def keys(wc, n=150):
-        ds = er.get_train_dataset(root / "samples.yaml", worker_config=wc, batch_size=8, shuffle_buffer_size=10, blend_samples=True)
+    def keys(wc, n=150, **kwargs):
+        ds = er.get_train_dataset(root / "samples.yaml", worker_config=wc, batch_size=8, shuffle_buffer_size=10, **kwargs)
         loader = er.get_loader(ds)
         it = iter(loader)
         out = [tuple(next(it).__key__) for _ in range(n)]
@@ -147,26 +147,25 @@ def test_train_yaml_blends_samples_then_batches(sources):
         loader.close()
         return out, stats
 
-    batches, stats = keys(WC)
+    batches, stats = keys(WC)  # the default
     assert all(len(b) == 8 for b in batches)
     mixed = [b for b in batches if len({k[0] for k in b}) == 2]
     assert len(mixed) >= 0.8 * len(batches), f"only {len(mixed)} of {len(batches)} batches mix both datasets"
     flat = [k for b in batches for k in b]
     assert abs(sum(k.startswith("a") for k in flat) / len(flat) - 0.75) <= 0.04
     assert stats.seam_batches >= len(batches) and stats.batches == len(batches)
-    assert keys(WC)[0] == batches
+    assert keys(WC, blend_samples=True)[0] == batches
     other = er.WorkerConfig(rank=0, world_size=1, num_workers=2, seed_offset=5)
     assert keys(other, 20)[0] != batches[:20]
-    default = er.get_loader(er.get_train_dataset(root / "samples.yaml", worker_config=WC, batch_size=8, shuffle_buffer_size=10))
-    it = iter(default)
-    assert all(len({k[0] for k in next(it).__key__}) == 1 for _ in range(20))  # whole per-dataset batches
-    default.close()
+    whole, _ = keys(WC, 20, blend_samples=False)
+    assert all(len({k[0] for k in b}) == 1 for b in whole)  # whole per-dataset batches
 
 
 def test_blend_samples_refuses_grouping(sources):
     """``blend_samples=True`` with a batch group criterion is refused by name (grouping runs in the
-    datasets' Ray tasks, before blending), not quietly turned into whole per-dataset batches; with
-    packing it builds (packs are made of the blended samples: test_save_restore)."""
+    datasets' Ray tasks, before blending), not quietly turned into whole per-dataset batches; left
+    at its default it gives whole per-dataset batches; with packing it builds (packs are made of the
+    blended samples: test_save_restore)."""
     root = sources["root"]
     (root / "pack.yaml").write_text(
         "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
@@ -175,12 +174,19 @@ def test_blend_samples_refuses_grouping(sources):
 
     class Grouped(er.DefaultTaskEncoder):
         def batch_group_criterion(self, sample):
-            return 0, 4
+            return 0, None  # one bucket of batch_size
 
     with pytest.raises(ValueError, match=r"pack\.yaml: blend_samples=True cannot be combined with Grouped\.batch_group_criterion"):
         er.get_train_dataset(root / "pack.yaml", worker_config=WC, batch_size=4, task_encoder=Grouped(), blend_samples=True)
-    # without blend_samples it builds (whole per-dataset batches); with one dataset there is no blend
-    er.get_train_dataset(root / "pack.yaml", worker_config=WC, batch_size=4, task_encoder=Grouped())
+    # by default (and with blend_samples=False) it builds whole per-dataset (grouped) batches; with one
+    # dataset there is no blend
+    for kwargs in ({}, {"blend_samples": False}):
+        loader = er.get_loader(er.get_train_dataset(root / "pack.yaml", worker_config=WC, batch_size=4, task_encoder=Grouped(), **kwargs))
+        it = iter(loader)
+        assert all(len({k[0] for k in next(it).__key__}) == 1 for _ in range(8))
+        loader.close()
+    with pytest.raises(TypeError, match="blend_samples must be a bool or None, got 'yes'"):
+        er.get_train_dataset(root / "pack.yaml", worker_config=WC, batch_size=4, blend_samples="yes")
     (root / "one.yaml").write_text(
         "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n      - {weight: 1, path: a}\n"
     )

@@ -121,3 +121,18 @@ def test_unknown_names_raise_import_error_naming_the_module():
     assert lookup("WorkerConfig") is energon_ray.WorkerConfig
     with pytest.raises(AttributeError, match=r"energon_ray\.example\.NotInEnergonRay .*docs/compatibility\.md"):
         lookup("NotInEnergonRay")
+
+
+def test_media_metadata_module_path_matches_energons():
+    """``megatron.energon.media.metadata`` (where Energon defines what ``megatron.energon.media`` exports,
+    and where its tests import ImageMetadata from) exists here with the same public names, the same objects."""
+    import megatron.energon.media.metadata as theirs
+
+    import energon_ray.media
+    import energon_ray.media.metadata as ours
+
+    wanted = sorted(name for name in vars(theirs) if name in set(energon_ray.media.__all__))
+    assert wanted == sorted(energon_ray.media.__all__)
+    for name in wanted:
+        assert getattr(ours, name) is getattr(energon_ray.media, name), name
+    assert isinstance(ours.ImageMetadata(width=2, height=3, format="PNG", mode="RGB"), energon_ray.media.ImageMetadata)
