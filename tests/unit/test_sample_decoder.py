@@ -209,8 +209,9 @@ def _all_values_image(source_mode: str) -> bytes:
 @pytest.mark.parametrize("source_mode", ["L", "LA", "RGB", "RGBA", "P"])
 @pytest.mark.parametrize("mode", sorted(m for m in EXPECTED if m.startswith("torch")))
 def test_image_decode_matches_webdataset(mode, source_mode):
-    """The torch specs, converted by our own one-pass path, equal webdataset's ImageHandler bit for bit:
-    every pixel value 0..255, every source mode, same dtype, shape and a contiguous result."""
+    """The torch specs, converted by our own code (one PIL open serves the size check and the decode),
+    equal webdataset's ImageHandler bit for bit: every pixel value 0..255, every source mode, same
+    dtype, shape and a contiguous result of its own."""
     from webdataset.autodecode import imagehandler
 
     data = _all_values_image(source_mode)
