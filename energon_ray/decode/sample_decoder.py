@@ -72,7 +72,7 @@ class _ImageHandler:
     (``max_pixels=None`` follows ``PIL.Image.MAX_IMAGE_PIXELS`` at decode time; ``None`` there: no
     limit). Torch specs are converted here, equal bit for bit to webdataset's ``ImageHandler`` (test:
     ``test_image_decode_matches_webdataset``), so that one ``PIL.Image.open`` serves the size check and
-    the decode (webdataset's handler opens the image again: measured ~6 % of a 320×240 JPEG's decode).
+    the decode (webdataset's handler opens the image again; see benchmarks/README, stop 30).
     Numpy and PIL specs are webdataset's own.
     """
 
