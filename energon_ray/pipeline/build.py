@@ -222,6 +222,7 @@ class Feeder:
         # calls of a threaded actor may start out of order: a take can arrive before its submit
         self._closed: Deque[str] = deque(maxlen=4096)
         self._final_stats: Dict[str, str] = {}
+        self._submitted = 0  # executions ever registered (never decreases, unlike len(self._runs))
         import ray.data
 
         from energon_ray.ray_env import start_ray_data_actors
@@ -238,6 +239,7 @@ class Feeder:
         """Register (not start) an execution; ``take`` starts it. A run closed before its submit
         arrived (calls of a threaded actor may start out of order) is never registered."""
         with self._cond:
+            self._submitted += 1
             if run_id in self._closed:
                 return
             self._runs[run_id] = _Run(((segments, readers, configs), {**kwargs, "run_id": run_id}))
@@ -275,15 +277,15 @@ class Feeder:
 
     def usage(self) -> Dict[str, int]:
         """Executions not yet closed and object references this actor holds (an abandoned
-        iteration must leave neither behind), and whether this process imported torch (it never
-        should: readers and stages reach it pickled)."""
+        iteration must leave neither behind), executions ever submitted, and whether this process
+        imported torch (it never should: readers and stages reach it pickled)."""
         import sys
 
         with self._cond:
-            runs = len(self._runs)
+            runs, submitted = len(self._runs), self._submitted
         gc.collect()  # count what is still reachable, not cycles awaiting collection
         refs = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
-        return {"runs": runs, "refs": len(refs), "torch": int("torch" in sys.modules)}
+        return {"runs": runs, "submitted": submitted, "refs": len(refs), "torch": int("torch" in sys.modules)}
 
     def stats(self, run_id: str) -> str:
         run = self._runs.get(run_id)
