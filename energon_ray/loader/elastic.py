@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from energon_ray.loader.savable import describe, new_state
-from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, expand_ranges, fingerprint
+from energon_ray.loader.savable import fingerprints, new_state, warn_other_encoders
+from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, expand_ranges
 from energon_ray.plan.stream import SegmentLayout
 from energon_ray.worker import WorkerConfig
 
@@ -89,14 +89,16 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
         )
     if len({(s.passes, s.pass_index) for s in states}) != 1:
         raise StateError("the ranks' states are from different passes; save every rank's state at the same step")
-    ours = fingerprint(describe(dataset, order_only=True))
+    accepted = fingerprints(dataset, order_only=True)
+    ours = accepted[0]
     for s in states:
-        if s.version != STATE_VERSION or s.order_fingerprint != ours:
+        if s.version != STATE_VERSION or s.order_fingerprint not in accepted:
             raise StateError(
-                "the states were saved for another dataset or sample order (datasets, split, seeds, shuffle, weights or "
-                f"task encoder differ: order fingerprint {s.order_fingerprint or 'none'} vs {ours}); only the world size, "
-                "worker count and batch size may change"
+                "the states were saved for another dataset or sample order (datasets, split, seeds, shuffle or weights "
+                f"differ: order fingerprint {s.order_fingerprint or 'none'} vs {ours}); only the world size, "
+                "worker count, batch size and task encoders may change"
             )
+    warn_other_encoders(states[0].task_encoders, dataset)
     for i, leaf in enumerate(dataset.leaves()):
         o = leaf.options
         why = (

@@ -9,6 +9,7 @@ before it is read or decoded again.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, PassContext
@@ -17,6 +18,8 @@ from energon_ray.loader.merge import RoundRobin
 from energon_ray.loader.restore import rebuild_batch, rebuild_blended_batch, rebuild_packed_batch, restore_streams
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
 from energon_ray.pipeline.packing import PACKED
+
+logger = logging.getLogger("energon_ray")
 
 
 class PassRun:
@@ -70,24 +73,29 @@ def starts_of(state: Optional[LoaderState]) -> Optional[List[List[int]]]:
     return [[stream.checkpoint.segment for stream in per_worker] for per_worker in state.streams]
 
 
-def describe(dataset: Composition, order_only: bool = False) -> Any:
+def describe(dataset: Composition, order_only: bool = False, encoders: bool = False) -> Any:
     """What decides a composition's batches, without machine-specific paths (for the fingerprint).
 
     ``order_only``: what decides which samples come in which order, whatever the batch sizes and
     worker counts (a state may move to another world size with the same global batch size).
+    ``encoders``: with each leaf's task encoder class, as states saved before 2026-11-25
+    fingerprinted it (a state names the samples consumed, so it restores under another task encoder,
+    as Energon's does; ``check_fits`` warns then).
     """
     options = getattr(dataset, "options", None)
     if options is not None:  # a leaf dataset
         fields = dataclasses.asdict(options)
         if order_only:
             fields.pop("batch_size", None)
-        return {
+        out = {
             "dataset": [dataset.dataset.split_part, dataset.dataset.total, [s.name for s in dataset.dataset.shards]],
             "options": fields,
-            "task_encoder": type(dataset.task_encoder).__qualname__,
             "subflavors": dataset.subflavors,
             "rotation": dataset.rotation_base if order_only else dataset.rotation_offset,
         }
+        if encoders:
+            out["task_encoder"] = encoder_name(dataset)
+        return out
     out: Dict[str, Any] = {"type": type(dataset).__name__}
     for name in ("weights", "batch_size", "length", "limit", "salt", "repeats", "size", "buffer_size", "fixed_batch_size", "drop_last"):
         if hasattr(dataset, name) and not (order_only and name == "batch_size"):
@@ -96,8 +104,30 @@ def describe(dataset: Composition, order_only: bool = False) -> Any:
     if parts is None:
         inner = getattr(dataset, "dataset", None) or getattr(dataset, "blend", None)
         parts = [] if inner is None else [inner]
-    out["parts"] = [describe(part, order_only) for part in parts]
+    out["parts"] = [describe(part, order_only, encoders) for part in parts]
     return out
+
+
+def encoder_name(leaf: Any) -> str:
+    """A leaf's task encoder class, as a state records it."""
+    return type(leaf.task_encoder).__qualname__
+
+
+def fingerprints(dataset: Composition, order_only: bool = False) -> Tuple[str, str]:
+    """The fingerprint a state saved now has, and the one states saved before 2026-11-25 have (with
+    the task encoders' classes): a state with either fits."""
+    return fingerprint(describe(dataset, order_only)), fingerprint(describe(dataset, order_only, encoders=True))
+
+
+def warn_other_encoders(saved: List[str], dataset: Composition) -> None:
+    """Log which leaves restore under another task encoder class than the state was saved with."""
+    ours = [encoder_name(leaf) for leaf in dataset.leaves()]
+    if saved and len(saved) == len(ours) and saved != ours:
+        changed = ", ".join(f"leaf {i}: {a} -> {b}" for i, (a, b) in enumerate(zip(saved, ours)) if a != b)
+        logger.warning(
+            "energon_ray: restoring a loader state saved with other task encoders (%s): the samples come from "
+            "where the saved loader stopped, encoded and batched by this loader's task encoders", changed
+        )
 
 
 def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderState:
@@ -112,6 +142,7 @@ def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderStat
         epoch_items=epoch_items,
         segment_lengths=[leaf.segment_layout.to_list() for leaf in dataset.leaves()],
         order_fingerprint=fingerprint(describe(dataset, order_only=True)),
+        task_encoders=[encoder_name(leaf) for leaf in dataset.leaves()],
     )
 
 
@@ -124,12 +155,13 @@ def check_fits(state: LoaderState, dataset: Composition) -> None:
                 f"the state was saved with {name}={getattr(state, name)}, this loader has {name}={getattr(expected, name)}; "
                 "restore each rank's own state into a loader with the same WorkerConfig (rank, world_size, num_workers)"
             )
-    if state.fingerprint != expected.fingerprint:
+    if state.fingerprint not in fingerprints(dataset):
         raise StateError(
-            "the state was saved for another dataset configuration (datasets, split, options, weights or task "
-            f"encoder differ: fingerprint {state.fingerprint} vs {expected.fingerprint}); build the loader with the "
+            "the state was saved for another dataset configuration (datasets, split, options or weights "
+            f"differ: fingerprint {state.fingerprint} vs {expected.fingerprint}); build the loader with the "
             "arguments it was saved with"
         )
+    warn_other_encoders(state.task_encoders, dataset)
 
 
 def sample_keys(restore_key: Any) -> List[tuple]:

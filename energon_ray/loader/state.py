@@ -121,6 +121,8 @@ class LoaderState:
     #: the pass ``pass_index`` runs on streams redistributed from ``states`` (another world size's
     #: states, as dicts): ``{"pass_index": int, "states": [...]}``; see ``loader.elastic``
     elastic: Optional[Dict[str, Any]] = None
+    #: each leaf's task encoder class (a restore under other ones is allowed, and logged)
+    task_encoders: List[str] = dataclasses.field(default_factory=list)
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -164,6 +166,7 @@ class LoaderState:
             segment_lengths=list(data.get("segment_lengths", [])),
             order_fingerprint=data.get("order_fingerprint", ""),
             elastic=data.get("elastic"),
+            task_encoders=list(data.get("task_encoders", [])),
         )
 
     @classmethod
@@ -179,7 +182,7 @@ class LoaderState:
 
 
 def fingerprint(description: Any) -> str:
-    """A short digest of what decides the batches (datasets, options, weights, task encoders)."""
+    """A short digest of what decides the batches (datasets, options, weights)."""
     text = json.dumps(description, sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 

@@ -320,6 +320,55 @@ def test_save_before_iterating_and_mismatched_restores(roots):
     three.close()
 
 
+class Upper(Augmented):
+    """Another task encoder class: the same samples, texts upper-cased in the batch."""
+
+    def batch(self, samples):
+        out = super().batch(samples)
+        return {**out, "texts": [t.upper() for t in out["texts"]]}
+
+
+def test_a_state_restores_under_another_task_encoder_with_a_warning(roots, caplog):
+    """As Energon's: a state names the samples consumed, so it restores under another task encoder
+    class (a fixed or changed encoder when training resumes); the rest are the saved loader's next
+    samples, encoded by the new encoder, and a warning names both classes. A state saved before the
+    fingerprint left the encoder out (its fingerprint has the class) still restores."""
+
+    def build(encoder):
+        return er.get_savable_loader(er.get_train_dataset(roots["a"], batch_size=4, shuffle_buffer_size=5,
+                                                          worker_config=WC, task_encoder=encoder))  # fmt: skip
+
+    saved = build(Augmented())
+    it = iter(saved)
+    for _ in range(3):
+        next(it)
+    state = saved.save_state_rank().to_dict()
+    assert state["task_encoders"] == ["Augmented"]
+    rest = [(b["keys"], b["texts"]) for b in (next(it) for _ in range(6))]
+    saved.close()
+
+    other = build(Upper())
+    with caplog.at_level("WARNING", logger="energon_ray"):
+        other.restore_state_rank(state)
+    assert "leaf 0: Augmented -> Upper" in caplog.text
+    it = iter(other)
+    assert [(b["keys"], b["texts"]) for b in (next(it) for _ in range(6))] == [(k, [t.upper() for t in ts]) for k, ts in rest]
+    other.close()
+
+    from energon_ray.loader.savable import describe
+    from energon_ray.loader.state import fingerprint
+
+    legacy = build(Augmented())
+    old = {**state, "task_encoders": None}
+    old.pop("task_encoders")  # states saved before had no such field, and the encoder in the fingerprint
+    old["fingerprint"] = fingerprint(describe(legacy.dataset, encoders=True))
+    assert old["fingerprint"] != state["fingerprint"]
+    legacy.restore_state_rank(old)
+    it = iter(legacy)
+    assert [(b["keys"], b["texts"]) for b in (next(it) for _ in range(6))] == rest
+    legacy.close()
+
+
 def test_global_save_and_restore_without_distributed(roots):
     build = lambda: er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=2, worker_config=WC))  # noqa: E731
     loader = build()

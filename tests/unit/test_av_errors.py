@@ -217,3 +217,23 @@ def test_audio_end_within_a_millisecond_is_clamped(media_dir):
     """An audio end at most 1 ms past the stream (rounded durations) is cut at the last sample."""
     data = decoder(media_dir, "ramp.wav").get_clips(audio_clip_ranges=[(1.5, 2.0005)])
     assert data.audio_clips[0].shape == (1, 4000) and data.audio_timestamps == [(1.5, 2.0)]
+
+
+def test_open_options_follow_the_pyav_version_and_open_the_installed_one(media_dir):  # noqa: F811
+    """PyAV before 19 needs ``metadata_errors="ignore"`` (else non-UTF-8 tags fail the open); 19 removed
+    the argument (a ``TypeError`` that skipped every video). The options chosen for the installed
+    PyAV open a real file."""
+    import av
+
+    from energon_ray.decode.av._container import _OPEN_OPTIONS, _open_options, open_container
+
+    assert _open_options("18.1.0") == {"metadata_errors": "ignore"}
+    assert _open_options("14.0.1") == {"metadata_errors": "ignore"}
+    assert _open_options("19.0.2") == {} and _open_options("20.1") == {}
+    assert _OPEN_OPTIONS == _open_options(av.__version__)
+    name = next(p.name for p in media_dir.iterdir() if p.suffix == ".mp4")
+    container = open_container((media_dir / name).read_bytes(), key=f"shard_0/{name}")
+    try:
+        assert container.streams.video
+    finally:
+        container.close()

@@ -15,6 +15,20 @@ from energon_ray.errors import SampleException
 AV_ERRORS = (av.FFmpegError, EOFError, OSError, ValueError)
 
 
+def _open_options(version: str) -> dict:
+    """``av.open`` options for a PyAV ``version``: before 19, metadata that is not UTF-8 (binary
+    tags some phones and editors write) failed the open unless ``metadata_errors="ignore"``;
+    PyAV 19 dropped that argument (passing it raises ``TypeError``)."""
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        major = 0
+    return {} if major >= 19 else {"metadata_errors": "ignore"}
+
+
+_OPEN_OPTIONS = _open_options(av.__version__)
+
+
 def open_container(data: bytes, key: str) -> "av.container.InputContainer":
     """Open ``data`` as a PyAV input container, single-threaded.
 
@@ -34,7 +48,7 @@ def open_container(data: bytes, key: str) -> "av.container.InputContainer":
     if not data:
         raise SampleException(f"{key}: cannot open media: the file is empty (0 bytes)")
     try:
-        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+        container = av.open(io.BytesIO(data), mode="r", **_OPEN_OPTIONS)
     except AV_ERRORS as exc:
         raise SampleException(
             f"{key}: cannot open media ({len(data)} bytes): {type(exc).__name__}: {exc}"
