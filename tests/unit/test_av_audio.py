@@ -61,12 +61,19 @@ def test_clips_in_samples_are_half_open(media_dir, name):
 
 
 def test_lossy_track_clips_equal_the_full_decode(media_dir):
-    """AAC clips (decoded after a seek and a pre-roll) equal the same samples of a full decode."""
+    """AAC clips (decoded after a seek and a pre-roll) equal the same samples of a full decode, and
+    every seek lands in time (no decode again from the start: PyAV 19's FFmpeg drops the first frame
+    decoded after a seek, which must not count as a miss)."""
+    import warnings
+
     dec = decoder(media_dir, "h264_aac.mp4")
     full = dec.get_audio().audio_clips[0]
     rate = dec.get_audio_samples_per_second()
     ranges = [(0.5, 0.9), (1.0, 1.2), (0.13, 1.77), (0.0, 0.01), (1.9, 2.0)]
-    data = dec.get_clips(audio_clip_ranges=ranges)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = dec.get_clips(audio_clip_ranges=ranges)
+    assert not [w for w in caught if "seek missed" in str(w.message)]
     for (start, end), clip, stamps in zip(ranges, data.audio_clips, data.audio_timestamps):
         first, stop = round(start * rate), round(end * rate)
         assert stamps == (first / rate, stop / rate)

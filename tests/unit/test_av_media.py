@@ -150,7 +150,7 @@ def reference_video(path: Path) -> Tuple[torch.Tensor, List[Fraction], List[Frac
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         frames = list(container.decode(stream))
-    tb = Fraction(stream.time_base)
+        tb = Fraction(stream.time_base)  # inside: PyAV 19 refuses a closed container's stream attributes
     starts = [f.pts * tb for f in frames]
     ends = [f.pts * tb + f.duration * tb for f in frames]
     rgb = np.stack([f.to_ndarray(format="rgb24") for f in frames]).transpose(0, 3, 1, 2)

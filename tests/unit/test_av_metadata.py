@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 
+import av
 import pytest
 from tests.unit import test_av_media
 from tests.unit.test_av_media import AUDIO_RATE, FPS, HEIGHT, N_FRAMES, VIDEO_NAMES, WIDTH
@@ -16,6 +17,10 @@ from energon_ray.errors import SampleException
 
 media_dir = test_av_media.media_dir  # the generated files (a session fixture)
 AUDIO_NAMES = ["ramp.wav", "ramp_stereo.wav", "ramp.flac"]
+#: PyAV 19 (FFmpeg 7) trims the AAC encoder's priming and padding: the stream's 2.0 s at 16 kHz.
+#: Earlier PyAV decodes its 32 whole frames of 1024 samples.
+PYAV_TRIMS_AAC = int(av.__version__.split(".")[0]) >= 19
+AAC_SAMPLES = 32000 if PYAV_TRIMS_AAC else 32768
 VIDEO_ONLY = dict(video_duration=2.0, video_num_frames=N_FRAMES, video_fps=float(FPS), video_width=WIDTH, video_height=HEIGHT)
 
 
@@ -30,11 +35,12 @@ def test_video_files_report_their_exact_stream_facts(media_dir, name):
 
 
 def test_video_with_audio_reports_both_streams(media_dir):
-    """h264 + AAC mono 16 kHz: video facts, audio 2.0 s, 1 channel; 32768 decoded samples when asked."""
+    """h264 + AAC mono 16 kHz: video facts, audio 2.0 s, 1 channel; its decoded samples when asked
+    (``AAC_SAMPLES``: what a full decode gives with the installed PyAV)."""
     dec = decoder(media_dir, "h264_aac.mp4")
     audio = dict(audio_duration=2.0, audio_channels=1, audio_sample_rate=16000)
     assert dec.get_metadata() == AVMetadata(**VIDEO_ONLY, **audio)
-    assert dec.get_metadata(get_audio_num_samples=True) == AVMetadata(**VIDEO_ONLY, **audio, audio_num_samples=32768)
+    assert dec.get_metadata(get_audio_num_samples=True) == AVMetadata(**VIDEO_ONLY, **audio, audio_num_samples=AAC_SAMPLES)
     assert dec.get_metadata(get_video=False) == AVMetadata(**audio)
     assert dec.get_metadata(get_audio=False) == AVMetadata(**VIDEO_ONLY)
 
@@ -85,9 +91,14 @@ def test_same_values_as_energons_get_metadata(media_dir, flags):
 
     for name in VIDEO_NAMES + AUDIO_NAMES:
         data = (media_dir / name).read_bytes()
-        theirs = EnergonAVDecoder(io.BytesIO(data)).get_metadata(**flags)
-        ours = AVDecoder(data, key=name).get_metadata(**flags)
-        assert dataclasses.asdict(ours) == dataclasses.asdict(theirs), name
+        theirs = dataclasses.asdict(EnergonAVDecoder(io.BytesIO(data)).get_metadata(**flags))
+        ours = dataclasses.asdict(AVDecoder(data, key=name).get_metadata(**flags))
+        if PYAV_TRIMS_AAC and name == "h264_aac.mp4" and flags:
+            # Energon seeks to 0 before counting; with PyAV 19 that drops the first AAC frame decoded
+            # (1024 samples). Ours counts the whole stream, as a full decode gives it.
+            assert ours["audio_num_samples"] == AAC_SAMPLES and theirs["audio_num_samples"] == AAC_SAMPLES - 1024
+            theirs["audio_num_samples"] = ours["audio_num_samples"]
+        assert ours == theirs, name
 
 
 def test_field_names_and_dict_form_are_energons():

@@ -164,7 +164,9 @@ class AudioClipReader:
                 if seeked:
                     return None  # cannot place the first frame after a seek
                 pos = 0
-            if seeked and number == 0 and pos > seek_target:
+            # FFmpeg 7 (PyAV 19) drops the first AAC frame decoded after a seek (it only primes the
+            # decoder): one frame late keeps most of the pre-roll; later, or past start, is a miss
+            if seeked and number == 0 and pos > min(start, seek_target + frame.samples):
                 return None  # the seek landed after the pre-roll point
             lo = max(start, pos)
             hi = pos + frame.samples if end is None else min(end, pos + frame.samples)
