@@ -210,6 +210,21 @@ def ray_iter(shards: List[str]):
     return iter(ds.iter_torch_batches(batch_size=BATCH, prefetch_batches=4))
 
 
+def dataset(workdir: str, samples: int, write: bool = True):
+    """The benchmark's prepared dataset (written once per size, in all CPUs): its root and shards."""
+    from energon_ray.format.info import meta_dir
+    from energon_ray.format.prepare import prepare_dataset
+    from energon_ray.synthetic import write_captioning_dataset
+
+    root = Path(workdir) / f"captioning_{samples}"
+    if write and not (meta_dir(root) / ".info.json").is_file():
+        print(f"writing {samples} samples to {root} ...", flush=True)
+        write_captioning_dataset(root, samples, 500, image_size=(320, 240), processes=os.cpu_count() or 1)
+        prepare_dataset(root, split_ratio=(1, 0, 0), sample_type="CaptioningSample",
+                        field_map={"image": "jpg", "caption": "txt"}, progress=False)  # fmt: skip
+    return root, sorted(glob.glob(str(root / "shards" / "*.tar")))
+
+
 # -- fresh-process harness ---------------------------------------------------------------------
 
 
@@ -269,6 +284,19 @@ def run_child(name: str, args) -> Dict[str, float]:
     return result
 
 
+def _profile_trainer():
+    """With ``$BENCH_PYSPY`` set (a path): py-spy samples this trainer process's CPU until the pass
+    ends, written there as collapsed stacks (``--format raw``)."""
+    import shutil
+    import subprocess
+
+    path, exe = os.environ.get("BENCH_PYSPY"), shutil.which("py-spy")
+    if not path or not exe:
+        return None
+    cmd = [exe, "record", "--pid", str(os.getpid()), "--rate", "250", "--nonblocking", "--format", "raw", "--output", path]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def child(name: str, args, root: Path, shards: List[str]) -> None:
     """One contender, one pass, in this (fresh) process: prints one JSON line of figures."""
     import json
@@ -299,6 +327,7 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     if name == "energon_ray":
         _energon_ray_loader(str(root))  # built before the timer, like a trainer builds its loader
         time.sleep(args.setup_delay)  # the user's model set-up, overlapping our warm-up
+    spy = _profile_trainer() if name == "energon_ray" else None
     cpu0 = _cpu_busy_seconds()
     start = time.perf_counter()
     it = make()
@@ -312,6 +341,11 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     trainer_cpu = time.process_time() - (trainer_cpu0 or 0.0)
     end = time.perf_counter()
     cpu = _cpu_busy_seconds() - cpu0
+    if spy is not None:
+        import signal
+
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
     n = sum(sizes)
     if n != args.samples:
         raise RuntimeError(f"{name}: pass yielded {n} samples, expected {args.samples}")
@@ -341,20 +375,11 @@ def main() -> None:
         global _ER_LIMIT
         _ER_LIMIT = args.object_store_mib << 20
 
-    from energon_ray.format.info import meta_dir
-    from energon_ray.format.prepare import prepare_dataset
-    from energon_ray.synthetic import write_captioning_dataset
-
-    root = Path(args.workdir) / f"captioning_{args.samples}"
-    shards = sorted(glob.glob(str(root / "shards" / "*.tar")))
     if args.child:
+        root, shards = dataset(args.workdir, args.samples, write=False)
         child(args.child, args, root, shards)
         return
-    if not (meta_dir(root) / ".info.json").is_file():
-        print(f"writing {args.samples} samples to {root} ...")
-        write_captioning_dataset(root, args.samples, 500, image_size=(320, 240))
-        prepare_dataset(root, split_ratio=(1, 0, 0), sample_type="CaptioningSample",
-                        field_map={"image": "jpg", "caption": "txt"}, progress=False)  # fmt: skip
+    dataset(args.workdir, args.samples)
     wanted = args.only.split(",")
     results: Dict[str, List[Dict[str, float]]] = {name: [] for name in wanted}
     for run in range(args.runs):

@@ -101,10 +101,30 @@ def write_captioning_dataset(
     image_format: str = "JPEG",
     seed: int = 0,
     shard_subdir: str = "shards",
+    processes: int = 1,
 ) -> List[Path]:
-    """Write a captioning dataset's tar shards under ``out_dir/shard_subdir`` (not yet prepared)."""
-    samples = captioning_samples(num_samples, image_size, image_format, seed)
-    return write_shards(Path(out_dir) / shard_subdir, samples, samples_per_shard)
+    """Write a captioning dataset's tar shards under ``out_dir/shard_subdir`` (not yet prepared);
+    ``processes`` > 1 encodes shards in that many processes (the same bytes as one process)."""
+    out = Path(out_dir) / shard_subdir
+    if processes <= 1:
+        return write_shards(out, captioning_samples(num_samples, image_size, image_format, seed), samples_per_shard)
+    from concurrent.futures import ProcessPoolExecutor
+
+    out.mkdir(parents=True, exist_ok=True)
+    starts = range(0, num_samples, samples_per_shard)
+    jobs = [(out / f"shard_{no:04d}.tar", start, min(samples_per_shard, num_samples - start), image_size, image_format, seed)
+            for no, start in enumerate(starts)]  # fmt: skip
+    with ProcessPoolExecutor(processes) as pool:
+        return list(pool.map(_write_captioning_shard, jobs))
+
+
+def _write_captioning_shard(job) -> Path:
+    path, start, count, image_size, image_format, seed = job
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, parts in captioning_samples(count, image_size, image_format, seed, start=start):
+            for part, data in parts.items():
+                add_member(tar, f"{key}.{part}", data, mtime=0)
+    return path
 
 
 def text_samples(num_samples: int, start: int = 0) -> List[Tuple[str, Dict[str, bytes]]]:

@@ -58,3 +58,13 @@ def test_datasets_are_prepared_once(tmp_path):
     before = {p: p.stat().st_mtime_ns for p in (video / "shards").iterdir()}
     assert synthetic_video_qa(video, 3) == video and shards == ["shard_0000.tar", "shard_0001.tar"]
     assert {p: p.stat().st_mtime_ns for p in (video / "shards").iterdir()} == before
+
+
+def test_captioning_shards_written_in_processes_are_the_same_bytes(tmp_path):
+    """``processes=2`` (the benchmarks' fast path) writes the same shards, byte for byte, as one process."""
+    from energon_ray.synthetic import write_captioning_dataset
+
+    one = write_captioning_dataset(tmp_path / "one", 23, 10, image_size=(16, 12))
+    two = write_captioning_dataset(tmp_path / "two", 23, 10, image_size=(16, 12), processes=2)
+    assert [p.name for p in one] == [p.name for p in two] == ["shard_0000.tar", "shard_0001.tar", "shard_0002.tar"]
+    assert [p.read_bytes() for p in one] == [p.read_bytes() for p in two]
