@@ -19,11 +19,12 @@ import itertools
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 
 from energon_ray.errors import ExecutionLost, unwrap_error
-from energon_ray.loader.merge import EXHAUSTED, NOTHING, LoaderStats, Pending, Row, WorkerQueues
+from energon_ray.loader.merge import EXHAUSTED, NOTHING, LoaderStats, Pending, Pinning, Row, WorkerQueues
 from energon_ray.loader.restore import restore_reads, restore_streams, run_reads
 from energon_ray.loader.state import StreamState
 from energon_ray.pipeline import rows, serde
@@ -61,6 +62,40 @@ def decode_row(row: Row, pin: bool) -> Row:
     if pin and kind == rows.ITEM:
         value = pin_batch(value)
     return kind, worker, segment, seq, value
+
+
+class Pinner:
+    """Copies a block's batches into pinned memory in one background thread as the block arrives, so
+    the training thread takes finished copies: torch copies without holding the GIL, and the copy of
+    the next batches overlaps the training step (as ``DataLoader``'s pin-memory thread does)."""
+
+    def __init__(self) -> None:
+        self._pool: Optional[ThreadPoolExecutor] = None
+
+    def submit(self, value: Any) -> Pinning:
+        if self._pool is None:
+            device = _cuda_device()
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="energon_ray_pin", initializer=_use_device, initargs=(device,))
+        return Pinning(self._pool.submit(pin_batch, value))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _cuda_device() -> Optional[int]:
+    """The training thread's CUDA device (the pin thread allocates there, not on device 0)."""
+    import torch
+
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+def _use_device(device: Optional[int]) -> None:
+    if device is not None:
+        import torch
+
+        torch.cuda.set_device(device)
 
 
 def _ours(exc: BaseException) -> BaseException:
@@ -183,6 +218,7 @@ class MultiFeed:
         self.ray_remote_args = ray_remote_args
         self.on_execute = on_execute
         self.pin = pin
+        self._pinner = Pinner() if pin else None
         self.stats = stats
         self.feeds: List[LeafFeed] = []
         self.schedules: List[LeafSchedule] = []
@@ -269,6 +305,8 @@ class MultiFeed:
             if current is not None:
                 current[1].close()
         self._current = self._following = None
+        if self._pinner is not None:
+            self._pinner.close()
 
     def start(self) -> None:
         """Start the pass's execution now (before anyone iterates: a head start).
@@ -360,6 +398,17 @@ class MultiFeed:
             out[i] = decoded
         return out
 
+    def _pin_ahead(self, block: Any, early: Dict[int, Row]) -> Dict[int, Row]:
+        """With pinning: the block's item rows, by row index, each value a ``Pinning`` already
+        submitted to the pin thread (the items are zero-copy views of the block until copied)."""
+        if self._pinner is None:
+            return {}
+        out: Dict[int, Row] = {}
+        for i, (kind, worker, segment, seq, payload) in enumerate(rows.iter_rows(block)):
+            if kind == rows.ITEM and i not in early:
+                out[i] = (kind, worker, segment, seq, self._pinner.submit(serde.loads(payload, copy=False)))
+        return out
+
     def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:
         """The rows of a stream's blocks, checked against the segments expected (``specs``, or the
         stream's own ``next_spec`` for a pass-long ``TaskStream``)."""
@@ -370,13 +419,14 @@ class MultiFeed:
         try:
             for block in blocks:
                 early = self._handle_failures_early(block)
+                pinning = self._pin_ahead(block, early)
                 for i, (row, source, positions) in enumerate(zip(rows.iter_rows(block), rows.sources(block), rows.positions(block))):
                     if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
                         raise RuntimeError(
                             f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "
                             f"{None if spec is None else (spec.source, spec.worker, spec.index)}; order is not preserved"
                         )
-                    decoded = early[i] if i in early else decode_row(row, self.pin)
+                    decoded = early[i] if i in early else pinning[i] if i in pinning else decode_row(row, self.pin)
                     if source in hand_out and row[0] == rows.LEFTOVER:  # the batching task reads them from the block
                         decoded = (*decoded[:4], rows.locate_leftovers(decoded[4], blocks.last_ref, i))
                     yield source, decoded, spec.last, positions

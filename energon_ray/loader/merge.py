@@ -47,6 +47,16 @@ class Pending:
         self.positions: Optional[List[List[int]]] = None
 
 
+class Pinning:
+    """A queued item being copied into pinned memory off the training thread (``feed.Pinner``);
+    ``WorkerQueues.pop`` hands out the copy, waiting for it if it is not done yet."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: Any):
+        self.future = future
+
+
 class LoaderStats:
     """Counters the user can read while iterating (``loader.stats``)."""
 
@@ -318,7 +328,7 @@ class WorkerQueues:
                 if oldest >= tag:
                     break
                 del records[oldest]
-            return item
+            return item.future.result() if type(item) is Pinning else item
         return NOTHING
 
     # -- save/restore ---------------------------------------------------------------------------

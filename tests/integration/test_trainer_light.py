@@ -38,6 +38,11 @@ class PidBatches(er.DefaultTaskEncoder):
 
 
 
+class DictBatches(er.DefaultTaskEncoder):
+    def batch(self, samples):
+        return {"keys": [s.__key__ for s in samples], "image": torch.stack([s.image for s in samples])}
+
+
 class _Tracked:
     """An encoded sample that counts the instances alive in its process."""
 
@@ -103,6 +108,36 @@ def test_batch_tensors_are_writable_views_that_outlive_the_loader(tmp_path):
     first.add_(1)
     assert torch.equal(first, expected + 1)
     assert all(torch.isfinite(b.image).all() for b in batches[1:])
+
+
+def test_batches_are_pinned_in_the_pin_thread_not_the_training_thread(tmp_path, monkeypatch):
+    """With pinning (the default on CUDA), a block's batches are copied by the loader's pin thread as
+    the block arrives; the trainer gets the copies, in the order an unpinned loader gives, and the
+    thread ends with the pass. (torch pins only with CUDA: a recording copy stands in for it here.)"""
+    import energon_ray.loader.feed as feed
+
+    threads = []
+
+    def pin(batch):
+        threads.append(threading.current_thread().name)
+        time.sleep(0.005)
+        return {**batch, "image": batch["image"].clone(), "pinned": True}
+
+    path = captioning_dataset(tmp_path / "ds", n=48, per_shard=8)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=16)
+    loader = er.get_loader(ds, pin_memory=False)
+    plain = [b["keys"] for b in loader]
+    monkeypatch.setattr(feed, "pin_batch", pin)
+    loader.pin = True  # what pin_memory=None chooses on CUDA (from the next pass on)
+    batches = list(loader)
+    assert [b["keys"] for b in batches] == plain and sorted(k for keys in plain for k in keys) == [f"sample_{i:06d}" for i in range(48)]
+    assert all(b.get("pinned") for b in batches)
+    assert set(threads) == {"energon_ray_pin_0"}
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith("energon_ray_pin") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("energon_ray_pin")]
 
 
 def test_a_dead_feeder_is_replaced_and_the_loader_goes_on_exactly(tmp_path, caplog):
