@@ -261,8 +261,6 @@ def tree_pss(root: int) -> int:
 
 def run_child(name: str, args) -> Dict[str, float]:
     """Run one contender in a fresh process; sample the PSS of its process tree while it runs."""
-    import json
-    import subprocess
     import sys
 
     cmd = [sys.executable, __file__, "--child", name, "--cpus", str(args.cpus), "--samples", str(args.samples),
@@ -271,6 +269,33 @@ def run_child(name: str, args) -> Dict[str, float]:
         cmd += ["--samples-per-segment", str(args.samples_per_segment)]
     if args.object_store_mib:
         cmd += ["--object-store-mib", str(args.object_store_mib)]
+    return measure(name, cmd)
+
+
+def interleaved(names: List[str], runs: int, run_one, describe) -> Dict[str, Dict[str, float]]:
+    """Each contender once per run, interleaved (each run sees the machine in the same state for
+    all), a line per result (``describe(result)``); the medians of each contender's figures."""
+    results: Dict[str, List[Dict[str, float]]] = {name: [] for name in names}
+    for run in range(runs):
+        for name in names:
+            results[name].append(run_one(name))
+            print(f"{name:12s} run {run}: {describe(results[name][-1])}", flush=True)
+    return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in results.items()}
+
+
+def print_table(header: List[str], rows: List[List[str]]) -> None:
+    """A Markdown table, after a blank line."""
+    print()
+    for cells in (header, ["---"] * len(header), *rows):
+        print("| " + " | ".join(cells) + " |")
+
+
+def measure(name: str, cmd: List[str]) -> Dict[str, float]:
+    """Run ``cmd`` (a contender's child), sampling its process tree's PSS every 0.1 s: the figures of
+    its last stdout line (JSON) plus ``pss``, the peak in MiB."""
+    import json
+    import subprocess
+
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     peak = 0
     while proc.poll() is None:
@@ -380,22 +405,15 @@ def main() -> None:
         child(args.child, args, root, shards)
         return
     dataset(args.workdir, args.samples)
-    wanted = args.only.split(",")
-    results: Dict[str, List[Dict[str, float]]] = {name: [] for name in wanted}
-    for run in range(args.runs):
-        for name in wanted:  # interleaved: each run sees the machine in the same state for all
-            r = run_child(name, args)
-            results[name].append(r)
-            print(f"{name:12s} run {run}: {r['sps']:6.0f}/s pass, {r['steady']:6.0f}/s steady, first {r['first']:5.2f}s, "
-                  f"trainer {r['trainer_ms']:5.1f} ms/batch, cpu {r['cpu']:6.1f}s, PSS {r['pss']:6.0f} MiB", flush=True)  # fmt: skip
-    med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in results.items()}
+    med = interleaved(args.only.split(","), args.runs, lambda name: run_child(name, args), lambda r: (
+        f"{r['sps']:6.0f}/s pass, {r['steady']:6.0f}/s steady, first {r['first']:5.2f}s, "
+        f"trainer {r['trainer_ms']:5.1f} ms/batch, cpu {r['cpu']:6.1f}s, PSS {r['pss']:6.0f} MiB"))  # fmt: skip
     base = med.get("energon")
-    print()
-    print("| contender | pass samples/s | steady samples/s | first batch s | trainer CPU ms/batch | CPU-s/pass | peak PSS MiB | pass vs Energon |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, m in med.items():
-        ratio = f"{m['sps'] / base['sps']:.2f}x" if base else "n/a"
-        print(f"| {name} | {m['sps']:.0f} | {m['steady']:.0f} | {m['first']:.2f} | {m['trainer_ms']:.1f} | {m['cpu']:.1f} | {m['pss']:.0f} | {ratio} |")
+    print_table(
+        ["contender", "pass samples/s", "steady samples/s", "first batch s", "trainer CPU ms/batch", "CPU-s/pass", "peak PSS MiB", "pass vs Energon"],
+        [[name, f"{m['sps']:.0f}", f"{m['steady']:.0f}", f"{m['first']:.2f}", f"{m['trainer_ms']:.1f}", f"{m['cpu']:.1f}", f"{m['pss']:.0f}",
+          f"{m['sps'] / base['sps']:.2f}x" if base else "n/a"] for name, m in med.items()],
+    )  # fmt: skip
     print(f"\nmedians of {args.runs} runs, {args.samples} samples, batch {BATCH}, {args.cpus} workers/CPUs, "
           f"each contender a fresh process, {os.cpu_count()} CPUs on the machine")  # fmt: skip
 

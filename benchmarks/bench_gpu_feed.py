@@ -25,10 +25,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Dict
 
 import torch
 from torch import nn
@@ -158,17 +157,7 @@ def child(name: str, args) -> None:
 def run_child(name: str, args) -> Dict[str, float]:
     cmd = [sys.executable, __file__, "--child", name, "--cpus", str(args.cpus), "--samples", str(args.samples), "--workdir", args.workdir,
            "--device", args.device]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    peak = 0
-    while proc.poll() is None:
-        peak = max(peak, cap.tree_pss(proc.pid))
-        time.sleep(0.1)
-    out = proc.stdout.read()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{out}")
-    result = json.loads(out.strip().splitlines()[-1])
-    result["pss"] = peak / 2**20
-    return result
+    return cap.measure(name, cmd)
 
 
 def main() -> None:
@@ -187,26 +176,18 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_gpu_feed needs a CUDA device")
     cap.dataset(args.workdir, args.samples)
-    wanted = args.only.split(",")
-    results: Dict[str, List[Dict[str, float]]] = {name: [] for name in wanted}
-    for run in range(args.runs):
-        for name in wanted:
-            r = run_child(name, args)
-            results[name].append(r)
-            print(f"{name:12s} run {run}: {r['sps']:6.0f}/s end to end, {r['steady']:6.0f}/s steady, first {r['first']:5.2f}s, "
-                  f"step {r['step_ms']:5.2f} ms (p90 {r['step_p90']:5.2f}), trainer {r['trainer_ms']:5.1f} ms/batch, "
-                  f"PSS {r['pss']:6.0f} MiB", flush=True)  # fmt: skip
-    med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in results.items()}
+    med = cap.interleaved(args.only.split(","), args.runs, lambda name: run_child(name, args), lambda r: (
+        f"{r['sps']:6.0f}/s end to end, {r['steady']:6.0f}/s steady, first {r['first']:5.2f}s, "
+        f"step {r['step_ms']:5.2f} ms (p90 {r['step_p90']:5.2f}), trainer {r['trainer_ms']:5.1f} ms/batch, PSS {r['pss']:6.0f} MiB"))  # fmt: skip
     free = med.get("loader_free")
     base = med.get("energon")
-    print()
-    print("| contender | end-to-end samples/s | steady samples/s | first batch s | step ms (p90) | step vs loader-free | trainer CPU ms/batch | peak PSS MiB | vs Energon |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, m in med.items():
-        vs_free = f"{m['step_ms'] / free['step_ms']:.2f}x" if free else "n/a"
-        vs_energon = f"{m['sps'] / base['sps']:.2f}x" if base else "n/a"
-        print(f"| {name} | {m['sps']:.0f} | {m['steady']:.0f} | {m['first']:.2f} | {m['step_ms']:.2f} ({m['step_p90']:.2f}) | {vs_free} | "
-              f"{m['trainer_ms']:.1f} | {m['pss']:.0f} | {vs_energon} |")  # fmt: skip
+    cap.print_table(
+        ["contender", "end-to-end samples/s", "steady samples/s", "first batch s", "step ms (p90)", "step vs loader-free",
+         "trainer CPU ms/batch", "peak PSS MiB", "vs Energon"],
+        [[name, f"{m['sps']:.0f}", f"{m['steady']:.0f}", f"{m['first']:.2f}", f"{m['step_ms']:.2f} ({m['step_p90']:.2f})",
+          f"{m['step_ms'] / free['step_ms']:.2f}x" if free else "n/a", f"{m['trainer_ms']:.1f}", f"{m['pss']:.0f}",
+          f"{m['sps'] / base['sps']:.2f}x" if base else "n/a"] for name, m in med.items()],
+    )  # fmt: skip
     print(f"\nmedians of {args.runs} runs, {args.samples} samples, batch {cap.BATCH}, {args.cpus} workers/CPUs, "
           f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'CPU'}, {os.cpu_count()} CPUs on the machine")  # fmt: skip
 

@@ -3,6 +3,11 @@
 # CUDA GPU (and Ray, PyAV, webdataset, megatron-energon importable). Logs go to $OUT (default ./out);
 # the trainer's py-spy profile (if py-spy is on PATH) of the set-up-delay run to $OUT/trainer_pyspy.txt.
 #   bash benchmarks/device_bench.sh [samples]
+# On a lent GPU machine (no network, 64 MiB per call): stage the wheels here with
+# `bash ../shared/device/stage.sh pydantic pydantic-core annotated-types typing-inspection` (Ray Data's
+# iter_torch_batches needs pydantic, which that machine lacks), repack into parts under ~58 MiB (Ray's
+# wheel without ray/dashboard/client, rllib, serve, llm fits beside botocore), copy setup.sh into
+# .devstage/, install part 1 in one call and part 2 plus this script in the next (within 30 s).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"

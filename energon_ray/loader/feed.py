@@ -67,7 +67,9 @@ def decode_row(row: Row, pin: bool) -> Row:
 class Pinner:
     """Copies a block's batches into pinned memory in one background thread as the block arrives, so
     the training thread takes finished copies: torch copies without holding the GIL, and the copy of
-    the next batches overlaps the training step (as ``DataLoader``'s pin-memory thread does)."""
+    the next batches overlaps the training step (as ``DataLoader``'s pin-memory thread does). A
+    batch needed before the thread started on it is copied by the training thread instead
+    (``Pinning.result``)."""
 
     def __init__(self) -> None:
         self._pool: Optional[ThreadPoolExecutor] = None
@@ -76,7 +78,7 @@ class Pinner:
         if self._pool is None:
             device = _cuda_device()
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="energon_ray_pin", initializer=_use_device, initargs=(device,))
-        return Pinning(self._pool.submit(pin_batch, value))
+        return Pinning(self._pool.submit(pin_batch, value), value, pin_batch)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -49,12 +49,21 @@ class Pending:
 
 class Pinning:
     """A queued item being copied into pinned memory off the training thread (``feed.Pinner``);
-    ``WorkerQueues.pop`` hands out the copy, waiting for it if it is not done yet."""
+    ``WorkerQueues.pop`` hands out the copy (``result``)."""
 
-    __slots__ = ("future",)
+    __slots__ = ("future", "value", "pin")
 
-    def __init__(self, future: Any):
+    def __init__(self, future: Any, value: Any, pin: Callable[[Any], Any]):
         self.future = future
+        self.value = value
+        self.pin = pin
+
+    def result(self) -> Any:
+        """The pinned copy: the pin thread's, or, if that thread has not started on it yet (busy
+        with items needed later), made here, so a batch never waits behind others' copies."""
+        if self.future.cancel():
+            return self.pin(self.value)
+        return self.future.result()
 
 
 class LoaderStats:
@@ -328,7 +337,7 @@ class WorkerQueues:
                 if oldest >= tag:
                     break
                 del records[oldest]
-            return item.future.result() if type(item) is Pinning else item
+            return item.result() if type(item) is Pinning else item
         return NOTHING
 
     # -- save/restore ---------------------------------------------------------------------------

@@ -170,3 +170,32 @@ def test_located_leftovers_resolve_to_the_sample_bytes_of_their_block():
     (size, [(p1, _, first), (p2, _, second)]), = groups
     assert size == 2 and (p1, p2) == (4, 9) and second == b"as is"
     assert serde.loads(first) == {"k": "b"}
+
+
+def test_a_pinning_item_is_copied_by_the_caller_when_the_pin_thread_has_not_started_it():
+    """``Pinning.result``: a copy the pin thread is busy with (or finished) is waited for; one still
+    queued behind other items' copies is taken back and made by the caller, at once."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from energon_ray.loader.merge import Pinning
+
+    def pin(value):
+        return (value, threading.current_thread().name)
+
+    started, release = threading.Event(), threading.Event()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="pin")
+    try:
+        busy = Pinning(pool.submit(lambda v: (started.set(), release.wait(10), pin(v))[2], "a"), "a", pin)
+        assert started.wait(10)
+        queued = Pinning(pool.submit(pin, "b"), "b", pin)
+        assert queued.result() == ("b", threading.current_thread().name)  # not waiting for "a"
+        assert not busy.future.done()
+        release.set()
+        assert busy.result() == ("a", "pin_0")
+        done = Pinning(pool.submit(pin, "c"), "c", pin)
+        done.future.result()
+        assert done.result() == ("c", "pin_0")
+    finally:
+        release.set()
+        pool.shutdown()
