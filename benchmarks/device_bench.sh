@@ -26,4 +26,6 @@ step captioning_${CPUS}cpu 300 python3 bench_captioning.py --samples "$N" --runs
 step gpu_feed 200 python3 bench_gpu_feed.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W
 BENCH_PYSPY=$OUT/trainer_pyspy.txt step first_batch_after_setup 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --setup-delay 10
 step scaling 180 bash -c "for c in 4 8; do timeout 90 python3 bench_captioning.py --samples $N --runs 1 --cpus \$c --workdir $W --only energon,energon_ray; done"
+# one core left to the trainer (both loaders get CPUS-1): does the GPU step come closer to loader-free?
+step gpu_feed_one_core_free 150 python3 bench_gpu_feed.py --samples "$N" --runs 1 --cpus $((CPUS - 1)) --workdir $W
 echo "== done ($(date +%T))"
