@@ -63,12 +63,17 @@ def write_shards(
     paths = []
     for shard_no, start in enumerate(range(0, len(samples), samples_per_shard)):
         path = out / f"{prefix}_{shard_no:04d}.tar"
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for key, parts in samples[start : start + samples_per_shard]:
-                for part, data in parts.items():
-                    add_member(tar, f"{key}.{part}", data, mtime=0)
+        write_tar(path, samples[start : start + samples_per_shard])
         paths.append(path)
     return paths
+
+
+def write_tar(path: Path, samples: List[Tuple[str, Dict[str, bytes]]]) -> None:
+    """One shard: each sample's parts as ``key.part`` members, in order (mtime 0: reproducible bytes)."""
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, parts in samples:
+            for part, data in parts.items():
+                add_member(tar, f"{key}.{part}", data, mtime=0)
 
 
 def captioning_samples(
@@ -120,10 +125,7 @@ def write_captioning_dataset(
 
 def _write_captioning_shard(job) -> Path:
     path, start, count, image_size, image_format, seed = job
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for key, parts in captioning_samples(count, image_size, image_format, seed, start=start):
-            for part, data in parts.items():
-                add_member(tar, f"{key}.{part}", data, mtime=0)
+    write_tar(path, captioning_samples(count, image_size, image_format, seed, start=start))
     return path
 
 

@@ -400,15 +400,16 @@ class MultiFeed:
             out[i] = decoded
         return out
 
-    def _pin_ahead(self, block: Any, early: Dict[int, Row]) -> Dict[int, Row]:
+    def _pin_ahead(self, block_rows: List[Row], early: Dict[int, Row]) -> Dict[int, Row]:
         """With pinning: the block's item rows, by row index, each value a ``Pinning`` already
         submitted to the pin thread (the items are zero-copy views of the block until copied)."""
         if self._pinner is None:
             return {}
         out: Dict[int, Row] = {}
-        for i, (kind, worker, segment, seq, payload) in enumerate(rows.iter_rows(block)):
-            if kind == rows.ITEM and i not in early:
-                out[i] = (kind, worker, segment, seq, self._pinner.submit(serde.loads(payload, copy=False)))
+        for i, row in enumerate(block_rows):
+            if row[0] == rows.ITEM and i not in early:
+                kind, worker, segment, seq, value = decode_row(row, False)
+                out[i] = (kind, worker, segment, seq, self._pinner.submit(value))
         return out
 
     def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:
@@ -421,8 +422,9 @@ class MultiFeed:
         try:
             for block in blocks:
                 early = self._handle_failures_early(block)
-                pinning = self._pin_ahead(block, early)
-                for i, (row, source, positions) in enumerate(zip(rows.iter_rows(block), rows.sources(block), rows.positions(block))):
+                block_rows = list(rows.iter_rows(block)) if self._pinner is not None else rows.iter_rows(block)
+                pinning = self._pin_ahead(block_rows, early)
+                for i, (row, source, positions) in enumerate(zip(block_rows, rows.sources(block), rows.positions(block))):
                     if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
                         raise RuntimeError(
                             f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "
