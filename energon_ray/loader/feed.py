@@ -5,7 +5,7 @@ expected to need them (``plan.schedule``), submits it window by window (plain ta
 Ray Data execution per window with ``executor="ray_data"``), and files each row of the
 output blocks into its leaf's per-worker queues. Per batch the trainer only maps a block from the
 object store and unpickles a few hundred bytes of metadata: tensors are views of the shared memory
-(``serde.loads(copy=False)``), and on CUDA each batch is copied once into pinned memory.
+(``serde.loads(copy=False)``), and on CUDA each batch is copied once into pinned memory (``loader.pinning``).
 ``LeafFeed.next_item(worker)`` pulls rows until that worker of that leaf has an item, so the
 composition decides the order and Ray only makes the items. One execution for all sources keeps
 the driver's overhead that of a single source.
@@ -19,17 +19,16 @@ import itertools
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 
 from energon_ray.errors import ExecutionLost, unwrap_error
-from energon_ray.loader.merge import EXHAUSTED, NOTHING, LoaderStats, Pending, Pinning, Row, WorkerQueues
+from energon_ray.loader.merge import EXHAUSTED, NOTHING, LoaderStats, Pending, Row, WorkerQueues
+from energon_ray.loader.pinning import Pinner, pin_now
 from energon_ray.loader.restore import restore_reads, restore_streams, run_reads
 from energon_ray.loader.state import StreamState
 from energon_ray.pipeline import rows, serde
 from energon_ray.plan.schedule import LeafSchedule, NeedFn, windows
-from energon_ray.samples.base import pin_batch
 
 logger = logging.getLogger("energon_ray")
 
@@ -60,44 +59,8 @@ def decode_row(row: Row, pin: bool) -> Row:
     kind, worker, segment, seq, payload = row
     value = serde.loads(payload, copy=False)
     if pin and kind == rows.ITEM:
-        value = pin_batch(value)
+        value = pin_now(value)
     return kind, worker, segment, seq, value
-
-
-class Pinner:
-    """Copies a block's batches into pinned memory in one background thread as the block arrives, so
-    the training thread takes finished copies: torch copies without holding the GIL, and the copy of
-    the next batches overlaps the training step (as ``DataLoader``'s pin-memory thread does). A
-    batch needed before the thread started on it is copied by the training thread instead
-    (``Pinning.result``)."""
-
-    def __init__(self) -> None:
-        self._pool: Optional[ThreadPoolExecutor] = None
-
-    def submit(self, value: Any) -> Pinning:
-        if self._pool is None:
-            device = _cuda_device()
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="energon_ray_pin", initializer=_use_device, initargs=(device,))
-        return Pinning(self._pool.submit(pin_batch, value), value, pin_batch)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-
-
-def _cuda_device() -> Optional[int]:
-    """The training thread's CUDA device (the pin thread allocates there, not on device 0)."""
-    import torch
-
-    return torch.cuda.current_device() if torch.cuda.is_available() else None
-
-
-def _use_device(device: Optional[int]) -> None:
-    if device is not None:
-        import torch
-
-        torch.cuda.set_device(device)
 
 
 def _ours(exc: BaseException) -> BaseException:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 
 from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.pipeline import rows
+from energon_ray.loader.pinning import Pinning
 from energon_ray.loader.state import (
     QueueCheckpoint, RoundRobinState, SampleRef, StateError, StreamState, expand_ranges, to_ranges,
 )  # fmt: skip
@@ -45,25 +46,6 @@ class Pending:
         self.resolve = resolve
         #: set by ``resolve`` where known: the stream positions of each made item's samples
         self.positions: Optional[List[List[int]]] = None
-
-
-class Pinning:
-    """A queued item being copied into pinned memory off the training thread (``feed.Pinner``);
-    ``WorkerQueues.pop`` hands out the copy (``result``)."""
-
-    __slots__ = ("future", "value", "pin")
-
-    def __init__(self, future: Any, value: Any, pin: Callable[[Any], Any]):
-        self.future = future
-        self.value = value
-        self.pin = pin
-
-    def result(self) -> Any:
-        """The pinned copy: the pin thread's, or, if that thread has not started on it yet (busy
-        with items needed later), made here, so a batch never waits behind others' copies."""
-        if self.future.cancel():
-            return self.pin(self.value)
-        return self.future.result()
 
 
 class LoaderStats:

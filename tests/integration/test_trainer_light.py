@@ -116,7 +116,7 @@ def test_batches_are_pinned_in_the_pin_thread_not_the_training_thread(tmp_path, 
     thread ends with the pass. Only a block's first batch, needed at once, may be copied by the
     training thread (when the pin thread has not started on it). (torch pins only with CUDA: a
     recording copy stands in for it here.)"""
-    import energon_ray.loader.feed as feed
+    import energon_ray.loader.pinning as pinning
 
     threads = []
 
@@ -130,7 +130,7 @@ def test_batches_are_pinned_in_the_pin_thread_not_the_training_thread(tmp_path, 
     ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=16)
     loader = er.get_loader(ds, pin_memory=False)
     plain = [b["keys"] for b in loader]
-    monkeypatch.setattr(feed, "pin_batch", pin)
+    monkeypatch.setattr(pinning, "pin_batch", pin)
     loader.pin = True  # what pin_memory=None chooses on CUDA (from the next pass on)
     batches = []
     for batch in loader:

@@ -178,7 +178,7 @@ def test_a_pinning_item_is_copied_by_the_caller_when_the_pin_thread_has_not_star
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from energon_ray.loader.merge import Pinning
+    from energon_ray.loader.pinning import Pinning
 
     def pin(value):
         return (value, threading.current_thread().name)
