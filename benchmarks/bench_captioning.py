@@ -1,7 +1,8 @@
 """Captioning throughput, side by side in one run, each contender a fresh process with the same
 CPU budget (N DataLoader workers vs an N-CPU private Ray): megatron-energon, webdataset's WebLoader,
 plain Ray ``read_webdataset`` + ``map_batches``, energon_ray (plain Ray tasks, its default), energon_ray_data
-(energon_ray with ``executor="ray_data"``), and the one-process decode floor.
+(energon_ray with ``executor="ray_data"``), energon_ray_no_local (``ENERGON_RAY_LOCAL_START=off``: a cold
+start's first block made by Ray, not the trainer), and the one-process decode floor.
 
 Workload (the same for all): 6000 JPEGs 320x240 + captions in tar shards, batch 32,
 decode → resize to 224x224 → float → tokenize the batch's captions.
@@ -329,6 +330,9 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     torch.set_num_threads(1)
     if name == "energon_ray_data":  # energon_ray with the Ray Data executor (the feeder's executions)
         os.environ["ENERGON_RAY_EXECUTOR"] = "ray_data"
+        name = "energon_ray"
+    if name == "energon_ray_no_local":  # energon_ray without its first block made in the trainer on a cold start
+        os.environ["ENERGON_RAY_LOCAL_START"] = "off"
         name = "energon_ray"
     if name == "ray_data":
         import ray

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from typing import Any, Callable, Deque, Optional, Tuple
+from typing import Any, Callable, Deque, List, Optional, Tuple
 
 logger = logging.getLogger("energon_ray")
 
@@ -163,8 +163,26 @@ def warm_up(workers: Optional[int] = None) -> None:
         import_task_modules()
         return True
 
-    for _ in range(workers):
-        _import.remote()
+    _warming.extend(_import.remote() for _ in range(workers))
+
+
+#: ``warm_up``'s import tasks not yet seen finished
+_warming: List[Any] = []
+
+
+def workers_warming() -> bool:
+    """Whether ``warm_up``'s imports are still running in some Ray worker (``False`` once all
+    finished, or where this process started none)."""
+    if not _warming:
+        return False
+    import ray
+
+    try:
+        _, rest = ray.wait(list(_warming), num_returns=len(_warming), timeout=0, fetch_local=False)
+    except Exception:  # Ray went away: nothing is warming any more
+        rest = []
+    _warming[:] = rest
+    return bool(rest)
 
 
 def start_ray_data_actors() -> None:

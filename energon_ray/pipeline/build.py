@@ -41,6 +41,8 @@ if TYPE_CHECKING:  # the feeder process never imports the stages (torch, the tas
     from energon_ray.plan.stream import SegmentSpec
     from energon_ray.source.reader import ReadSegment
 
+logger = logging.getLogger("energon_ray")
+
 _threads_limited = False
 
 
@@ -424,10 +426,12 @@ class BlockStream:
 
 @ray.remote(num_cpus=1, max_retries=3)
 @deaf_to_cancel
-def _segment_task(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool, stream_id: Optional[str] = None) -> Optional[pa.Table]:
+def _segment_task(
+    spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool, stream_id: Optional[str] = None, mark: Optional[str] = None
+) -> Optional[pa.Table]:
     """What an execution's fused read + map task makes of one segment, as a plain Ray task (nothing
-    once its stream is closed)."""
-    if is_closed(stream_id):  # before any import: a task started after the close costs nothing
+    once its stream is closed, or ``mark`` is: the loader made the segment itself)."""
+    if is_closed(stream_id) or is_closed(mark):  # before any import: a task started after the close costs nothing
         return None
     import_task_modules()
     from energon_ray.pipeline.rows import parts
@@ -437,6 +441,49 @@ def _segment_task(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bo
     if fuse_stages:
         return parts(encode_and_batch(table, config))
     return parts(batch_samples(encode_samples(table, config), config))
+
+
+def local_block(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool) -> pa.Table:
+    """The block ``_segment_task`` makes of ``spec``, made in this process: the same stages, hooks and
+    seeds (hence the same bytes), on one torch thread as in a task, and the caller's random states
+    (Python, NumPy, torch's CPU generator) and torch thread count as they were."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from energon_ray.pipeline.stages import BatchSamples, EncodeAndBatch, EncodeSamples
+    from energon_ray.source.reader import read_segment
+
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        table = read_segment(spec, reader)
+        if fuse_stages:
+            stage = EncodeAndBatch(unship(config))
+            stage.batch.node = _node()
+            return stage(table)
+        batching = BatchSamples(unship(config))
+        batching.node = _node()
+        return batching(EncodeSamples(unship(config))(table))
+    finally:
+        torch.set_num_threads(threads)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+#: ``$ENERGON_RAY_LOCAL_START``: ``auto`` (default), ``off``, or ``always`` (tests, benchmarks)
+LOCAL_START_MODES = ("auto", "off", "always")
+
+
+def local_start_mode() -> str:
+    mode = os.environ.get("ENERGON_RAY_LOCAL_START", "").strip().lower() or "auto"
+    mode = {"1": "auto", "on": "auto", "0": "off", "no": "off", "false": "off"}.get(mode, mode)
+    if mode not in LOCAL_START_MODES:
+        raise ValueError(f"ENERGON_RAY_LOCAL_START must be one of {', '.join(LOCAL_START_MODES)}, not {mode!r}")
+    return mode
 
 
 def _cluster_cpus() -> int:
@@ -477,11 +524,21 @@ class TaskStream:
     this node as soon as they are done (``fetch_local``). Tasks are spread over the nodes as Ray
     Data spreads its own (``SPREAD``) unless ``ray_remote_args`` names a scheduling strategy.
 
+    A cold start: while ``warm_up``'s workers still import torch (seconds on a fresh Ray), the
+    stream's first block, if not finished when asked for, is made in this process instead
+    (``local_block``: the same bytes), so the trainer's first batch does not wait for the workers'
+    imports; its task, if Ray has not started it yet, then reads nothing. Only the first block, which
+    the trainer waits for anyway: later blocks are never made here. ``local_start``: ``"auto"`` (as
+    described), ``"off"``, or ``"always"`` (the first block made here whatever the workers do);
+    default ``$ENERGON_RAY_LOCAL_START`` or ``"auto"``. If making it here fails (say, the data is
+    only reachable from the workers), the block comes from a Ray task as usual.
+
     Args:
         segments: the segments in output order (any iterable: taken as tasks are submitted).
         readers, configs: per leaf (``SegmentSpec.source``), as ``build_dataset`` takes them.
         ahead: finished blocks that may wait ahead of the consumer (default: one per slot).
         object_store_limit: bytes of finished blocks that may wait ahead of the consumer.
+        local_start: see above.
     """
 
     #: with the Ray Data executor, the loader starts the next window's execution as this stream yields
@@ -489,7 +546,7 @@ class TaskStream:
 
     def __init__(self, segments, readers, configs, *, ray_remote_args: Optional[Dict[str, Any]] = None,
                  fuse_stages: bool = True, ahead: Optional[int] = None, object_store_limit: Optional[int] = None,
-                 **_execution_options: Any):  # fmt: skip
+                 local_start: Optional[str] = None, **_execution_options: Any):  # fmt: skip
         options = {k: v for k, v in (ray_remote_args or {}).items() if k in _TASK_OPTIONS}
         options.setdefault("scheduling_strategy", "SPREAD")
         self._task = _segment_task.options(**options)
@@ -498,11 +555,18 @@ class TaskStream:
         if not isinstance(readers, Mapping):
             readers, configs = {0: readers}, {0: configs}
         # one upload each, shared by the tasks (a task encoder with a tokenizer can be megabytes)
-        shipped = ship_each(readers)
-        self._reader_refs = {k: ray.put(v) for k, v in shipped.items()}
-        self._config_ref = ray.put(ship(configs))
+        self._readers = ship_each(readers)
+        self._configs = ship(configs)
+        self._reader_refs = {k: ray.put(v) for k, v in self._readers.items()}
+        self._config_ref = ray.put(self._configs)
         self._todo: Iterator[Any] = iter(segments)
-        self._refs: Deque[Any] = deque()
+        #: ``(ref, spec, mark)`` of each submitted task whose block the consumer has not taken
+        self._refs: Deque[Tuple[Any, Any, Optional[str]]] = deque()
+        self._local_start = local_start_mode() if local_start is None else local_start
+        if self._local_start not in LOCAL_START_MODES:
+            raise ValueError(f"local_start must be one of {', '.join(LOCAL_START_MODES)}, not {self._local_start!r}")
+        #: blocks made in this process (``local_block``)
+        self.local_blocks = 0
         #: specs of the submitted tasks whose rows the consumer has not reached (``next_spec``)
         self._specs: Deque[Any] = deque()
         self._ahead = ahead
@@ -535,7 +599,9 @@ class TaskStream:
             spec = next(self._todo, None)
             if spec is None:
                 break
-            self._refs.append(self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id))
+            mark = f"{self.stream_id}/first" if self.tasks == 0 and self._local_start != "off" else None
+            ref = self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id, mark)
+            self._refs.append((ref, spec, mark))
             self._specs.append(spec)
             self.tasks += 1
             if self.tasks % _RESIZE_EVERY == 0:
@@ -553,11 +619,14 @@ class TaskStream:
     def __next__(self) -> pa.Table:
         if not self._refs:
             raise StopIteration
-        ref = self.last_ref = self._refs.popleft()
+        ref, spec, mark = self._refs.popleft()
         self._submit()  # the next task starts before this block is waited for
         if len(self._refs) > 1:  # pull finished blocks to this node meanwhile
-            ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0, fetch_local=True)
+            ray.wait([r for r, _, _ in self._refs], num_returns=len(self._refs), timeout=0, fetch_local=True)
         started = time.perf_counter()
+        if mark is not None and self._make_here(ref):
+            ref = self._local(spec, mark)
+        self.last_ref = ref
         table = BlockStream._get(ref)
         self.waited += time.perf_counter() - started
         if table is not None:
@@ -565,10 +634,32 @@ class TaskStream:
             self._block_bytes = max(self._block_bytes, table.nbytes)
         return table
 
+    def _make_here(self, ref: Any) -> bool:
+        """Whether to make the first block in this process (see the class)."""
+        from energon_ray.ray_env import workers_warming
+
+        if self._local_start == "always":
+            return True
+        return self._local_start == "auto" and workers_warming() and not ray.wait([ref], timeout=0, fetch_local=False)[0]
+
+    def _local(self, spec: Any, mark: str) -> Any:
+        """The first block made here, as an object in Ray's store (a seam task may read its leftover
+        samples from it, as from a task's block); a new task's if that fails."""
+        mark_closed(mark)  # its task, if not started yet, reads nothing
+        try:
+            table = local_block(spec, self._readers[spec.source], self._configs, self._fuse)
+        except Exception:
+            logger.debug("energon_ray: the first block could not be made in the loader's process; a Ray task makes it", exc_info=True)
+            return self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id)
+        from energon_ray.pipeline.rows import parts
+
+        self.local_blocks += 1
+        return ray.put(parts(table))
+
     def stats(self) -> str:
         """What this stream's tasks did (the Ray Data executor reports Ray Data's operators instead)."""
         return (
-            f"EnergonSegmentTasks: {self.tasks} segment tasks ({self._slots} slots), "
+            f"EnergonSegmentTasks: {self.tasks} segment tasks ({self._slots} slots; blocks made in this process: {self.local_blocks}), "
             f"{self.blocks_bytes / 2**20:.1f} MiB of blocks, {time.perf_counter() - self._started:.2f} s since the first "
             f"submit, {self.waited:.2f} s waited for blocks, at most {self.most_in_flight} tasks in flight"
         )
@@ -580,7 +671,7 @@ class TaskStream:
         ``import torch`` left a worker process whose every later task failed (seen in test_remote)."""
         self._todo = iter(())
         self._specs.clear()
-        refs, self._refs = list(self._refs), deque()
+        refs, self._refs = [r for r, _, _ in self._refs], deque()
         if not refs or not ray.is_initialized():
             return
         mark_closed(self.stream_id)
@@ -714,7 +805,7 @@ def start_group_batchers(workers: int) -> None:
         try:
             group_batchers(workers)
         except Exception:  # Ray shut down meanwhile
-            logging.getLogger("energon_ray").debug("GroupBatcher actors not started", exc_info=True)
+            logger.debug("GroupBatcher actors not started", exc_info=True)
 
     threading.Thread(target=start, name="energon_ray_batchers", daemon=True).start()
 

@@ -147,7 +147,7 @@ def test_ray_stats_and_no_ray_native_dataset(ds_path):
     assert sum(len(b.__key__) for b in loader) == 40
     segments = sum(loader.stats.segments_per_node.values())
     stats = re.fullmatch(
-        r"EnergonSegmentTasks: (\d+) segment tasks \(2 slots\), ([\d.]+) MiB of blocks, [\d.]+ s since the first "
+        r"EnergonSegmentTasks: (\d+) segment tasks \(2 slots; blocks made in this process: [01]\), ([\d.]+) MiB of blocks, [\d.]+ s since the first "
         r"submit, [\d.]+ s waited for blocks, at most (\d+) tasks in flight", loader.ray_stats()
     )  # fmt: skip
     assert stats is not None, loader.ray_stats()

@@ -43,6 +43,21 @@ class DictBatches(er.DefaultTaskEncoder):
         return {"keys": [s.__key__ for s in samples], "image": torch.stack([s.image for s in samples])}
 
 
+class RandomBatches(er.DefaultTaskEncoder):
+    """Draws from Python's, NumPy's and torch's random generators per sample (seeded per hook call)."""
+
+    def encode_sample(self, sample):
+        import random
+
+        import numpy as np
+
+        sample.__key__ = f"{sample.__key__}:{random.random():.6f}:{np.random.rand():.6f}:{torch.rand(1).item():.6f}"
+        return sample
+
+    def batch(self, samples):
+        return {"keys": [s.__key__ for s in samples], "image": torch.stack([s.image for s in samples])}
+
+
 class _Tracked:
     """An encoded sample that counts the instances alive in its process."""
 
@@ -69,11 +84,13 @@ class LiveSamples(er.DefaultTaskEncoder):
     def batch(self, samples):
         return {"keys": [s.key for s in samples], "live": _Tracked.live}
 
-def test_every_batch_is_made_in_a_ray_worker_even_across_segments(tmp_path):
-    """With skipped samples, full batches still come out (seam batches), and none was made in the trainer."""
+def test_every_batch_is_made_in_a_ray_worker_even_across_segments(tmp_path, monkeypatch):
+    """With skipped samples, full batches still come out (seam batches), and none was made in the
+    trainer (``ENERGON_RAY_LOCAL_START=off``; by default a cold start's first block may be, below)."""
     path = captioning_dataset(tmp_path / "ds", n=60, per_shard=7)
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
     ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=PidBatches(), samples_per_segment=8)
+    monkeypatch.setenv("ENERGON_RAY_LOCAL_START", "off")
     loader = er.get_loader(ds)
     batches = list(loader)
     keys = [k for b in batches for k in b["keys"]]
@@ -83,6 +100,15 @@ def test_every_batch_is_made_in_a_ray_worker_even_across_segments(tmp_path):
     assert loader.stats.seam_batches > 0 and loader.stats.ignored == {"encode_sample": len(skipped)}
     # every batch is full except at most one short one per worker stream at its end
     assert sum(len(b["keys"]) < 4 for b in batches) <= 2
+    # by default: the trainer made at most the first block, and only where the loader says so: worker
+    # 0's first segment, 8 samples less one skipped, so one batch (the other 3 go to a seam task);
+    # the same batches either way
+    monkeypatch.delenv("ENERGON_RAY_LOCAL_START")
+    loader = er.get_loader(ds)
+    default = list(loader)
+    here = [i for i, b in enumerate(default) if b["pid"] == os.getpid()]
+    assert [b["keys"] for b in default] == [b["keys"] for b in batches]
+    assert here == ([0] if "blocks made in this process: 1" in loader.ray_stats() else [])
 
 
 def test_no_ray_data_executor_or_iterator_threads_in_the_trainer(tmp_path):
@@ -268,6 +294,8 @@ def test_tasks_of_a_closed_execution_read_nothing(tmp_path):
         assert build_dataset(specs, reader, config, run_id="closed-run").count() == 0
         assert ray.get(_segment_task.remote(specs[0], ship(reader), ship(config), True, "closed-run")) is None
         assert ray.get(_segment_task.remote(specs[0], ship(reader), ship(config), True, "open-run")).num_rows > 0
+        # an open stream's task whose segment the loader made itself (its own mark closed)
+        assert ray.get(_segment_task.remote(specs[0], ship(reader), ship(config), True, "open-run", "closed-run")) is None
     finally:
         forget_closed("closed-run")
     assert not is_closed("closed-run")
@@ -352,3 +380,87 @@ def test_our_tasks_finish_their_work_when_ray_cancels_them(tmp_path):
             time.sleep(0.05)
         results[name] = (folder / "finished").exists()
     assert results == {"ours": True, "plain": False}
+
+
+def _block_rows(table):
+    from energon_ray.pipeline import rows
+
+    return [(kind, worker, segment, seq, bytes(payload)) for kind, worker, segment, seq, payload in rows.iter_rows(table)]
+
+
+def test_a_cold_first_block_is_made_in_the_loader_process_with_the_same_bytes(tmp_path, monkeypatch):
+    """While Ray's workers still import torch, a task stream's first block is made in the trainer
+    process (``local_start="always"`` forces it): row for row, byte for byte what its Ray task makes;
+    the caller's random states and torch's thread count are as before. Later blocks still come from
+    tasks. If making it there fails, a Ray task makes it."""
+    import random
+
+    import numpy as np
+
+    from energon_ray.pipeline import build
+    from energon_ray.pipeline.build import TaskStream
+    from energon_ray.ray_env import is_closed
+
+    path = captioning_dataset(tmp_path / "ds", n=24, per_shard=6)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    leaf = er.get_val_dataset(path, split_part="train", batch_size=2, worker_config=wc, task_encoder=RandomBatches(), samples_per_segment=4).leaves()[0]
+    plan = leaf.plan()
+    specs = [plan.segment(w, i) for i in range(3) for w in range(2)]
+
+    def blocks(mode):
+        stream = TaskStream(iter(specs), leaf.reader(), leaf.stage_config(), local_start=mode)
+        return [_block_rows(table) for table in stream], stream
+
+    remote, off = blocks("off")
+    threads = torch.get_num_threads()
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    local, here = blocks("always")
+    drawn = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    assert drawn == (random.random(), np.random.rand(), torch.rand(1).item())
+    assert torch.get_num_threads() == threads
+    assert (off.local_blocks, here.local_blocks) == (0, 1)
+    assert "blocks made in this process: 1" in here.stats()
+    assert local == remote and len(local) == len(specs)
+    assert [r[4] for r in remote[0]][0] != [r[4] for r in remote[1]][0]  # the blocks differ (random per sample)
+    assert is_closed(f"{here.stream_id}/first") and not is_closed(f"{off.stream_id}/first")
+
+    def broken(*args, **kwargs):
+        raise OSError("the data is only reachable from the workers")
+
+    monkeypatch.setattr(build, "local_block", broken)
+    fallback, stream = blocks("always")
+    assert fallback == remote and stream.local_blocks == 0
+    with pytest.raises(ValueError, match="local_start must be one of auto, off, always, not 'sometimes'"):
+        TaskStream(iter(specs), leaf.reader(), leaf.stage_config(), local_start="sometimes")
+
+
+def test_the_loader_gives_the_same_batches_whoever_made_the_first_block(tmp_path, monkeypatch):
+    """``ENERGON_RAY_LOCAL_START``: the first block made in the trainer process (``always``) or by Ray
+    (``off``) gives the same batches; with warm workers (``auto``, this session's Ray) Ray makes it."""
+    from energon_ray.ray_env import warm_up, workers_warming
+
+    path = captioning_dataset(tmp_path / "ds", n=30, per_shard=7)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+
+    def run(mode):
+        monkeypatch.setenv("ENERGON_RAY_LOCAL_START", mode)
+        ds = er.get_train_dataset(path, batch_size=3, worker_config=wc, task_encoder=RandomBatches(), shuffle_buffer_size=4,
+                                  max_samples_per_sequence=4, repeat=False, samples_per_segment=4)  # fmt: skip
+        loader = er.get_loader(ds)
+        batches = [(b["keys"], b["image"]) for b in loader]
+        return batches, loader
+
+    (plain, _), (local, loader) = run("off"), run("always")
+    assert [k for k, _ in local] == [k for k, _ in plain] and len(plain) == 10
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(local, plain))
+    assert "blocks made in this process: 1" in loader.ray_stats()
+    warm_up()
+    deadline = time.monotonic() + 60
+    while workers_warming() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    auto, loader = run("auto")
+    assert [k for k, _ in auto] == [k for k, _ in plain] and "blocks made in this process: 0" in loader.ray_stats()
+    monkeypatch.setenv("ENERGON_RAY_LOCAL_START", "sometimes")
+    with pytest.raises(ValueError, match="ENERGON_RAY_LOCAL_START must be one of auto, off, always, not 'sometimes'"):
+        list(er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=3)))
