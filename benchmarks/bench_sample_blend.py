@@ -98,6 +98,7 @@ def child(kind: str, root: Path, batches_wanted: int) -> dict:
         ensure_ray(num_cpus=2)
     start = time.perf_counter()
     it = _iter(kind, root)
+    spy = bc._profile_trainer() if kind != "energon" else None  # $BENCH_PYSPY: the trainer's profile
     batches = samples = 0
     first = None
     cpu0 = 0.0
@@ -113,6 +114,11 @@ def child(kind: str, root: Path, batches_wanted: int) -> dict:
         stamps.append(time.perf_counter())
         sizes.append(len(batch["keys"]))
     elapsed = time.perf_counter() - start
+    if spy is not None:
+        import signal
+
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
     lo, hi = len(stamps) // 10, len(stamps) - 1 - len(stamps) // 10  # the middle 80 % of batches
     steady = sum(sizes[lo + 1 : hi + 1]) / (stamps[hi] - stamps[lo]) if hi > lo + 1 else 0.0
     return {"pass": samples / elapsed, "steady": steady, "first": first, "samples": samples,

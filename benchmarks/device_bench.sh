@@ -22,7 +22,7 @@ step() {  # name, seconds, command...
   echo "== $name ($(date +%T))"
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
 }
-step captioning_${CPUS}cpu 300 python3 bench_captioning.py --samples "$N" --runs 3 --cpus "$CPUS" --workdir $W --only energon,webloader,ray_data,energon_ray
+step captioning_${CPUS}cpu 380 python3 bench_captioning.py --samples "$N" --runs 3 --cpus "$CPUS" --workdir $W --only energon,webloader,ray_data,energon_ray,energon_ray_no_local
 step gpu_feed 200 python3 bench_gpu_feed.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W
 BENCH_PYSPY=$OUT/trainer_pyspy.txt step first_batch_after_setup 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --setup-delay 10
 step scaling 180 bash -c "for c in 4 8; do timeout 90 python3 bench_captioning.py --samples $N --runs 1 --cpus \$c --workdir $W --only energon,energon_ray; done"

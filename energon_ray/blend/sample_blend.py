@@ -201,7 +201,8 @@ class _GroupBatcher:
             # on the warm batching actors (no CPU reserved: the segment tasks hold the CPUs)
             first = self.feeds[0]
             workers = len(first.plan.streams)
-            self._tasks = SeamTasks(first.dataset.stage_config(), first.source, first.multi.ray_remote_args, on_batcher=workers)
+            self._tasks = SeamTasks(first.dataset.stage_config(), first.source, first.multi.ray_remote_args, on_batcher=workers,
+                                    before_first=first.multi.before_first_batch)  # fmt: skip
         return self._tasks
 
     def _seed(self, worker: int) -> int:

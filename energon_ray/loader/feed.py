@@ -124,7 +124,8 @@ class LeafFeed:
         if self._seams is None:
             from energon_ray.pipeline.build import SeamTasks
 
-            self._seams = SeamTasks(self.dataset.stage_config(), self.source, self.multi.ray_remote_args)
+            self._seams = SeamTasks(self.dataset.stage_config(), self.source, self.multi.ray_remote_args,
+                                    before_first=self.multi.before_first_batch)  # fmt: skip
         wait = self._seams.submit(worker, self.plan.streams[worker].config.hook_seed, groups)
 
         def resolve() -> List[Any]:
@@ -185,6 +186,7 @@ class MultiFeed:
         self.pin = pin
         self._pinner = Pinner() if pin else None
         self.stats = stats
+        self._batches_before = stats.batches
         self.feeds: List[LeafFeed] = []
         self.schedules: List[LeafSchedule] = []
         needs = list(needs) if needs is not None else [None] * len(self.leaves)
@@ -290,6 +292,7 @@ class MultiFeed:
             self._current = (None, TaskStream(
                 self._counted(itertools.chain.from_iterable(self._windows)), self._readers, self._configs,
                 ray_remote_args=self.ray_remote_args, object_store_limit=self.object_store_limit,
+                before_first=self.before_first_batch,
             ))  # fmt: skip
             if self.on_execute is not None:
                 self.on_execute(self._current[1])
@@ -305,6 +308,11 @@ class MultiFeed:
                 self._current = self._open(window)
         self._rows = self._row_stream()
 
+    def before_first_batch(self) -> bool:
+        """Whether the loader has given no batch of this pass yet (what the trainer waits for then may
+        be made in its own process at a cold start: ``TaskStream``)."""
+        return self.stats.batches == self._batches_before
+
     def _counted(self, specs: Iterator[Any]) -> Iterator[Any]:
         for spec in specs:
             self.stats.segments_as_tasks += 1
@@ -317,7 +325,8 @@ class MultiFeed:
             return None
         if tasks:
             self.stats.segments_as_tasks += len(specs)
-            return specs, TaskStream(specs, self._readers, self._configs, ray_remote_args=self.ray_remote_args)
+            return specs, TaskStream(specs, self._readers, self._configs, ray_remote_args=self.ray_remote_args,
+                                     before_first=self.before_first_batch)  # fmt: skip
         stream = BlockStream(
             specs, self._readers, self._configs, self.prefetch_batches,
             name=self._name, ray_remote_args=self.ray_remote_args,

@@ -17,6 +17,7 @@ runs a task-encoder hook.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import logging
@@ -443,22 +444,35 @@ def _segment_task(
     return parts(batch_samples(encode_samples(table, config), config))
 
 
-def local_block(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool) -> pa.Table:
-    """The block ``_segment_task`` makes of ``spec``, made in this process: the same stages, hooks and
-    seeds (hence the same bytes), on one torch thread as in a task, and the caller's random states
-    (Python, NumPy, torch's CPU generator) and torch thread count as they were."""
+@contextlib.contextmanager
+def _as_in_a_task() -> Iterator[None]:
+    """Run a task's work in this process: on one torch thread, as a task does, with the caller's
+    random states (Python, NumPy, torch's CPU generator; the hooks reseed them) and torch thread
+    count put back after."""
     import random
 
     import numpy as np
     import torch
 
-    from energon_ray.pipeline.stages import BatchSamples, EncodeAndBatch, EncodeSamples
-    from energon_ray.source.reader import read_segment
-
     states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+def local_block(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool) -> pa.Table:
+    """The block ``_segment_task`` makes of ``spec``, made in this process: the same stages, hooks and
+    seeds, hence the same bytes (``_as_in_a_task``)."""
+    from energon_ray.pipeline.stages import BatchSamples, EncodeAndBatch, EncodeSamples
+    from energon_ray.source.reader import read_segment
+
+    with _as_in_a_task():
         table = read_segment(spec, reader)
         if fuse_stages:
             stage = EncodeAndBatch(unship(config))
@@ -467,11 +481,26 @@ def local_block(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool
         batching = BatchSamples(unship(config))
         batching.node = _node()
         return batching(EncodeSamples(unship(config))(table))
-    finally:
-        torch.set_num_threads(threads)
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
+
+
+def local_seam(config: Any, worker: int, seed: int, groups, source: int) -> pa.Table:
+    """The table ``_batch_groups`` makes, made in this process (``_as_in_a_task``)."""
+    from energon_ray.pipeline.rows import resolve_located
+    from energon_ray.pipeline.stages import seam_batches
+
+    with _as_in_a_task():
+        groups = resolve_located(groups, ray.get)
+        return seam_batches(unship(config), worker, seed, groups, source)
+
+
+def make_here(mode: str, ready: Callable[[], bool]) -> bool:
+    """Whether work the trainer waits for at a cold start is made in its own process (``mode``: see
+    ``LOCAL_START_MODES``; ``ready``: whether Ray's result is finished already)."""
+    from energon_ray.ray_env import workers_warming
+
+    if mode == "always":
+        return True
+    return mode == "auto" and workers_warming() and not ready()
 
 
 #: ``$ENERGON_RAY_LOCAL_START``: ``auto`` (default), ``off``, or ``always`` (tests, benchmarks)
@@ -524,21 +553,22 @@ class TaskStream:
     this node as soon as they are done (``fetch_local``). Tasks are spread over the nodes as Ray
     Data spreads its own (``SPREAD``) unless ``ray_remote_args`` names a scheduling strategy.
 
-    A cold start: while ``warm_up``'s workers still import torch (seconds on a fresh Ray), the
-    stream's first block, if not finished when asked for, is made in this process instead
-    (``local_block``: the same bytes), so the trainer's first batch does not wait for the workers'
-    imports; its task, if Ray has not started it yet, then reads nothing. Only the first block, which
-    the trainer waits for anyway: later blocks are never made here. ``local_start``: ``"auto"`` (as
-    described), ``"off"``, or ``"always"`` (the first block made here whatever the workers do);
-    default ``$ENERGON_RAY_LOCAL_START`` or ``"auto"``. If making it here fails (say, the data is
-    only reachable from the workers), the block comes from a Ray task as usual.
+    A cold start: while ``warm_up``'s workers still import torch (seconds on a fresh Ray), a block
+    the trainer's first batch waits for, if not finished when asked for, is made in this process
+    instead (``local_block``: the same bytes), so that batch does not wait for the workers'
+    imports; its task, if Ray has not started it yet, then reads nothing. Only blocks asked for
+    while ``before_first`` says the pass has given no batch yet (without it: the first block),
+    when the trainer waits anyway. ``local_start``: ``"auto"`` (as described), ``"off"``, or
+    ``"always"`` (made here whatever the workers do); default ``$ENERGON_RAY_LOCAL_START`` or
+    ``"auto"``. If making it here fails (say, the data is only reachable from the workers), the
+    block comes from a Ray task as usual.
 
     Args:
         segments: the segments in output order (any iterable: taken as tasks are submitted).
         readers, configs: per leaf (``SegmentSpec.source``), as ``build_dataset`` takes them.
         ahead: finished blocks that may wait ahead of the consumer (default: one per slot).
         object_store_limit: bytes of finished blocks that may wait ahead of the consumer.
-        local_start: see above.
+        local_start, before_first: see above.
     """
 
     #: with the Ray Data executor, the loader starts the next window's execution as this stream yields
@@ -546,7 +576,8 @@ class TaskStream:
 
     def __init__(self, segments, readers, configs, *, ray_remote_args: Optional[Dict[str, Any]] = None,
                  fuse_stages: bool = True, ahead: Optional[int] = None, object_store_limit: Optional[int] = None,
-                 local_start: Optional[str] = None, **_execution_options: Any):  # fmt: skip
+                 local_start: Optional[str] = None, before_first: Optional[Callable[[], bool]] = None,
+                 **_execution_options: Any):  # fmt: skip
         options = {k: v for k, v in (ray_remote_args or {}).items() if k in _TASK_OPTIONS}
         options.setdefault("scheduling_strategy", "SPREAD")
         self._task = _segment_task.options(**options)
@@ -565,7 +596,9 @@ class TaskStream:
         self._local_start = local_start_mode() if local_start is None else local_start
         if self._local_start not in LOCAL_START_MODES:
             raise ValueError(f"local_start must be one of {', '.join(LOCAL_START_MODES)}, not {self._local_start!r}")
-        #: blocks made in this process (``local_block``)
+        self._before_first = before_first if before_first is not None else (lambda: self.tasks == 0 or not self._taken)
+        #: blocks the consumer took; blocks made in this process (``local_block``)
+        self._taken = 0
         self.local_blocks = 0
         #: specs of the submitted tasks whose rows the consumer has not reached (``next_spec``)
         self._specs: Deque[Any] = deque()
@@ -599,7 +632,7 @@ class TaskStream:
             spec = next(self._todo, None)
             if spec is None:
                 break
-            mark = f"{self.stream_id}/first" if self.tasks == 0 and self._local_start != "off" else None
+            mark = f"{self.stream_id}/{self.tasks}" if self._local_start != "off" and self._before_first() else None
             ref = self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id, mark)
             self._refs.append((ref, spec, mark))
             self._specs.append(spec)
@@ -624,8 +657,9 @@ class TaskStream:
         if len(self._refs) > 1:  # pull finished blocks to this node meanwhile
             ray.wait([r for r, _, _ in self._refs], num_returns=len(self._refs), timeout=0, fetch_local=True)
         started = time.perf_counter()
-        if mark is not None and self._make_here(ref):
+        if mark is not None and self._before_first() and make_here(self._local_start, lambda: bool(ray.wait([ref], timeout=0, fetch_local=False)[0])):
             ref = self._local(spec, mark)
+        self._taken += 1
         self.last_ref = ref
         table = BlockStream._get(ref)
         self.waited += time.perf_counter() - started
@@ -634,22 +668,14 @@ class TaskStream:
             self._block_bytes = max(self._block_bytes, table.nbytes)
         return table
 
-    def _make_here(self, ref: Any) -> bool:
-        """Whether to make the first block in this process (see the class)."""
-        from energon_ray.ray_env import workers_warming
-
-        if self._local_start == "always":
-            return True
-        return self._local_start == "auto" and workers_warming() and not ray.wait([ref], timeout=0, fetch_local=False)[0]
-
     def _local(self, spec: Any, mark: str) -> Any:
-        """The first block made here, as an object in Ray's store (a seam task may read its leftover
+        """The block made here, as an object in Ray's store (a seam task may read its leftover
         samples from it, as from a task's block); a new task's if that fails."""
         mark_closed(mark)  # its task, if not started yet, reads nothing
         try:
             table = local_block(spec, self._readers[spec.source], self._configs, self._fuse)
         except Exception:
-            logger.debug("energon_ray: the first block could not be made in the loader's process; a Ray task makes it", exc_info=True)
+            logger.debug("energon_ray: a block could not be made in the loader's process; a Ray task makes it", exc_info=True)
             return self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id)
         from energon_ray.pipeline.rows import parts
 
@@ -812,11 +838,17 @@ def start_group_batchers(workers: int) -> None:
 
 
 class SeamTasks:
-    """Starts Ray tasks that batch pooled leftover samples (one ``config`` upload per source)."""
+    """Starts Ray tasks that batch pooled leftover samples (one ``config`` upload per source).
+
+    ``before_first``: as for ``TaskStream``, a group the pass's first batch waits for is batched in
+    this process while Ray's workers still import torch (``local_seam``: the same batches)."""
 
     def __init__(self, config: "StageConfig", source: int, remote_args: Optional[Dict[str, Any]] = None,
-                 on_batcher: int = 0):  # fmt: skip
+                 on_batcher: int = 0, before_first: Optional[Callable[[], bool]] = None):  # fmt: skip
         self._config = config
+        self._before_first = before_first
+        #: groups batched in this process
+        self.local_groups = 0
         self._config_ref = None
         self.source = source
         self.remote_args = {k: v for k, v in (remote_args or {}).items() if k in ("num_cpus", "memory", "resources")}
@@ -827,6 +859,14 @@ class SeamTasks:
         """Start one task for ``(batch size, group)`` pairs; the returned function waits for its rows
         (a zero-copy table)."""
         actor = self._batcher(worker)
+        if self._before_first is not None and self._before_first() and make_here(local_start_mode(), lambda: False):
+            try:
+                table = local_seam(ship(self._config), worker, seed, groups, self.source)
+            except Exception:
+                logger.debug("energon_ray: a group could not be batched in the loader's process; a Ray task does it", exc_info=True)
+            else:
+                self.local_groups += 1
+                return lambda: table
         if actor is not None:
             ref = actor.batch.remote(self._config_ref, worker, seed, groups, self.source)
         else:

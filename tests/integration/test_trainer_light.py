@@ -423,7 +423,7 @@ def test_a_cold_first_block_is_made_in_the_loader_process_with_the_same_bytes(tm
     assert "blocks made in this process: 1" in here.stats()
     assert local == remote and len(local) == len(specs)
     assert [r[4] for r in remote[0]][0] != [r[4] for r in remote[1]][0]  # the blocks differ (random per sample)
-    assert is_closed(f"{here.stream_id}/first") and not is_closed(f"{off.stream_id}/first")
+    assert is_closed(f"{here.stream_id}/0") and not is_closed(f"{here.stream_id}/1") and not is_closed(f"{off.stream_id}/0")
 
     def broken(*args, **kwargs):
         raise OSError("the data is only reachable from the workers")
@@ -464,3 +464,40 @@ def test_the_loader_gives_the_same_batches_whoever_made_the_first_block(tmp_path
     monkeypatch.setenv("ENERGON_RAY_LOCAL_START", "sometimes")
     with pytest.raises(ValueError, match="ENERGON_RAY_LOCAL_START must be one of auto, off, always, not 'sometimes'"):
         list(er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=3)))
+
+
+class PidOnly(er.DefaultTaskEncoder):
+    def batch(self, samples):
+        return {"keys": [s.__key__ for s in samples], "pid": os.getpid()}
+
+
+def test_a_cold_sample_blend_makes_its_first_batch_in_the_loader_process_only(tmp_path, monkeypatch):
+    """A train metadataset's sample blend at a cold start (forced: ``ENERGON_RAY_LOCAL_START=always``):
+    the blocks and the group its first batch waits for are made in the trainer process, nothing after
+    the first batch is; the batches are those Ray alone makes (``off``)."""
+    for name, n in (("a", 40), ("b", 24)):
+        captioning_dataset(tmp_path / name, n=n, per_shard=8)
+    (tmp_path / "mix.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - {weight: 1, path: a}\n      - {weight: 1, path: b}\n"
+    )
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+
+    def run(mode):
+        monkeypatch.setenv("ENERGON_RAY_LOCAL_START", mode)
+        ds = er.get_train_dataset(tmp_path / "mix.yaml", worker_config=wc, batch_size=4, task_encoder=PidOnly(), shuffle_buffer_size=4,
+                                  max_samples_per_sequence=4, repeat=False, blend_samples=True, samples_per_segment=8)  # fmt: skip
+        loader = er.get_loader(ds)
+        batches = list(loader)
+        return [b["keys"] for b in batches], [b["pid"] == os.getpid() for b in batches], loader
+
+    keys, here, _ = run("off")
+    assert not any(here) and len(keys) >= 10
+    from collections import Counter
+
+    # both datasets name their samples sample_000000…: the first 24 keys come from each
+    assert Counter(k for b in keys for k in b) == Counter([f"sample_{i:06d}" for i in range(40)] + [f"sample_{i:06d}" for i in range(24)])
+    local_keys, local_here, loader = run("always")
+    assert local_keys == keys
+    assert local_here == [True] + [False] * (len(keys) - 1)
+    assert "blocks made in this process: 0" not in loader.ray_stats()
