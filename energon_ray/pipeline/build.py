@@ -17,7 +17,6 @@ runs a task-encoder hook.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import itertools
 import logging
@@ -32,6 +31,7 @@ import pyarrow as pa
 import ray
 
 from energon_ray.errors import ExecutionLost
+from energon_ray.pipeline.local_start import LOCAL_START_MODES, local_block, local_seam, local_start_mode, make_here
 from energon_ray.pipeline.shipped import ship, ship_each, unship
 from energon_ray.ray_env import deaf_to_cancel, import_task_modules, is_closed, mark_closed, verbose
 
@@ -444,77 +444,6 @@ def _segment_task(
     return parts(batch_samples(encode_samples(table, config), config))
 
 
-@contextlib.contextmanager
-def _as_in_a_task() -> Iterator[None]:
-    """Run a task's work in this process: on one torch thread, as a task does, with the caller's
-    random states (Python, NumPy, torch's CPU generator; the hooks reseed them) and torch thread
-    count put back after."""
-    import random
-
-    import numpy as np
-    import torch
-
-    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
-
-
-def local_block(spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool) -> pa.Table:
-    """The block ``_segment_task`` makes of ``spec``, made in this process: the same stages, hooks and
-    seeds, hence the same bytes (``_as_in_a_task``)."""
-    from energon_ray.pipeline.stages import BatchSamples, EncodeAndBatch, EncodeSamples
-    from energon_ray.source.reader import read_segment
-
-    with _as_in_a_task():
-        table = read_segment(spec, reader)
-        if fuse_stages:
-            stage = EncodeAndBatch(unship(config))
-            stage.batch.node = _node()
-            return stage(table)
-        batching = BatchSamples(unship(config))
-        batching.node = _node()
-        return batching(EncodeSamples(unship(config))(table))
-
-
-def local_seam(config: Any, worker: int, seed: int, groups, source: int) -> pa.Table:
-    """The table ``_batch_groups`` makes, made in this process (``_as_in_a_task``)."""
-    from energon_ray.pipeline.rows import resolve_located
-    from energon_ray.pipeline.stages import seam_batches
-
-    with _as_in_a_task():
-        groups = resolve_located(groups, ray.get)
-        return seam_batches(unship(config), worker, seed, groups, source)
-
-
-def make_here(mode: str, ready: Callable[[], bool]) -> bool:
-    """Whether work the trainer waits for at a cold start is made in its own process (``mode``: see
-    ``LOCAL_START_MODES``; ``ready``: whether Ray's result is finished already)."""
-    from energon_ray.ray_env import workers_warming
-
-    if mode == "always":
-        return True
-    return mode == "auto" and workers_warming() and not ready()
-
-
-#: ``$ENERGON_RAY_LOCAL_START``: ``auto`` (default), ``off``, or ``always`` (tests, benchmarks)
-LOCAL_START_MODES = ("auto", "off", "always")
-
-
-def local_start_mode() -> str:
-    mode = os.environ.get("ENERGON_RAY_LOCAL_START", "").strip().lower() or "auto"
-    mode = {"1": "auto", "on": "auto", "0": "off", "no": "off", "false": "off"}.get(mode, mode)
-    if mode not in LOCAL_START_MODES:
-        raise ValueError(f"ENERGON_RAY_LOCAL_START must be one of {', '.join(LOCAL_START_MODES)}, not {mode!r}")
-    return mode
-
-
 def _cluster_cpus() -> int:
     try:
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -633,8 +562,7 @@ class TaskStream:
             if spec is None:
                 break
             mark = f"{self.stream_id}/{self.tasks}" if self._local_start != "off" and self._before_first() else None
-            ref = self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id, mark)
-            self._refs.append((ref, spec, mark))
+            self._refs.append((self._remote(spec, mark), spec, mark))
             self._specs.append(spec)
             self.tasks += 1
             if self.tasks % _RESIZE_EVERY == 0:
@@ -668,15 +596,19 @@ class TaskStream:
             self._block_bytes = max(self._block_bytes, table.nbytes)
         return table
 
+    def _remote(self, spec: Any, mark: Optional[str] = None) -> Any:
+        """Submit ``spec``'s segment task (``mark``: its own close mark, see ``_local``)."""
+        return self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id, mark)
+
     def _local(self, spec: Any, mark: str) -> Any:
         """The block made here, as an object in Ray's store (a seam task may read its leftover
         samples from it, as from a task's block); a new task's if that fails."""
         mark_closed(mark)  # its task, if not started yet, reads nothing
         try:
-            table = local_block(spec, self._readers[spec.source], self._configs, self._fuse)
+            table = local_block(spec, self._readers[spec.source], self._configs, self._fuse, _node())
         except Exception:
             logger.debug("energon_ray: a block could not be made in the loader's process; a Ray task makes it", exc_info=True)
-            return self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id)
+            return self._remote(spec)
         from energon_ray.pipeline.rows import parts
 
         self.local_blocks += 1
@@ -861,7 +793,7 @@ class SeamTasks:
         actor = self._batcher(worker)
         if self._before_first is not None and self._before_first() and make_here(local_start_mode(), lambda: False):
             try:
-                table = local_seam(ship(self._config), worker, seed, groups, self.source)
+                table = local_seam(ship(self._config), worker, seed, groups, self.source, ray.get)
             except Exception:
                 logger.debug("energon_ray: a group could not be batched in the loader's process; a Ray task does it", exc_info=True)
             else:

@@ -1,0 +1,90 @@
+"""A cold start's first batch made in the trainer's own process, the same bytes as Ray would make.
+
+On a fresh Ray every worker is a new process that imports torch and the stages (seconds), where a
+DataLoader worker is a fork of the trainer that already has them. Until a pass gives its first
+batch, the trainer waits anyway, so ``pipeline.build`` (``TaskStream``, ``SeamTasks``) may make a
+block or a group that batch waits for here instead (``make_here``): the same stages and hook seeds,
+hence the same rows, on one torch thread as in a task, with the caller's random states and torch
+thread count put back (``as_in_a_task``). Nothing here imports Ray: the caller passes what needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Iterator, Optional
+
+import pyarrow as pa
+
+from energon_ray.pipeline.shipped import unship
+
+#: ``$ENERGON_RAY_LOCAL_START``: ``auto`` (default), ``off``, or ``always`` (tests, benchmarks)
+LOCAL_START_MODES = ("auto", "off", "always")
+
+
+def local_start_mode() -> str:
+    """``$ENERGON_RAY_LOCAL_START`` checked (``1``/``on`` mean ``auto``, ``0``/``no``/``false`` ``off``)."""
+    mode = os.environ.get("ENERGON_RAY_LOCAL_START", "").strip().lower() or "auto"
+    mode = {"1": "auto", "on": "auto", "0": "off", "no": "off", "false": "off"}.get(mode, mode)
+    if mode not in LOCAL_START_MODES:
+        raise ValueError(f"ENERGON_RAY_LOCAL_START must be one of {', '.join(LOCAL_START_MODES)}, not {mode!r}")
+    return mode
+
+
+def make_here(mode: str, ready: Callable[[], bool]) -> bool:
+    """Whether work the trainer waits for at a cold start is made in its own process (``mode``: see
+    ``LOCAL_START_MODES``; ``ready``: whether Ray's result is finished already)."""
+    from energon_ray.ray_env import workers_warming
+
+    if mode == "always":
+        return True
+    return mode == "auto" and workers_warming() and not ready()
+
+
+@contextlib.contextmanager
+def as_in_a_task() -> Iterator[None]:
+    """Run a task's work in this process: on one torch thread, as a task does, with the caller's
+    random states (Python, NumPy, torch's CPU generator; the hooks reseed them) and torch thread
+    count put back after."""
+    import random
+
+    import numpy as np
+    import torch
+
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+def local_block(spec: Any, reader: Any, config: Any, fuse_stages: bool, node: Optional[str]) -> pa.Table:
+    """The block a segment task makes of ``spec`` (``build._segment_task``), made in this process;
+    ``node``: this process's Ray node, reported as the segment's."""
+    from energon_ray.pipeline.stages import BatchSamples, EncodeAndBatch, EncodeSamples
+    from energon_ray.source.reader import read_segment
+
+    with as_in_a_task():
+        table = read_segment(spec, reader)
+        if fuse_stages:
+            stage = EncodeAndBatch(unship(config))
+            stage.batch.node = node
+            return stage(table)
+        batching = BatchSamples(unship(config))
+        batching.node = node
+        return batching(EncodeSamples(unship(config))(table))
+
+
+def local_seam(config: Any, worker: int, seed: int, groups, source: int, get: Callable[[Any], Any]) -> pa.Table:
+    """The table a seam task makes (``build._batch_groups``), made in this process; ``get`` reads
+    the samples' blocks (``ray.get``)."""
+    from energon_ray.pipeline.rows import resolve_located
+    from energon_ray.pipeline.stages import seam_batches
+
+    with as_in_a_task():
+        return seam_batches(unship(config), worker, seed, resolve_located(groups, get), source)
