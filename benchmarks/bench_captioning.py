@@ -262,6 +262,42 @@ def tree_pss(root: int) -> int:
     return total
 
 
+def tree_cpu(root: int) -> Dict[str, float]:
+    """CPU seconds (user + system) so far of a process and its live descendants, summed by kind:
+    ``trainer``, Ray's ``raylet``/``gcs_server``/workers (``ray::IDLE`` and task names count as
+    ``ray worker``), DataLoader workers (``python``), the rest by command name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: Dict[str, float] = {}
+    stack, seen = [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        head = argv[0].decode(errors="replace")
+        if pid == root:
+            kind = "trainer"
+        elif head.startswith("ray::"):
+            kind = "ray worker"
+        elif "raylet" in head or "gcs_server" in head:
+            kind = os.path.basename(head.split()[0])
+        else:
+            kind = comm
+        out[kind] = out.get(kind, 0.0) + seconds
+        stack.extend(_children(pid))
+    return out
+
+
 def run_child(name: str, args) -> Dict[str, float]:
     """Run one contender in a fresh process; sample the PSS of its process tree while it runs."""
     import sys
@@ -293,22 +329,31 @@ def print_table(header: List[str], rows: List[List[str]]) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
+#: seconds between two PSS samples of a contender's process tree (``--pss-every``)
+PSS_EVERY = 0.5
+
+
 def measure(name: str, cmd: List[str]) -> Dict[str, float]:
-    """Run ``cmd`` (a contender's child), sampling its process tree's PSS every 0.1 s: the figures of
-    its last stdout line (JSON) plus ``pss``, the peak in MiB."""
+    """Run ``cmd`` (a contender's child), sampling its process tree's PSS every ``PSS_EVERY`` s: the
+    figures of its last stdout line (JSON) plus ``pss``, the peak in MiB, and ``sampler_cpu``, the
+    CPU seconds the sampling took in this process (reading ``smaps_rollup`` costs more the more
+    processes and mapped memory a contender has: at 0.1 s, 2.1 CPU-s of a 2-core pass for the
+    WebLoader, 2.8 for Energon, 6.5 for energon_ray (the object store is mapped in every Ray process),
+    which took that much more from energon_ray's own 2 cores; at 0.5 s about a fifth of that)."""
     import json
     import subprocess
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    peak = 0
+    peak, sampling = 0, time.process_time()
     while proc.poll() is None:
         peak = max(peak, tree_pss(proc.pid))
-        time.sleep(0.1)
+        time.sleep(PSS_EVERY)
     out = proc.stdout.read()
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{out}")
     result = json.loads(out.strip().splitlines()[-1])
     result["pss"] = peak / 2**20
+    result["sampler_cpu"] = time.process_time() - sampling
     return result
 
 
@@ -328,6 +373,7 @@ def _profile_trainer():
 def child(name: str, args, root: Path, shards: List[str]) -> None:
     """One contender, one pass, in this (fresh) process: prints one JSON line of figures."""
     import json
+    import sys
 
     torch.set_num_threads(1)
     if name == "energon_ray_data":  # energon_ray with the Ray Data executor (the feeder's executions)
@@ -359,6 +405,8 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
         _energon_ray_loader(str(root))  # built before the timer, like a trainer builds its loader
         time.sleep(args.setup_delay)  # the user's model set-up, overlapping our warm-up
     spy = _profile_trainer() if name == "energon_ray" else None
+    by_process = os.environ.get("BENCH_PROC_CPU", "0") not in ("", "0")
+    procs0 = tree_cpu(os.getpid()) if by_process else {}
     cpu0 = _cpu_busy_seconds()
     start = time.perf_counter()
     it = make()
@@ -373,11 +421,17 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     main_cpu = time.thread_time() - (main0 if trainer_cpu0 is not None else 0.0)
     end = time.perf_counter()
     cpu = _cpu_busy_seconds() - cpu0
+    if by_process:  # CPU-s of the pass per kind of process (processes that ended meanwhile are missed)
+        procs = tree_cpu(os.getpid())
+        spent = {k: round(v - procs0.get(k, 0.0), 2) for k, v in sorted(procs.items())}
+        print(f"{name} CPU-s of the pass by process: {spent}", file=sys.stderr, flush=True)
     if spy is not None:
         import signal
 
         spy.send_signal(signal.SIGINT)
         spy.wait(60)
+    if by_process:  # the ramp: when the first batches came, seconds from iter()
+        print(f"{name} first batches at: {[round(t - start, 2) for t in stamps[:40:3]]}", file=sys.stderr, flush=True)
     n = sum(sizes)
     if n != args.samples:
         raise RuntimeError(f"{name}: pass yielded {n} samples, expected {args.samples}")
@@ -401,8 +455,10 @@ def main() -> None:
     parser.add_argument("--setup-delay", type=float, default=0.0, help="seconds between building energon_ray's loader and iter()")
     parser.add_argument("--samples-per-segment", type=int, default=None, help="energon_ray: samples per Ray task")
     parser.add_argument("--object-store-mib", type=int, default=None, help="energon_ray: object_store_limit in MiB")
+    parser.add_argument("--pss-every", type=float, default=PSS_EVERY, help="seconds between PSS samples of a contender's process tree")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    globals()["PSS_EVERY"] = args.pss_every
     if args.samples_per_segment:
         _ER_OPTIONS["samples_per_segment"] = args.samples_per_segment
     if args.object_store_mib:
@@ -417,7 +473,7 @@ def main() -> None:
     med = interleaved(args.only.split(","), args.runs, lambda name: run_child(name, args), lambda r: (
         f"{r['sps']:6.0f}/s pass, {r['steady']:6.0f}/s steady, first {r['first']:5.2f}s, "
         f"trainer {r['trainer_ms']:5.1f} ms/batch ({r['main_ms']:4.1f} in its main thread), cpu {r['cpu']:6.1f}s, "
-        f"PSS {r['pss']:6.0f} MiB"))  # fmt: skip
+        f"PSS {r['pss']:6.0f} MiB (sampler {r['sampler_cpu']:.1f} CPU-s)"))  # fmt: skip
     base = med.get("energon")
     print_table(
         ["contender", "pass samples/s", "steady samples/s", "first batch s", "trainer CPU ms/batch", "CPU-s/pass", "peak PSS MiB", "pass vs Energon"],
