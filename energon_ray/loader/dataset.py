@@ -16,7 +16,7 @@ from energon_ray.format.dataset import PreparedDataset
 from energon_ray.pipeline.load import SampleLoader
 from energon_ray.pipeline.policy import deferred_handler
 from energon_ray.pipeline.shipping import Shipped
-from energon_ray.pipeline.stages import StageConfig
+from energon_ray.pipeline.stages import StageConfig, chains_outputs
 from energon_ray.plan.sharder import compute_subset, slice_offsets, worker_ranges
 from energon_ray.plan.stream import SegmentLayout, SegmentPlan, StreamConfig, WorkerStream
 from energon_ray.source.reader import ReadSegment, shard_table
@@ -239,6 +239,9 @@ class EnergonDataset(Composition):
     def stage_config(self) -> StageConfig:
         if self._stages is None:
             loader = SampleLoader(self.dataset.spec, self.decoder, self.subflavors)
+            packing = None if self.options.blend_samples else self.options.packing_buffer_size
+            across = self.options.batch_across_sources or self.options.blend_samples
+            postencode = not (self.options.blend_samples and self.options.packing_buffer_size)
             self._stages = StageConfig(
                 task_encoder=Shipped(self.task_encoder, "task encoder"),
                 loader=Shipped(loader, "sample loader"),
@@ -246,11 +249,13 @@ class EnergonDataset(Composition):
                 # a user's handler runs in the loader's process, with the failures the tasks report
                 error_handler=deferred_handler(self.worker_config.global_error_handler),
                 # a sample blend packs the drawn samples itself (``SampleBlendDataset``)
-                packing_buffer_size=None if self.options.blend_samples else self.options.packing_buffer_size,
-                batch_across_sources=self.options.batch_across_sources or self.options.blend_samples,
+                packing_buffer_size=packing,
+                batch_across_sources=across,
                 aux=AuxConfig(self.aux, as_path(self.dataset.root, self.dataset.storage), self.decoder, self.cache_pool),
-                postencode=not (self.options.blend_samples and self.options.packing_buffer_size),
+                postencode=postencode,
                 num_workers=max(1, self.worker_config.num_workers),
+                chained=chains_outputs(self.task_encoder, self.options.batch_size, bool(packing), across, postencode),
+                drop_last=self.options.drop_last,
             )
         return self._stages
 

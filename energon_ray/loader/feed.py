@@ -97,7 +97,7 @@ class LeafFeed:
         self._seams = None
         self.queues = WorkerQueues(
             len(plan.streams), dataset.options.batch_size, self._seam_batches, drop_last=dataset.options.drop_last,
-            stats=stats, leaf=source, hand_out=dataset.options.blend_samples,
+            stats=stats, leaf=source, hand_out=dataset.options.blend_samples, chained=dataset.stage_config().chained,
         )  # fmt: skip
         for w in range(len(plan.streams)):
             if plan.num_segments(w) == 0:
@@ -206,12 +206,23 @@ class MultiFeed:
         self._following: Optional[List[Any]] = None
         self.object_store_limit = object_store_limit
         self.executor = check_executor(executor)
+        chained = [leaf for leaf in self.leaves if leaf.stage_config().chained]
+        if chained and self.executor == "ray_data":
+            logger.warning(
+                "energon_ray: executor='ray_data' cannot chain the segments of a generator encode_sample "
+                "(%s); running this pass as plain Ray tasks", type(chained[0].task_encoder).__name__,
+            )  # fmt: skip
+            self.executor = "tasks"
         self.endless = any(s.plan.num_rounds is None for s in self.schedules)
         self._readers = {i: leaf.reader() for i, leaf in enumerate(self.leaves)}
         self._configs = {i: leaf.stage_config() for i, leaf in enumerate(self.leaves)}
         self._name = self.leaves[0].operator_name if len(self.leaves) == 1 else "EnergonSegments"
         self._windows = iter(windows(self.schedules, MAX_WINDOW_SEGMENTS, first=FIRST_WINDOW_SEGMENTS))
         self._recoveries = 0
+        #: chained leaves: where each restored worker stream rebuilds its carry (``QueueCheckpoint.chain``)
+        self._chain_starts: Dict[Tuple[int, int], Tuple[int, int]] = {}
+        if restored is not None and plan_for is None:  # (another world size: new streams start afresh)
+            self._set_chain_starts(restored.streams)
 
     def reread(self, streams: Sequence[Sequence[StreamState]]) -> Dict[Tuple[int, int, int, int], Any]:
         """The serialized samples (or packs) a restored state's pools hold, re-made by Ray tasks, by
@@ -261,6 +272,7 @@ class MultiFeed:
             for schedule, per_worker in zip(self.schedules, states)
         ]
         self._windows = iter(windows(self.schedules, MAX_WINDOW_SEGMENTS, first=FIRST_WINDOW_SEGMENTS))
+        self._set_chain_starts(states)
         restore_streams(self.feeds, states, self.reread)
 
     def close(self) -> None:
@@ -292,7 +304,7 @@ class MultiFeed:
             self._current = (None, TaskStream(
                 self._counted(itertools.chain.from_iterable(self._windows)), self._readers, self._configs,
                 ray_remote_args=self.ray_remote_args, object_store_limit=self.object_store_limit,
-                before_first=self.before_first_batch,
+                before_first=self.before_first_batch, **self._chaining(),
             ))  # fmt: skip
             if self.on_execute is not None:
                 self.on_execute(self._current[1])
@@ -307,6 +319,21 @@ class MultiFeed:
             else:
                 self._current = self._open(window)
         self._rows = self._row_stream()
+
+    def _set_chain_starts(self, streams: Sequence[Sequence[StreamState]]) -> None:
+        self._chain_starts = {
+            (source, worker): (int(s.checkpoint.chain[0]), int(s.checkpoint.chain[1]))
+            for source, per_worker in enumerate(streams) for worker, s in enumerate(per_worker)
+            if s.checkpoint.chain is not None
+        }  # fmt: skip
+
+    def _chaining(self) -> Dict[str, Any]:
+        """``TaskStream``'s view of chained leaves: where a restored worker stream rebuilds its carry
+        (known before the queues are restored: the pass starts first), and those segments' specs."""
+        return {
+            "chain_start": lambda source, worker: self._chain_starts.get((source, worker)),
+            "segment_spec": lambda source, worker, index: self.schedules[source].plan.segment(worker, index),
+        }
 
     def before_first_batch(self) -> bool:
         """Whether the loader has given no batch of this pass yet (what the trainer waits for then may
@@ -326,7 +353,7 @@ class MultiFeed:
         if tasks:
             self.stats.segments_as_tasks += len(specs)
             return specs, TaskStream(specs, self._readers, self._configs, ray_remote_args=self.ray_remote_args,
-                                     before_first=self.before_first_batch)  # fmt: skip
+                                     before_first=self.before_first_batch, **self._chaining())  # fmt: skip
         stream = BlockStream(
             specs, self._readers, self._configs, self.prefetch_batches,
             name=self._name, ray_remote_args=self.ray_remote_args,

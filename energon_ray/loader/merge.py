@@ -151,6 +151,9 @@ class WorkerQueues:
             still serialized (a leaf of a sample blend: the blend draws samples, then batches them);
             a segment's samples become available with its report, and the state is the pool's
             samples and the next segment.
+        chained: the segments are chained (``StageConfig.chained``): batches run on from one segment
+            into the next inside Ray, and a checkpoint records where a restore rebuilds that
+            (``QueueCheckpoint.chain``, from the segments' reports: ``chain_point``).
     """
 
     def __init__(
@@ -163,8 +166,14 @@ class WorkerQueues:
         stats: Optional[LoaderStats] = None,
         leaf: int = 0,
         hand_out: bool = False,
+        chained: bool = False,
     ):
         self.num_workers = num_workers
+        self.chained = chained
+        #: per worker (chained): ``(segment, outputs before it, its outputs)`` of the last segments
+        #: reported, as many as a batch can reach back; where a restore started the chain (or None)
+        self.chain_log: List[Deque[Tuple[int, int, int]]] = [deque() for _ in range(num_workers)]
+        self.chain_base: List[Optional[Tuple[int, int]]] = [None] * num_workers
         self.batch_size = batch_size
         self.make_batches = make_batches
         self.drop_last = drop_last
@@ -248,6 +257,8 @@ class WorkerQueues:
                 self._pool(worker, entries)
         elif kind == rows.REPORT:
             self.stats.add_report(payload, self.chain)
+            if self.chained and payload.outputs_before is not None:
+                self._log_outputs(worker, segment, payload.outputs_before, payload.samples_encoded)
             if self.hand_out:
                 staged, self.staged[worker] = self.staged[worker], []
                 self.pools[worker].setdefault(None, (0, []))[1].extend(item for _, _, item in staged)
@@ -336,7 +347,36 @@ class WorkerQueues:
         records[tag] = [checkpoint, consumed, positions]
         self.current[worker] = tag
 
+    def _log_outputs(self, worker: int, segment: int, before: int, outputs: int) -> None:
+        log = self.chain_log[worker]
+        log.append((segment, before, outputs))
+        # keep the segments whose outputs a batch open at the end can reach (fewer than batch_size)
+        while len(log) > 1 and sum(n for _, _, n in list(log)[1:]) >= (self.batch_size or 1):
+            log.popleft()
+
+    def chain_point(self, worker: int) -> Optional[Tuple[int, int]]:
+        """Where a chained stream restored here rebuilds its carry: ``(segment, outputs before it)``
+        such that the samples of the batch open at the next segment all come from that segment on
+        (the next segment itself when no batch is open). ``None``: from the stream's start."""
+        if not self.chained:
+            return None
+        log = self.chain_log[worker]
+        if not log:
+            return self.chain_base[worker]
+        last, before, outputs = log[-1]
+        total = before + outputs
+        need = total % (self.batch_size or 1)
+        if need == 0:
+            return (last + 1, total)
+        covered = 0
+        for segment, before, outputs in reversed(log):
+            covered += outputs
+            if covered >= need:
+                return (segment, before)
+        return self.chain_base[worker] if log[0][1] > 0 else (log[0][0], log[0][1])
+
     def _checkpoint(self, worker: int, event: str, carried: list) -> QueueCheckpoint:
+        chain = self.chain_point(worker)
         return QueueCheckpoint(
             event=event,
             segment=self.next_segment[worker],
@@ -345,6 +385,7 @@ class WorkerQueues:
             waiting=self.waiting[worker],
             done=self.done[worker],
             carried=carried,
+            chain=None if chain is None else list(chain),
         )
 
     def state(self, worker: int) -> StreamState:
@@ -383,6 +424,8 @@ class WorkerQueues:
         self.staged[worker] = []
         self.skip[worker] = state.consumed
         self.restored[worker] = state
+        self.chain_log[worker].clear()
+        self.chain_base[worker] = None if cp.chain is None else (int(cp.chain[0]), int(cp.chain[1]))
         if cp.event == "carry":
             self.carry_in(worker, {key: (size, [item(r) for r in refs]) for key, size, refs in cp.carried})
         elif cp.event == "close":

@@ -217,6 +217,12 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
         raise StateError(f"restore key {restore_key!r} names samples, not packs, of {leaf!r}, which packs samples")
+    if leaf.stage_config().chained:
+        raise StateError(
+            f"restore_sample is not supported for {leaf!r}: its encode_sample is a generator, and a batch's keys "
+            "name its samples, not which of their outputs it holds nor how many outputs came before it "
+            "(current_batch_index); save and restore the loader's state instead"
+        )
     return rebuild_batch(leaf, source, worker, seed, keys, remote_args)
 
 

@@ -444,6 +444,25 @@ def _segment_task(
     return parts(batch_samples(encode_samples(table, config), config))
 
 
+@ray.remote(num_cpus=1, max_retries=3, num_returns=2)
+@deaf_to_cancel
+def _chained_segment_task(
+    spec: "SegmentSpec", reader: Any, config: Any, carry: Any, stream_id: Optional[str] = None, carry_only: bool = False
+) -> Tuple[Optional[Any], Any]:
+    """A segment of a chained stream (``stages.chained_segment``): its block (``None`` when
+    ``carry_only``) and the carry for the next segment of its worker stream, which Ray hands that
+    segment's task (so the stream's segments run one after the other)."""
+    if is_closed(stream_id) or carry is None:
+        return None, None
+    import_task_modules()
+    from energon_ray.pipeline.rows import parts
+    from energon_ray.pipeline.stages import chained_segment
+
+    _limit_torch_threads()
+    table, carry_out = chained_segment(unship(reader)(spec), unship(config), carry, carry_only, _node())
+    return parts(table), carry_out
+
+
 def _cluster_cpus() -> int:
     try:
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -492,12 +511,20 @@ class TaskStream:
     ``"auto"``. If making it here fails (say, the data is only reachable from the workers), the
     block comes from a Ray task as usual.
 
+    A chained leaf (``StageConfig.chained``: a generator ``encode_sample``) runs each segment as a
+    ``_chained_segment_task`` that takes the previous segment's carry (an object ref: Ray starts it
+    once that segment is done) and returns its own next to its block; never made locally. A pass
+    that starts inside a worker stream (a restore) gets ``chain_start(source, worker)`` = the segment
+    to rebuild the carry from and the stream's outputs before it: those segments run once more,
+    giving only their carry (``segment_spec(source, worker, index)`` makes their specs).
+
     Args:
         segments: the segments in output order (any iterable: taken as tasks are submitted).
         readers, configs: per leaf (``SegmentSpec.source``), as ``build_dataset`` takes them.
         ahead: finished blocks that may wait ahead of the consumer (default: one per slot).
         object_store_limit: bytes of finished blocks that may wait ahead of the consumer.
         local_start, before_first: see above.
+        chain_start, segment_spec: see above.
     """
 
     #: with the Ray Data executor, the loader starts the next window's execution as this stream yields
@@ -506,14 +533,22 @@ class TaskStream:
     def __init__(self, segments, readers, configs, *, ray_remote_args: Optional[Dict[str, Any]] = None,
                  fuse_stages: bool = True, ahead: Optional[int] = None, object_store_limit: Optional[int] = None,
                  local_start: Optional[str] = None, before_first: Optional[Callable[[], bool]] = None,
+                 chain_start: Optional[Callable[[int, int], Optional[Tuple[int, int]]]] = None,
+                 segment_spec: Optional[Callable[[int, int, int], Any]] = None,
                  **_execution_options: Any):  # fmt: skip
         options = {k: v for k, v in (ray_remote_args or {}).items() if k in _TASK_OPTIONS}
         options.setdefault("scheduling_strategy", "SPREAD")
         self._task = _segment_task.options(**options)
+        self._chained_task = _chained_segment_task.options(num_returns=2, **options)
         self._task_cpus = float(options.get("num_cpus", 1) or 0)
         self._fuse = fuse_stages
         if not isinstance(readers, Mapping):
             readers, configs = {0: readers}, {0: configs}
+        #: chained leaves, and the carry (ref) each of their worker streams hands its next segment
+        self._chained = {source for source, config in configs.items() if getattr(config, "chained", False)}
+        self._carries: Dict[Tuple[int, int], Any] = {}
+        self._chain_start = chain_start
+        self._segment_spec = segment_spec
         # one upload each, shared by the tasks (a task encoder with a tokenizer can be megabytes)
         self._readers = ship_each(readers)
         self._configs = ship(configs)
@@ -561,7 +596,8 @@ class TaskStream:
             spec = next(self._todo, None)
             if spec is None:
                 break
-            mark = f"{self.stream_id}/{self.tasks}" if self._local_start != "off" and self._before_first() else None
+            local = self._local_start != "off" and spec.source not in self._chained and self._before_first()
+            mark = f"{self.stream_id}/{self.tasks}" if local else None
             self._refs.append((self._remote(spec, mark), spec, mark))
             self._specs.append(spec)
             self.tasks += 1
@@ -598,7 +634,35 @@ class TaskStream:
 
     def _remote(self, spec: Any, mark: Optional[str] = None) -> Any:
         """Submit ``spec``'s segment task (``mark``: its own close mark, see ``_local``)."""
+        if spec.source in self._chained:
+            key = (spec.source, spec.worker)
+            carry = self._carries[key] if key in self._carries else self._first_carry(spec)
+            block, self._carries[key] = self._chained_task.remote(
+                spec, self._reader_refs[spec.source], self._config_ref, carry, self.stream_id, False
+            )
+            return block
         return self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id, mark)
+
+    def _first_carry(self, spec: Any) -> Any:
+        """The carry of a chained worker stream's first segment in this stream: none before it at a
+        pass's start; after a restore, rebuilt from where ``chain_start`` says."""
+        from energon_ray.pipeline.stages import Carry
+
+        start = None if self._chain_start is None else self._chain_start(spec.source, spec.worker)
+        if start is None:
+            return Carry(0, [])
+        first, outputs = int(start[0]), int(start[1])
+        if first >= spec.index:  # the batches broke exactly there: nothing to carry
+            return Carry(outputs, [])
+        if self._segment_spec is None:
+            raise RuntimeError("energon_ray: a chained stream restored inside a worker stream needs segment_spec")
+        carry: Any = Carry(outputs, None)
+        for index in range(first, spec.index):
+            _, carry = self._chained_task.remote(
+                self._segment_spec(spec.source, spec.worker, index), self._reader_refs[spec.source], self._config_ref,
+                carry, self.stream_id, True,
+            )  # fmt: skip
+        return carry
 
     def _local(self, spec: Any, mark: str) -> Any:
         """The block made here, as an object in Ray's store (a seam task may read its leftover

@@ -158,15 +158,25 @@ class HookRunner:
         """Run the hook on ``item``: its result, or ``FAILED`` / ``IGNORED``."""
         return self._call(run, item, what, sources, many=False)
 
-    def call_many(self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]] = None) -> Any:
-        """Run a hook that may be a generator: the list of its outputs, or ``FAILED`` / ``IGNORED``."""
-        return self._call(run, item, what, sources, many=True)
+    def call_many(
+        self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]] = None,
+        before_each: Optional[Callable[[int], None]] = None,
+    ) -> Any:
+        """Run a hook that may be a generator: the list of its outputs, or ``FAILED`` / ``IGNORED``.
+        ``before_each(n)`` is called before the generator is resumed for its output ``n``."""
+        return self._call(run, item, what, sources, many=True, before_each=before_each)
 
-    def _call(self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]], many: bool) -> Any:
+    def _call(
+        self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]], many: bool,
+        before_each: Optional[Callable[[int], None]] = None,
+    ) -> Any:
         try:
             result = self.fn(item)
             if many:
-                result = list(result) if self.is_generator or inspect.isgenerator(result) else [result]
+                if self.is_generator or inspect.isgenerator(result):
+                    result = list(result) if before_each is None else _drain(result, before_each)
+                else:
+                    result = [result]
         except SkipSample:
             run.ignored += 1
             return HookRunner.IGNORED
@@ -188,3 +198,15 @@ class HookRunner:
             return HookRunner.FAILED
         run.success()
         return result
+
+
+def _drain(outputs: Any, before_each: Callable[[int], None]) -> List[Any]:
+    """A generator's outputs, with ``before_each(n)`` called before it is resumed for output ``n``."""
+    out: List[Any] = []
+    iterator = iter(outputs)
+    while True:
+        before_each(len(out))
+        try:
+            out.append(next(iterator))
+        except StopIteration:
+            return out

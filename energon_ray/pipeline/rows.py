@@ -56,6 +56,10 @@ class SegmentData:
     read_requests: int = 0
     read_bytes: int = 0
     read_retries: int = 0
+    #: a chained stream (``StageConfig.chained``): what the previous segment of the worker stream
+    #: handed on (a ``stages.Carry``), and what this one hands the next
+    carry: Any = None
+    carry_out: Any = None
 
 
 @dataclasses.dataclass
@@ -75,6 +79,9 @@ class Report:
     read_requests: int = 0
     read_bytes: int = 0
     read_retries: int = 0
+    #: a chained stream: encoded samples of the worker stream before this segment (``samples_encoded``
+    #: is then the segment's own)
+    outputs_before: Optional[int] = None
 
 
 def _binary_chunk(buffer: pa.Buffer) -> pa.Array:

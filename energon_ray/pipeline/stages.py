@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
@@ -24,7 +25,7 @@ from energon_ray.pipeline.policy import HookRunner, StageRun
 from energon_ray.pipeline.shipping import Shipped
 from energon_ray.samples import CrudeSample
 from energon_ray.task_encoder.base import TaskEncoder, is_overridden
-from energon_ray.task_encoder.context import hook_call, worker_slot
+from energon_ray.task_encoder.context import hook_call, set_batch_index, worker_slot
 from energon_ray.task_encoder.decorators import get_failure_tolerance
 
 
@@ -48,6 +49,44 @@ class StageConfig:
     postencode: bool = True
     #: logical workers of the rank (hooks count samples and batches across them, as Energon's do)
     num_workers: int = 1
+    #: Each segment continues its worker stream's batches (``chains_outputs``): it gets the previous
+    #: segment's ``Carry`` and hands its own to the next, so its segments run one after the other.
+    chained: bool = False
+    #: Drop each worker stream's last, short batch (a chained stream batches it in its last segment).
+    drop_last: bool = False
+
+
+def chains_outputs(te: TaskEncoder, batch_size: Optional[int], packing: bool, across_sources: bool, postencode: bool) -> bool:
+    """Whether a dataset's segments must be chained: its ``encode_sample`` is a generator (any number
+    of outputs per sample), so where the worker stream's batches start in a segment, and which batch
+    an output goes into (``current_batch_index``), depend on the outputs of every segment before it.
+    Energon batches a worker's outputs as one stream; a chained stream does the same, one segment
+    after another per worker (the rank's worker streams still run side by side). Not where the
+    segments do not batch their own samples (packing, grouping, ``postencode_sample``, batching
+    across datasets, no batching)."""
+    fn = getattr(type(te), "encode_sample", None)
+    return (
+        batch_size is not None
+        and not packing
+        and not across_sources
+        and is_overridden(te, "encode_sample")
+        and inspect.isgeneratorfunction(inspect.unwrap(fn))
+        and not is_overridden(te, "batch_group_criterion")
+        and not (postencode and is_overridden(te, "postencode_sample"))
+    )
+
+
+@dataclasses.dataclass
+class Carry:
+    """What a chained segment hands the next segment of its worker stream.
+
+    ``outputs``: encoded samples of the worker stream before the next segment; ``tail``: the last
+    ``outputs % batch_size`` of them, ``(position, sub, sample)``, which open the next segment's first
+    batch (``None``: not known, a replay that only rebuilds the carry, see ``TaskStream``).
+    """
+
+    outputs: int
+    tail: Optional[List[Tuple[int, int, Any]]] = None
 
 
 def _runner(te: TaskEncoder, name: str, stage: str, handler: Any) -> HookRunner:
@@ -126,6 +165,16 @@ class EncodeSamples:
         # a hook marked @stateless(restore_seeds=True) gets Energon's seed for the sample (hook_seed)
         encode_kind = None if getattr(encode.fn, "__restore_seeds__", False) else "encode"
         per_batch = self.config.batch_size or 1  # a sample hook sees the index of the batch it will be in
+        # a chained stream counts its outputs (Energon's batch index: outputs before it // batch size);
+        # else a sample's position stands for the outputs before it
+        produced = [data.carry.outputs] if self.config.chained and data.carry is not None else None
+
+        def batch_of(position: int) -> int:
+            return position // per_batch if produced is None else produced[0] // per_batch
+
+        def next_output(n: int) -> None:
+            set_batch_index((produced[0] + n) // per_batch)
+
         raws, data.raw = data.raw, []
         raws.reverse()
         while raws:  # pop as we go: a segment of videos never holds all raw and decoded data at once
@@ -136,17 +185,21 @@ class EncodeSamples:
             if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                 continue
             if isinstance(sample, CrudeSample):
-                with hook_call(seed, "cook", position, sample_index=position, batch_index=position // per_batch):
+                with hook_call(seed, "cook", position, sample_index=position, batch_index=batch_of(position)):
                     sample = cook.call(runs["cook_crude_sample"], sample, what, sources)
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue
             if not do_encode:
                 data.encoded.append((position, 0, sample))
             else:
-                with hook_call(seed, encode_kind, position, sample_index=position, batch_index=position // per_batch):
-                    outputs = encode.call_many(runs["encode_sample"], sample, what, sources)
+                with hook_call(seed, encode_kind, position, sample_index=position, batch_index=batch_of(position)):
+                    outputs = encode.call_many(
+                        runs["encode_sample"], sample, what, sources, before_each=None if produced is None else next_output
+                    )
                 if outputs is HookRunner.FAILED or outputs is HookRunner.IGNORED:
                     continue
+                if produced is not None:
+                    produced[0] += len(outputs)
                 for sub, item in enumerate(outputs):
                     data.encoded.append((position, sub, item))
             del sample
@@ -168,13 +221,16 @@ class Batcher:
         return [self.batch.new_run(), self.encode_batch.new_run()]
 
     def __call__(
-        self, group: List[Tuple[int, int, Any]], seed: int, batch_size: int, runs: List[StageRun]
+        self, group: List[Tuple[int, int, Any]], seed: int, batch_size: int, runs: List[StageRun],
+        batch_index: Optional[int] = None,
     ) -> List[Any]:
-        """``(position, sub, sample)`` group → the encoded batch(es) (0, 1 or more)."""
+        """``(position, sub, sample)`` group → the encoded batch(es) (0, 1 or more); ``batch_index``:
+        the batch's index in its worker stream (default: its first sample's position over the size)."""
         position, sub = group[0][0], group[0][1]
         samples = [item for _, _, item in group]
         what = f"batch of {len(samples)} starting at {_what(samples[0])}"
-        kwargs = dict(batch_index=position // batch_size, restore_rng=self.restore_rng)
+        index = position // batch_size if batch_index is None else batch_index
+        kwargs = dict(batch_index=index, restore_rng=self.restore_rng)
         with hook_call(seed, f"batch.{sub}", position, **kwargs):
             raws = self.batch.call_many(runs[0], samples, what)
         if raws is HookRunner.FAILED or raws is HookRunner.IGNORED:
@@ -193,11 +249,12 @@ class Batcher:
 
 
     def with_positions(
-        self, group: List[Tuple[int, int, Any]], seed: int, batch_size: int, runs: List[StageRun]
+        self, group: List[Tuple[int, int, Any]], seed: int, batch_size: int, runs: List[StageRun],
+        batch_index: Optional[int] = None,
     ) -> List[Tuple[Any, List[int]]]:
         """``__call__``'s batches, the last one carrying the group's positions (the group is consumed
         when its last batch is)."""
-        made = self(group, seed, batch_size, runs)
+        made = self(group, seed, batch_size, runs, batch_index)
         positions = [position for position, _, _ in group]
         return [(item, positions if i == len(made) - 1 else []) for i, item in enumerate(made)]
 
@@ -253,10 +310,15 @@ class BatchSamples:
                 items, leftovers = self._batches(data, eager)
         except FatalSampleError as exc:
             data.fatal = data.fatal or ("FatalSampleError", str(exc))
+        encoded = len(data.encoded) + (eager.samples if eager is not None else 0)
         if data.fatal is not None:
             items, leftovers = [], []  # a fatal segment gives nothing, even what was batched before
         elif eager is not None:
             items = eager.items + items
+        if self.config.chained and data.carry is not None:
+            encoded -= len(data.carry.tail or ())  # the previous segment's tail was counted there
+            if data.fatal is None:
+                items, leftovers = self._chain_on(data, eager, items, leftovers, encoded)
         for seq, (item, positions) in enumerate(items):
             yield rows.ITEM, spec.worker, spec.index, seq, item, positions
         if leftovers:
@@ -265,7 +327,7 @@ class BatchSamples:
             worker=spec.worker,
             segment=spec.index,
             samples_read=data.samples_read,
-            samples_encoded=len(data.encoded) + (eager.samples if eager is not None else 0),
+            samples_encoded=encoded,
             batches=len(items),
             runs=data.runs,
             fatal=data.fatal,
@@ -273,8 +335,26 @@ class BatchSamples:
             read_requests=data.read_requests,
             read_bytes=data.read_bytes,
             read_retries=data.read_retries,
+            outputs_before=data.carry.outputs if self.config.chained and data.carry is not None else None,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report, None
+
+    def _chain_on(self, data: rows.SegmentData, eager: Optional["EagerBatches"], items, leftovers, encoded: int):
+        """A chained segment's end: the samples that did not fill a batch go to the next segment
+        (``data.carry_out``) or, in the stream's last segment, make its last, short batch (unless
+        ``drop_last``); no ``LEFTOVER`` row."""
+        if eager is None:
+            raise RuntimeError(f"energon_ray: chained segment {data.spec.index} of worker {data.spec.worker} cannot batch as it encodes")
+        size, total = self.config.batch_size, data.carry.outputs + encoded
+        rest = [entry for _, _, group in leftovers for entry in group]
+        if not data.spec.last:
+            data.carry_out = Carry(total, rest)
+            return items, []
+        if rest and not self.config.drop_last:
+            with worker_slot(data.spec.worker, self.config.num_workers):
+                last = eager.batcher.with_positions(rest, data.spec.seed, size, eager.runs, total // size)
+            items = items + last
+        return items, []
 
     def _batches(self, data: rows.SegmentData, eager: Optional["EagerBatches"] = None) -> Tuple[List[Tuple[Any, List[int]]], List[Any]]:
         """Items (batches, or samples without batching) with their samples' positions, and leftover
@@ -342,6 +422,8 @@ class EagerBatches:
         self.items: List[Tuple[rows.Dumped, List[int]]] = []
         #: samples taken out of ``data.encoded``
         self.samples = 0
+        #: a chained stream: the index in the worker stream of ``data.encoded``'s first sample
+        self.base: Optional[int] = None
 
     def __call__(self) -> None:
         data, size = self.data, self.size
@@ -349,8 +431,9 @@ class EagerBatches:
         while len(data.encoded) >= size:
             group = data.encoded[:size]
             del data.encoded[:size]
+            index = None if self.base is None else (self.base + self.samples) // size
             self.samples += size
-            for item, positions in self.batcher.with_positions(group, spec.seed, size, self.runs):
+            for item, positions in self.batcher.with_positions(group, spec.seed, size, self.runs, index):
                 row = (rows.ITEM, spec.worker, spec.index, len(self.items), item)
                 self.items.append((rows.dumped(row), positions))
             del group
@@ -375,6 +458,42 @@ class EncodeAndBatch:
             self.encode.encode(data, eager)
             out.extend(self.batch.explode(data, eager))
         return _table(out, source)
+
+
+def chained_segment(
+    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], carry: Optional[Carry],
+    carry_only: bool = False, node: Optional[str] = None,
+) -> Tuple[Optional[pa.Table], Optional[Carry]]:
+    """A segment of a chained stream (``StageConfig.chained``), read into ``data``: its output block
+    and the ``Carry`` for the next segment. ``carry``: the previous segment's (its tail opens this
+    segment's first batch; ``None``: the stream failed or closed before, nothing is made).
+    ``carry_only``: only the carry is wanted (a restore rebuilding it from ``carry.outputs``; no
+    batches): the segment's outputs must cover the tail it hands on."""
+    if carry is None:
+        return None, None
+    stage = EncodeAndBatch(config)
+    stage.batch.node = node
+    data.carry = carry
+    if carry_only:
+        stage.encode.encode(data)
+        if data.fatal is not None:
+            return None, None
+        size = stage.encode.config.batch_size
+        total = carry.outputs + len(data.encoded)
+        need = total % size
+        if need > len(data.encoded):
+            raise RuntimeError(
+                f"energon_ray: rebuilding worker {data.spec.worker}'s batch across segment {data.spec.index}: "
+                f"{need} samples needed, the segment gave {len(data.encoded)}"
+            )
+        return None, Carry(total, data.encoded[len(data.encoded) - need :])
+    data.encoded = list(carry.tail or ())
+    eager = stage.batch.eager(data)
+    if eager is not None:
+        eager.base = carry.outputs - len(data.encoded)
+    stage.encode.encode(data, eager)
+    out = list(stage.batch.explode(data, eager))
+    return _table(out, data.spec.source), data.carry_out
 
 
 def _table(out: List[Tuple[int, int, int, int, Any, Optional[List[int]]]], source: int) -> pa.Table:

@@ -59,6 +59,12 @@ def current_batch_index() -> int:
     return rank_index(value)
 
 
+def set_batch_index(value: int) -> None:
+    """Change the batch index the running hook call reads (a generator ``encode_sample`` between two
+    of its outputs: each output's batch is the one it goes into)."""
+    _local.batch_index = value
+
+
 def hook_seed(worker_seed: int, kind: Optional[str], index: int) -> int:
     """32-bit seed of one hook call: a pure function of the stream seed, the hook kind and the position.
 

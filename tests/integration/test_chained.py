@@ -1,0 +1,121 @@
+"""A generator ``encode_sample`` batches its worker stream's outputs as one stream, as Energon's does.
+
+Its segments are chained (``StageConfig.chained``): each Ray task gets the outputs its worker stream
+had before it and the samples of the batch still open, so batches run across segment boundaries and
+every output reads the index of the batch it goes into (``current_batch_index``), whatever the
+segment length; save/restore rebuilds the open batch from the segments before the save point.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import energon_ray as er
+from energon_ray.pipeline.stages import chains_outputs
+from tests.helpers import prefixed_text_dataset
+from tests.integration.test_save_restore import round_trip
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return prefixed_text_dataset(tmp_path_factory.mktemp("chained") / "a", "a", 38, per_shard=6)
+
+
+class Varying(er.DefaultTaskEncoder):
+    """0, 1, 2 or 3 outputs per sample (by its index), each recording where it was made."""
+
+    @er.stateless(restore_seeds=True)
+    def encode_sample(self, sample):
+        index = int(sample.__key__.split("_")[-1])
+        for sub in range(index % 4):
+            text = f"{sample.__key__}/{sub} b{self.current_batch_index} s{self.current_sample_index} r{random.randint(0, 999)}"
+            yield er.TextSample.derive_from(sample, text=text)
+
+    def batch(self, samples):
+        # the round-trip helper compares keys, texts and "r"
+        return {"keys": [s.__key__ for s in samples], "texts": [s.text for s in samples], "r": self.current_batch_index}
+
+
+def texts(loader):
+    return [(tuple(b["texts"]), b["r"]) for b in loader]
+
+
+def build(root, segment, workers=1, **kwargs):
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    return er.get_val_dataset(root, split_part="train", batch_size=3, worker_config=wc, task_encoder=Varying(),
+                              samples_per_segment=segment, **kwargs)  # fmt: skip
+
+
+def test_only_generator_encoders_chain():
+    class Plain(er.DefaultTaskEncoder):
+        def encode_sample(self, sample):
+            return sample
+
+    assert chains_outputs(Varying(), 3, False, False, True)
+    assert not chains_outputs(Plain(), 3, False, False, True)
+    assert not chains_outputs(Varying(), None, False, False, True)  # no batching: nothing to chain
+    assert not chains_outputs(Varying(), 3, True, False, True)  # packing restarts per segment
+
+
+def test_batches_run_across_segments_with_energons_batch_index(root, ray_session):
+    """One worker: the outputs in stream order, cut every 3, each reading its own batch's index."""
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    plain = er.get_val_dataset(root, split_part="train", batch_size=1, worker_config=wc)
+    order = [int(b.__key__[0].split("_")[-1]) for b in er.get_loader(plain)]
+    outputs = [(f"a_{i:06d}/{sub}", i) for i in order for sub in range(i % 4)]
+    for segment in (3, 6, 1000):
+        got = texts(er.get_loader(build(root, segment)))
+        flat = [text for batch, _ in got for text in batch]
+        assert [t.split(" ")[0] for t in flat] == [name for name, _ in outputs], segment
+        assert [len(batch) for batch, _ in got] == [3] * (len(outputs) // 3) + [len(outputs) % 3] * (len(outputs) % 3 > 0), segment
+        for n, (batch, index) in enumerate(got):
+            assert index == n, (segment, n)
+            assert all(t.split(" ")[1] == f"b{n}" for t in batch), (segment, batch)
+        assert [int(t.split(" ")[2][1:]) for t in flat] == [i for _, i in outputs]
+
+
+def test_segment_length_does_not_change_the_batches(root, ray_session):
+    """Two workers, segments of 3 and 6 samples and one per stream: the same batches, hook draws
+    included; batch_drop_last drops each stream's short last batch only."""
+    whole = texts(er.get_loader(build(root, 1000, workers=2)))
+    assert any(len(b[0]) < 3 for b in whole)  # a stream ends with a short batch
+    assert texts(er.get_loader(build(root, 3, workers=2))) == whole
+    assert texts(er.get_loader(build(root, 6, workers=2))) == whole
+    dropped = texts(er.get_loader(build(root, 3, workers=2, batch_drop_last=True)))
+    assert dropped == [b for b in whole if len(b[0]) == 3]
+
+
+def test_restore_sample_refuses_clearly(root, ray_session):
+    class DefaultBatches(Varying):
+        def batch(self, samples):
+            return er.DefaultTaskEncoder.batch(self, samples)
+
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    ds = er.get_val_dataset(root, split_part="train", batch_size=3, worker_config=wc, task_encoder=DefaultBatches())
+    loader = er.get_savable_loader(ds)
+    batch = next(iter(loader))
+    with pytest.raises(er.StateError, match="restore_sample is not supported .* encode_sample is a generator"):
+        loader.restore_sample(batch.__restore_key__)
+    loader.close()
+
+
+def test_executor_ray_data_runs_chained_segments_as_tasks(root, ray_session, caplog):
+    whole = texts(er.get_loader(build(root, 1000)))
+    with caplog.at_level("WARNING", logger="energon_ray"):
+        assert texts(er.get_loader(build(root, 3), executor="ray_data")) == whole
+    assert "cannot chain the segments of a generator encode_sample" in caplog.text
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_save_restore_rebuilds_the_open_batch(root, ray_session, workers):
+    """States taken where a batch is open across segments (and where one spans several short
+    segments) restore exactly, through JSON, and again after the restore."""
+
+    def make():
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+        return er.get_train_dataset(root, batch_size=3, worker_config=wc, task_encoder=Varying(), shuffle_buffer_size=5,
+                                    max_samples_per_sequence=4, samples_per_segment=3)  # fmt: skip
+
+    round_trip(make, [0, 1, 2, 4, 5, 7, 11], count=16)
