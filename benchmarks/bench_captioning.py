@@ -25,7 +25,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterator, List
 
 import numpy as np
 import torch
@@ -242,14 +242,21 @@ def _children(pid: int) -> List[int]:
     return out
 
 
-def tree_pss(root: int) -> int:
-    """PSS in bytes of a process and all its descendants (Ray's raylet and workers, DataLoader workers)."""
-    total, stack, seen = 0, [root], set()
+def tree_pids(root: int) -> Iterator[int]:
+    """A process and its live descendants (each once)."""
+    stack, seen = [root], set()
     while stack:
         pid = stack.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
+        if pid not in seen:
+            seen.add(pid)
+            yield pid
+            stack.extend(_children(pid))
+
+
+def tree_pss(root: int) -> int:
+    """PSS in bytes of a process and all its descendants (Ray's raylet and workers, DataLoader workers)."""
+    total = 0
+    for pid in tree_pids(root):
         try:
             with open(f"/proc/{pid}/smaps_rollup") as f:
                 for line in f:
@@ -258,7 +265,6 @@ def tree_pss(root: int) -> int:
                         break
         except OSError:
             continue
-        stack.extend(_children(pid))
     return total
 
 
@@ -268,12 +274,7 @@ def tree_cpu(root: int) -> Dict[str, float]:
     ``ray worker``), DataLoader workers (``python``), the rest by command name."""
     tick = os.sysconf("SC_CLK_TCK")
     out: Dict[str, float] = {}
-    stack, seen = [root], set()
-    while stack:
-        pid = stack.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
+    for pid in tree_pids(root):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 stat = f.read()
@@ -294,7 +295,6 @@ def tree_cpu(root: int) -> Dict[str, float]:
         else:
             kind = comm
         out[kind] = out.get(kind, 0.0) + seconds
-        stack.extend(_children(pid))
     return out
 
 
