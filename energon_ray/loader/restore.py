@@ -127,6 +127,28 @@ def rebuild_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tup
     return _batch_once(config, source, worker, seed, group, remote_args)
 
 
+def rebuild_chained_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], remote_args=None) -> Any:
+    """A batch of a chained stream (a generator ``encode_sample``) made again from its outputs' keys
+    ``("Webdataset", index, leaf, worker, position, hook seed, sub, output index)``: each sample
+    re-read and encoded with the outputs its stream had before it, the named outputs batched."""
+    from energon_ray.pipeline.build import rebuild_chained
+
+    if any(len(k) != 8 for k in keys):
+        raise StateError(
+            f"restore_sample: {leaf!r} has a generator encode_sample; its batches' keys name which output of a "
+            "sample each holds (8 fields), this one does not"
+        )
+    spec = _reread_spec(leaf, source, worker, seed, list({k[4]: k for k in keys}.values()), index=-1)
+    try:
+        made = rebuild_chained(spec, leaf.reader(), leaf.stage_config(), [(int(k[4]), int(k[6]), int(k[7])) for k in keys], remote_args)
+    except Exception as exc:
+        ours = unwrap_error(exc)
+        raise StateError(f"restore_sample: {ours if ours is not None else exc}") from None
+    if len(made) != 1:
+        raise StateError(f"restore_sample: the batch hooks made {len(made)} batches from {len(keys)} samples, not one")
+    return made[0]
+
+
 def rebuild_packed_batch(leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[int, int, List[tuple]]], remote_args=None) -> Any:
     """A packed batch made again from its packs' restore keys ``("Packed", position, sub, *members)``:
     the members re-read and encoded at their positions (not packed, not post-encoded), then each

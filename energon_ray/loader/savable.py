@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.merge import RoundRobin
-from energon_ray.loader.restore import rebuild_batch, rebuild_blended_batch, rebuild_packed_batch, restore_streams
+from energon_ray.loader.restore import rebuild_batch, rebuild_chained_batch, rebuild_blended_batch, rebuild_packed_batch, restore_streams
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
 from energon_ray.pipeline.packing import PACKED
 
@@ -167,10 +167,11 @@ def check_fits(state: LoaderState, dataset: Composition) -> None:
 def sample_keys(restore_key: Any) -> List[tuple]:
     """The samples' restore keys inside a batch's ``__restore_key__`` (nested tuples or lists)."""
     if isinstance(restore_key, (tuple, list)) and restore_key and restore_key[0] == "Webdataset":
-        if len(restore_key) != 6:
+        if len(restore_key) not in (6, 8):
             raise StateError(
                 f"restore key {tuple(restore_key)!r} has no plan position (an Energon key, or one made by another "
-                "energon_ray version); energon_ray keys are ('Webdataset', index, dataset, worker, position, seed)"
+                "energon_ray version); energon_ray keys are ('Webdataset', index, dataset, worker, position, seed), "
+                "plus (sub, output index) for the outputs of a generator encode_sample"
             )
         return [tuple(restore_key)]
     if isinstance(restore_key, (tuple, list)):
@@ -218,11 +219,7 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     if leaf.options.packing_buffer_size:
         raise StateError(f"restore key {restore_key!r} names samples, not packs, of {leaf!r}, which packs samples")
     if leaf.stage_config().chained:
-        raise StateError(
-            f"restore_sample is not supported for {leaf!r}: its encode_sample is a generator, and a batch's keys "
-            "name its samples, not which of their outputs it holds nor how many outputs came before it "
-            "(current_batch_index); save and restore the loader's state instead"
-        )
+        return rebuild_chained_batch(leaf, source, worker, seed, keys, remote_args)
     return rebuild_batch(leaf, source, worker, seed, keys, remote_args)
 
 

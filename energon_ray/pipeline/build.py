@@ -463,6 +463,23 @@ def _chained_segment_task(
     return parts(table), carry_out
 
 
+@ray.remote(num_cpus=1, max_retries=3)
+@deaf_to_cancel
+def _rebuild_chained_task(spec: "SegmentSpec", reader: Any, config: Any, outputs: List[Tuple[int, int, int]]) -> List[Any]:
+    import_task_modules()
+    from energon_ray.pipeline.stages import rebuild_chained_batch
+
+    _limit_torch_threads()
+    return rebuild_chained_batch(unship(reader)(spec), unship(config), outputs)
+
+
+def rebuild_chained(spec: "SegmentSpec", reader: Any, config: Any, outputs: List[Tuple[int, int, int]], remote_args=None) -> List[Any]:
+    """``stages.rebuild_chained_batch`` in a Ray task (where the segment tasks read): the batches."""
+    options = {k: v for k, v in (remote_args or {}).items() if k in _TASK_OPTIONS}
+    task = _rebuild_chained_task.options(**options) if options else _rebuild_chained_task
+    return ray.get(task.remote(spec, ship_each({spec.source: reader})[spec.source], ship({spec.source: config}), outputs))
+
+
 def _cluster_cpus() -> int:
     try:
         return max(1, int(ray.cluster_resources().get("CPU", 1)))

@@ -87,6 +87,8 @@ class Carry:
 
     outputs: int
     tail: Optional[List[Tuple[int, int, Any]]] = None
+    #: a ``restore_sample`` re-read of single samples: the stream's outputs before each position
+    bases: Optional[Dict[int, int]] = None
 
 
 def _runner(te: TaskEncoder, name: str, stage: str, handler: Any) -> HookRunner:
@@ -167,7 +169,8 @@ class EncodeSamples:
         per_batch = self.config.batch_size or 1  # a sample hook sees the index of the batch it will be in
         # a chained stream counts its outputs (Energon's batch index: outputs before it // batch size);
         # else a sample's position stands for the outputs before it
-        produced = [data.carry.outputs] if self.config.chained and data.carry is not None else None
+        chain = data.carry if self.config.chained else None
+        produced = None if chain is None else [chain.outputs]
 
         def batch_of(position: int) -> int:
             return position // per_batch if produced is None else produced[0] // per_batch
@@ -179,6 +182,8 @@ class EncodeSamples:
         raws.reverse()
         while raws:  # pop as we go: a segment of videos never holds all raw and decoded data at once
             position, _, raw = raws.pop()
+            if chain is not None and chain.bases is not None:  # a restore_sample re-read
+                produced[0] = chain.bases[position]
             what = _what(raw)
             sources = raw.get("__sources__")
             sample = load.call(runs["load"], raw, what, sources)
@@ -199,12 +204,35 @@ class EncodeSamples:
                 if outputs is HookRunner.FAILED or outputs is HookRunner.IGNORED:
                     continue
                 if produced is not None:
+                    key = _restore_key(sample)
+                    for n, item in enumerate(outputs):
+                        _chain_restore_key(item, key, n, produced[0] + n)
                     produced[0] += len(outputs)
                 for sub, item in enumerate(outputs):
                     data.encoded.append((position, sub, item))
             del sample
             if sink is not None:
                 sink()
+
+
+def _restore_key(sample: Any) -> Any:
+    return sample.get("__restore_key__") if isinstance(sample, dict) else getattr(sample, "__restore_key__", None)
+
+
+def _chain_restore_key(output: Any, key: Any, sub: int, index: int) -> None:
+    """A chained stream's output keeps its sample's restore key plus which output it is: ``sub``
+    (of its sample) and ``index`` (in its worker stream), so ``restore_sample`` can rebuild its batch
+    (an output whose encoder set a key of its own keeps that)."""
+    if not isinstance(key, tuple) or len(key) != 6 or key[0] != "Webdataset" or _restore_key(output) != key:
+        return
+    extended = key + (sub, index)
+    try:
+        if isinstance(output, dict):
+            output["__restore_key__"] = extended
+        else:
+            output.__restore_key__ = extended
+    except (AttributeError, TypeError):  # frozen or slotted: it keeps the sample's key
+        pass
 
 
 class Batcher:
@@ -494,6 +522,35 @@ def chained_segment(
     stage.encode.encode(data, eager)
     out = list(stage.batch.explode(data, eager))
     return _table(out, data.spec.source), data.carry_out
+
+
+def rebuild_chained_batch(
+    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], outputs: List[Tuple[int, int, int]]
+) -> List[Any]:
+    """A chained stream's batch made again (``restore_sample``): ``data`` holds its samples, read at
+    their positions; ``outputs``: ``(position, sub, index in the worker stream)`` of the batch's
+    outputs, in order. Each sample is encoded with the outputs its stream had before it (so its
+    hooks read the batch index they read then) and the batch hooks run with the batch's own index.
+
+    Raises:
+        LookupError: an output is not made again (the data or the task encoder changed).
+    """
+    stage = EncodeSamples(config)
+    data.carry = Carry(0, None, bases={position: index - sub for position, sub, index in outputs})
+    stage.encode(data)
+    if data.fatal is not None:
+        raise FatalSampleError(data.fatal[1])
+    made = {(position, sub): item for position, sub, item in data.encoded}
+    missing = [(position, sub) for position, sub, _ in outputs if (position, sub) not in made]
+    if missing:
+        raise LookupError(f"outputs (position, sub) {missing} of worker stream {data.spec.worker} were not made again")
+    cfg = stage.config
+    batcher = Batcher(cfg.task_encoder.get(), cfg.error_handler)
+    with worker_slot(data.spec.worker, cfg.num_workers):
+        return batcher(
+            [(position, sub, made[(position, sub)]) for position, sub, _ in outputs], data.spec.seed, cfg.batch_size,
+            batcher.new_runs(), outputs[0][2] // cfg.batch_size,
+        )  # fmt: skip
 
 
 def _table(out: List[Tuple[int, int, int, int, Any, Optional[List[int]]]], source: int) -> pa.Table:

@@ -3,7 +3,8 @@
 Its segments are chained (``StageConfig.chained``): each Ray task gets the outputs its worker stream
 had before it and the samples of the batch still open, so batches run across segment boundaries and
 every output reads the index of the batch it goes into (``current_batch_index``), whatever the
-segment length; save/restore rebuilds the open batch from the segments before the save point.
+segment length; save/restore rebuilds the open batch from the segments before the save point, and
+``restore_sample`` rebuilds a batch from its outputs' keys.
 """
 
 from __future__ import annotations
@@ -87,17 +88,25 @@ def test_segment_length_does_not_change_the_batches(root, ray_session):
     assert dropped == [b for b in whole if len(b[0]) == 3]
 
 
-def test_restore_sample_refuses_clearly(root, ray_session):
+def test_restore_sample_rebuilds_each_batch(root, ray_session):
+    """Every batch, rebuilt from its restore key alone (outputs' keys name their sub and stream index):
+    the same outputs, hook draws and batch indices, also where a batch spans segments."""
+
     class DefaultBatches(Varying):
         def batch(self, samples):
             return er.DefaultTaskEncoder.batch(self, samples)
 
-    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
-    ds = er.get_val_dataset(root, split_part="train", batch_size=3, worker_config=wc, task_encoder=DefaultBatches())
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    ds = er.get_val_dataset(root, split_part="train", batch_size=3, worker_config=wc, task_encoder=DefaultBatches(),
+                            samples_per_segment=3)  # fmt: skip
     loader = er.get_savable_loader(ds)
-    batch = next(iter(loader))
-    with pytest.raises(er.StateError, match="restore_sample is not supported .* encode_sample is a generator"):
-        loader.restore_sample(batch.__restore_key__)
+    batches = list(loader)
+    assert all(len(key) == 8 for batch in batches for key in batch.__restore_key__)
+    for batch in batches:
+        again = loader.restore_sample(batch.__restore_key__)
+        assert (again.text, again.__key__, again.__restore_key__) == (batch.text, batch.__key__, batch.__restore_key__)
+    with pytest.raises(er.StateError, match="which output of a sample each holds"):
+        loader.restore_sample(tuple(key[:6] for key in batches[0].__restore_key__))
     loader.close()
 
 
