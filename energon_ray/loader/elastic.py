@@ -195,6 +195,11 @@ def _rest(stream: Any, state: LoaderState, leaf: int, worker: int) -> Tuple[np.n
         start = SegmentLayout.from_list(state.segment_lengths[leaf]).start(cp.segment)
         pooled = {int(p) for ref_leaf, p, _ in cp.refs() if ref_leaf == leaf}
         consumed = set(expand_ranges(saved.positions)) | _given_by_nodes(state, leaf, worker)
+        if cp.chain is not None:  # a generator encode_sample: a sample's outputs may straddle batches
+            if len(cp.chain) > 2 and cp.chain[2] is not None:
+                start = min(start, int(cp.chain[2]))  # the open batch's samples were read, not given
+            if saved.positions:  # the last sample given may have outputs left: given again, in full
+                consumed.discard(max(expand_ranges(saved.positions)))
     else:  # a redistributed pass that had not started: nothing read yet
         start, pooled, consumed = 0, set(), set()
     if stream.length is not None:

@@ -221,7 +221,7 @@ class MultiFeed:
         self._recoveries = 0
         #: chained leaves: where each restored worker stream rebuilds its carry (``QueueCheckpoint.chain``)
         self._chain_starts: Dict[Tuple[int, int], Tuple[int, int]] = {}
-        if restored is not None and plan_for is None:  # (another world size: new streams start afresh)
+        if restored is not None:  # (from another world size: the new streams' states, chains afresh)
             self._set_chain_starts(restored.streams)
 
     def reread(self, streams: Sequence[Sequence[StreamState]]) -> Dict[Tuple[int, int, int, int], Any]:

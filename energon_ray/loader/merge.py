@@ -170,10 +170,10 @@ class WorkerQueues:
     ):
         self.num_workers = num_workers
         self.chained = chained
-        #: per worker (chained): ``(segment, outputs before it, its outputs)`` of the last segments
-        #: reported, as many as a batch can reach back; where a restore started the chain (or None)
-        self.chain_log: List[Deque[Tuple[int, int, int]]] = [deque() for _ in range(num_workers)]
-        self.chain_base: List[Optional[Tuple[int, int]]] = [None] * num_workers
+        #: per worker (chained): ``(segment, outputs before it, its outputs, tail_from)`` of the last
+        #: segments reported, as many as a batch can reach back; where a restore started the chain
+        self.chain_log: List[Deque[Tuple[int, int, int, Optional[int]]]] = [deque() for _ in range(num_workers)]
+        self.chain_base: List[Optional[Tuple[int, ...]]] = [None] * num_workers
         self.batch_size = batch_size
         self.make_batches = make_batches
         self.drop_last = drop_last
@@ -258,7 +258,7 @@ class WorkerQueues:
         elif kind == rows.REPORT:
             self.stats.add_report(payload, self.chain)
             if self.chained and payload.outputs_before is not None:
-                self._log_outputs(worker, segment, payload.outputs_before, payload.samples_encoded)
+                self._log_outputs(worker, segment, payload.outputs_before, payload.samples_encoded, payload.tail_from)
             if self.hand_out:
                 staged, self.staged[worker] = self.staged[worker], []
                 self.pools[worker].setdefault(None, (0, []))[1].extend(item for _, _, item in staged)
@@ -347,33 +347,34 @@ class WorkerQueues:
         records[tag] = [checkpoint, consumed, positions]
         self.current[worker] = tag
 
-    def _log_outputs(self, worker: int, segment: int, before: int, outputs: int) -> None:
+    def _log_outputs(self, worker: int, segment: int, before: int, outputs: int, tail_from: Optional[int]) -> None:
         log = self.chain_log[worker]
-        log.append((segment, before, outputs))
+        log.append((segment, before, outputs, tail_from))
         # keep the segments whose outputs a batch open at the end can reach (fewer than batch_size)
-        while len(log) > 1 and sum(n for _, _, n in list(log)[1:]) >= (self.batch_size or 1):
+        while len(log) > 1 and sum(entry[2] for entry in list(log)[1:]) >= (self.batch_size or 1):
             log.popleft()
 
-    def chain_point(self, worker: int) -> Optional[Tuple[int, int]]:
-        """Where a chained stream restored here rebuilds its carry: ``(segment, outputs before it)``
-        such that the samples of the batch open at the next segment all come from that segment on
-        (the next segment itself when no batch is open). ``None``: from the stream's start."""
+    def chain_point(self, worker: int) -> Optional[Tuple[int, ...]]:
+        """Where a chained stream restored here rebuilds its carry: ``(segment, outputs before it,
+        position of the open batch's first sample or None)``, the segment such that the samples of
+        the batch open at the next segment all come from it on (the next segment itself when no
+        batch is open). ``None``: from the stream's start."""
         if not self.chained:
             return None
         log = self.chain_log[worker]
         if not log:
             return self.chain_base[worker]
-        last, before, outputs = log[-1]
+        last, before, outputs, tail_from = log[-1]
         total = before + outputs
         need = total % (self.batch_size or 1)
         if need == 0:
-            return (last + 1, total)
+            return (last + 1, total, None)
         covered = 0
-        for segment, before, outputs in reversed(log):
+        for segment, before, outputs, _ in reversed(log):
             covered += outputs
             if covered >= need:
-                return (segment, before)
-        return self.chain_base[worker] if log[0][1] > 0 else (log[0][0], log[0][1])
+                return (segment, before, tail_from)
+        return self.chain_base[worker]  # the open batch reaches back before the restore it started from
 
     def _checkpoint(self, worker: int, event: str, carried: list) -> QueueCheckpoint:
         chain = self.chain_point(worker)
@@ -425,7 +426,7 @@ class WorkerQueues:
         self.skip[worker] = state.consumed
         self.restored[worker] = state
         self.chain_log[worker].clear()
-        self.chain_base[worker] = None if cp.chain is None else (int(cp.chain[0]), int(cp.chain[1]))
+        self.chain_base[worker] = None if cp.chain is None else tuple(cp.chain)
         if cp.event == "carry":
             self.carry_in(worker, {key: (size, [item(r) for r in refs]) for key, size, refs in cp.carried})
         elif cp.event == "close":

@@ -42,9 +42,10 @@ class QueueCheckpoint:
     waiting: bool
     done: bool
     carried: List[Tuple[Any, int, List[SampleRef]]] = dataclasses.field(default_factory=list)
-    #: a chained stream (a generator ``encode_sample``): ``[segment, outputs before it]``, where the
-    #: carry into ``segment`` is rebuilt from (``WorkerQueues.chain_point``); ``None``: the stream's start
-    chain: Optional[List[int]] = None
+    #: a chained stream (a generator ``encode_sample``): ``[segment, outputs before it, first position
+    #: of the batch open at ``segment`` or None]``: where the carry into ``segment`` is rebuilt from
+    #: (``WorkerQueues.chain_point``); ``None``: from the stream's start
+    chain: Optional[List[Optional[int]]] = None
 
     def refs(self) -> List[SampleRef]:
         """Every sample this checkpoint needs re-read."""

@@ -82,6 +82,9 @@ class Report:
     #: a chained stream: encoded samples of the worker stream before this segment (``samples_encoded``
     #: is then the segment's own)
     outputs_before: Optional[int] = None
+    #: a chained stream: the position of the first sample whose outputs the segment hands on to the
+    #: next one's first batch (``None``: it hands none on)
+    tail_from: Optional[int] = None
 
 
 def _binary_chunk(buffer: pa.Buffer) -> pa.Array:

@@ -364,6 +364,7 @@ class BatchSamples:
             read_bytes=data.read_bytes,
             read_retries=data.read_retries,
             outputs_before=data.carry.outputs if self.config.chained and data.carry is not None else None,
+            tail_from=data.carry_out.tail[0][0] if data.carry_out is not None and data.carry_out.tail else None,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report, None
 
