@@ -199,3 +199,27 @@ def test_a_pinning_item_is_copied_by_the_caller_when_the_pin_thread_has_not_star
     finally:
         release.set()
         pool.shutdown()
+
+
+def _chained_report(segment, before, outputs, tail_from):
+    report = rows.Report(0, segment, 0, outputs, 0, [], outputs_before=before, tail_from=tail_from)
+    return (rows.REPORT, 0, segment, 99, report)
+
+
+def test_chain_points_reach_back_to_where_the_open_batch_began():
+    """A chained stream (batch 4): a checkpoint names the segment the open batch's first output
+    came from, the outputs before that segment and the batch's first position; none when no batch
+    is open; a segment of few outputs makes the point reach further back."""
+    q = WorkerQueues(1, 4, _pool_batches, chained=True)
+    assert q.chain_point(0) is None  # the stream's start
+    q.feed((rows.ITEM, 0, 0, 0, "B0"), False)
+    q.feed(_chained_report(0, 0, 6, 4), False)  # 6 outputs: one batch, 2 open (positions from 4)
+    q.feed((rows.ITEM, 0, 1, 0, "B1"), False)
+    assert q.records[0][q.tags[0][-1]][0].chain == [0, 0, 4]
+    q.feed(_chained_report(1, 6, 1, 4), False)  # 1 output: 3 open, from segment 0 on (its tail: 2 + 1)
+    assert q.chain_point(0) == (0, 0, 4)
+    q.feed(_chained_report(2, 7, 5, 20), False)  # 12 outputs in all: no batch open
+    assert q.chain_point(0) == (3, 12, None)
+    q.feed(_chained_report(3, 12, 9, 30), False)
+    assert q.chain_point(0) == (3, 12, 30)
+    assert WorkerQueues(1, 4, _pool_batches).chain_point(0) is None  # not chained: no chain points
