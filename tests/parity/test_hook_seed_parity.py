@@ -63,3 +63,33 @@ def test_restore_seeds_hooks_match_energon(path, rank, workers):
     drop_keys = lambda batches: [[s[1:] for s in b] for b in batches]  # noqa: E731
     ours = _batches(er, path, rank, workers, 12, train=True)
     assert drop_keys(ours) == drop_keys(_batches(me, path, rank, workers, 12, train=True))
+
+
+def _generator_encoder(lib):
+    class Encoder(lib.DefaultTaskEncoder):
+        @lib.stateless(restore_seeds=True)
+        def encode_sample(self, sample):
+            for sub in range(int(sample.__key__.split("_")[-1]) % 4):  # 0 to 3 outputs
+                yield (sample.__key__, sub, self.current_batch_index, self.current_sample_index, random.randint(0, 1000))
+
+        def batch(self, samples):
+            return [s + (self.current_batch_index,) for s in samples]
+
+    return Encoder()
+
+
+@pytest.mark.parametrize("rank,workers", [(0, 1), (1, 2)])
+def test_generator_encoder_batches_match_energon(path, rank, workers):
+    """A generator ``encode_sample`` with 0-3 outputs per sample, a whole validation pass: the same
+    batches (outputs run across samples and, here, across segments of 3 samples), each output's
+    ``current_batch_index``/``current_sample_index`` and draws, and the batch hook's index."""
+    import megatron.energon as me
+
+    def batches(lib, **more):
+        wc = lib.WorkerConfig(rank=rank, world_size=2, num_workers=workers)
+        ds = lib.get_val_dataset(path, split_part="train", batch_size=3, task_encoder=_generator_encoder(lib), worker_config=wc, **more)
+        return [[tuple(s) for s in batch] for batch in lib.get_loader(ds)]  # (Energon's loader gives lists)
+
+    ours = batches(er, samples_per_segment=3)
+    assert ours == batches(me)
+    assert len(ours) > 8 and any(s[1] == 2 for b in ours for s in b)
