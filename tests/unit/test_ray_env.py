@@ -6,6 +6,8 @@ import logging
 import threading
 import uuid
 
+import pytest
+
 from energon_ray.ray_env import import_task_modules
 
 
@@ -42,3 +44,12 @@ def test_a_task_start_releases_logging_locks_an_interrupted_task_left_held():
         while _held_by_this_thread(handler.lock):
             handler.release()
         logging.getLogger("energon_ray_test_leak").removeHandler(handler)
+
+
+@pytest.mark.parametrize("value,mode", [("", "auto"), ("1", "auto"), (" ON ", "auto"), ("auto", "auto"), ("0", "off"),
+                                        ("no", "off"), ("False", "off"), ("off", "off"), ("always", "always")])  # fmt: skip
+def test_local_start_mode_reads_the_environment(monkeypatch, value, mode):
+    from energon_ray.pipeline.local_start import local_start_mode
+
+    monkeypatch.setenv("ENERGON_RAY_LOCAL_START", value)
+    assert local_start_mode() == mode
