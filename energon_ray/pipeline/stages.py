@@ -63,8 +63,13 @@ def chains_outputs(te: TaskEncoder, batch_size: Optional[int], packing: bool, ac
     Energon batches a worker's outputs as one stream; a chained stream does the same, one segment
     after another per worker (the rank's worker streams still run side by side). Not where the
     segments do not batch their own samples (packing, grouping, ``postencode_sample``, batching
-    across datasets, no batching)."""
-    fn = getattr(type(te), "encode_sample", None)
+    across datasets, no batching). An ``encode_sample`` that is a plain function returning a
+    generator is not detected (a generator function is: ``yield`` in its body)."""
+    owner = te
+    fn = getattr(type(owner), "encode_sample", None)
+    while getattr(fn, "__augment_delegate__", False):  # AugmentTaskEncoder: the wrapped encoder's hook
+        owner = owner._task_encoder
+        fn = getattr(type(owner), "encode_sample", None)
     return (
         batch_size is not None
         and not packing

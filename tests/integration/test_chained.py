@@ -58,6 +58,8 @@ def test_only_generator_encoders_chain():
             return sample
 
     assert chains_outputs(Varying(), 3, False, False, True)
+    assert chains_outputs(er.AugmentTaskEncoder(er.AugmentTaskEncoder(Varying())), 3, False, False, True)
+    assert not chains_outputs(er.AugmentTaskEncoder(Plain()), 3, False, False, True)
     assert not chains_outputs(Plain(), 3, False, False, True)
     assert not chains_outputs(Varying(), None, False, False, True)  # no batching: nothing to chain
     assert not chains_outputs(Varying(), 3, True, False, True)  # packing restarts per segment
