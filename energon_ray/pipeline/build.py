@@ -31,7 +31,9 @@ import pyarrow as pa
 import ray
 
 from energon_ray.errors import ExecutionLost
-from energon_ray.pipeline.local_start import LOCAL_START_MODES, local_block, local_seam, local_start_mode, make_here
+from energon_ray.pipeline.local_start import (
+    LOCAL_START_MODES, local_block, local_chained_block, local_seam, local_start_mode, make_here,
+)  # fmt: skip
 from energon_ray.pipeline.shipped import ship, ship_each, unship
 from energon_ray.ray_env import deaf_to_cancel, import_task_modules, is_closed, mark_closed, verbose
 
@@ -530,7 +532,9 @@ class TaskStream:
 
     A chained leaf (``StageConfig.chained``: a generator ``encode_sample``) runs each segment as a
     ``_chained_segment_task`` that takes the previous segment's carry (an object ref: Ray starts it
-    once that segment is done) and returns its own next to its block; never made locally. A pass
+    once that segment is done) and returns its own next to its block. At a cold start only a worker
+    stream's first segment of a pass from its start is made here, and its task runs all the same
+    (the next segment's task needs its carry). A pass
     that starts inside a worker stream (a restore) gets ``chain_start(source, worker)`` = the segment
     to rebuild the carry from and the stream's outputs before it: those segments run once more,
     giving only their carry (``segment_spec(source, worker, index)`` makes their specs).
@@ -613,7 +617,7 @@ class TaskStream:
             spec = next(self._todo, None)
             if spec is None:
                 break
-            local = self._local_start != "off" and spec.source not in self._chained and self._before_first()
+            local = self._local_start != "off" and self._fresh_or_unchained(spec) and self._before_first()
             mark = f"{self.stream_id}/{self.tasks}" if local else None
             self._refs.append((self._remote(spec, mark), spec, mark))
             self._specs.append(spec)
@@ -639,7 +643,7 @@ class TaskStream:
             ray.wait([r for r, _, _ in self._refs], num_returns=len(self._refs), timeout=0, fetch_local=True)
         started = time.perf_counter()
         if mark is not None and self._before_first() and make_here(self._local_start, lambda: bool(ray.wait([ref], timeout=0, fetch_local=False)[0])):
-            ref = self._local(spec, mark)
+            ref = self._local(spec, mark, ref)
         self._taken += 1
         self.last_ref = ref
         table = BlockStream._get(ref)
@@ -681,15 +685,28 @@ class TaskStream:
             )  # fmt: skip
         return carry
 
-    def _local(self, spec: Any, mark: str) -> Any:
+    def _fresh_or_unchained(self, spec: Any) -> bool:
+        """Whether ``spec``'s block may be made here: any segment of an unchained leaf; of a chained
+        one, a worker stream's first segment of a pass from its start (no carry to rebuild)."""
+        if spec.source not in self._chained:
+            return True
+        key = (spec.source, spec.worker)
+        return key not in self._carries and (self._chain_start is None or self._chain_start(*key) is None)
+
+    def _local(self, spec: Any, mark: str, ref: Any) -> Any:
         """The block made here, as an object in Ray's store (a seam task may read its leftover
-        samples from it, as from a task's block); a new task's if that fails."""
+        samples from it, as from a task's block); a new task's if that fails. A chained segment's
+        task (``ref``) runs on all the same: the next segment's task waits for its carry."""
         mark_closed(mark)  # its task, if not started yet, reads nothing
+        chained = spec.source in self._chained
         try:
-            table = local_block(spec, self._readers[spec.source], self._configs, self._fuse, _node())
+            if chained:
+                table = local_chained_block(spec, self._readers[spec.source], self._configs, _node())
+            else:
+                table = local_block(spec, self._readers[spec.source], self._configs, self._fuse, _node())
         except Exception:
             logger.debug("energon_ray: a block could not be made in the loader's process; a Ray task makes it", exc_info=True)
-            return self._remote(spec)
+            return ref if chained else self._remote(spec)
         from energon_ray.pipeline.rows import parts
 
         self.local_blocks += 1

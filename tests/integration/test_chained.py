@@ -194,3 +194,24 @@ def test_another_world_size_loses_no_output(root, ray_session):
     assert set(got) == set(expected)
     twice = {name.split("/")[0] for name, n in got.items() if n > 1}
     assert all(n <= 2 for n in got.values()) and len(twice) <= 4  # at most one straddling sample per old stream
+
+
+@pytest.mark.parametrize("mode", ["always", "off"])
+def test_cold_start_first_block_made_here(root, ray_session, monkeypatch, mode):
+    """``ENERGON_RAY_LOCAL_START``: a chained stream's first block made in the trainer (``always``)
+    or by Ray (``off``): the same batches; every later batch is made in a Ray worker."""
+    monkeypatch.setenv("ENERGON_RAY_LOCAL_START", mode)
+
+    def build():
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+        return er.get_val_dataset(root, split_part="train", batch_size=3, worker_config=wc, task_encoder=VaryingPids(),
+                                  samples_per_segment=6)  # fmt: skip
+
+    got = list(er.get_loader(build()))
+    monkeypatch.setenv("ENERGON_RAY_LOCAL_START", "off")
+    assert [(tuple(b["texts"]), b["r"]) for b in got] == texts(er.get_loader(build()))
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    order = [int(b.__key__[0].split("_")[-1]) for b in er.get_loader(er.get_val_dataset(root, split_part="train", batch_size=1, worker_config=wc))]
+    local = sum(i % 4 for i in order[:6]) // 3 if mode == "always" else 0  # the full batches of the first 6 samples
+    assert [b["pid"] == os.getpid() for b in got] == [True] * local + [False] * (len(got) - local)
+    assert mode == "off" or local >= 1
