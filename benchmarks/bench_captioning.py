@@ -2,7 +2,9 @@
 CPU budget (N DataLoader workers vs an N-CPU private Ray): megatron-energon, webdataset's WebLoader,
 plain Ray ``read_webdataset`` + ``map_batches``, energon_ray (plain Ray tasks, its default), energon_ray_data
 (energon_ray with ``executor="ray_data"``), energon_ray_no_local (``ENERGON_RAY_LOCAL_START=off``: a cold
-start's first block made by Ray, not the trainer), and the one-process decode floor.
+start's first block made by Ray, not the trainer), and the one-process decode floor. ``energon_gen`` and
+``energon_ray_gen``: the same with ``encode_sample`` written as a generator (energon_ray then chains
+each worker stream's segments).
 
 Workload (the same for all): 6000 JPEGs 320x240 + captions in tar shards, batch 32,
 decode → resize to 224x224 → float → tokenize the batch's captions.
@@ -96,6 +98,11 @@ def floor_iter(shards: List[str]):
     return gen()
 
 
+#: ``*_gen`` contenders: ``encode_sample`` written as a generator (one output per sample), which
+#: energon_ray runs as chained segments (each worker stream's segments one after another)
+_GENERATOR = {"on": False}
+
+
 def make_energon_encoder(module):
     from dataclasses import dataclass
 
@@ -122,7 +129,12 @@ def make_energon_encoder(module):
         def encode_batch(self, batch):
             return {"keys": batch.__key__, "images": batch.image, **self.tok(batch.caption)}
 
-    return Encoder
+    class GeneratorEncoder(Encoder):
+        def encode_sample(self, sample):
+            sample.image = resize(sample.image)
+            yield sample
+
+    return GeneratorEncoder if _GENERATOR["on"] else Encoder
 
 
 def energon_iter(path: str, workers: int):
@@ -379,6 +391,9 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     if name == "energon_ray_data":  # energon_ray with the Ray Data executor (the feeder's executions)
         os.environ["ENERGON_RAY_EXECUTOR"] = "ray_data"
         name = "energon_ray"
+    if name.endswith("_gen"):  # the same task encoder with a generator encode_sample
+        _GENERATOR["on"] = True
+        name = name[: -len("_gen")]
     if name == "energon_ray_no_local":  # energon_ray without its first block made in the trainer on a cold start
         os.environ["ENERGON_RAY_LOCAL_START"] = "off"
         name = "energon_ray"
