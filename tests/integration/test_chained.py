@@ -215,3 +215,30 @@ def test_cold_start_first_block_made_here(root, ray_session, monkeypatch, mode):
     local = sum(i % 4 for i in order[:6]) // 3 if mode == "always" else 0  # the full batches of the first 6 samples
     assert [b["pid"] == os.getpid() for b in got] == [True] * local + [False] * (len(got) - local)
     assert mode == "off" or local >= 1
+
+
+class Failing(Varying):
+    """Fails on the samples whose index ends in 7, after one output (which is dropped with them)."""
+
+    @er.stateless(restore_seeds=True)
+    def encode_sample(self, sample):
+        if int(sample.__key__.split("_")[-1]) % 10 == 7:
+            yield er.TextSample.derive_from(sample, text="lost")
+            raise ValueError(f"cannot encode {sample.__key__}")
+        yield from Varying.encode_sample(self, sample)
+
+
+def test_failed_samples_give_no_output_and_the_chain_runs_on(root, ray_session):
+    """The error policy drops a failing sample (with what it yielded); the stream's batches and
+    indices run on over it, the same for any segment length."""
+
+    def build(segment):
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        return er.get_val_dataset(root, split_part="train", batch_size=3, worker_config=wc, task_encoder=Failing(),
+                                  samples_per_segment=segment)  # fmt: skip
+
+    whole = texts(er.get_loader(build(1000)))
+    assert texts(er.get_loader(build(3))) == whole
+    names = [t.split(" ")[0] for batch, _ in whole for t in batch]
+    expected = {f"a_{i:06d}/{sub}" for i in range(38) for sub in range(i % 4) if i % 10 != 7}
+    assert sorted(names) == sorted(expected) and "lost" not in names
