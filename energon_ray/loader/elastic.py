@@ -162,7 +162,7 @@ def _prefixes(dataset: Any, states: List[LoaderState], wc: WorkerConfig) -> Redi
             else:
                 old = leaf.streams(pass_index, worker_config=old_wc)
             for w, stream in enumerate(old):
-                samples, epoch = _rest(stream, state, i, w)
+                samples, epoch = _rest(stream, state, i, w, chained=leaf.stage_config().chained)
                 rest.append(samples)
                 next_epoch = max(next_epoch, epoch)
         everything = np.concatenate(rest) if rest else np.empty(0, dtype=np.int64)
@@ -186,17 +186,19 @@ def _given_by_nodes(state: LoaderState, leaf: int, worker: int) -> set:
     return out
 
 
-def _rest(stream: Any, state: LoaderState, leaf: int, worker: int) -> Tuple[np.ndarray, int]:
+def _rest(stream: Any, state: LoaderState, leaf: int, worker: int, chained: bool = False) -> Tuple[np.ndarray, int]:
     """Sample indices an old worker stream had not yet given, up to its current epoch's end (in
-    stream order), and the epoch that follows."""
+    stream order), and the epoch that follows. ``chained`` (a generator ``encode_sample``): the
+    samples of the batch open at the checkpoint, and the last sample given (its outputs may go on
+    in the next batch), are given again."""
     if state.streams:
         saved = state.streams[leaf][worker]
         cp = saved.checkpoint
         start = SegmentLayout.from_list(state.segment_lengths[leaf]).start(cp.segment)
         pooled = {int(p) for ref_leaf, p, _ in cp.refs() if ref_leaf == leaf}
         consumed = set(expand_ranges(saved.positions)) | _given_by_nodes(state, leaf, worker)
-        if cp.chain is not None:  # a generator encode_sample: a sample's outputs may straddle batches
-            if len(cp.chain) > 2 and cp.chain[2] is not None:
+        if chained:  # a sample's outputs may straddle batches
+            if cp.chain is not None and len(cp.chain) > 2 and cp.chain[2] is not None:
                 start = min(start, int(cp.chain[2]))  # the open batch's samples were read, not given
             if saved.positions:  # the last sample given may have outputs left: given again, in full
                 consumed.discard(max(expand_ranges(saved.positions)))
