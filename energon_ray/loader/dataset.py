@@ -16,7 +16,8 @@ from energon_ray.format.dataset import PreparedDataset
 from energon_ray.pipeline.load import SampleLoader
 from energon_ray.pipeline.policy import deferred_handler
 from energon_ray.pipeline.shipping import Shipped
-from energon_ray.pipeline.stages import StageConfig, chains_outputs
+from energon_ray.pipeline.chained import chains_outputs
+from energon_ray.pipeline.stages import StageConfig
 from energon_ray.plan.sharder import compute_subset, slice_offsets, worker_ranges
 from energon_ray.plan.stream import SegmentLayout, SegmentPlan, StreamConfig, WorkerStream
 from energon_ray.source.reader import ReadSegment, shard_table

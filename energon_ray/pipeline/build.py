@@ -451,14 +451,14 @@ def _segment_task(
 def _chained_segment_task(
     spec: "SegmentSpec", reader: Any, config: Any, carry: Any, stream_id: Optional[str] = None, carry_only: bool = False
 ) -> Tuple[Optional[Any], Any]:
-    """A segment of a chained stream (``stages.chained_segment``): its block (``None`` when
+    """A segment of a chained stream (``chained.chained_segment``): its block (``None`` when
     ``carry_only``) and the carry for the next segment of its worker stream, which Ray hands that
     segment's task (so the stream's segments run one after the other)."""
     if is_closed(stream_id) or carry is None:
         return None, None
     import_task_modules()
     from energon_ray.pipeline.rows import parts
-    from energon_ray.pipeline.stages import chained_segment
+    from energon_ray.pipeline.chained import chained_segment
 
     _limit_torch_threads()
     table, carry_out = chained_segment(unship(reader)(spec), unship(config), carry, carry_only, _node())
@@ -469,14 +469,14 @@ def _chained_segment_task(
 @deaf_to_cancel
 def _rebuild_chained_task(spec: "SegmentSpec", reader: Any, config: Any, outputs: List[Tuple[int, int, int]]) -> List[Any]:
     import_task_modules()
-    from energon_ray.pipeline.stages import rebuild_chained_batch
+    from energon_ray.pipeline.chained import rebuild_chained_batch
 
     _limit_torch_threads()
     return rebuild_chained_batch(unship(reader)(spec), unship(config), outputs)
 
 
 def rebuild_chained(spec: "SegmentSpec", reader: Any, config: Any, outputs: List[Tuple[int, int, int]], remote_args=None) -> List[Any]:
-    """``stages.rebuild_chained_batch`` in a Ray task (where the segment tasks read): the batches."""
+    """``chained.rebuild_chained_batch`` in a Ray task (where the segment tasks read): the batches."""
     options = {k: v for k, v in (remote_args or {}).items() if k in _TASK_OPTIONS}
     task = _rebuild_chained_task.options(**options) if options else _rebuild_chained_task
     return ray.get(task.remote(spec, ship_each({spec.source: reader})[spec.source], ship({spec.source: config}), outputs))
@@ -667,7 +667,7 @@ class TaskStream:
     def _first_carry(self, spec: Any) -> Any:
         """The carry of a chained worker stream's first segment in this stream: none before it at a
         pass's start; after a restore, rebuilt from where ``chain_start`` says."""
-        from energon_ray.pipeline.stages import Carry
+        from energon_ray.pipeline.chained import Carry
 
         start = None if self._chain_start is None else self._chain_start(spec.source, spec.worker)
         if start is None:

@@ -83,7 +83,7 @@ def local_block(spec: Any, reader: Any, config: Any, fuse_stages: bool, node: Op
 def local_chained_block(spec: Any, reader: Any, config: Any, node: Optional[str]) -> pa.Table:
     """The block a chained stream's first segment task makes (``build._chained_segment_task``, no
     carry before it: a pass from the stream's start), made in this process."""
-    from energon_ray.pipeline.stages import Carry, chained_segment
+    from energon_ray.pipeline.chained import Carry, chained_segment
 
     with as_in_a_task():
         table, _ = chained_segment(unship(reader)(spec), unship(config), Carry(0, []), False, node)

@@ -29,11 +29,14 @@ def _key(sample: Any) -> Any:
     return "?" if key is None else key
 
 
-def _restore_key(sample: Any) -> Any:
+def restore_key_of(sample: Any) -> Any:
+    """A sample's (or batch's) ``__restore_key__``, whether it is an object or a dict."""
     return sample.get("__restore_key__") if isinstance(sample, dict) else getattr(sample, "__restore_key__", None)
 
 
-def _set_restore_key(pack: Any, key: tuple) -> None:
+def set_restore_key(pack: Any, key: tuple) -> None:
+    """Set ``__restore_key__`` (a dict's item, an object's attribute, frozen or not; silently not on
+    types without the attribute)."""
     if isinstance(pack, dict):
         pack["__restore_key__"] = key
         return
@@ -102,10 +105,10 @@ class Packer:
         if packs is HookRunner.FAILED or packs is HookRunner.IGNORED:
             return []
         # as Energon's: a pack's restore key names its members (restore_sample packs them again)
-        member_keys = tuple(_restore_key(sample) for _, _, sample in group)
+        member_keys = tuple(restore_key_of(sample) for _, _, sample in group)
         out = []
         for i, pack in enumerate(packs):
-            _set_restore_key(pack, (PACKED, position, sub * 1000 + i) + member_keys)
+            set_restore_key(pack, (PACKED, position, sub * 1000 + i) + member_keys)
             out.append((position, sub * 1000 + i, pack))
         return out
 

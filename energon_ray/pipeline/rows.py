@@ -57,7 +57,7 @@ class SegmentData:
     read_bytes: int = 0
     read_retries: int = 0
     #: a chained stream (``StageConfig.chained``): what the previous segment of the worker stream
-    #: handed on (a ``stages.Carry``), and what this one hands the next
+    #: handed on (a ``chained.Carry``), and what this one hands the next
     carry: Any = None
     carry_out: Any = None
 

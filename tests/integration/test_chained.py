@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 import energon_ray as er
-from energon_ray.pipeline.stages import chains_outputs
+from energon_ray.pipeline.chained import chains_outputs
 from tests.helpers import prefixed_text_dataset
 from tests.integration.test_save_restore import round_trip
 

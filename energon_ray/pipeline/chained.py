@@ -1,0 +1,143 @@
+"""Chained segments: a generator ``encode_sample``'s worker stream batched as one stream.
+
+Where a worker stream's batches start inside a segment, and which batch an output goes into
+(``current_batch_index``), depend on every output before it when a sample may give any number of
+outputs. Such a dataset's segments are chained: each takes the previous segment's ``Carry`` (the
+stream's outputs so far and the samples of the batch still open) and hands on its own, so a
+stream's segments run one after another (``build._chained_segment_task``); the stages themselves
+(``stages``) read ``SegmentData.carry`` to count outputs and open the first batch. No Ray imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import pyarrow as pa
+
+from energon_ray.errors import FatalSampleError
+from energon_ray.pipeline import rows
+from energon_ray.pipeline.packing import restore_key_of, set_restore_key
+from energon_ray.task_encoder.base import TaskEncoder, is_overridden
+from energon_ray.task_encoder.context import worker_slot
+
+if TYPE_CHECKING:
+    from energon_ray.pipeline.stages import StageConfig
+
+def chains_outputs(te: TaskEncoder, batch_size: Optional[int], packing: bool, across_sources: bool, postencode: bool) -> bool:
+    """Whether a dataset's segments must be chained: its ``encode_sample`` is a generator (any number
+    of outputs per sample), so where the worker stream's batches start in a segment, and which batch
+    an output goes into (``current_batch_index``), depend on the outputs of every segment before it.
+    Energon batches a worker's outputs as one stream; a chained stream does the same, one segment
+    after another per worker (the rank's worker streams still run side by side). Not where the
+    segments do not batch their own samples (packing, grouping, ``postencode_sample``, batching
+    across datasets, no batching). An ``encode_sample`` that is a plain function returning a
+    generator is not detected (a generator function is: ``yield`` in its body)."""
+    owner = te
+    fn = getattr(type(owner), "encode_sample", None)
+    while getattr(fn, "__augment_delegate__", False):  # AugmentTaskEncoder: the wrapped encoder's hook
+        owner = owner._task_encoder
+        fn = getattr(type(owner), "encode_sample", None)
+    return (
+        batch_size is not None
+        and not packing
+        and not across_sources
+        and is_overridden(te, "encode_sample")
+        and inspect.isgeneratorfunction(inspect.unwrap(fn))
+        and not is_overridden(te, "batch_group_criterion")
+        and not (postencode and is_overridden(te, "postencode_sample"))
+    )
+
+
+@dataclasses.dataclass
+class Carry:
+    """What a chained segment hands the next segment of its worker stream.
+
+    ``outputs``: encoded samples of the worker stream before the next segment; ``tail``: the last
+    ``outputs % batch_size`` of them, ``(position, sub, sample)``, which open the next segment's first
+    batch (``None``: not known, a replay that only rebuilds the carry, see ``TaskStream``).
+    """
+
+    outputs: int
+    tail: Optional[List[Tuple[int, int, Any]]] = None
+    #: a ``restore_sample`` re-read of single samples: the stream's outputs before each position
+    bases: Optional[Dict[int, int]] = None
+
+
+def chain_restore_key(output: Any, key: Any, sub: int, index: int) -> None:
+    """A chained stream's output keeps its sample's restore key plus which output it is: ``sub``
+    (of its sample) and ``index`` (in its worker stream), so ``restore_sample`` can rebuild its batch
+    (an output whose encoder set a key of its own keeps that)."""
+    if not isinstance(key, tuple) or len(key) != 6 or key[0] != "Webdataset" or restore_key_of(output) != key:
+        return
+    set_restore_key(output, key + (sub, index))
+
+
+def chained_segment(
+    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], carry: Optional[Carry],
+    carry_only: bool = False, node: Optional[str] = None,
+) -> Tuple[Optional[pa.Table], Optional[Carry]]:
+    """A segment of a chained stream (``StageConfig.chained``), read into ``data``: its output block
+    and the ``Carry`` for the next segment. ``carry``: the previous segment's (its tail opens this
+    segment's first batch; ``None``: the stream failed or closed before, nothing is made).
+    ``carry_only``: only the carry is wanted (a restore rebuilding it from ``carry.outputs``; no
+    batches): the segment's outputs must cover the tail it hands on."""
+    if carry is None:
+        return None, None
+    from energon_ray.pipeline.stages import EncodeAndBatch, _table
+
+    stage = EncodeAndBatch(config)
+    stage.batch.node = node
+    data.carry = carry
+    if carry_only:
+        stage.encode.encode(data)
+        if data.fatal is not None:
+            return None, None
+        size = stage.encode.config.batch_size
+        total = carry.outputs + len(data.encoded)
+        need = total % size
+        if need > len(data.encoded):
+            raise RuntimeError(
+                f"energon_ray: rebuilding worker {data.spec.worker}'s batch across segment {data.spec.index}: "
+                f"{need} samples needed, the segment gave {len(data.encoded)}"
+            )
+        return None, Carry(total, data.encoded[len(data.encoded) - need :])
+    data.encoded = list(carry.tail or ())
+    eager = stage.batch.eager(data)
+    if eager is not None:
+        eager.base = carry.outputs - len(data.encoded)
+    stage.encode.encode(data, eager)
+    out = list(stage.batch.explode(data, eager))
+    return _table(out, data.spec.source), data.carry_out
+
+
+def rebuild_chained_batch(
+    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], outputs: List[Tuple[int, int, int]]
+) -> List[Any]:
+    """A chained stream's batch made again (``restore_sample``): ``data`` holds its samples, read at
+    their positions; ``outputs``: ``(position, sub, index in the worker stream)`` of the batch's
+    outputs, in order. Each sample is encoded with the outputs its stream had before it (so its
+    hooks read the batch index they read then) and the batch hooks run with the batch's own index.
+
+    Raises:
+        LookupError: an output is not made again (the data or the task encoder changed).
+    """
+    from energon_ray.pipeline.stages import Batcher, EncodeSamples
+
+    stage = EncodeSamples(config)
+    data.carry = Carry(0, None, bases={position: index - sub for position, sub, index in outputs})
+    stage.encode(data)
+    if data.fatal is not None:
+        raise FatalSampleError(data.fatal[1])
+    made = {(position, sub): item for position, sub, item in data.encoded}
+    missing = [(position, sub) for position, sub, _ in outputs if (position, sub) not in made]
+    if missing:
+        raise LookupError(f"outputs (position, sub) {missing} of worker stream {data.spec.worker} were not made again")
+    cfg = stage.config
+    batcher = Batcher(cfg.task_encoder.get(), cfg.error_handler)
+    with worker_slot(data.spec.worker, cfg.num_workers):
+        return batcher(
+            [(position, sub, made[(position, sub)]) for position, sub, _ in outputs], data.spec.seed, cfg.batch_size,
+            batcher.new_runs(), outputs[0][2] // cfg.batch_size,
+        )  # fmt: skip
