@@ -109,3 +109,16 @@ def tiny_job_config(folder: Path) -> Path:
     path = folder / "tiny.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def kill_batch_makers(iterator, count: int) -> Tuple[list, set]:
+    """Take ``count`` items (dicts with the ``"pid"`` of the process that batched them) and SIGKILL
+    those processes (Ray workers; never this one): the items and the pids killed."""
+    import os
+    import signal
+
+    got = [next(iterator) for _ in range(count)]
+    killed = {item["pid"] for item in got} - {os.getpid()}
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    return got, killed

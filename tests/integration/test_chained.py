@@ -18,7 +18,7 @@ import pytest
 
 import energon_ray as er
 from energon_ray.pipeline.chained import chains_outputs
-from tests.helpers import prefixed_text_dataset
+from tests.helpers import kill_batch_makers, prefixed_text_dataset
 from tests.integration.test_save_restore import round_trip
 
 
@@ -150,13 +150,9 @@ def test_killed_ray_workers_break_no_chain(root, ray_session):
                                   samples_per_segment=3)  # fmt: skip
 
     reference = texts(er.get_loader(build()))
-    loader = er.get_loader(build())
-    it = iter(loader)
-    got = [next(it) for _ in range(3)]
-    killed = {b["pid"] for b in got} - {os.getpid()}
+    it = iter(er.get_loader(build()))
+    got, killed = kill_batch_makers(it, 3)
     assert killed
-    for pid in killed:
-        os.kill(pid, 9)
     got += list(it)
     assert [(tuple(b["texts"]), b["r"]) for b in got] == reference
 

@@ -23,7 +23,7 @@ import torch
 import energon_ray as er
 from energon_ray.format.jsonl import prepare_jsonl
 from energon_ray.tasks.text_packing import TextPackingTaskEncoder, lognormal_corpus
-from tests.helpers import prefixed_text_dataset
+from tests.helpers import kill_batch_makers, prefixed_text_dataset
 from tests.roundtrip import END, assert_round_trip, json_transport
 
 WC = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
@@ -437,11 +437,8 @@ def test_killed_ray_workers_lose_and_repeat_nothing_and_a_later_state_restores(r
     reference = [tuple(b["keys"]) for b in er.get_loader(build())]
     loader = er.get_savable_loader(build())
     it = iter(loader)
-    got = [next(it) for _ in range(3)]
-    killed = {b["pid"] for b in got} - {os.getpid()}
+    got, killed = kill_batch_makers(it, 3)
     assert killed
-    for pid in killed:
-        os.kill(pid, 9)
     got += [next(it) for _ in range(4)]
     state = loader.save_state_rank()
     got += list(it)
