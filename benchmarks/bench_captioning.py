@@ -355,12 +355,18 @@ def measure(name: str, cmd: List[str]) -> Dict[str, float]:
     import json
     import subprocess
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    peak, sampling = 0, time.process_time()
-    while proc.poll() is None:
-        peak = max(peak, tree_pss(proc.pid))
-        time.sleep(PSS_EVERY)
-    out = proc.stdout.read()
+    import tempfile
+
+    # stdout to a file, not a pipe: a child that prints more than a pipe holds (say, a log line per
+    # failed sample) would block on it while this loop only samples
+    with tempfile.TemporaryFile(mode="w+") as stdout:
+        proc = subprocess.Popen(cmd, stdout=stdout, text=True)
+        peak, sampling = 0, time.process_time()
+        while proc.poll() is None:
+            peak = max(peak, tree_pss(proc.pid))
+            time.sleep(PSS_EVERY)
+        stdout.seek(0)
+        out = stdout.read()
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{out}")
     result = json.loads(out.strip().splitlines()[-1])
