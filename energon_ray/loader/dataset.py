@@ -13,10 +13,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.cache.cooking import AuxConfig
 from energon_ray.format.dataset import PreparedDataset
+from energon_ray.pipeline.chained import chains_outputs
 from energon_ray.pipeline.load import SampleLoader
 from energon_ray.pipeline.policy import deferred_handler
 from energon_ray.pipeline.shipping import Shipped
-from energon_ray.pipeline.chained import chains_outputs
 from energon_ray.pipeline.stages import StageConfig
 from energon_ray.plan.sharder import compute_subset, slice_offsets, worker_ranges
 from energon_ray.plan.stream import SegmentLayout, SegmentPlan, StreamConfig, WorkerStream

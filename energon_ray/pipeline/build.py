@@ -534,10 +534,10 @@ class TaskStream:
     ``_chained_segment_task`` that takes the previous segment's carry (an object ref: Ray starts it
     once that segment is done) and returns its own next to its block. At a cold start only a worker
     stream's first segment of a pass from its start is made here, and its task runs all the same
-    (the next segment's task needs its carry). A pass
-    that starts inside a worker stream (a restore) gets ``chain_start(source, worker)`` = the segment
-    to rebuild the carry from and the stream's outputs before it: those segments run once more,
-    giving only their carry (``segment_spec(source, worker, index)`` makes their specs).
+    (the next segment's task needs its carry). A pass that starts inside a worker stream (a restore)
+    gets ``chain_start(source, worker)`` = the segment to rebuild the carry from and the stream's
+    outputs before it: those segments run once more, giving only their carry
+    (``segment_spec(source, worker, index)`` makes their specs).
 
     Args:
         segments: the segments in output order (any iterable: taken as tasks are submitted).

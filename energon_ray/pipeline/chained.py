@@ -19,11 +19,12 @@ import pyarrow as pa
 from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.packing import restore_key_of, set_restore_key
-from energon_ray.task_encoder.base import TaskEncoder, is_overridden
+from energon_ray.task_encoder.base import TaskEncoder, is_overridden, own_hook
 from energon_ray.task_encoder.context import worker_slot
 
 if TYPE_CHECKING:
     from energon_ray.pipeline.stages import StageConfig
+
 
 def chains_outputs(te: TaskEncoder, batch_size: Optional[int], packing: bool, across_sources: bool, postencode: bool) -> bool:
     """Whether a dataset's segments must be chained: its ``encode_sample`` is a generator (any number
@@ -34,17 +35,12 @@ def chains_outputs(te: TaskEncoder, batch_size: Optional[int], packing: bool, ac
     segments do not batch their own samples (packing, grouping, ``postencode_sample``, batching
     across datasets, no batching). An ``encode_sample`` that is a plain function returning a
     generator is not detected (a generator function is: ``yield`` in its body)."""
-    owner = te
-    fn = getattr(type(owner), "encode_sample", None)
-    while getattr(fn, "__augment_delegate__", False):  # AugmentTaskEncoder: the wrapped encoder's hook
-        owner = owner._task_encoder
-        fn = getattr(type(owner), "encode_sample", None)
     return (
         batch_size is not None
         and not packing
         and not across_sources
         and is_overridden(te, "encode_sample")
-        and inspect.isgeneratorfunction(inspect.unwrap(fn))
+        and inspect.isgeneratorfunction(inspect.unwrap(own_hook(te, "encode_sample")))
         and not is_overridden(te, "batch_group_criterion")
         and not (postencode and is_overridden(te, "postencode_sample"))
     )

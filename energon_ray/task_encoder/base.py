@@ -228,10 +228,17 @@ class DefaultTaskEncoder(TaskEncoder[T_sample, T_encoded_sample, T_raw_batch, T_
         return _convert(batch, target)
 
 
+def own_hook(task_encoder: TaskEncoder, name: str) -> Any:
+    """The class function that runs as hook ``name`` of ``task_encoder``: through an
+    ``AugmentTaskEncoder`` that only forwards it, the wrapped encoder's (``None`` if there is none)."""
+    own = getattr(type(task_encoder), name, None)
+    while getattr(own, "__augment_delegate__", False):
+        task_encoder = task_encoder._task_encoder  # type: ignore[attr-defined]
+        own = getattr(type(task_encoder), name, None)
+    return own
+
+
 def is_overridden(task_encoder: TaskEncoder, name: str) -> bool:
     """Whether ``task_encoder``'s class overrides hook ``name`` of ``TaskEncoder``."""
-    base = getattr(TaskEncoder, name, None)
-    own = getattr(type(task_encoder), name, None)
-    if getattr(own, "__augment_delegate__", False):  # AugmentTaskEncoder: the wrapped encoder's hook
-        return is_overridden(task_encoder._task_encoder, name)  # type: ignore[attr-defined]
-    return own is not None and own is not base
+    own = own_hook(task_encoder, name)
+    return own is not None and own is not getattr(TaskEncoder, name, None)
