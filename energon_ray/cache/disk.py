@@ -68,9 +68,30 @@ class DiskCache:
             os.close(fd)
 
     # -- entries -------------------------------------------------------------------------------
+    def path_of(self, key: str) -> Path:
+        """Where ``key``'s entry file is (or would be)."""
+        return self.dir / self.entry_name(key)
+
+    @staticmethod
+    def pack(key: str, header: Dict[str, Any], payload: bytes) -> bytes:
+        """An entry file's bytes: magic, header length, JSON header (with ``key``), payload."""
+        head = json.dumps({**header, "key": key}).encode("utf-8")
+        return _MAGIC + len(head).to_bytes(4, "big") + head + payload
+
+    @staticmethod
+    def unpack(blob: bytes, key: str) -> Optional[Tuple[Dict[str, Any], bytes]]:
+        """``(header, payload)`` of an entry file's bytes; ``None`` if malformed or another key's."""
+        if len(blob) < 8 or blob[:4] != _MAGIC:
+            return None
+        size = int.from_bytes(blob[4:8], "big")
+        header = json.loads(blob[8 : 8 + size].decode("utf-8"))
+        if header.get("key") != key:  # a hash collision: treat as a miss
+            return None
+        return header, blob[8 + size :]
+
     def read(self, key: str) -> Optional[Tuple[Dict[str, Any], bytes]]:
         """``(header, payload)`` of ``key``, or ``None`` if it is not (or no longer) cached."""
-        path = self.dir / self.entry_name(key)
+        path = self.path_of(key)
         try:
             with open(path, "rb") as f:
                 blob = f.read()
@@ -80,25 +101,18 @@ class DiskCache:
             os.utime(path)  # LRU: a hit is a use
         except OSError:
             pass
-        if len(blob) < 8 or blob[:4] != _MAGIC:
-            return None
-        size = int.from_bytes(blob[4:8], "big")
-        header = json.loads(blob[8 : 8 + size].decode("utf-8"))
-        if header.get("key") != key:  # a hash collision: treat as a miss
-            return None
-        return header, blob[8 + size :]
+        return self.unpack(blob, key)
 
     def write(self, key: str, header: Dict[str, Any], payload: bytes) -> bool:
         """Admit ``key`` (evicting older entries as the budget needs); ``False`` if it can never fit."""
         if len(payload) > self.max_bytes or self.max_count < 1:
             return False
-        head = json.dumps({**header, "key": key}).encode("utf-8")
         tmp = self.scratch / f"{os.getpid()}-{uuid.uuid4().hex}"
         with open(tmp, "wb") as f:
-            f.write(_MAGIC + len(head).to_bytes(4, "big") + head + payload)
+            f.write(self.pack(key, header, payload))
         try:
             with self.locked():
-                os.replace(tmp, self.dir / self.entry_name(key))
+                os.replace(tmp, self.path_of(key))
                 self._evict(keep=self.entry_name(key))
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -140,4 +154,4 @@ class DiskCache:
     def evict_key(self, key: str) -> None:
         """Drop ``key`` if cached."""
         with self.locked(), contextlib.suppress(FileNotFoundError):
-            os.unlink(self.dir / self.entry_name(key))
+            os.unlink(self.path_of(key))

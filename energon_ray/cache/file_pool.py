@@ -1,48 +1,86 @@
-"""``FileStoreCachePool``: auxiliary data cached on local disk, shared by the Ray workers of a node.
+"""``FileStoreCachePool``: auxiliary files prefetched to local disk (Energon's prefetch buffer),
+read through a cache that the Ray workers of a node share.
 
-``get_lazy`` starts a background fetch into the node's cache folder and returns a ``FileCacheLazy``;
-``Lazy.get`` waits for it (or fetches now if it has not started) and decodes. Entries stay cached
-for every process of the node (later epochs, other workers) until the byte/count budget evicts the
-least recently used. The pool and its lazies pickle as their settings, store and name, so they
-travel to Ray tasks and back; each process starts its own fetch threads.
+Two layers:
+
+- The prefetch buffer of a process (Energon's semantics). ``get_lazy`` queues a background fetch of
+  ``(store, name)``; the lazies of one file share one entry and count references. Fetches wait, in
+  the order queued, while the buffer's byte/count budget is full. A lazy's ``get`` reads the
+  buffered file, or reads directly when its fetch has not started or is waiting for room (the fetch
+  is then queued again for the other references). The file is deleted once every reference has read
+  it or was dropped, so the buffer holds what is yet to be read, never more than its budget.
+- The node cache: every fetch reads through ``parent_cache_dir/energon_ray_cache``, which every
+  process of the node shares, so a file another Ray worker of the node or an earlier epoch fetched
+  is not fetched again. It keeps entries until its own budget evicts the least recently used. A
+  buffered file is a hard link of its node-cache entry where it can be (no second copy).
+
+One pool per process: a pool pickled into Ray tasks becomes, in each worker process, that process's
+pool of the same settings (its own buffer folder and fetch threads), shared by the tasks the process
+runs, as Energon's pool is per DataLoader worker.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
+import shutil
+import socket
 import tempfile
 import threading
 import uuid
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, Literal, Optional, Tuple
 
 from energon_ray.cache.base import CachePool, FileStore, Lazy, add_source_info
-from energon_ray.cache.disk import DiskCache
+from energon_ray.cache.disk import DiskCache, _private_dir
 from energon_ray.errors import TRUST_ENV, UntrustedCodeError, resolve_trust
 from energon_ray.samples.base import SourceInfo
 
+#: this process's pools by token (see ``FileStoreCachePool.__reduce__``)
+_POOLS: Dict[str, "FileStoreCachePool"] = {}
+_POOLS_LOCK = threading.Lock()
 
-class _Fetch:
-    """One background fetch of ``(store, name)`` and the lazies waiting on it."""
 
-    def __init__(self) -> None:
+class _Prefetch:
+    """One ``(store, name)`` in a process's prefetch buffer and the lazies that reference it.
+
+    ``send_to_cache_future`` is the queued or running fetch (its result: whether it buffered the
+    file); ``data_size`` the payload's bytes once fetched; ``cache_path`` the buffered file."""
+
+    def __init__(self, ds: FileStore, fname: str, key: str):
+        self.ds = ds
+        self.fname = fname
+        self.key = key
         self.send_to_cache_future: Optional[Future] = None
         self.refcount = 1
+        self.data_size = 0
+        self.require_data_now = False
+        self.cache_path: Optional[Path] = None
+        self.source_info: Optional[SourceInfo] = None
+
+    def __repr__(self) -> str:
+        return f"_Prefetch({self.fname!r}, refcount={self.refcount}, data_size={self.data_size})"
 
 
 class FileStoreCachePool(CachePool):
-    """Caches auxiliary files on local disk for every process of a node.
+    """Prefetches auxiliary files to local disk, through a cache the processes of a node share.
 
     Args:
-        parent_cache_dir: where the cache folder goes (default: the system temp folder); use the same
-            one on every worker of a node (e.g. a local SSD) so they share entries.
+        parent_cache_dir: where the folders go (default: the system temp folder); give every worker of
+            a node the same one (e.g. a local SSD) so they share the node cache.
         num_workers: background fetch threads per process.
-        max_cache_size_gbytes: byte budget of the cache folder (all processes together).
-        max_cache_count: file-count budget.
+        max_cache_size_gbytes: byte budget of a process's prefetch buffer: fetches wait while it is
+            full (``max_cache_size`` in bytes, settable).
+        max_cache_count: file-count budget of the prefetch buffer (settable).
         method: ``"raw"`` caches the stored bytes and decodes on each ``get``; ``"pickle"`` caches the
             decoded value as a pickle, which runs code when loaded: it needs ``trust_dataset_code``.
         trust_dataset_code: opt-in for ``method="pickle"`` (``None``: ``ENERGON_RAY_TRUST_DATASET_CODE``).
+        node_cache_gbytes: byte budget of the node cache (all processes together; least recently used
+            entries are evicted beyond it); ``None``: as ``max_cache_size_gbytes``; ``0``: no node cache.
+        node_cache_count: entry-count budget of the node cache (``None``: as ``max_cache_count``).
 
     Raises:
         UntrustedCodeError: ``method="pickle"`` without the opt-in.
@@ -53,8 +91,9 @@ class FileStoreCachePool(CachePool):
         >>> from energon_ray.cache import SystemFileStore
         >>> d = tempfile.mkdtemp(); _ = open(f"{d}/a.txt", "wb").write(b"hi")
         >>> pool = FileStoreCachePool(parent_cache_dir=tempfile.mkdtemp())
-        >>> pool.get_lazy(SystemFileStore(d), "a.txt").get()
-        b'hi'
+        >>> lazy = pool.get_lazy(SystemFileStore(d), "a.txt")
+        >>> lazy.get(), lazy.entry.refcount, pool.current_cache_count, pool.node_cache_count
+        (b'hi', 0, 0, 1)
         >>> pool.close()
     """
 
@@ -67,6 +106,8 @@ class FileStoreCachePool(CachePool):
         max_cache_count: int = 10_000_000,
         method: Literal["raw", "pickle"] = "raw",
         trust_dataset_code: Optional[bool] = None,
+        node_cache_gbytes: Optional[float] = None,
+        node_cache_count: Optional[int] = None,
     ):
         if method not in ("raw", "pickle"):
             raise ValueError(f"FileStoreCachePool: method must be 'raw' or 'pickle', got {method!r}")
@@ -76,203 +117,405 @@ class FileStoreCachePool(CachePool):
                 "loading a pickle can run code; pass trust_dataset_code=True (or set "
                 f"{TRUST_ENV}=1) if you trust every dataset this pool caches, or use method='raw'"
             )
-        if max_cache_size_gbytes < 0 or max_cache_count < 0:
-            raise ValueError(
-                f"FileStoreCachePool: budgets must be >= 0, got max_cache_size_gbytes={max_cache_size_gbytes}, "
-                f"max_cache_count={max_cache_count}"
-            )
+        node_cache_gbytes = max_cache_size_gbytes if node_cache_gbytes is None else node_cache_gbytes
+        node_cache_count = max_cache_count if node_cache_count is None else node_cache_count
+        budgets = {
+            "max_cache_size_gbytes": max_cache_size_gbytes, "max_cache_count": max_cache_count,
+            "node_cache_gbytes": node_cache_gbytes, "node_cache_count": node_cache_count,
+        }  # fmt: skip
+        for name, value in budgets.items():
+            if value < 0:
+                raise ValueError(f"FileStoreCachePool: {name} must be >= 0, got {value}")
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"FileStoreCachePool: num_workers must be an int >= 1, got {num_workers!r}")
-        self.parent_cache_dir = Path(tempfile.gettempdir() if parent_cache_dir is None else parent_cache_dir)
-        self.num_workers = num_workers
-        self.method = method
-        self._disk = DiskCache(self.parent_cache_dir, int(max_cache_size_gbytes * 1024**3), max_cache_count)
-        self._start()
+        settings = {
+            "parent_cache_dir": Path(tempfile.gettempdir() if parent_cache_dir is None else parent_cache_dir),
+            "num_workers": num_workers, "method": method,
+            "max_cache_size": int(max_cache_size_gbytes * 1024**3), "max_cache_count": int(max_cache_count),
+            "node_bytes": int(node_cache_gbytes * 1024**3), "node_count": int(node_cache_count),
+        }  # fmt: skip
+        self._setup(uuid.uuid4().hex, settings)
 
-    def _start(self) -> None:
-        self._lock = threading.Lock()
+    def _setup(self, token: str, settings: Dict[str, Any]) -> None:
+        self._token = token
+        self.parent_cache_dir: Path = settings["parent_cache_dir"]
+        self.num_workers: int = settings["num_workers"]
+        self.method: str = settings["method"]
+        #: the prefetch buffer's budgets (settable) and usage
+        self.max_cache_size: int = settings["max_cache_size"]
+        self.max_cache_count: int = settings["max_cache_count"]
+        self.current_cache_size = 0
+        self.current_cache_count = 0
+        node_on = settings["node_bytes"] > 0 and settings["node_count"] > 0
+        self._node = (
+            DiskCache(self.parent_cache_dir, settings["node_bytes"], settings["node_count"]) if node_on else None
+        )
+        self._lock = threading.RLock()
+        self._space = threading.Condition(self._lock)  # notified when buffer room frees or a reader waits
         self._executor: Optional[ThreadPoolExecutor] = None
-        self._pending: Dict[Tuple[str, str], _Fetch] = {}
+        self._pending: Dict[Tuple[str, str], _Prefetch] = {}
         self._closed = False
+        #: this process's prefetch buffer (and ``to_cache`` objects); removed when the process exits
+        self.cache_dir = _new_buffer_dir(self.parent_cache_dir)
+        weakref.finalize(self, shutil.rmtree, self.cache_dir, True)
+        with _POOLS_LOCK:
+            _POOLS[token] = self
+        _ALL_POOLS.add(self)
 
-    # -- pickling: settings travel, threads and pending fetches stay ------------------------------
-    def __getstate__(self) -> Dict[str, Any]:
+    # -- one pool per process -----------------------------------------------------------------------
+    def _settings(self) -> Dict[str, Any]:
         return {
             "parent_cache_dir": self.parent_cache_dir, "num_workers": self.num_workers, "method": self.method,
-            "max_bytes": self._disk.max_bytes, "max_count": self._disk.max_count,
+            "max_cache_size": self.max_cache_size, "max_cache_count": self.max_cache_count,
+            "node_bytes": 0 if self._node is None else self._node.max_bytes,
+            "node_count": 0 if self._node is None else self._node.max_count,
         }  # fmt: skip
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.parent_cache_dir = state["parent_cache_dir"]
-        self.num_workers = state["num_workers"]
-        self.method = state["method"]
-        self._disk = DiskCache(self.parent_cache_dir, state["max_bytes"], state["max_count"])
-        self._start()
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (_process_pool, (self._token, self._settings()))
 
-    # -- budget and usage ---------------------------------------------------------------------------
+    # -- the node cache -----------------------------------------------------------------------------
     @property
-    def cache_dir(self) -> Path:
-        """The node's cache folder (entries and ``to_cache`` objects)."""
-        return self._disk.dir
+    def node_cache_dir(self) -> Optional[Path]:
+        """The node cache's folder (``None`` when ``node_cache_gbytes=0``)."""
+        return None if self._node is None else self._node.dir
 
     @property
-    def max_cache_size(self) -> int:
-        """Byte budget (settable)."""
-        return self._disk.max_bytes
+    def node_cache_max_size(self) -> int:
+        """Byte budget of the node cache (settable)."""
+        return 0 if self._node is None else self._node.max_bytes
 
-    @max_cache_size.setter
-    def max_cache_size(self, value: int) -> None:
-        self._disk.max_bytes = int(value)
-
-    @property
-    def max_cache_count(self) -> int:
-        """Entry-count budget (settable)."""
-        return self._disk.max_count
-
-    @max_cache_count.setter
-    def max_cache_count(self, value: int) -> None:
-        self._disk.max_count = int(value)
+    @node_cache_max_size.setter
+    def node_cache_max_size(self, value: int) -> None:
+        if self._node is None:
+            raise ValueError("FileStoreCachePool: this pool has no node cache (node_cache_gbytes=0)")
+        self._node.max_bytes = int(value)
 
     @property
-    def current_cache_size(self) -> int:
-        """Bytes of the cached entry files now (every process of the node)."""
-        return self._disk.usage()[0]
+    def node_cache_size(self) -> int:
+        """Bytes of the node cache's entry files now (every process of the node)."""
+        return 0 if self._node is None else self._node.usage()[0]
 
     @property
-    def current_cache_count(self) -> int:
-        """Entries cached now (every process of the node)."""
-        return self._disk.usage()[1]
+    def node_cache_count(self) -> int:
+        """Entries in the node cache now (every process of the node)."""
+        return 0 if self._node is None else self._node.usage()[1]
 
     # -- reading -------------------------------------------------------------------------------------
     def _key(self, ds: FileStore, fname: str) -> str:
         store = ds.get_path() if self.method == "raw" else ds._cache_identity()
         return f"{self.method}\0{type(ds).__name__ if self.method == 'raw' else ''}\0{store}\0{fname}"
 
-    def _fill(self, ds: FileStore, fname: str) -> Optional[Tuple[bytes, SourceInfo]]:
-        """Fetch ``fname`` into the cache unless cached; the stored bytes if this call fetched them."""
-        key = self._key(ds, fname)
-        if self._disk.read(key) is not None:
-            return None
+    def _fetch(self, ds: FileStore, fname: str, key: str) -> Tuple[bytes, SourceInfo, Optional[Path]]:
+        """The payload of ``fname`` and its source, through the node cache; the node-cache file if any."""
+        if self._node is not None:
+            hit = self._node.read(key)
+            if hit is not None:
+                return hit[1], _info_from_json(hit[0]["source"]), self._node.path_of(key)
         if self.method == "raw":
             payload, info = ds._get_raw(fname)
         else:
             value, info = ds[fname]
             payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        self._disk.write(key, {"source": _info_to_json(info), "fname": fname}, bytes(payload))
-        return bytes(payload), info
+        payload = bytes(payload)
+        node_file = None
+        if self._node is not None and self._node.write(key, _header(info, fname), payload):
+            node_file = self._node.path_of(key)
+        return payload, info, node_file
 
     def _decode(self, ds: FileStore, fname: str, payload: bytes) -> Any:
         if self.method == "raw":
             return ds._decode_raw(payload, fname=fname)
         return pickle.loads(payload)
 
-    def _read(self, ds: FileStore, fname: str) -> Tuple[Any, SourceInfo]:
-        """The decoded value and source of ``fname``, through the cache."""
-        hit = self._disk.read(self._key(ds, fname))
-        if hit is not None:
-            header, payload = hit
-            return self._decode(ds, fname, payload), _info_from_json(header["source"])
-        fetched = self._fill(ds, fname)
-        if fetched is None:  # another process cached it meanwhile
-            return self._read(ds, fname)
-        return self._decode(ds, fname, fetched[0]), fetched[1]
+    def _read_direct(self, ds: FileStore, fname: str) -> Tuple[Any, SourceInfo]:
+        payload, info, _ = self._fetch(ds, fname, self._key(ds, fname))
+        return self._decode(ds, fname, payload), info
 
     def get(self, ds: FileStore, fname: str, sample: Any = None) -> Any:
-        """The decoded data of ``fname`` in ``ds`` now, through the cache; its source goes into ``sample``."""
-        data, info = self._read(ds, fname)
+        """The decoded data of ``fname`` in ``ds`` now (through the node cache, not the prefetch buffer);
+        its source goes into ``sample``."""
+        data, info = self._read_direct(ds, fname)
         add_source_info(sample, info)
         return data
 
+    # -- the prefetch buffer ------------------------------------------------------------------------
     def get_lazy(self, ds: FileStore, fname: str) -> "FileCacheLazy":
-        """Start fetching ``fname`` into the cache in the background; return the lazy to read it."""
+        """Queue a background fetch of ``fname`` into the prefetch buffer; the lazy reads it.
+
+        Lazies of the same file share one fetch and one buffered file (``lazy.entry.refcount``)."""
         if not isinstance(ds, FileStore):
             raise TypeError(f"get_lazy: ds must be a FileStore, got {type(ds).__name__}")
+        key = self._key(ds, fname)
         with self._lock:
             if self._closed:
                 raise RuntimeError("FileStoreCachePool: get_lazy after close()")
-            pending_key = (self._key(ds, fname), fname)
-            entry = self._pending.get(pending_key)
-            if entry is not None and not entry.send_to_cache_future.cancelled():
+            entry = self._pending.get((key, fname))
+            if entry is not None:
                 entry.refcount += 1
             else:
-                entry = _Fetch()
-                if self._executor is None:
-                    self._executor = ThreadPoolExecutor(self.num_workers, thread_name_prefix="energon_ray_cache")
-                entry.send_to_cache_future = self._executor.submit(self._fill, ds, fname)
-                self._pending[pending_key] = entry
+                entry = _Prefetch(ds, fname, key)
+                self._pending[(key, fname)] = entry
+                self._queue(entry)
         return FileCacheLazy(ds, fname, self, entry)
 
-    def _release(self, ds: FileStore, fname: str, entry: _Fetch) -> None:
+    def _queue(self, entry: _Prefetch) -> None:
+        """Queue ``entry``'s fetch (holding the lock)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.num_workers, thread_name_prefix="energon_ray_cache")
+        entry.send_to_cache_future = self._executor.submit(self._prefetch, entry)
+
+    def _fits(self, size: int) -> bool:
+        return self.current_cache_count + 1 <= self.max_cache_count and self.current_cache_size + size <= self.max_cache_size
+
+    def _prefetch(self, entry: _Prefetch) -> bool:
+        """Background: fetch ``entry``, wait for room in the buffer, write it; whether it is buffered."""
         with self._lock:
-            entry.refcount -= 1
-            key = (self._key(ds, fname), fname)
-            if entry.refcount <= 0 and self._pending.get(key) is entry:
-                del self._pending[key]
+            if self._closed or entry.refcount <= 0:
+                return False
+        payload, info, node_file = self._fetch(entry.ds, entry.fname, entry.key)
+        with self._lock:
+            entry.data_size, entry.source_info = len(payload), info
+            if entry.data_size > self.max_cache_size or self.max_cache_count < 1:
+                return False  # can never fit: readers read directly
+            while not self._fits(entry.data_size):
+                self._space.wait()
+                if entry.require_data_now or self._closed:
+                    return False  # a reader reads directly (and queues this again for the others)
+            if entry.refcount <= 0:
+                return False
+            self.current_cache_size += entry.data_size
+            self.current_cache_count += 1
+        path = self.cache_dir / DiskCache.entry_name(entry.key)
+        try:
+            _place(path, node_file, DiskCache.pack(entry.key, _header(info, entry.fname), payload))
+        except BaseException:
+            with self._lock:
+                self._unreserve(entry.data_size)
+            raise
+        with self._lock:
+            if entry.refcount <= 0 or self._closed:  # every reference dropped meanwhile
+                self._unreserve(entry.data_size)
+                path.unlink(missing_ok=True)
+                return False
+            entry.cache_path = path
+        return True
+
+    def _unreserve(self, size: int) -> None:
+        self.current_cache_size -= size
+        self.current_cache_count -= 1
+        self._space.notify_all()
+
+    def _take(self, entry: _Prefetch) -> Tuple[Any, SourceInfo]:
+        """A lazy's read: from the buffer if its fetch buffered it, else directly; releases the reference."""
+        with self._lock:
+            started = not entry.send_to_cache_future.cancel()
+            if started:
+                entry.require_data_now = True
+                self._space.notify_all()
+        buffered = failed = False
+        try:
+            try:
+                buffered = started and entry.send_to_cache_future.result()
+            except BaseException:
+                failed = True  # the fetch's error (naming the file) goes to every reference
+                raise
+            if buffered:
+                header, payload = _read_entry(entry.cache_path, entry.key)
+                return self._decode(entry.ds, entry.fname, payload), entry.source_info
+            return self._read_direct(entry.ds, entry.fname)
+        finally:
+            with self._lock:
+                entry.require_data_now = False
+                self._release(entry)
+                if entry.refcount > 0 and not buffered and not failed and not self._closed:
+                    self._queue(entry)  # the other references still want it buffered
+
+    def _release(self, entry: _Prefetch) -> None:
+        """Drop one reference (holding the lock); the last one removes the entry and its file."""
+        entry.refcount -= 1
+        if entry.refcount > 0:
+            return
+        if self._pending.get((entry.key, entry.fname)) is entry:
+            del self._pending[(entry.key, entry.fname)]
+        if entry.send_to_cache_future is not None:
+            entry.send_to_cache_future.cancel()
+        if entry.cache_path is not None:
+            entry.cache_path.unlink(missing_ok=True)
+            entry.cache_path = None
+            self._unreserve(entry.data_size)
+
+    def _drop(self, entry: _Prefetch) -> None:
+        with self._lock:
+            self._release(entry)
 
     def to_cache(self, data: Any, name: str) -> "CacheFileLazy":
-        """Park ``data`` in a private file of the cache folder (not evicted); the lazy reads and deletes it.
+        """Park ``data`` in a file of this process's buffer folder (outside the budget); the lazy reads
+        and deletes it.
 
         Not behind ``trust_dataset_code``: the pickle is the caller's own object, written and read back
-        by this process (by uuid name) in a folder only this user can write (``DiskCache`` checks it);
-        nothing from a dataset is unpickled here."""
+        by this process (by uuid name) in a folder only this user can write; nothing from a dataset
+        is unpickled here."""
         path = self.cache_dir / f"object-{uuid.uuid4().hex}.pkl"
         path.write_bytes(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
         return CacheFileLazy(name, self, path)
 
     def close(self) -> None:
-        """Cancel queued fetches and wait for running ones (cached entries stay for other processes)."""
+        """Cancel queued fetches, wake waiting ones and wait for running ones. Files buffered for lazies
+        not yet read stay until they are read (the folder goes when the process exits); the node
+        cache stays for other processes."""
         with self._lock:
             self._closed = True
+            for entry in self._pending.values():
+                if entry.send_to_cache_future is not None:
+                    entry.send_to_cache_future.cancel()
+            self._space.notify_all()
             executor, self._executor = self._executor, None
-            self._pending.clear()
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            self._pending.clear()
+        with _POOLS_LOCK:
+            if _POOLS.get(self._token) is self:
+                del _POOLS[self._token]
 
     def __repr__(self) -> str:
         return (
             f"FileStoreCachePool(cache_dir={str(self.cache_dir)!r}, method={self.method!r}, "
-            f"max_cache_size={self.max_cache_size}, max_cache_count={self.max_cache_count})"
+            f"max_cache_size={self.max_cache_size}, max_cache_count={self.max_cache_count}, "
+            f"current_cache_size={self.current_cache_size}, current_cache_count={self.current_cache_count}, "
+            f"node_cache_dir={None if self._node is None else str(self._node.dir)!r})"
         )
 
 
-class FileCacheLazy(Lazy[Any]):
-    """A file being fetched into a ``FileStoreCachePool``; ``get`` waits for it and decodes.
+def _process_pool(token: str, settings: Dict[str, Any]) -> FileStoreCachePool:
+    """This process's pool for ``token`` (an unpickled pool): the existing one, or a new one."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(token)
+    if pool is not None:
+        return pool
+    pool = FileStoreCachePool.__new__(FileStoreCachePool)
+    pool._setup(token, settings)
+    return pool
 
-    Pickled (e.g. into another Ray task) it carries its store and name, not the fetch: ``get`` on the
-    other side reads through that process's pool (the cache folder of its node).
+
+def _reset_after_fork() -> None:
+    """In a forked child: none of the parent's fetch threads exist, its buffered files are the
+    parent's; every pool starts an empty buffer of its own (its lazies read directly)."""
+    with _POOLS_LOCK:
+        _POOLS.clear()
+    for pool in list(_ALL_POOLS):
+        pool._lock = threading.RLock()
+        pool._space = threading.Condition(pool._lock)
+        pool._executor = None
+        for entry in pool._pending.values():
+            done: Future = Future()
+            done.cancel()
+            entry.send_to_cache_future, entry.cache_path = done, None
+        pool._pending.clear()
+        pool.current_cache_size = pool.current_cache_count = 0
+        pool.cache_dir = _new_buffer_dir(pool.parent_cache_dir)
+        weakref.finalize(pool, shutil.rmtree, pool.cache_dir, True)
+        if not pool._closed:
+            with _POOLS_LOCK:
+                _POOLS[pool._token] = pool
+
+
+#: every pool of this process (for ``_reset_after_fork``)
+_ALL_POOLS: "weakref.WeakSet[FileStoreCachePool]" = weakref.WeakSet()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _new_buffer_dir(parent: Path) -> Path:
+    """A private folder for this process's buffer, after removing those of dead processes of this host."""
+    root = _private_dir(Path(parent) / "energon_ray_prefetch")
+    host = socket.gethostname()
+    with contextlib.suppress(OSError):
+        for old in root.iterdir():
+            owner, _, rest = old.name.rpartition(".")  # "<host>.<pid>" + "." + "<uuid>"
+            old_host, _, pid = owner.rpartition(".")
+            if old_host == host and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+    path = root / f"{host}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
+    path.mkdir(mode=0o700)
+    return path.resolve()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _place(path: Path, node_file: Optional[Path], blob: bytes) -> None:
+    """Put an entry at ``path``: a hard link of its node-cache file if it still exists, else written."""
+    if node_file is not None:
+        try:
+            os.link(node_file, path)
+            return
+        except OSError:  # evicted meanwhile, or no hard links here
+            pass
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_bytes(blob)
+    os.replace(tmp, path)
+
+
+def _read_entry(path: Optional[Path], key: str) -> Tuple[Dict[str, Any], bytes]:
+    if path is None:
+        raise RuntimeError(f"FileStoreCachePool: buffered entry {key!r} has no file")
+    entry = DiskCache.unpack(path.read_bytes(), key)
+    if entry is None:
+        raise RuntimeError(f"FileStoreCachePool: {path}: not an entry of {key!r} (the buffer folder was changed)")
+    return entry
+
+
+def _header(info: Optional[SourceInfo], fname: str) -> Dict[str, Any]:
+    return {"source": _info_to_json(info), "fname": fname}
+
+
+class FileCacheLazy(Lazy[Any]):
+    """A file in a ``FileStoreCachePool``'s prefetch buffer; ``get`` reads it (once) and releases it.
+
+    ``entry`` is the shared buffer entry (``refcount``, ``data_size``, ``send_to_cache_future``). A
+    lazy dropped before ``get`` releases its reference too. Pickled (e.g. into another Ray task) it
+    carries its store and name, not the entry: ``get`` on the other side reads through that process's
+    pool (the node cache).
     """
 
-    def __init__(self, ds: FileStore, fname: str, pool: FileStoreCachePool, entry: Optional[_Fetch] = None):
+    def __init__(self, ds: FileStore, fname: str, pool: FileStoreCachePool, entry: Optional[_Prefetch] = None):
         super().__init__(ds, fname, pool)
         self.entry = entry
+        self._held = entry is not None
         self._data: Optional[Tuple[Any, SourceInfo]] = None
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"ds": self.ds, "fname": self.fname, "pool": self.pool, "_data": self._data}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__dict__.update(state, entry=None)
+        self.__dict__.update(state, entry=None, _held=False)
 
     def get(self, sample: Any = None) -> Any:
         if self._data is None:
             pool: FileStoreCachePool = self.pool
-            entry, self.entry = self.entry, None
-            try:
-                if entry is not None and not entry.send_to_cache_future.cancel():
-                    entry.send_to_cache_future.result()  # a failed fetch raises here, naming the file
-            finally:
-                if entry is not None:
-                    pool._release(self.ds, self.fname, entry)
-            self._data = pool._read(self.ds, self.fname)
+            if self._held:
+                self._held = False
+                self._data = pool._take(self.entry)
+            else:
+                self._data = pool._read_direct(self.ds, self.fname)
         add_source_info(sample, self._data[1])
         return self._data[0]
 
     def __del__(self) -> None:
-        entry = getattr(self, "entry", None)
-        if entry is not None:
-            self.entry = None
+        if getattr(self, "_held", False):
+            self._held = False
             try:
-                self.pool._release(self.ds, self.fname, entry)
+                self.pool._drop(self.entry)
             except Exception:  # interpreter teardown
                 pass
 

@@ -300,6 +300,12 @@ class EnergonDataset(Composition):
                 out.append(n // size if self.options.drop_last else -(-n // size))
         return out
 
+    @property
+    def workers_slice_offsets(self) -> List[List[int]]:
+        """Per local worker of this rank, the bounds of its slices (global sample indices of the split
+        part; consecutive pairs are the slices it reads). A worker with no samples has one offset."""
+        return [list(s.config.offsets) for s in self.streams()]
+
     def worker_caps(self) -> Optional[List[int]]:
         """Per-worker item limits from ``limit`` (split like Energon: the first ones get the remainder)."""
         limit = self.options.limit

@@ -75,6 +75,17 @@ def run_aux(mds, pool):
     return {s.__key__: s for s in er.get_loader(ds, cache_pool=pool)}
 
 
+def buffered_files(root):
+    """Files in the prefetch buffers of every process (a Ray worker's folder may go as it exits)."""
+    out = []
+    for folder in root.iterdir():
+        try:
+            out += [f.name for f in folder.iterdir()]
+        except FileNotFoundError:
+            pass
+    return out
+
+
 def test_cooker_fetches_aux_images_through_the_cache_pool(ray_session, aux_mds, tmp_path):
     """Every sample gets its aux dataset image and aux folder image decoded, with exact shapes and sources."""
     pool = er.FileStoreCachePool(parent_cache_dir=tmp_path / "cache", max_cache_size_gbytes=0.01)
@@ -86,10 +97,12 @@ def test_cooker_fetches_aux_images_through_the_cache_pool(ray_session, aux_mds, 
         assert s.caption == f"{k}|{(3, k + 3, k + 5)}|FileCacheLazy"
         names = [name for info in s.__sources__ for name in info.file_names]
         assert names == [f"s{i:03d}.txt", f"img_{k}.png", f"pic_{k}.png"]
-    # the segment tasks filled one node cache: 4 dataset images + 4 folder images, each once
-    assert pool.current_cache_count == 8
-    cached = sorted(p.name for p in pool.cache_dir.iterdir())
+    # the segment tasks filled one node cache: 4 dataset images + 4 folder images, each once; every
+    # lazy was read, so no prefetch buffer holds anything
+    assert pool.node_cache_count == 8 and pool.current_cache_count == 0
+    cached = sorted(p.name for p in pool.node_cache_dir.iterdir())
     assert len(cached) == 8 and all(name.endswith(".entry") for name in cached)
+    assert buffered_files(pool.cache_dir.parent) == []
 
 
 def test_pickle_method_needs_trust(ray_session, aux_mds, tmp_path, monkeypatch):
@@ -101,7 +114,7 @@ def test_pickle_method_needs_trust(ray_session, aux_mds, tmp_path, monkeypatch):
     samples = run_aux(aux_mds, pool)
     assert sorted(samples) == [f"s{i:03d}" for i in range(N)]
     assert {tuple(s.image.shape) for s in samples.values()} == {(3, k + 4, k + 8) for k in range(4)}
-    assert pool.current_cache_count == 8
+    assert pool.node_cache_count == 8
 
 
 def test_need_cache_without_a_pool_is_a_clear_error(ray_session, aux_mds):

@@ -284,6 +284,30 @@ def test_train_metadataset_sample_blend_packing_restores_exactly(roots, tmp_path
     assert docs == Counter([f"a_{i:06d}+p" for i in range(45)] + [f"b_{i:06d}+p" for i in range(30)])
 
 
+def test_blend_member_with_no_samples_on_this_rank_restores(roots, tmp_path):
+    """Rank 0 of 32 gets none of a 7-sample member of a train blend (its one worker's slices are a
+    single offset, its length 0): that member never appears, and restores are exact."""
+    small = prefixed_text_dataset(tmp_path / "c", "c", 7)
+    (tmp_path / "train.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        f"      - {{weight: 1, path: {roots['a']}}}\n      - {{weight: 1, path: {small}}}\n"
+        f"      - {{weight: 1, path: {roots['b']}}}\n"
+    )
+    wc = er.WorkerConfig(rank=0, world_size=32, num_workers=1, seed_offset=42)
+
+    def blend():
+        return er.get_train_dataset(tmp_path / "train.yaml", batch_size=1, shuffle_buffer_size=100, worker_config=wc,
+                                    max_samples_per_sequence=None, task_encoder=Augmented())  # fmt: skip
+
+    built = blend()
+    members = [ds for ds, _ in built.dataset_weights]
+    assert [len(ds) for ds in members] == [2, 0, 1]  # 45, 7 and 30 samples over 32 ranks
+    assert [len(ds.workers_slice_offsets[0]) for ds in members] == [2, 1, 2]
+    items = round_trip(blend, [1, 2, 3, 5], count=8)
+    keys = [item[0][0] for item in items]
+    assert {k.split("_")[0] for k in keys} == {"a", "b"}
+
+
 def test_val_metadataset_across_datasets_and_epochized(roots):
     """A validation metadataset batches from one dataset into the next; restores on both sides of the seam."""
 
