@@ -170,21 +170,26 @@ class HookRunner:
         self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]], many: bool,
         before_each: Optional[Callable[[int], None]] = None,
     ) -> Any:
+        # a generator that fails (or skips) after some outputs keeps them, as Energon's lazy map does:
+        # they were given before it raised
+        partial: List[Any] = []
         try:
             result = self.fn(item)
             if many:
                 if self.is_generator or inspect.isgenerator(result):
-                    result = list(result) if before_each is None else _drain(result, before_each)
+                    result = _drain(result, before_each, partial)
                 else:
                     result = [result]
         except SkipSample:
             run.ignored += 1
-            return HookRunner.IGNORED
+            return partial or HookRunner.IGNORED
         except SYSTEM_EXCEPTIONS as exc:
             if isinstance(exc, FatalSampleError):
                 raise
             raise FatalSampleError(f"{what}: {self.stage} raised a system error: {describe_error(exc)}") from exc
         except Exception as exc:  # the policy: log, count, skip
+            if partial:
+                run.success()  # its outputs count as successes (the failure after them is the first)
             if isinstance(self.handler, DeferredHandler):
                 run.defer(exc, item, sources)
             elif self.handler is not log_exception:
@@ -194,18 +199,19 @@ class HookRunner:
                     raise FatalSampleError(
                         f"{what}: error handler aborted loading in stage {self.stage!r}: {describe_error(abort)}"
                     ) from exc
-            run.failure(f"{what}: {describe_error(exc)}")
-            return HookRunner.FAILED
+            run.failure(f"{what}: {describe_error(exc)}" + (f" (after {len(partial)} outputs, kept)" if partial else ""))
+            return partial or HookRunner.FAILED
         run.success()
         return result
 
 
-def _drain(outputs: Any, before_each: Callable[[int], None]) -> List[Any]:
-    """A generator's outputs, with ``before_each(n)`` called before it is resumed for output ``n``."""
-    out: List[Any] = []
+def _drain(outputs: Any, before_each: Optional[Callable[[int], None]], out: List[Any]) -> List[Any]:
+    """A generator's outputs, collected into ``out`` (kept if it raises), with ``before_each(n)``
+    called before it is resumed for output ``n``."""
     iterator = iter(outputs)
     while True:
-        before_each(len(out))
+        if before_each is not None:
+            before_each(len(out))
         try:
             out.append(next(iterator))
         except StopIteration:

@@ -216,19 +216,20 @@ def test_cold_start_first_block_made_here(root, ray_session, monkeypatch, mode):
 
 
 class Failing(Varying):
-    """Fails on the samples whose index ends in 7, after one output (which is dropped with them)."""
+    """Fails on the samples whose index ends in 7, after one output (kept, as Energon's lazy map
+    gives it before the failure)."""
 
     @er.stateless(restore_seeds=True)
     def encode_sample(self, sample):
         if int(sample.__key__.split("_")[-1]) % 10 == 7:
-            yield er.TextSample.derive_from(sample, text="lost")
+            yield er.TextSample.derive_from(sample, text=f"{sample.__key__}/kept b{self.current_batch_index}")
             raise ValueError(f"cannot encode {sample.__key__}")
         yield from Varying.encode_sample(self, sample)
 
 
-def test_failed_samples_give_no_output_and_the_chain_runs_on(root, ray_session):
-    """The error policy drops a failing sample (with what it yielded); the stream's batches and
-    indices run on over it, the same for any segment length."""
+def test_failed_samples_keep_their_outputs_and_the_chain_runs_on(root, ray_session):
+    """The error policy counts a sample that fails after one output and keeps that output; the
+    stream's batches and indices run on over it, the same for any segment length."""
 
     def build(segment):
         wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
@@ -239,4 +240,6 @@ def test_failed_samples_give_no_output_and_the_chain_runs_on(root, ray_session):
     assert texts(er.get_loader(build(3))) == whole
     names = [t.split(" ")[0] for batch, _ in whole for t in batch]
     expected = {f"a_{i:06d}/{sub}" for i in range(38) for sub in range(i % 4) if i % 10 != 7}
-    assert sorted(names) == sorted(expected) and "lost" not in names
+    expected |= {f"a_{i:06d}/kept" for i in (7, 17, 27, 37)}
+    assert sorted(names) == sorted(expected)
+    assert all(t.split(" ")[1] == f"b{r}" for batch, r in whole for t in batch)  # each output knew its batch
