@@ -65,6 +65,9 @@ class PlanOptions:
     packing_buffer_size: Optional[int] = None
     #: Batched together with the neighbouring datasets of a validation metadataset (see ConcatDataset).
     batch_across_sources: bool = False
+    #: There, per local worker, the samples of its stream in the datasets before this one: the hooks'
+    #: ``current_batch_index`` counts on over them, as Energon's batches of the concatenation do.
+    batch_index_offsets: Optional[Tuple[int, ...]] = None
     #: A leaf of a batched train blend of a metadataset with ``blend_samples=True``: every sample leaves
     #: its Ray task unbatched (still serialized), the blend draws samples, and Ray tasks batch them
     #: (``SampleBlendDataset``). On the factory's options: what the user asked for (``None``: blend
@@ -257,6 +260,7 @@ class EnergonDataset(Composition):
                 num_workers=max(1, self.worker_config.num_workers),
                 chained=chains_outputs(self.task_encoder, self.options.batch_size, bool(packing), across, postencode),
                 drop_last=self.options.drop_last,
+                index_offsets=self.options.batch_index_offsets,
             )
         return self._stages
 

@@ -146,6 +146,12 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
         only.options.virtual_epoch_length, only.options.limit = options.virtual_epoch_length, options.limit
         return only
     if not options.training:
+        if leaves[0].options.batch_across_sources:
+            # one batched stream per worker through all datasets: batch indices count on over them
+            before = [0] * len(leaves[0].worker_lengths())
+            for ds in leaves:
+                ds.options.batch_index_offsets = tuple(before)
+                before = [a + b for a, b in zip(before, ds.worker_lengths())]
         return ConcatDataset(*leaves, limit=options.limit)
     if flat.mode == "blend_epochized":
         # Energon weighs by length × repetitions; the exact counts come from each stream's end anyway

@@ -154,6 +154,8 @@ class WorkerQueues:
         chained: the segments are chained (``StageConfig.chained``): batches run on from one segment
             into the next inside Ray, and a checkpoint records where a restore rebuilds that
             (``QueueCheckpoint.chain``, from the segments' reports: ``chain_point``).
+        index_offsets: per worker, the samples of its stream in the sources before this one (a
+            concatenation batched as one stream): a pooled group's batch index counts on over them.
     """
 
     def __init__(
@@ -167,8 +169,11 @@ class WorkerQueues:
         leaf: int = 0,
         hand_out: bool = False,
         chained: bool = False,
+        index_offsets: Optional[Sequence[int]] = None,
     ):
         self.num_workers = num_workers
+        #: leaf → per worker, its samples' offset in the concatenated stream (shared along a chain)
+        self.index_offsets: Dict[int, List[int]] = {} if index_offsets is None else {leaf: list(index_offsets)}
         self.chained = chained
         #: per worker (chained): ``(segment, outputs before it, its outputs, tail_from)`` of the last
         #: segments reported, as many as a batch can reach back; where a restore started the chain
@@ -213,6 +218,8 @@ class WorkerQueues:
         """Each worker's remainder (its pools) goes to ``downstream``, ahead of its samples, instead of
         being flushed as short batches; ``downstream`` cuts no batch before it has it."""
         self.downstream = downstream
+        self.index_offsets.update(downstream.index_offsets)  # carried samples keep their source's offsets
+        downstream.index_offsets = self.index_offsets
         downstream.waiting = [True] * downstream.num_workers
         for w in range(self.num_workers):
             if self.done[w]:  # closed before the chain existed (no segments for this worker)
@@ -276,7 +283,7 @@ class WorkerQueues:
         if self.downstream is not None:
             self.downstream.carry_in(worker, pools)
         elif not self.drop_last:
-            short = [(limit, _strip(items)) for limit, items in pools.values() if items]
+            short = [self._group(worker, limit, items) for limit, items in pools.values() if items]
             if short:
                 self._put(worker, self.make_batches(worker, short))
 
@@ -292,10 +299,18 @@ class WorkerQueues:
             limit, pool = pools.setdefault(key, (size, []))
             pool.append(item)
             if len(pool) >= limit:
-                full.append((limit, _strip(pool[:limit])))
+                full.append(self._group(worker, limit, pool[:limit]))
                 del pool[:limit]
         if full:
             self._put(worker, self.make_batches(worker, full))
+
+    def _group(self, worker: int, limit: int, items: List[Any]) -> Tuple[Any, ...]:
+        """``(batch size, samples)`` for ``make_batches``, plus the batch's index in the worker's
+        concatenated stream where sources are batched as one (its first sample's position there)."""
+        if not self.index_offsets:
+            return (limit, _strip(items))
+        position, _, _, leaf = items[0]
+        return (limit, _strip(items), (self.index_offsets[leaf][worker] + int(position)) // limit)
 
     def _put(self, worker: int, items: List[Any]) -> None:
         self.queues[worker].extend(items)

@@ -8,7 +8,7 @@ restore segments (``SegmentSpec.keep``), ``run_reads`` runs those in one small R
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -122,9 +122,13 @@ def rebuild_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tup
     config = leaf.stage_config()
     found = run_reads([spec], {source: leaf.reader()}, {source: config}, remote_args, {source: leaf})
     group = [(int(p), 0, found[(source, worker, int(p), 0)]) for p in spec.positions]
-    if leaf.options.batch_size is None:
+    size = leaf.options.batch_size
+    if size is None:
         return serde.loads(group[0][2])
-    return _batch_once(config, source, worker, seed, group, remote_args)
+    # its index in the worker stream, by its first sample (a short last batch too; a validation
+    # metadataset's stream counts on over the datasets before this one)
+    index = (config.index_offset(worker) + group[0][0]) // size
+    return _batch_once(config, source, worker, seed, group, remote_args, index)
 
 
 def rebuild_chained_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], remote_args=None) -> Any:
@@ -202,11 +206,13 @@ def _reread_spec(leaf: Any, source: int, worker: int, seed: int, keys: List[tupl
     )  # fmt: skip
 
 
-def _batch_once(config: Any, source: int, worker: int, seed: int, group: List[Tuple[int, int, Any]], remote_args) -> Any:
-    """The one batch the seam-batch task makes of ``group``."""
+def _batch_once(
+    config: Any, source: int, worker: int, seed: int, group: List[Tuple[int, int, Any]], remote_args, index: Optional[int] = None,
+) -> Any:
+    """The one batch the seam-batch task makes of ``group`` (``index``: its batch index in the stream)."""
     from energon_ray.pipeline.build import SeamTasks
 
-    table = SeamTasks(config, source, remote_args).submit(worker, seed, [(len(group), group)])()
+    table = SeamTasks(config, source, remote_args).submit(worker, seed, [(len(group), group, index)])()
     items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
     if len(items) != 1:
         raise StateError(f"restore_sample: the batch hooks made {len(items)} batches from the {len(group)} samples, not one")

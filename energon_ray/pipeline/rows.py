@@ -153,7 +153,7 @@ def locate_leftovers(payload: List[Any], block: Any, row: int) -> List[Any]:
 
 def resolve_located(groups: List[Tuple[int, List[Tuple[int, int, Any]]]], get: Callable[[List[Any]], List[pa.Table]]) -> List[Any]:
     """``groups`` with every ``Located`` payload replaced by the sample's bytes (``get``: fetches blocks)."""
-    refs = list({p.block: None for _, group in groups for _, _, p in group if isinstance(p, Located)})
+    refs = list({p.block: None for _, group, *_ in groups for _, _, p in group if isinstance(p, Located)})
     if not refs:
         return groups
     tables = dict(zip(refs, get(refs)))
@@ -170,7 +170,10 @@ def resolve_located(groups: List[Tuple[int, List[Tuple[int, int, Any]]]], get: C
                     break
         return decoded[key][loc.group][2][loc.item][2]
 
-    return [(size, [(position, sub, payload(p) if isinstance(p, Located) else p) for position, sub, p in group]) for size, group in groups]
+    return [
+        (size, [(position, sub, payload(p) if isinstance(p, Located) else p) for position, sub, p in group], *rest)
+        for size, group, *rest in groups
+    ]
 
 
 def table(

@@ -54,6 +54,13 @@ class StageConfig:
     chained: bool = False
     #: Drop each worker stream's last, short batch (a chained stream batches it in its last segment).
     drop_last: bool = False
+    #: Per logical worker, the samples of its stream in the datasets before this one, where a
+    #: validation metadataset batches across datasets: the hooks' sample and batch indices (and
+    #: Energon's per-sample seeds) count on over them, as in Energon's concatenated stream.
+    index_offsets: Optional[Tuple[int, ...]] = None
+
+    def index_offset(self, worker: int) -> int:
+        return 0 if self.index_offsets is None else int(self.index_offsets[worker])
 
 
 def _runner(te: TaskEncoder, name: str, stage: str, handler: Any) -> HookRunner:
@@ -136,9 +143,10 @@ class EncodeSamples:
         # else a sample's position stands for the outputs before it
         chain = data.carry if self.config.chained else None
         produced = None if chain is None else [chain.outputs]
+        before = self.config.index_offset(data.spec.worker)
 
         def batch_of(position: int) -> int:
-            return position // per_batch if produced is None else produced[0] // per_batch
+            return (before + position) // per_batch if produced is None else produced[0] // per_batch
 
         def next_output(n: int) -> None:
             set_batch_index((produced[0] + n) // per_batch)
@@ -155,14 +163,14 @@ class EncodeSamples:
             if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                 continue
             if isinstance(sample, CrudeSample):
-                with hook_call(seed, "cook", position, sample_index=position, batch_index=batch_of(position)):
+                with hook_call(seed, "cook", before + position, sample_index=before + position, batch_index=batch_of(position)):
                     sample = cook.call(runs["cook_crude_sample"], sample, what, sources)
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue
             if not do_encode:
                 data.encoded.append((position, 0, sample))
             else:
-                with hook_call(seed, encode_kind, position, sample_index=position, batch_index=batch_of(position)):
+                with hook_call(seed, encode_kind, before + position, sample_index=before + position, batch_index=batch_of(position)):
                     outputs = encode.call_many(
                         runs["encode_sample"], sample, what, sources, before_each=None if produced is None else next_output
                     )
@@ -344,7 +352,7 @@ class BatchSamples:
             data.runs.extend(runs)
             entries = packer(entries, seed, runs)
         elif self.config.postencode and is_overridden(te, "postencode_sample"):
-            entries = _postencode(te, entries, seed, handler, data.runs, size or 1)
+            entries = _postencode(te, entries, seed, handler, data.runs, size or 1, self.config.index_offset(data.spec.worker))
         if data.spec.keep is not None:  # a restore read: the listed samples (or packs) for the trainer's pools
             wanted = {(int(p), int(s)) for p, s in data.spec.keep}
             return [], [(None, 0, [e for e in entries if (e[0], e[1]) in wanted])]
@@ -368,13 +376,13 @@ class BatchSamples:
         return items, ([(None, size, entries[cut:])] if cut < len(entries) else [])
 
 
-def _postencode(te: TaskEncoder, entries, seed: int, handler: Any, runs_out: List[StageRun], per_batch: int = 1):
+def _postencode(te: TaskEncoder, entries, seed: int, handler: Any, runs_out: List[StageRun], per_batch: int = 1, before: int = 0):
     runner = _runner(te, "postencode_sample", "postencode_sample", handler)
     run = runner.new_run()
     runs_out.append(run)
     out = []
     for position, sub, sample in entries:
-        with hook_call(seed, "postencode", position, sample_index=position, batch_index=position // per_batch):
+        with hook_call(seed, "postencode", before + position, sample_index=before + position, batch_index=(before + position) // per_batch):
             result = runner.call(run, sample, _what(sample))
         if result is not HookRunner.FAILED and result is not HookRunner.IGNORED:
             out.append((position, sub, result))
@@ -524,9 +532,9 @@ def seam_batches(
     fatal = None
     made: List[Tuple[Any, List[int]]] = []
     try:  # only batched or grouped pipelines pool samples, so there is always a batcher to run
-        for batch_size, group in groups:
+        for batch_size, group, *index in groups:  # (batch size, group[, its batch index in the stream])
             samples = [(position, sub, serde.loads(payload, copy=False)) for position, sub, payload in group]
-            made.extend(batcher.with_positions(samples, seed, batch_size, runs))
+            made.extend(batcher.with_positions(samples, seed, batch_size, runs, index[0] if index else None))
     except FatalSampleError as exc:
         fatal = ("FatalSampleError", str(exc))
     return _made_table(made, runs, fatal, worker, source)

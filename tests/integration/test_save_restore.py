@@ -483,6 +483,35 @@ class Keyed(er.DefaultTaskEncoder):
         return sample
 
 
+def test_restore_sample_keeps_the_indices_of_a_validation_metadataset(roots):
+    """A validation metadataset batched across its datasets: every batch of one dataset (short ones
+    too) is made again with the sample and batch indices it had (they count on from the dataset
+    before it), whatever position its samples have in their own dataset."""
+
+    class Indexed(Keyed):
+        @er.stateless(restore_seeds=True)
+        def encode_sample(self, sample):
+            sample = Keyed.encode_sample(self, sample)
+            sample.text = f"{sample.text}|e{self.current_batch_index}|s{self.current_sample_index}"
+            return sample
+
+        def batch(self, samples):
+            out = super().batch(samples)
+            out.text = [f"{t}|b{self.current_batch_index}" for t in out.text]
+            return out
+
+    loader = er.get_savable_loader(er.get_val_dataset(roots["val"], batch_size=4, worker_config=WC, task_encoder=Indexed(),
+                                                      samples_per_segment=8))  # fmt: skip
+    batches = list(loader)
+    assert [int(b.text[0].rsplit("|b", 1)[1]) for b in batches] == list(range(len(batches)))
+    single = [b for b in batches if len({k[0] for k in b.__key__}) == 1]
+    assert any(b.__key__[0].startswith("b") for b in single) and any(len(b.__key__) < 4 for b in single)
+    for batch in single:
+        again = loader.restore_sample(batch.__restore_key__)
+        assert list(again.__key__) == list(batch.__key__) and list(again.text) == list(batch.text)
+    loader.close()
+
+
 def test_restore_sample_rebuilds_packed_batches(roots):
     """Packed batches (members post-encoded, packs drawing the hooks' RNG, packs pooled across segments)
     are made again from their restore keys: the same documents, tokens and keys."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import random
 
 import pytest
 
@@ -98,3 +99,39 @@ def test_val_metadataset_batches_across_datasets_like_energon(root, workers, seg
     assert any(k[0] != b[0][0] for b in theirs for k in b)  # some batch straddles the two datasets
     assert ours == theirs
     assert len(our_ds) == len(their_ds) == len(theirs)
+
+
+def _indexed_encoder(lib):
+    class Indexed(lib.DefaultTaskEncoder):
+        @lib.stateless(restore_seeds=True)
+        def encode_sample(self, sample):
+            return (sample.__key__, self.current_batch_index, self.current_sample_index, random.randint(0, 10**6))
+
+        def batch(self, samples):
+            return [tuple(s) + (self.current_batch_index,) for s in samples]
+
+    return Indexed()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_val_metadataset_batch_indices_count_on_across_datasets_like_energon(root, workers):
+    """Across the datasets of a validation metadataset, ``current_batch_index`` (in ``encode_sample``
+    and in ``batch``) and ``current_sample_index`` count on through the worker's concatenated stream,
+    as Energon's, and a ``restore_seeds`` hook draws Energon's numbers: every (key, indices, draw) equal."""
+    import megatron.energon as me
+
+    yaml_file = root / "val_concat.yaml"
+    yaml_file.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  val:\n    blend:\n"
+        "      - {weight: 1, path: a, split_part: train}\n      - {weight: 1, path: b, split_part: train}\n"
+    )
+
+    def batches(lib, **more):
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+        ds = lib.get_val_dataset(yaml_file, worker_config=wc, batch_size=4, task_encoder=_indexed_encoder(lib), **more)
+        return [[tuple(s) for s in batch] for batch in lib.get_loader(ds)]
+
+    ours = batches(er, samples_per_segment=4)
+    assert ours == batches(me)
+    assert [b[0][4] for b in ours] == list(range(len(ours)))
+    assert any(s[0].startswith("b") and s[1] > 0 for b in ours for s in b)  # b's batches count on from a's
