@@ -83,7 +83,7 @@ class _BlendNode(Node):
         self.alive[worker][:] = [bool(x) for x in state["alive"]]
 
 
-class _ListNode(Node):
+class ListNode(Node):
     """One JSON value per worker, kept in a list the provider reads."""
 
     def __init__(self, values: List[Any]):
@@ -300,7 +300,7 @@ class ConcatDataset(Composition):
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         subs = [ds.provider(ctx, pass_index) for ds in self.datasets]
         current = [0] * self.num_workers
-        ctx.register(_ListNode(current))
+        ctx.register(ListNode(current))
         for a, b in zip(self.datasets, self.datasets[1:]):
             if getattr(getattr(b, "options", None), "batch_across_sources", False) and id(a) in ctx.feeds:
                 # a's remainder of each worker stream opens b's first batch

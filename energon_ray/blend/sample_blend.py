@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, PassContext, Provider
-from energon_ray.blend.compose import PooledBlendDataset
+from energon_ray.blend.compose import ListNode, PooledBlendDataset
 from energon_ray.blend.replay import GroupNode, SubTree
 from energon_ray.loader.merge import EXHAUSTED
 from energon_ray.pipeline.policy import FailureChain
@@ -53,6 +53,10 @@ class SampleBlendDataset(PooledBlendDataset):
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         first = len(ctx.nodes)
         draw = super().provider(ctx, pass_index)  # one pooled (position, sub, payload, leaf) per call
+        # per worker: samples drawn in this pass (the next batch's index × batch size), saved and
+        # restored with the draws
+        drawn = [0] * self.num_workers
+        ctx.register(ListNode(drawn))
         tree = SubTree(ctx, first, ctx.leaf_indices(self))
         batcher = _GroupBatcher([ctx.feeds[id(leaf)] for leaf in self.leaves()])
         if self.packing_buffer_size:
@@ -80,11 +84,13 @@ class SampleBlendDataset(PooledBlendDataset):
                 if sample is EXHAUSTED:
                     break
                 samples.append(sample)
+            index = drawn[worker] // size  # the worker's batches so far: Energon's batch index
+            drawn[worker] += len(samples)
             full = len(samples) - len(samples) % size
             groups = [samples[i : i + size] for i in range(0, full, size)]
             if full < len(samples) and not self.drop_last:
                 groups.append(samples[full:])
-            return before, (batcher(worker, groups) if groups else None), first, groups
+            return before, (batcher(worker, groups, index) if groups else None), first, groups
 
         def next_item(worker: int) -> Any:
             while not given[worker]:
@@ -208,10 +214,16 @@ class _GroupBatcher:
     def _seed(self, worker: int) -> int:
         return self.feeds[0].plan.streams[worker].config.hook_seed
 
-    def __call__(self, worker: int, groups: List[List[Any]]) -> Callable[[], Tuple[List[Any], List[List[int]]]]:
+    def __call__(
+        self, worker: int, groups: List[List[Any]], first_index: Optional[int] = None,
+    ) -> Callable[[], Tuple[List[Any], List[List[int]]]]:
         """Start the task; the returned function waits for its batches and their samples' positions
-        (fewer batches than groups where a batch hook failed or skipped: counted)."""
-        groups_out = [(len(g), [(position, sub, payload) for position, sub, payload, _ in g]) for g in groups]
+        (fewer batches than groups where a batch hook failed or skipped: counted). ``first_index``:
+        the first group's batch index in the worker's blended stream (the next ones follow it)."""
+        groups_out = [
+            (len(g), [(position, sub, payload) for position, sub, payload, _ in g], *(() if first_index is None else (first_index + i,)))
+            for i, g in enumerate(groups)
+        ]
         wait = self._seam_tasks().submit(worker, self._seed(worker), groups_out)
         return lambda: self._batches(wait, self.feeds[0].pin)
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional
 
 from energon_ray.blend.base import Composition, PassContext, Provider
 from energon_ray.blend.buffered import BatchDataset, GroupBatchDataset, IterMapDataset, PackingDataset, ShuffleBufferDataset, ignored
-from energon_ray.blend.compose import _ListNode, _Wrapper
+from energon_ray.blend.compose import ListNode, _Wrapper
 from energon_ray.blend.lengths import worker_items
 from energon_ray.errors import check_keywords
 from energon_ray.loader.merge import EXHAUSTED
@@ -97,7 +97,7 @@ class LimitDataset(_Wrapper):
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         inner = self.dataset.provider(ctx, pass_index)
         given = [0] * self.num_workers
-        ctx.register(_ListNode(given))
+        ctx.register(ListNode(given))
         limits = self._limits()
 
         def next_item(worker: int) -> Any:
@@ -213,7 +213,7 @@ class LogSampleDataset(_Wrapper):
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         inner = self.dataset.provider(ctx, pass_index)
         steps = [0] * self.num_workers
-        ctx.register(_ListNode(steps))
+        ctx.register(ListNode(steps))
         wc = self.worker_config
 
         def next_item(worker: int) -> Any:

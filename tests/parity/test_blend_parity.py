@@ -135,3 +135,38 @@ def test_val_metadataset_batch_indices_count_on_across_datasets_like_energon(roo
     assert ours == batches(me)
     assert [b[0][4] for b in ours] == list(range(len(ours)))
     assert any(s[0].startswith("b") and s[1] > 0 for b in ours for s in b)  # b's batches count on from a's
+
+
+def _batch_index_encoder(lib):
+    class BatchIndex(lib.DefaultTaskEncoder):
+        def batch(self, samples):
+            return {"keys": [s.__key__ for s in samples], "index": self.current_batch_index}
+
+    return BatchIndex()
+
+
+def test_train_blend_batch_hook_counts_the_loaders_batches_like_energon(root):
+    """In a train metadataset's blend (samples blended, then batched), ``batch`` sees the loader's
+    batch number, as Energon's does; a restored loader's batches go on counting from there."""
+    import megatron.energon as me
+
+    def loader(lib, savable=False):
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        ds = lib.get_train_dataset(root / "blend.yaml", batch_size=3, worker_config=wc, task_encoder=_batch_index_encoder(lib),
+                                   shuffle_buffer_size=None, max_samples_per_sequence=None)  # fmt: skip
+        return (lib.get_savable_loader if savable else lib.get_loader)(ds)
+
+    def indices(it, n):
+        return [next(it)["index"] for _ in range(n)]
+
+    assert indices(iter(loader(er)), 12) == indices(iter(loader(me)), 12) == list(range(12))
+    first = loader(er, savable=True)
+    it = iter(first)
+    indices(it, 5)
+    state = first.save_state_rank()
+    rest = indices(it, 4)
+    again = loader(er, savable=True)
+    again.restore_state_rank(state)
+    assert indices(iter(again), 4) == rest == [5, 6, 7, 8]
+    first.close()
+    again.close()
