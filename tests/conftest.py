@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -10,6 +11,12 @@ os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import pytest  # noqa: E402
+
+# Parity tests fork Energon's DataLoader workers from this process, which also runs Ray: garbage
+# left here (cycles holding Ray ObjectRefs) would be collected in a child (Energon's GcDataset calls
+# gc.collect() there), whose ObjectRef finalizers then wait forever on a Ray core-worker lock held
+# by a thread that did not survive the fork. Collect it here, before every fork.
+os.register_at_fork(before=gc.collect)
 
 
 @pytest.fixture(scope="session")

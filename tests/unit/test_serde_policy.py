@@ -271,17 +271,36 @@ def test_call_many_lists_the_outputs_of_generator_hooks():
     assert plain.call_many(plain.new_run(), 1, "s") == [2]
 
 
-def test_call_many_counts_an_error_raised_midway_through_a_generator():
-    """A generator that fails after yielding gives FAILED (partial outputs dropped) and counts the failure."""
+def test_call_many_keeps_the_outputs_before_an_error_raised_midway_through_a_generator():
+    """A generator that fails (or skips) after yielding keeps what it yielded (Energon's lazy map
+    gave it) and counts the failure; the failure after outputs is the first of a run (the outputs
+    were successes), so it alone never reaches the tolerance."""
 
     def gen(x):
         yield 1
+        yield 2
         raise ValueError("midway")
 
-    runner = HookRunner("encode_sample", gen, tolerance=5, handler=log_exception)
+    def fails_at_once(x):
+        raise ValueError("at once")
+        yield  # noqa: unreachable
+
+    runner = HookRunner("encode_sample", gen, tolerance=2, handler=log_exception)
     run = runner.new_run()
-    assert runner.call_many(run, 0, "s") is HookRunner.FAILED
-    assert run.failures == 1
+    assert runner.call_many(run, 0, "s") == [1, 2]
+    assert (run.failures, run.trail) == (1, 1) and "after 2 outputs, kept" in run.last_error
+    assert runner.call_many(run, 0, "s") == [1, 2]  # the outputs reset the run: no FatalSampleError
+    assert run.failures == 2
+    at_once = HookRunner("encode_sample", fails_at_once, tolerance=5, handler=log_exception)
+    assert at_once.call_many(at_once.new_run(), 0, "s") is HookRunner.FAILED
+
+    def skips(x):
+        yield 1
+        raise SkipSample()
+
+    skipper = HookRunner("encode_sample", skips, tolerance=5, handler=log_exception)
+    run = skipper.new_run()
+    assert skipper.call_many(run, 0, "s") == [1] and run.ignored == 1 and run.failures == 0
 
 
 def test_call_many_on_a_generator_method():
