@@ -155,9 +155,7 @@ class FileStoreCachePool(CachePool):
         self._executor: Optional[ThreadPoolExecutor] = None
         self._pending: Dict[Tuple[str, str], _Prefetch] = {}
         self._closed = False
-        #: this process's prefetch buffer (and ``to_cache`` objects); removed when the process exits
-        self.cache_dir = _new_buffer_dir(self.parent_cache_dir)
-        weakref.finalize(self, shutil.rmtree, self.cache_dir, True)
+        self._cache_dir: Optional[Path] = None  # made on first use (``cache_dir``)
         with _POOLS_LOCK:
             _POOLS[token] = self
         _ALL_POOLS.add(self)
@@ -173,6 +171,15 @@ class FileStoreCachePool(CachePool):
 
     def __reduce__(self) -> Tuple[Any, ...]:
         return (_process_pool, (self._token, self._settings()))
+
+    @property
+    def cache_dir(self) -> Path:
+        """This process's prefetch buffer folder (and ``to_cache`` objects); removed when the process exits."""
+        with self._lock:
+            if self._cache_dir is None:
+                self._cache_dir = _new_buffer_dir(self.parent_cache_dir)
+                weakref.finalize(self, shutil.rmtree, self._cache_dir, True)
+            return self._cache_dir
 
     # -- the node cache -----------------------------------------------------------------------------
     @property
@@ -366,7 +373,7 @@ class FileStoreCachePool(CachePool):
         cache stays for other processes."""
         with self._lock:
             self._closed = True
-            for entry in self._pending.values():
+            for entry in list(self._pending.values()):
                 if entry.send_to_cache_future is not None:
                     entry.send_to_cache_future.cancel()
             self._space.notify_all()
@@ -381,7 +388,7 @@ class FileStoreCachePool(CachePool):
 
     def __repr__(self) -> str:
         return (
-            f"FileStoreCachePool(cache_dir={str(self.cache_dir)!r}, method={self.method!r}, "
+            f"FileStoreCachePool(cache_dir={None if self._cache_dir is None else str(self._cache_dir)!r}, method={self.method!r}, "
             f"max_cache_size={self.max_cache_size}, max_cache_count={self.max_cache_count}, "
             f"current_cache_size={self.current_cache_size}, current_cache_count={self.current_cache_count}, "
             f"node_cache_dir={None if self._node is None else str(self._node.dir)!r})"
@@ -402,20 +409,20 @@ def _process_pool(token: str, settings: Dict[str, Any]) -> FileStoreCachePool:
 def _reset_after_fork() -> None:
     """In a forked child: none of the parent's fetch threads exist, its buffered files are the
     parent's; every pool starts an empty buffer of its own (its lazies read directly)."""
-    with _POOLS_LOCK:
-        _POOLS.clear()
+    global _POOLS_LOCK
+    _POOLS_LOCK = threading.Lock()  # another thread may have held it at the fork
+    _POOLS.clear()
     for pool in list(_ALL_POOLS):
         pool._lock = threading.RLock()
         pool._space = threading.Condition(pool._lock)
         pool._executor = None
-        for entry in pool._pending.values():
+        for entry in list(pool._pending.values()):
             done: Future = Future()
             done.cancel()
             entry.send_to_cache_future, entry.cache_path = done, None
         pool._pending.clear()
         pool.current_cache_size = pool.current_cache_count = 0
-        pool.cache_dir = _new_buffer_dir(pool.parent_cache_dir)
-        weakref.finalize(pool, shutil.rmtree, pool.cache_dir, True)
+        pool._cache_dir = None  # made on first use
         if not pool._closed:
             with _POOLS_LOCK:
                 _POOLS[pool._token] = pool
