@@ -54,6 +54,8 @@ class _PackNode(Node):
         self.skip = [0] * workers
         #: per worker: no group batched yet in this pass (the first is one batch)
         self.fresh = [True] * workers
+        #: per worker: batches given in this pass (the batch hooks' ``current_batch_index``)
+        self.batches = [0] * workers
 
     def head(self, worker: int) -> Cursor:
         """Where the first pack not yet in a batch lies."""
@@ -65,8 +67,8 @@ class _PackNode(Node):
     def save(self, worker: int) -> Any:
         cursor = self.cursor[worker]
         if cursor is None and self.skip[worker]:  # restored, the chunk not drawn again yet
-            return {"skip": self.skip[worker]}
-        return {"skip": cursor[1] if cursor is not None else 0}
+            return {"skip": self.skip[worker], "batches": self.batches[worker]}
+        return {"skip": cursor[1] if cursor is not None else 0, "batches": self.batches[worker]}
 
     def overrides(self, worker: int) -> Optional[Any]:
         cursor = self.cursor[worker]
@@ -80,6 +82,7 @@ class _PackNode(Node):
         self.after[worker] = []
         self.cursor[worker] = None
         self.skip[worker] = int(state.get("skip", 0))
+        self.batches[worker] = int(state.get("batches", 0))  # (absent from states of before 2026-11-26)
         self.fresh[worker] = False
 
     def forget_before(self, worker: int) -> None:
@@ -144,7 +147,7 @@ def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree,
             return False
         taken = [pending.popleft() for _ in range(count)]
         groups = [taken[i : i + size] for i in range(0, count, size)]
-        made, spans = batcher(worker, [[(p[2], p[3], p[4], None) for p in group] for group in groups])()
+        made, spans = batcher(worker, [[(p[2], p[3], p[4], None) for p in group] for group in groups], node.batches[worker])()
         # where the next batch starts once each made batch is given: after its group
         starts: List[Cursor] = [(g[0][0], g[0][1]) for g in groups[1:]] + [node.head(worker)]
         after: List[Cursor] = []
@@ -166,6 +169,7 @@ def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree,
             if not start_group(worker):
                 return EXHAUSTED
         item = given[worker].pop()
+        node.batches[worker] += 1
         node.cursor[worker] = node.after[worker].pop() if node.after[worker] else node.head(worker)
         node.forget_before(worker)
         return item

@@ -22,7 +22,7 @@ import torch
 
 import energon_ray as er
 from energon_ray.format.jsonl import prepare_jsonl
-from energon_ray.tasks.text_packing import TextPackingTaskEncoder, lognormal_corpus
+from energon_ray.tasks.text_packing import PackedTextBatch, TextPackingTaskEncoder, lognormal_corpus
 from tests.helpers import kill_batch_makers, prefixed_text_dataset
 from tests.roundtrip import END, assert_round_trip, json_transport
 
@@ -73,8 +73,8 @@ def describe(item):
         return tuple(item)
     if isinstance(item, dict):
         return (tuple(item["keys"]), tuple(item["texts"]), item["r"])
-    if hasattr(item, "documents"):  # packed text
-        return (tuple(tuple(d) for d in item.documents), item.input_ids.sum().item())
+    if hasattr(item, "documents"):  # packed text (and the batch hook's index, where it records it)
+        return (tuple(tuple(d) for d in item.documents), item.input_ids.sum().item(), getattr(item, "batch_index", None))
     return tuple(item.__key__) if isinstance(item.__key__, (list, tuple)) else item.__key__
 
 
@@ -257,6 +257,11 @@ def test_train_metadataset_sample_blend_restores_exactly(roots, tmp_path):
     loader.close()
 
 
+@er.edataclass
+class IndexedPackedBatch(PackedTextBatch):
+    batch_index: int = -1
+
+
 def test_train_metadataset_sample_blend_packing_restores_exactly(roots, tmp_path):
     """blend_samples=True with packing_buffer_size: the blended samples are packed in chunks by Ray
     actors (packs mix the datasets), then batched; restores inside a group of batches, inside a
@@ -271,6 +276,9 @@ def test_train_metadataset_sample_blend_packing_restores_exactly(roots, tmp_path
             sample.__key__ = f"{sample.__key__}+p"
             return sample
 
+        def batch(self, samples):  # records the loader's batch number, as Energon's hook sees it
+            return IndexedPackedBatch.extend(super().batch(samples), batch_index=self.current_batch_index)
+
     def packed():
         return er.get_train_dataset(tmp_path / "packed.yaml", batch_size=3, shuffle_buffer_size=4, worker_config=WC, repeat=False,
                                     packing_buffer_size=2, task_encoder=Marked(max_length=16),
@@ -278,6 +286,7 @@ def test_train_metadataset_sample_blend_packing_restores_exactly(roots, tmp_path
 
     items = round_trip(packed, [1, 2, 3, 5, 8, 11, 13, 14], count=15)  # 14 batches, then the pass's end
     assert items[-1] == END and items.count(END) == 1
+    assert [item[2] for item in items[:-1]] == list(range(14))
     packs = [pack for item in items[:-1] for pack in item[0]]
     assert any(len({doc[0] for doc in pack}) == 2 for pack in packs)  # packs mix the datasets
     docs = Counter(doc for pack in packs for doc in pack)
