@@ -164,10 +164,13 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     @property
     def current_batch_index(self) -> int:
         """Index of the batch being built (inside ``batch`` / ``encode_batch``) or that the sample will
-        go into (inside ``cook_crude_sample``, ``encode_sample``, ``postencode_sample``: position //
-        batch size), as Energon counts it: the rank's workers take turns (``index × num_workers +
-        worker``: the loader's batch number). With a generator ``encode_sample`` it is the batch of
-        the sample's first output (Energon's moves on between outputs)."""
+        go into (inside ``cook_crude_sample``, ``encode_sample``, ``postencode_sample``: its position
+        in the worker stream // batch size; a validation metadataset's stream runs through its
+        datasets), as Energon counts it: the rank's workers take turns (``index × num_workers +
+        worker``: the loader's batch number). A generator ``encode_sample`` (its segments chained)
+        sees the batch of each output it yields next, as Energon's. Inside a train metadataset
+        blend's sample hooks it is the sample's position in its own dataset's stream // batch size
+        (Energon's: the batch being filled when the blend draws it)."""
         return context.current_batch_index()
 
     @property
