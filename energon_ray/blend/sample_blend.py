@@ -53,16 +53,16 @@ class SampleBlendDataset(PooledBlendDataset):
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         first = len(ctx.nodes)
         draw = super().provider(ctx, pass_index)  # one pooled (position, sub, payload, leaf) per call
+        batcher = _GroupBatcher([ctx.feeds[id(leaf)] for leaf in self.leaves()])
+        if self.packing_buffer_size:  # (its node counts the batches it gives)
+            from energon_ray.blend.packed_blend import packed_provider
+
+            return packed_provider(self, ctx, draw, SubTree(ctx, first, ctx.leaf_indices(self)), batcher, BATCHES_PER_GROUP)
         # per worker: samples drawn in this pass (the next batch's index × batch size), saved and
         # restored with the draws
         drawn = [0] * self.num_workers
         ctx.register(ListNode(drawn))
         tree = SubTree(ctx, first, ctx.leaf_indices(self))
-        batcher = _GroupBatcher([ctx.feeds[id(leaf)] for leaf in self.leaves()])
-        if self.packing_buffer_size:
-            from energon_ray.blend.packed_blend import packed_provider
-
-            return packed_provider(self, ctx, draw, tree, batcher, BATCHES_PER_GROUP)
         node = _AheadNode(self.num_workers)
         ctx.register(node)
         size = self.batch_size

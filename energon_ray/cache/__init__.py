@@ -16,7 +16,8 @@ from energon_ray.cache.base import (
     PrimaryFileStore,
     add_source_info,
 )
-from energon_ray.cache.file_pool import CacheFileLazy, FileCacheLazy, FileStoreCachePool
+from energon_ray.cache.file_pool import FileCacheLazy, FileStoreCachePool
+from energon_ray.cache.parked import CacheFileLazy
 from energon_ray.cache.no_cache import DirectLazy, NoCachePool
 from energon_ray.cache.stores import DatasetFileStore, DecodeFileStore, SystemFileStore
 

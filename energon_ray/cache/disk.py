@@ -5,6 +5,9 @@ Sharing without a server: an entry is written to a temporary file and renamed in
 see whole files or none); admissions and evictions hold an ``fcntl`` lock on a lock file beside the
 folder; a hit refreshes the file's mtime, which orders eviction. A reader that opened a file keeps
 reading it even if another process evicts it meanwhile (POSIX unlink semantics).
+
+Beside it, per-process folders (``process_dir``: a pool's prefetch buffer, swept when their process
+is gone) hold copies of entries, hard links where they can be (``link_or_write``, ``read_entry_file``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
+import socket
 import stat
 import uuid
 from pathlib import Path
@@ -155,3 +160,53 @@ class DiskCache:
         """Drop ``key`` if cached."""
         with self.locked(), contextlib.suppress(FileNotFoundError):
             os.unlink(self.path_of(key))
+
+
+def process_dir(parent: Path, name: str) -> Path:
+    """A private folder of this process under ``parent/name``, after removing those of dead processes
+    of this host (``<host>.<pid>.<uuid>``)."""
+    root = _private_dir(Path(parent) / name)
+    host = socket.gethostname()
+    with contextlib.suppress(OSError):
+        for old in root.iterdir():
+            owner, _, rest = old.name.rpartition(".")  # "<host>.<pid>" + "." + "<uuid>"
+            old_host, _, pid = owner.rpartition(".")
+            if old_host == host and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+    path = root / f"{host}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
+    path.mkdir(mode=0o700)
+    return path.resolve()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def link_or_write(path: Path, node_file: Optional[Path], blob: bytes) -> None:
+    """Put an entry at ``path``: a hard link of its node-cache file if it still exists, else ``blob``
+    written (renamed into place)."""
+    if node_file is not None:
+        try:
+            os.link(node_file, path)
+            return
+        except OSError:  # evicted meanwhile, or no hard links here
+            pass
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_bytes(blob)
+    os.replace(tmp, path)
+
+
+def read_entry_file(path: Optional[Path], key: str) -> Tuple[Dict[str, Any], bytes]:
+    """``(header, payload)`` of an entry file outside the cache folder (a process's buffered copy)."""
+    if path is None:
+        raise RuntimeError(f"buffered entry {key!r} has no file")
+    entry = DiskCache.unpack(path.read_bytes(), key)
+    if entry is None:
+        raise RuntimeError(f"{path}: not an entry of {key!r} (the buffer folder was changed)")
+    return entry

@@ -21,11 +21,9 @@ runs, as Energon's pool is per DataLoader worker.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import shutil
-import socket
 import tempfile
 import threading
 import uuid
@@ -35,7 +33,8 @@ from pathlib import Path
 from typing import Any, Dict, Literal, Optional, Tuple
 
 from energon_ray.cache.base import CachePool, FileStore, Lazy, add_source_info
-from energon_ray.cache.disk import DiskCache, _private_dir
+from energon_ray.cache.disk import DiskCache, link_or_write, process_dir, read_entry_file
+from energon_ray.cache.parked import CacheFileLazy
 from energon_ray.errors import TRUST_ENV, UntrustedCodeError, resolve_trust
 from energon_ray.samples.base import SourceInfo
 
@@ -153,7 +152,7 @@ class FileStoreCachePool(CachePool):
         self._lock = threading.RLock()
         self._space = threading.Condition(self._lock)  # notified when buffer room frees or a reader waits
         self._executor: Optional[ThreadPoolExecutor] = None
-        self._pending: Dict[Tuple[str, str], _Prefetch] = {}
+        self._pending: Dict[str, _Prefetch] = {}  # by key (which names the file)
         self._closed = False
         self._cache_dir: Optional[Path] = None  # made on first use (``cache_dir``)
         with _POOLS_LOCK:
@@ -177,7 +176,7 @@ class FileStoreCachePool(CachePool):
         """This process's prefetch buffer folder (and ``to_cache`` objects); removed when the process exits."""
         with self._lock:
             if self._cache_dir is None:
-                self._cache_dir = _new_buffer_dir(self.parent_cache_dir)
+                self._cache_dir = process_dir(self.parent_cache_dir, "energon_ray_prefetch")
                 weakref.finalize(self, shutil.rmtree, self._cache_dir, True)
             return self._cache_dir
 
@@ -257,12 +256,11 @@ class FileStoreCachePool(CachePool):
         with self._lock:
             if self._closed:
                 raise RuntimeError("FileStoreCachePool: get_lazy after close()")
-            entry = self._pending.get((key, fname))
+            entry = self._pending.get(key)
             if entry is not None:
                 entry.refcount += 1
             else:
-                entry = _Prefetch(ds, fname, key)
-                self._pending[(key, fname)] = entry
+                entry = self._pending[key] = _Prefetch(ds, fname, key)
                 self._queue(entry)
         return FileCacheLazy(ds, fname, self, entry)
 
@@ -295,7 +293,7 @@ class FileStoreCachePool(CachePool):
             self.current_cache_count += 1
         path = self.cache_dir / DiskCache.entry_name(entry.key)
         try:
-            _place(path, node_file, DiskCache.pack(entry.key, _header(info, entry.fname), payload))
+            link_or_write(path, node_file, DiskCache.pack(entry.key, _header(info, entry.fname), payload))
         except BaseException:
             with self._lock:
                 self._unreserve(entry.data_size)
@@ -328,7 +326,7 @@ class FileStoreCachePool(CachePool):
                 failed = True  # the fetch's error (naming the file) goes to every reference
                 raise
             if buffered:
-                header, payload = _read_entry(entry.cache_path, entry.key)
+                _, payload = read_entry_file(entry.cache_path, entry.key)
                 return self._decode(entry.ds, entry.fname, payload), entry.source_info
             return self._read_direct(entry.ds, entry.fname)
         finally:
@@ -343,8 +341,8 @@ class FileStoreCachePool(CachePool):
         entry.refcount -= 1
         if entry.refcount > 0:
             return
-        if self._pending.get((entry.key, entry.fname)) is entry:
-            del self._pending[(entry.key, entry.fname)]
+        if self._pending.get(entry.key) is entry:
+            del self._pending[entry.key]
         if entry.send_to_cache_future is not None:
             entry.send_to_cache_future.cancel()
         if entry.cache_path is not None:
@@ -435,53 +433,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _new_buffer_dir(parent: Path) -> Path:
-    """A private folder for this process's buffer, after removing those of dead processes of this host."""
-    root = _private_dir(Path(parent) / "energon_ray_prefetch")
-    host = socket.gethostname()
-    with contextlib.suppress(OSError):
-        for old in root.iterdir():
-            owner, _, rest = old.name.rpartition(".")  # "<host>.<pid>" + "." + "<uuid>"
-            old_host, _, pid = owner.rpartition(".")
-            if old_host == host and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-                shutil.rmtree(old, ignore_errors=True)
-    path = root / f"{host}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
-    path.mkdir(mode=0o700)
-    return path.resolve()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _place(path: Path, node_file: Optional[Path], blob: bytes) -> None:
-    """Put an entry at ``path``: a hard link of its node-cache file if it still exists, else written."""
-    if node_file is not None:
-        try:
-            os.link(node_file, path)
-            return
-        except OSError:  # evicted meanwhile, or no hard links here
-            pass
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_bytes(blob)
-    os.replace(tmp, path)
-
-
-def _read_entry(path: Optional[Path], key: str) -> Tuple[Dict[str, Any], bytes]:
-    if path is None:
-        raise RuntimeError(f"FileStoreCachePool: buffered entry {key!r} has no file")
-    entry = DiskCache.unpack(path.read_bytes(), key)
-    if entry is None:
-        raise RuntimeError(f"FileStoreCachePool: {path}: not an entry of {key!r} (the buffer folder was changed)")
-    return entry
-
-
 def _header(info: Optional[SourceInfo], fname: str) -> Dict[str, Any]:
     return {"source": _info_to_json(info), "fname": fname}
 
@@ -525,59 +476,6 @@ class FileCacheLazy(Lazy[Any]):
                 self.pool._drop(self.entry)
             except Exception:  # interpreter teardown
                 pass
-
-
-class CacheFileLazy(Lazy[Any]):
-    """Data parked by ``FileStoreCachePool.to_cache``: the first ``get`` loads and deletes the file.
-
-    Pickled before ``get``, it carries the data itself (the file may be on another node).
-    """
-
-    def __init__(self, fname: str, pool: FileStoreCachePool, cache_path: Optional[Path]):
-        super().__init__(None, fname, pool)
-        self.cache_path = cache_path
-        self._loaded = False
-        self._data: Any = None
-
-    def _load(self) -> None:
-        if not self._loaded:
-            assert self.cache_path is not None
-            self._data = pickle.loads(self.cache_path.read_bytes())
-            self._loaded = True
-            self.cache_path.unlink(missing_ok=True)
-            self.cache_path = None
-
-    def __getstate__(self) -> Dict[str, Any]:
-        if not self._loaded and self.cache_path is not None and self.cache_path.is_file():
-            data = pickle.loads(self.cache_path.read_bytes())
-        else:
-            data = self._data
-        return {"fname": self.fname, "pool": self.pool, "_data": data}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__dict__.update(state, ds=None, cache_path=None, _loaded=True)
-
-    def get(self, sample: Any = None) -> Any:
-        self._load()
-        return self._data
-
-    def __del__(self) -> None:
-        path = getattr(self, "cache_path", None)
-        if path is not None:
-            self.cache_path = None
-            try:
-                path.unlink(missing_ok=True)
-            except Exception:
-                pass
-
-    def __hash__(self) -> int:
-        return hash((self.fname, id(self)))
-
-    def __eq__(self, other: Any) -> bool:
-        return self is other
-
-    def __repr__(self) -> str:
-        return f"CacheFileLazy(fname={self.fname!r}, cache_path={self.cache_path!r})"
 
 
 def _info_to_json(info: Optional[SourceInfo]) -> Optional[Dict[str, Any]]:

@@ -237,7 +237,6 @@ def _forked_child(pool, folder: str, queue) -> None:
     queue.put((lazy.get(), str(pool.cache_dir), pool.current_cache_count))
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
 def test_a_forked_child_starts_its_own_buffer(files, tmp_path):
     """A pool used in a forked child (as a DataLoader worker would) fetches with threads of its own
     in a buffer folder of its own; the parent's unread lazy still reads."""
