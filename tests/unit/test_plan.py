@@ -159,8 +159,8 @@ def test_segment_plan_with_short_first_rounds_covers_every_position_once():
 
 def test_default_segments_are_short_first_then_long_unless_the_user_sets_a_length(tmp_path):
     """Default: each worker's first segment is one of 64 samples (quick first batch), later ones 128 (fewer
-    blocks for the trainer); ``samples_per_segment`` makes them all that long; a sample blend's leaves
-    keep one length."""
+    blocks for the trainer), a sample blend's leaves' too; ``samples_per_segment`` makes them all that
+    long."""
     import energon_ray as er
     from tests.helpers import captioning_dataset
 
@@ -172,7 +172,7 @@ def test_default_segments_are_short_first_then_long_unless_the_user_sets_a_lengt
     assert chosen.segment_layout == SegmentLayout(96)
     blend_leaf = er.get_train_dataset(path, batch_size=32, worker_config=wc, max_samples_per_sequence=5)
     blend_leaf.options.blend_samples = True  # a leaf of a blend_samples=True metadataset
-    assert blend_leaf.segment_layout == SegmentLayout(64)
+    assert blend_leaf.segment_layout == SegmentLayout(128, first_length=64, first_rounds=1)
     big_batches = er.get_train_dataset(path, batch_size=100, worker_config=wc, max_samples_per_sequence=5)
     assert big_batches.segment_layout == SegmentLayout(200, first_length=100, first_rounds=1)
     both = er.get_train_dataset(path, batch_size=4, worker_config=wc, max_samples_per_sequence=5, samples_per_segment=(6, 16))
