@@ -3,14 +3,14 @@ blend_samples=True)``): Energon blends a metadataset's encoded samples, then pac
 batches the packs, so a pack mixes datasets. Here too, off the training process:
 
 1. per logical worker, the blend's draws are cut into *chunks* of ``PACK_CHUNK_BUFFERS`` packing
-   buffers; a ``GroupBatcher`` actor packs each chunk with Energon's buffer semantics
+   buffers; a Ray task packs each chunk with Energon's buffer semantics
    (``pipeline.packing.Packer``: ``select_samples_to_pack`` on each full buffer, ``postencode_sample``
    on each pack's members, ``pack_selected_samples``; the last buffer of a chunk is packed as it
    is, as a segment's is where the datasets' own Ray tasks pack);
 2. the packs stay in Ray's object store; the trainer keeps where each lies (``Located``) and its
    ``(position, sub)``, never the bytes;
-3. consecutive ``batch_size`` packs make a batch, made by the actor (``batch``/``encode_batch``),
-   ``BATCHES_PER_GROUP`` batches per call (a pass's first call: one).
+3. consecutive ``batch_size`` packs make a batch, made by a Ray task (``batch``/``encode_batch``),
+   ``BATCHES_PER_GROUP`` batches per task (a pass's first: one).
 
 Saved state (``_PackNode``): the pack the next batch starts with, as the state before its chunk was
 drawn (the leaves' pools and the blend's draws, written instead of the current ones) plus how many
@@ -28,7 +28,7 @@ from energon_ray.blend.replay import SubTree
 from energon_ray.loader.merge import EXHAUSTED
 from energon_ray.pipeline.rows import Located
 
-#: packing buffers per chunk of drawn samples (one actor call packs a chunk)
+#: packing buffers per chunk of drawn samples (one Ray task packs a chunk)
 PACK_CHUNK_BUFFERS = 2
 
 #: a pending pack: (chunk, index in the chunk's packs, position, sub, where its bytes lie)

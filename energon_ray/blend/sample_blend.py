@@ -3,13 +3,14 @@
 Energon blends a metadataset's encoded samples and then batches them, so one batch holds samples
 of several datasets. Here each leaf's Ray tasks leave their encoded samples unbatched and still
 serialized (``PlanOptions.blend_samples``: the leaf's queues hand them out one by one), the blend
-draws the source of each sample from the worker's seeded generator, and a Ray actor batches
-each group of drawn samples (``batch`` and ``encode_batch`` never run in the training process).
+draws the source of each sample from the worker's seeded generator, and a Ray task batches each
+group of drawn samples (``batch`` and ``encode_batch`` never run in the training process).
 
 Per logical worker, ``BATCHES_PER_GROUP`` batches' worth of samples are drawn at once and batched
-by one call of a ``GroupBatcher`` actor (started with the first group, which a plain Ray task on a
-warm worker batches while the actor imports torch), and the next group is
-drawn and started before this one is waited for (the trainer waits only when it outruns them); a
+by one Ray task holding a CPU, as a segment task does, on the same warm worker processes (a
+batching actor beside them, with no CPU of its own, measured slower on 2 cores: a third process
+importing torch at the start, then competing with the segment tasks for the cores; see
+benchmarks/README, stop 36), and the next group is drawn and started before this one is waited for (the trainer waits only when it outruns them); a
 pass's first group is one batch, so the first batch waits for no more draws than it needs. What
 a save records is the state before the group being given (the leaves' pools and the draws) and
 how many of its batches were given; a restore draws that group again (at full size: never fewer
@@ -190,7 +191,7 @@ class _AheadNode(GroupNode):
 
 
 class _GroupBatcher:
-    """A warm ``GroupBatcher`` actor batches a group's drawn samples (``pipeline.stages.seam_batches``),
+    """A Ray task batches a group's drawn samples (``pipeline.stages.seam_batches``),
     each ``batch_size`` samples in the order drawn, with the first leaf's task encoder (a
     metadataset's leaves share it) and hook seeds from the samples' positions."""
 
@@ -204,10 +205,8 @@ class _GroupBatcher:
         if self._tasks is None:
             from energon_ray.pipeline.build import SeamTasks
 
-            # on the warm batching actors (no CPU reserved: the segment tasks hold the CPUs)
             first = self.feeds[0]
-            workers = len(first.plan.streams)
-            self._tasks = SeamTasks(first.dataset.stage_config(), first.source, first.multi.ray_remote_args, on_batcher=workers,
+            self._tasks = SeamTasks(first.dataset.stage_config(), first.source, first.multi.ray_remote_args,
                                     before_first=first.multi.before_first_batch)  # fmt: skip
         return self._tasks
 

@@ -780,93 +780,6 @@ def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, 
 _pack_task = ray.remote(num_cpus=1, max_retries=3, num_returns=2)(_pack_chunk)
 
 
-@ray.remote(num_cpus=0, max_restarts=3, max_task_retries=3)
-class GroupBatcher:
-    """Batches a sample blend's drawn groups for the loaders of one trainer process.
-
-    A plain task with no CPU of its own would get a fresh worker process, which Ray reaps once it
-    idles (more workers than CPUs): a cold torch import on the trainer's critical path, again and
-    again (measured on 2 cores: 5.7 s for the first group, 8 s mid-pass). These actors import
-    torch and the stages when they start (with a sample blend's first group; until they are
-    ready, plain tasks holding a CPU batch the groups on the warm workers) and stay.
-    """
-
-    def __init__(self) -> None:
-        import_task_modules()
-
-    def batch(self, config: Any, worker: int, seed: int, groups, source: int) -> "TableParts":
-        return _batch_groups(config, worker, seed, groups, source)
-
-    @ray.method(num_returns=2)
-    def pack(self, config: Any, worker: int, seed: int, samples, buffer_size: int, source: int):
-        """The packs (a table the batching call reads them from) and, apart, their ``(position,
-        sub)`` and report: the trainer fetches only the second."""
-        return _pack_chunk(config, worker, seed, samples, buffer_size, source)
-
-
-#: logical workers per ``GroupBatcher`` (one actor batches ~1000 captioning samples/s on one core)
-WORKERS_PER_BATCHER = 4
-
-#: per Ray job: this process's ``GroupBatcher`` handles and a ready reference of each
-_BATCHERS: Dict[str, Tuple[List[Any], List[Any]]] = {}
-_BATCHERS_LOCK = threading.Lock()
-#: Ray jobs whose ``GroupBatcher`` actors were asked to start (``start_group_batchers``)
-_STARTING: set = set()
-
-
-def group_batchers(workers: int) -> List[Any]:
-    """This process's ``GroupBatcher`` actors for ``workers`` logical workers (one per
-    ``WORKERS_PER_BATCHER``; shared by its loaders, one set per Ray job), started on this node."""
-    job = ray.get_runtime_context().get_job_id()
-    wanted = max(1, -(-workers // WORKERS_PER_BATCHER))
-    with _BATCHERS_LOCK:
-        handles, ready = _BATCHERS.get(job, ([], []))
-        if len(handles) < wanted:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            node = ray.get_runtime_context().get_node_id()
-            strategy = NodeAffinitySchedulingStrategy(node, soft=True)
-            more = [GroupBatcher.options(scheduling_strategy=strategy).remote() for _ in range(wanted - len(handles))]
-            handles, ready = handles + more, ready + [h.__ray_ready__.remote() for h in more]
-            _BATCHERS.clear()
-            _BATCHERS[job] = (handles, ready)
-    return handles[:wanted]
-
-
-def batchers_ready(workers: int) -> bool:
-    """Whether the ``GroupBatcher`` actors for ``workers`` exist and finished starting (imports)."""
-    job = ray.get_runtime_context().get_job_id()
-    wanted = max(1, -(-workers // WORKERS_PER_BATCHER))
-    with _BATCHERS_LOCK:
-        handles, ready = _BATCHERS.get(job, ([], []))
-    if len(handles) < wanted:
-        return False
-    done, _ = ray.wait(ready[:wanted], num_returns=wanted, timeout=0)
-    return len(done) == wanted
-
-
-def start_group_batchers(workers: int) -> None:
-    """Start the ``GroupBatcher`` actors in the background (their process imports torch). Called
-    with a sample blend's first group, not with the loader: started together with the warm-up
-    imports or the first segments, the actor's import slowed them on a small machine (a sample
-    blend's first batch on 2 cores: 3.04 s → 2.15 s, see benchmarks/README). Until they are ready, groups are batched by plain Ray tasks on the warm
-    workers (``SeamTasks.submit``)."""
-    job = ray.get_runtime_context().get_job_id()
-    with _BATCHERS_LOCK:
-        if job in _STARTING:
-            return
-        _STARTING.add(job)
-
-    def start() -> None:
-        try:
-            group_batchers(workers)
-        except Exception:  # Ray shut down meanwhile
-            logger.debug("GroupBatcher actors not started", exc_info=True)
-
-    threading.Thread(target=start, name="energon_ray_batchers", daemon=True).start()
-
-
-
 class SeamTasks:
     """Starts Ray tasks that batch pooled leftover samples (one ``config`` upload per source).
 
@@ -874,7 +787,7 @@ class SeamTasks:
     this process while Ray's workers still import torch (``local_seam``: the same batches)."""
 
     def __init__(self, config: "StageConfig", source: int, remote_args: Optional[Dict[str, Any]] = None,
-                 on_batcher: int = 0, before_first: Optional[Callable[[], bool]] = None):  # fmt: skip
+                 before_first: Optional[Callable[[], bool]] = None):  # fmt: skip
         self._config = config
         self._before_first = before_first
         #: groups batched in this process
@@ -882,13 +795,10 @@ class SeamTasks:
         self._config_ref = None
         self.source = source
         self.remote_args = {k: v for k, v in (remote_args or {}).items() if k in ("num_cpus", "memory", "resources")}
-        #: > 0: run on this process's ``GroupBatcher`` actors for that many logical workers, not as tasks
-        self.on_batcher = on_batcher
 
     def submit(self, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]]) -> Callable[[], pa.Table]:
         """Start one task for ``(batch size, group)`` pairs; the returned function waits for its rows
         (a zero-copy table)."""
-        actor = self._batcher(worker)
         if self._before_first is not None and self._before_first() and make_here(local_start_mode(), lambda: False):
             try:
                 table = local_seam(ship(self._config), worker, seed, groups, self.source, ray.get)
@@ -897,34 +807,19 @@ class SeamTasks:
             else:
                 self.local_groups += 1
                 return lambda: table
-        if actor is not None:
-            ref = actor.batch.remote(self._config_ref, worker, seed, groups, self.source)
-        else:
-            task = _seam_task.options(**self.remote_args) if self.remote_args else _seam_task
-            ref = task.remote(self._config_ref, worker, seed, groups, self.source)
+        task = _seam_task.options(**self.remote_args) if self.remote_args else _seam_task
+        ref = task.remote(self._config_ref_once(), worker, seed, groups, self.source)
         return lambda: ray.get(ref)
 
-    def _batcher(self, worker: int) -> Optional[Any]:
-        """Upload the config once; the ``GroupBatcher`` for ``worker`` if they run on batchers and
-        are up, else None (a plain task on a warm worker, while the actors start)."""
+    def _config_ref_once(self) -> Any:
+        """The config, uploaded once for all of this source's tasks."""
         if self._config_ref is None:
             self._config_ref = ray.put(ship(self._config))
-        if not self.on_batcher:
-            return None
-        if not batchers_ready(self.on_batcher):
-            start_group_batchers(self.on_batcher)
-            return None
-        batchers = group_batchers(self.on_batcher)
-        return batchers[worker % len(batchers)]
+        return self._config_ref
 
     def submit_pack(self, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
-        """Start packing a chunk of samples (on a ``GroupBatcher``, or a plain task until they are up):
-        the reference of its packs' table (for ``Located`` packs) and a function waiting for
-        ``(packs' (position, sub), report)``."""
-        actor = self._batcher(worker)
-        if actor is not None:
-            table_ref, meta_ref = actor.pack.remote(self._config_ref, worker, seed, samples, buffer_size, self.source)
-        else:
-            task = _pack_task.options(**self.remote_args) if self.remote_args else _pack_task
-            table_ref, meta_ref = task.remote(self._config_ref, worker, seed, samples, buffer_size, self.source)
+        """Start packing a chunk of samples in a Ray task: the reference of its packs' table (for
+        ``Located`` packs) and a function waiting for ``(packs' (position, sub), report)``."""
+        task = _pack_task.options(**self.remote_args) if self.remote_args else _pack_task
+        table_ref, meta_ref = task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source)
         return table_ref, lambda: ray.get(meta_ref)
