@@ -25,6 +25,8 @@ step() {  # name, seconds, command...
 step captioning_${CPUS}cpu 380 python3 bench_captioning.py --samples "$N" --runs 3 --cpus "$CPUS" --workdir $W --only energon,webloader,ray_data,energon_ray,energon_ray_no_local
 step gpu_feed 200 python3 bench_gpu_feed.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W
 BENCH_PYSPY=$OUT/trainer_pyspy.txt step first_batch_after_setup 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --setup-delay 10
+# memory vs throughput at 16 workers: 256 MiB of finished blocks ahead instead of the 1 GiB default
+step captioning_${CPUS}cpu_store256 120 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --object-store-mib 256
 step scaling 180 bash -c "for c in 4 8; do timeout 90 python3 bench_captioning.py --samples $N --runs 1 --cpus \$c --workdir $W --only energon,energon_ray; done"
 # one core left to the trainer (both loaders get CPUS-1): does the GPU step come closer to loader-free?
 step gpu_feed_one_core_free 150 python3 bench_gpu_feed.py --samples "$N" --runs 1 --cpus $((CPUS - 1)) --workdir $W
