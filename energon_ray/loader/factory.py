@@ -81,7 +81,7 @@ def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict,
         flat = parse_metadataset_file(path, split_part, ctx=ctx)
     wc = common["worker_config"]
     # Energon blends a train metadataset's samples and then batches them, and so do we by default: the
-    # leaves hand out samples, Ray actors batch the drawn groups (blend.sample_blend); packing then runs
+    # leaves hand out samples, Ray tasks batch the drawn groups (blend.sample_blend); packing then runs
     # on the blended samples too (blend.packed_blend). ``blend_samples=False`` draws whole per-dataset
     # batches by weight instead (faster to start, see benchmarks/bench_sample_blend.py). Grouping runs
     # in the leaves' Ray tasks, before any blending, so a task encoder with batch_group_criterion gets
@@ -293,7 +293,7 @@ def get_train_dataset(
             default: 64 for each worker's first segment, 128 after, 64 with packing; an int makes
             every segment that long — lower it for large media; ``(first, later)`` sets both), ``blend_samples`` (a batched train
             metadataset: ``None``, the default, blends samples, then packs (with ``packing_buffer_size``)
-            and batches them in Ray actors, as Energon does, so batches and packs mix datasets, except
+            and batches them in Ray tasks, as Energon does, so batches and packs mix datasets, except
             with ``batch_group_criterion`` (grouping runs before blending here: whole per-dataset
             batches); ``False``: each batch is one dataset's, drawn by weight (a faster start);
             ``True`` with ``batch_group_criterion``: ``ValueError``), and the deprecated decoder arguments
