@@ -10,8 +10,9 @@ Per logical worker, ``BATCHES_PER_GROUP`` batches' worth of samples are drawn at
 by one Ray task holding a CPU, as a segment task does, on the same warm worker processes (a
 batching actor beside them, with no CPU of its own, measured slower on 2 cores: a third process
 importing torch at the start, then competing with the segment tasks for the cores; see
-benchmarks/README, stop 36), and the next group is drawn and started before this one is waited for (the trainer waits only when it outruns them); a
-pass's first group is one batch, so the first batch waits for no more draws than it needs. What
+benchmarks/README, stop 36). The next group is drawn and started before this one is waited for
+(the trainer waits only when it outruns them); a pass's first group is one batch, so the first
+batch waits for no more draws than it needs. What
 a save records is the state before the group being given (the leaves' pools and the draws) and
 how many of its batches were given; a restore draws that group again (at full size: never fewer
 batches than were given of it) and drops those (``blend.replay.GroupNode``).
