@@ -265,48 +265,79 @@ def tree_pids(root: int) -> Iterator[int]:
             stack.extend(_children(pid))
 
 
-def tree_pss(root: int) -> int:
-    """PSS in bytes of a process and all its descendants (Ray's raylet and workers, DataLoader workers)."""
-    total = 0
+def _pss(pid: int) -> int:
+    """PSS in bytes of one process (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+def _kind(pid: int, root: int) -> str:
+    """``trainer`` (the root), ``ray worker`` (``ray::IDLE`` and task names), ``loader worker`` (a
+    fork of the trainer: DataLoader's), ``raylet``/``gcs_server``, else the command name ('' if the
+    process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        argv = _cmdline(pid)
+        forked = pid != root and argv == _cmdline(root)
+    except OSError:
+        return ""
+    head = argv.split(b"\0")[0].decode(errors="replace")
+    if pid == root:
+        return "trainer"
+    if head.startswith("ray::"):
+        return "ray worker"
+    if forked:
+        return "loader worker"
+    if "raylet" in head or "gcs_server" in head:
+        return os.path.basename(head.split()[0])
+    return stat[stat.index("(") + 1 : stat.rindex(")")]
+
+
+def tree_pss(root: int) -> Dict[str, float]:
+    """PSS of a process and all its descendants (Ray's raylet and workers, DataLoader workers): ``total``
+    in bytes, ``trainer`` (the root's), ``workers`` (Ray workers or DataLoader workers together),
+    ``worker_max`` (the largest one) and ``nworkers``."""
+    out = {"total": 0.0, "trainer": 0.0, "workers": 0.0, "worker_max": 0.0, "nworkers": 0.0}
     for pid in tree_pids(root):
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-        except OSError:
-            continue
-    return total
+        size, kind = _pss(pid), _kind(pid, root)
+        out["total"] += size
+        if kind == "trainer":
+            out["trainer"] = size
+        elif kind in ("ray worker", "loader worker"):
+            out["workers"] += size
+            out["worker_max"] = max(out["worker_max"], size)
+            out["nworkers"] += 1
+    return out
 
 
 def tree_cpu(root: int) -> Dict[str, float]:
-    """CPU seconds (user + system) so far of a process and its live descendants, summed by kind:
-    ``trainer``, Ray's ``raylet``/``gcs_server``/workers (``ray::IDLE`` and task names count as
-    ``ray worker``), DataLoader workers (``python``), the rest by command name."""
+    """CPU seconds (user + system) so far of a process and its live descendants, summed by kind
+    (``_kind``: the trainer, Ray's raylet/gcs_server/workers, DataLoader workers, the rest by name)."""
     tick = os.sysconf("SC_CLK_TCK")
     out: Dict[str, float] = {}
     for pid in tree_pids(root):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 stat = f.read()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
         except OSError:
             continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        kind = _kind(pid, root)
+        if not kind:
+            continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        seconds = (int(fields[11]) + int(fields[12])) / tick
-        head = argv[0].decode(errors="replace")
-        if pid == root:
-            kind = "trainer"
-        elif head.startswith("ray::"):
-            kind = "ray worker"
-        elif "raylet" in head or "gcs_server" in head:
-            kind = os.path.basename(head.split()[0])
-        else:
-            kind = comm
-        out[kind] = out.get(kind, 0.0) + seconds
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
 
 
@@ -361,16 +392,22 @@ def measure(name: str, cmd: List[str]) -> Dict[str, float]:
     # failed sample) would block on it while this loop only samples
     with tempfile.TemporaryFile(mode="w+") as stdout:
         proc = subprocess.Popen(cmd, stdout=stdout, text=True)
-        peak, sampling = 0, time.process_time()
+        peak, sampling = {"total": 0.0}, time.process_time()
         while proc.poll() is None:
-            peak = max(peak, tree_pss(proc.pid))
+            sample = tree_pss(proc.pid)
+            if sample["total"] > peak["total"]:
+                peak = sample
             time.sleep(PSS_EVERY)
         stdout.seek(0)
         out = stdout.read()
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{out}")
     result = json.loads(out.strip().splitlines()[-1])
-    result["pss"] = peak / 2**20
+    result["pss"] = peak["total"] / 2**20
+    # where the peak lay: the trainer, the workers (Ray's or DataLoader's) together and the largest one
+    for part in ("trainer", "workers", "worker_max"):
+        result[f"pss_{part}"] = peak.get(part, 0.0) / 2**20
+    result["pss_nworkers"] = peak.get("nworkers", 0.0)
     result["sampler_cpu"] = time.process_time() - sampling
     return result
 
@@ -494,7 +531,8 @@ def main() -> None:
     med = interleaved(args.only.split(","), args.runs, lambda name: run_child(name, args), lambda r: (
         f"{r['sps']:6.0f}/s pass, {r['steady']:6.0f}/s steady, first {r['first']:5.2f}s, "
         f"trainer {r['trainer_ms']:5.1f} ms/batch ({r['main_ms']:4.1f} in its main thread), cpu {r['cpu']:6.1f}s, "
-        f"PSS {r['pss']:6.0f} MiB (sampler {r['sampler_cpu']:.1f} CPU-s)"))  # fmt: skip
+        f"PSS {r['pss']:6.0f} MiB (trainer {r['pss_trainer']:.0f}, {r['pss_nworkers']:.0f} workers {r['pss_workers']:.0f}, "
+        f"largest {r['pss_worker_max']:.0f}; sampler {r['sampler_cpu']:.1f} CPU-s)"))  # fmt: skip
     base = med.get("energon")
     print_table(
         ["contender", "pass samples/s", "steady samples/s", "first batch s", "trainer CPU ms/batch", "CPU-s/pass", "peak PSS MiB", "pass vs Energon"],

@@ -178,7 +178,8 @@ def main() -> None:
     cap.dataset(args.workdir, args.samples)
     med = cap.interleaved(args.only.split(","), args.runs, lambda name: run_child(name, args), lambda r: (
         f"{r['sps']:6.0f}/s end to end, {r['steady']:6.0f}/s steady, first {r['first']:5.2f}s, "
-        f"step {r['step_ms']:5.2f} ms (p90 {r['step_p90']:5.2f}), trainer {r['trainer_ms']:5.1f} ms/batch, PSS {r['pss']:6.0f} MiB"))  # fmt: skip
+        f"step {r['step_ms']:5.2f} ms (p90 {r['step_p90']:5.2f}), trainer {r['trainer_ms']:5.1f} ms/batch, PSS {r['pss']:6.0f} MiB "
+        f"(trainer {r['pss_trainer']:.0f}, {r['pss_nworkers']:.0f} workers {r['pss_workers']:.0f}, largest {r['pss_worker_max']:.0f})"))  # fmt: skip
     free = med.get("loader_free")
     base = med.get("energon")
     cap.print_table(

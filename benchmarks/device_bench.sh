@@ -4,10 +4,10 @@
 # the trainer's py-spy profile (if py-spy is on PATH) of the set-up-delay run to $OUT/trainer_pyspy.txt.
 #   bash benchmarks/device_bench.sh [samples]
 # On a lent GPU machine (no network, 64 MiB per call): stage the wheels here with
-# `bash ../shared/device/stage.sh pydantic pydantic-core annotated-types typing-inspection` (Ray Data's
-# iter_torch_batches needs pydantic, which that machine lacks), repack into parts under ~58 MiB (Ray's
-# wheel without ray/dashboard/client, rllib, serve, llm fits beside botocore), copy setup.sh into
-# .devstage/, install part 1 in one call and part 2 plus this script in the next (within 30 s).
+# `bash ../shared/device/stage.sh`, then add pydantic and pydantic-core (`pip download --no-deps` for
+# cp312; stage.sh thinks that machine has them, it has not, and Ray Data's iter_torch_batches needs
+# them) to part 1; botocore (part 3) is not needed here. Copy setup.sh into .devstage/, install part 1
+# in one call and part 2 plus this script in the next (within the 30 s the machine stays warm).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -22,12 +22,15 @@ step() {  # name, seconds, command...
   echo "== $name ($(date +%T))"
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
 }
-step captioning_${CPUS}cpu 380 python3 bench_captioning.py --samples "$N" --runs 3 --cpus "$CPUS" --workdir $W --only energon,webloader,ray_data,energon_ray,energon_ray_no_local
-step gpu_feed 200 python3 bench_gpu_feed.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W
+# in order of what the issue asks most; the whole takes ~8 minutes of a 16-core machine
+step captioning_${CPUS}cpu 240 python3 bench_captioning.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W --only energon,webloader,ray_data,energon_ray
+step gpu_feed 150 python3 bench_gpu_feed.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W
 BENCH_PYSPY=$OUT/trainer_pyspy.txt step first_batch_after_setup 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --setup-delay 10
+# where a Ray worker's memory lies (heap, anonymous, object store, torch's relocated libraries)
+step worker_memory 60 python3 probe_worker_memory.py --samples "$N" --cpus "$CPUS" --workdir $W
 # memory vs throughput at 16 workers: 256 MiB of finished blocks ahead instead of the 1 GiB default
-step captioning_${CPUS}cpu_store256 120 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --object-store-mib 256
-step scaling 180 bash -c "for c in 4 8; do timeout 90 python3 bench_captioning.py --samples $N --runs 1 --cpus \$c --workdir $W --only energon,energon_ray; done"
+step captioning_${CPUS}cpu_store256 50 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --object-store-mib 256
 # one core left to the trainer (both loaders get CPUS-1): does the GPU step come closer to loader-free?
-step gpu_feed_one_core_free 150 python3 bench_gpu_feed.py --samples "$N" --runs 1 --cpus $((CPUS - 1)) --workdir $W
+step gpu_feed_one_core_free 80 python3 bench_gpu_feed.py --samples "$N" --runs 1 --cpus $((CPUS - 1)) --workdir $W
+step scaling 120 bash -c "for c in 4 8; do timeout 60 python3 bench_captioning.py --samples $N --runs 1 --cpus \$c --workdir $W --only energon,energon_ray; done"
 echo "== done ($(date +%T))"
