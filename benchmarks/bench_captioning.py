@@ -213,16 +213,16 @@ def ray_iter(shards: List[str]):
         out = tok(list(batch["txt"]))
         return {"image": np.stack(images), "input_ids": out["input_ids"].numpy(), "attention_mask": out["attention_mask"].numpy()}
 
+    def collate(batch):  # numpy columns to tensors (an object column, as a newer numpy may give, stacked)
+        return {k: torch.from_numpy(np.stack(list(v)) if v.dtype == object else v) for k, v in batch.items()}
+
     ds = ray.data.read_webdataset(shards, decoder=None, file_extensions=["tar"])
-    ds = ds.map_batches(
-        lambda b: {"jpg": b["jpg"], "txt": np.asarray([t.decode() for t in b["txt"]], dtype=object)}, batch_size=BATCH
-    ) if False else ds
     ds = ds.map_batches(
         lambda b: transform({"jpg": b["jpg"], "txt": [t.decode() if isinstance(t, bytes) else t for t in b["txt"]]}),
         batch_size=BATCH,
         batch_format="numpy",
     )
-    return iter(ds.iter_torch_batches(batch_size=BATCH, prefetch_batches=4))
+    return iter(ds.iter_torch_batches(batch_size=BATCH, prefetch_batches=4, collate_fn=collate))
 
 
 def dataset(workdir: str, samples: int, write: bool = True):
@@ -358,11 +358,19 @@ def interleaved(names: List[str], runs: int, run_one, describe) -> Dict[str, Dic
     """Each contender once per run, interleaved (each run sees the machine in the same state for
     all), a line per result (``describe(result)``); the medians of each contender's figures."""
     results: Dict[str, List[Dict[str, float]]] = {name: [] for name in names}
+    failed = set()
     for run in range(runs):
         for name in names:
-            results[name].append(run_one(name))
+            if name in failed:
+                continue
+            try:
+                results[name].append(run_one(name))
+            except RuntimeError as exc:  # one contender's failure (printed) leaves the others' figures
+                failed.add(name)
+                print(f"{name:12s} run {run}: FAILED, left out of the comparison: {exc}"[:4000], flush=True)
+                continue
             print(f"{name:12s} run {run}: {describe(results[name][-1])}", flush=True)
-    return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in results.items()}
+    return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in results.items() if rs}
 
 
 def print_table(header: List[str], rows: List[List[str]]) -> None:

@@ -401,15 +401,24 @@ class MultiFeed:
         return out
 
     def _pin_ahead(self, block_rows: List[Row], early: Dict[int, Row]) -> Dict[int, Row]:
-        """With pinning: the block's item rows, by row index, each value a ``Pinning`` already
-        submitted to the pin thread (the items are zero-copy views of the block until copied)."""
+        """With pinning: the block's item rows, by row index, each value a ``Pinning`` linked to its
+        worker stream's next one in the block; the copy of each stream's first starts now, the others'
+        as the batch before them is handed out (the items are zero-copy views of the block until
+        copied)."""
         if self._pinner is None:
             return {}
         out: Dict[int, Row] = {}
+        last: Dict[int, Any] = {}
         for i, row in enumerate(block_rows):
             if row[0] == rows.ITEM and i not in early:
                 kind, worker, segment, seq, value = decode_row(row, False)
-                out[i] = (kind, worker, segment, seq, self._pinner.submit(value))
+                pinning = self._pinner.pinning(value)
+                if worker in last:
+                    last[worker].successor = pinning
+                else:
+                    pinning.start()
+                last[worker] = pinning
+                out[i] = (kind, worker, segment, seq, pinning)
         return out
 
     def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:

@@ -345,7 +345,11 @@ class WorkerQueues:
                 if oldest >= tag:
                     break
                 del records[oldest]
-            return item.result() if type(item) is Pinning else item
+            if type(item) is not Pinning:
+                return item
+            if item.successor is not None:  # this worker's next batch, needed a round of steps later
+                item.successor.start()
+            return item.result()
         return NOTHING
 
     # -- save/restore ---------------------------------------------------------------------------

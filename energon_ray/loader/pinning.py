@@ -2,9 +2,13 @@
 
 On CUDA each finished batch is copied once into pinned (page-locked) memory so the trainer's
 host-to-device copy can run asynchronously. ``Pinner`` does those copies in one background thread
-per pass as a block of batches arrives; the queues hold a ``Pinning`` for each batch and hand out
-its copy when the trainer reaches it. ``pin_batch`` is looked up on this module at each copy (tests
-replace it with a recording copy on CPU-only machines).
+per pass. A block that arrives becomes a ``Pinning`` per batch, each linked to the next one of its
+worker stream (``successor``); the copy of a block's first batch starts at once, and handing a batch
+out to the trainer starts the copy of its successor (the trainer takes the worker streams in turn,
+so that copy has a whole round of steps to finish). Pinned memory is thus about one batch per worker
+stream, not every batch of the blocks that arrived (torch's host allocator keeps what it pinned,
+rounded up to a power of two, for the rest of the process). ``pin_batch`` is
+looked up on this module at each copy (tests replace it with a recording copy on CPU-only machines).
 """
 
 from __future__ import annotations
@@ -21,21 +25,28 @@ def pin_now(value: Any) -> Any:
 
 
 class Pinning:
-    """A queued batch being copied into pinned memory by the pin thread; ``WorkerQueues.pop`` hands
-    out the copy (``result``)."""
+    """A queued batch to copy into pinned memory: ``start`` hands the copy to the pin thread (once),
+    ``result`` hands out the copy (``WorkerQueues.pop``, which then starts ``successor``'s, the same
+    worker stream's next batch in the block)."""
 
-    __slots__ = ("future", "value", "pin")
+    __slots__ = ("future", "value", "pinner", "successor")
 
-    def __init__(self, future: Future, value: Any, pin: Callable[[Any], Any]):
-        self.future = future
+    def __init__(self, value: Any, pinner: "Pinner"):
+        self.future: Optional[Future] = None
         self.value = value
-        self.pin = pin
+        self.pinner = pinner
+        self.successor: Optional["Pinning"] = None
+
+    def start(self) -> None:
+        """Have the pin thread copy it (from now, behind the copies already asked for)."""
+        if self.future is None:
+            self.future = self.pinner.submit(pin_now, self.value)
 
     def result(self) -> Any:
-        """The pinned copy: the pin thread's, or, if that thread has not started on it yet (busy
-        with batches needed later), made here, so a batch never waits behind others' copies."""
-        if self.future.cancel():
-            return self.pin(self.value)
+        """The pinned copy: the pin thread's, or, if that thread has not started on it (not asked
+        yet, or busy with other batches), made here, so a batch never waits behind others' copies."""
+        if self.future is None or self.future.cancel():
+            return pin_now(self.value)
         return self.future.result()
 
 
@@ -48,11 +59,15 @@ class Pinner:
     def __init__(self) -> None:
         self._pool: Optional[ThreadPoolExecutor] = None
 
-    def submit(self, value: Any) -> Pinning:
+    def pinning(self, value: Any) -> Pinning:
+        """A ``Pinning`` of ``value``, its copy not started."""
+        return Pinning(value, self)
+
+    def submit(self, fn: Callable[[Any], Any], value: Any) -> Future:
         if self._pool is None:
             device = _cuda_device()
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="energon_ray_pin", initializer=_use_device, initargs=(device,))
-        return Pinning(self._pool.submit(pin_now, value), value, pin_now)
+        return self._pool.submit(fn, value)
 
     def close(self) -> None:
         """Stops the thread; copies not started are dropped (the pass ended or was abandoned)."""

@@ -137,11 +137,12 @@ def test_batch_tensors_are_writable_views_that_outlive_the_loader(tmp_path):
 
 
 def test_batches_are_pinned_in_the_pin_thread_not_the_training_thread(tmp_path, monkeypatch):
-    """With pinning (the default on CUDA), a block's batches are copied by the loader's pin thread as
-    the block arrives; the trainer gets the copies, in the order an unpinned loader gives, and the
-    thread ends with the pass. Only a block's first batch, needed at once, may be copied by the
-    training thread (when the pin thread has not started on it). (torch pins only with CUDA: a
-    recording copy stands in for it here.)"""
+    """With pinning (the default on CUDA), batches are copied by the loader's pin thread, each worker
+    stream's next batch only (not a whole block as it arrives: pinned memory stays about one batch
+    per stream); the trainer gets the copies, in the order an unpinned loader gives, and the thread
+    ends with the pass. Only a block's first batch, needed at once, may be copied by the training
+    thread (when the pin thread has not started on it). (torch pins only with CUDA: a recording copy
+    stands in for it here.)"""
     import energon_ray.loader.pinning as pinning
 
     threads = []
@@ -158,10 +159,12 @@ def test_batches_are_pinned_in_the_pin_thread_not_the_training_thread(tmp_path, 
     plain = [b["keys"] for b in loader]
     monkeypatch.setattr(pinning, "pin_batch", pin)
     loader.pin = True  # what pin_memory=None chooses on CUDA (from the next pass on)
-    batches = []
+    batches, ahead = [], []
     for batch in loader:
         batches.append(batch)
         time.sleep(0.03)  # a training step
+        ahead.append(len(threads) - len(batches))  # copies made or begun of batches not handed out yet
+    assert max(ahead) <= 2 and max(ahead) >= 1  # one per worker stream (a block holds 4 batches)
     assert [b["keys"] for b in batches] == plain and sorted(k for keys in plain for k in keys) == [f"sample_{i:06d}" for i in range(48)]
     assert all(b.get("pinned") for b in batches) and len(threads) == len(batches) == 12
     assert set(threads) <= {"energon_ray_pin_0", "MainThread"}

@@ -172,33 +172,76 @@ def test_located_leftovers_resolve_to_the_sample_bytes_of_their_block():
     assert serde.loads(first) == {"k": "b"}
 
 
-def test_a_pinning_item_is_copied_by_the_caller_when_the_pin_thread_has_not_started_it():
-    """``Pinning.result``: a copy the pin thread is busy with (or finished) is waited for; one still
-    queued behind other items' copies is taken back and made by the caller, at once."""
+def test_a_pinning_item_is_copied_by_the_caller_when_the_pin_thread_has_not_started_it(monkeypatch):
+    """``Pinning.result``: a copy the pin thread is busy with (or finished) is waited for; one not
+    asked for (``start``), or still queued behind other items' copies, is made by the caller, at once."""
     import threading
-    from concurrent.futures import ThreadPoolExecutor
 
-    from energon_ray.loader.pinning import Pinning
-
-    def pin(value):
-        return (value, threading.current_thread().name)
+    import energon_ray.loader.pinning as pinning
 
     started, release = threading.Event(), threading.Event()
-    pool = ThreadPoolExecutor(1, thread_name_prefix="pin")
+
+    def pin(value):
+        if value == "a":
+            started.set()
+            release.wait(10)
+        return (value, threading.current_thread().name)
+
+    monkeypatch.setattr(pinning, "pin_batch", pin)
+    me = threading.current_thread().name
+    pinner = pinning.Pinner()
     try:
-        busy = Pinning(pool.submit(lambda v: (started.set(), release.wait(10), pin(v))[2], "a"), "a", pin)
+        busy = pinner.pinning("a")
+        busy.start()
         assert started.wait(10)
-        queued = Pinning(pool.submit(pin, "b"), "b", pin)
-        assert queued.result() == ("b", threading.current_thread().name)  # not waiting for "a"
+        queued = pinner.pinning("b")
+        queued.start()
+        assert queued.result() == ("b", me)  # not waiting for "a"
+        never = pinner.pinning("n")
+        assert never.future is None and never.result() == ("n", me)
         assert not busy.future.done()
         release.set()
-        assert busy.result() == ("a", "pin_0")
-        done = Pinning(pool.submit(pin, "c"), "c", pin)
+        assert busy.result() == ("a", "energon_ray_pin_0")
+        done = pinner.pinning("c")
+        done.start()
+        done.start()  # once
         done.future.result()
-        assert done.result() == ("c", "pin_0")
+        assert done.result() == ("c", "energon_ray_pin_0")
     finally:
         release.set()
-        pool.shutdown()
+        pinner.close()
+
+
+def test_only_each_worker_streams_next_batch_is_copied_ahead(monkeypatch):
+    """Handing out a pinned batch starts the copy of its ``successor`` (the same worker stream's next
+    batch) and of nothing else: with the block's first copies started (as ``_pin_ahead`` does), at
+    most one batch per worker stream is copied ahead of the trainer, not a whole block."""
+    import energon_ray.loader.pinning as pinning
+
+    copied = []
+    monkeypatch.setattr(pinning, "pin_batch", lambda value: (copied.append(value), value)[1])
+    pinner = pinning.Pinner()
+    try:
+        q = WorkerQueues(2, None, _pool_batches)
+        items = {w: [pinner.pinning(f"w{w}b{i}") for i in range(3)] for w in (0, 1)}
+        for w in (0, 1):
+            items[w][0].successor, items[w][1].successor = items[w][1], items[w][2]
+            items[w][0].start()  # a block's first batch
+            for seq, item in enumerate(items[w]):
+                q.feed((rows.ITEM, w, 0, seq, item), False)
+
+        def started():
+            return sorted(p.value for w in (0, 1) for p in items[w] if p.future is not None)
+
+        assert started() == ["w0b0", "w1b0"]
+        assert q.pop(0) == "w0b0"
+        assert started() == ["w0b0", "w0b1", "w1b0"]
+        assert q.pop(1) == "w1b0" and q.pop(0) == "w0b1"
+        assert started() == ["w0b0", "w0b1", "w0b2", "w1b0", "w1b1"]
+        assert [q.pop(1), q.pop(0), q.pop(1)] == ["w1b1", "w0b2", "w1b2"] and q.pop(0) is NOTHING
+        assert sorted(copied) == sorted(p.value for w in (0, 1) for p in items[w])  # each copied once
+    finally:
+        pinner.close()
 
 
 def _chained_report(segment, before, outputs, tail_from):
