@@ -2,7 +2,8 @@
 CPU budget (N DataLoader workers vs an N-CPU private Ray): megatron-energon, webdataset's WebLoader,
 plain Ray ``read_webdataset`` + ``map_batches``, energon_ray (plain Ray tasks, its default), energon_ray_data
 (energon_ray with ``executor="ray_data"``), energon_ray_no_local (``ENERGON_RAY_LOCAL_START=off``: a cold
-start's first block made by Ray, not the trainer), and the one-process decode floor. ``energon_gen`` and
+start's first block made by Ray, not the trainer), energon_ray_nice (``ENERGON_RAY_WORKER_NICE=10``:
+its Ray workers below the trainer's CPU priority), and the one-process decode floor. ``energon_gen`` and
 ``energon_ray_gen``: the same with ``encode_sample`` written as a generator (energon_ray then chains
 each worker stream's segments).
 
@@ -351,6 +352,8 @@ def run_child(name: str, args) -> Dict[str, float]:
         cmd += ["--samples-per-segment", str(args.samples_per_segment)]
     if args.object_store_mib:
         cmd += ["--object-store-mib", str(args.object_store_mib)]
+    if args.step_ms:
+        cmd += ["--step-ms", str(args.step_ms)]
     return measure(name, cmd)
 
 
@@ -448,6 +451,9 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     if name == "energon_ray_no_local":  # energon_ray without its first block made in the trainer on a cold start
         os.environ["ENERGON_RAY_LOCAL_START"] = "off"
         name = "energon_ray"
+    if name == "energon_ray_nice":  # energon_ray with its Ray workers at a lower CPU priority than the trainer
+        os.environ["ENERGON_RAY_WORKER_NICE"] = "10"
+        name = "energon_ray"
     if name == "ray_data":
         import ray
 
@@ -478,11 +484,14 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     it = make()
     stamps, sizes = [], []
     trainer_cpu0 = None
+    steps = []  # wall ms of each --step-ms step (CPU work of the training thread standing in for a model's step)
     for batch in it:
         stamps.append(time.perf_counter())
         sizes.append(count(batch))
         if trainer_cpu0 is None:
             trainer_cpu0, main0 = time.process_time(), time.thread_time()
+        if args.step_ms:
+            steps.append(_step(args.step_ms))
     trainer_cpu = time.process_time() - (trainer_cpu0 or 0.0)
     main_cpu = time.thread_time() - (main0 if trainer_cpu0 is not None else 0.0)
     end = time.perf_counter()
@@ -508,7 +517,18 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
         "trainer_ms": 1000 * trainer_cpu / max(1, len(stamps) - 1), "batches": len(stamps),
         # of which the training thread's own (the rest: Ray's C++ threads, the pin thread, ...)
         "main_ms": 1000 * main_cpu / max(1, len(stamps) - 1),
+        **({"step_wall": statistics.median(steps), "step_p90": sorted(steps)[int(0.9 * len(steps))]} if steps else {}),
     }), flush=True)  # fmt: skip
+
+
+def _step(ms: float) -> float:
+    """Spin the calling thread for ``ms`` of its own CPU time (a training step's CPU-bound part: the
+    kernel launches a GPU step needs); its wall time in ms. Loader work competing for the cores (the
+    trainer's other threads, Ray's or DataLoader's workers) stretches the wall time: a GPU waits."""
+    start, cpu_end = time.perf_counter(), time.thread_time() + ms / 1000
+    while time.thread_time() < cpu_end:
+        pass
+    return 1000 * (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -521,6 +541,7 @@ def main() -> None:
     parser.add_argument("--setup-delay", type=float, default=0.0, help="seconds between building energon_ray's loader and iter()")
     parser.add_argument("--samples-per-segment", type=int, default=None, help="energon_ray: samples per Ray task")
     parser.add_argument("--object-store-mib", type=int, default=None, help="energon_ray: object_store_limit in MiB")
+    parser.add_argument("--step-ms", type=float, default=0.0, help="after each batch, spin the training thread for this many ms of its CPU time and report the wall time it took")
     parser.add_argument("--pss-every", type=float, default=PSS_EVERY, help="seconds between PSS samples of a contender's process tree")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -540,7 +561,8 @@ def main() -> None:
         f"{r['sps']:6.0f}/s pass, {r['steady']:6.0f}/s steady, first {r['first']:5.2f}s, "
         f"trainer {r['trainer_ms']:5.1f} ms/batch ({r['main_ms']:4.1f} in its main thread), cpu {r['cpu']:6.1f}s, "
         f"PSS {r['pss']:6.0f} MiB (trainer {r['pss_trainer']:.0f}, {r['pss_nworkers']:.0f} workers {r['pss_workers']:.0f}, "
-        f"largest {r['pss_worker_max']:.0f}; sampler {r['sampler_cpu']:.1f} CPU-s)"))  # fmt: skip
+        f"largest {r['pss_worker_max']:.0f}; sampler {r['sampler_cpu']:.1f} CPU-s)"
+        + (f", step {r['step_wall']:.2f} ms wall (p90 {r['step_p90']:.2f}) for {args.step_ms} ms CPU" if "step_wall" in r else "")))  # fmt: skip
     base = med.get("energon")
     print_table(
         ["contender", "pass samples/s", "steady samples/s", "first batch s", "trainer CPU ms/batch", "CPU-s/pass", "peak PSS MiB", "pass vs Energon"],

@@ -4,6 +4,9 @@ private Ray, the same task encoder as ``bench_captioning.py``). Needs CUDA; CI n
 
     python benchmarks/bench_gpu_feed.py [--samples 12000] [--runs 2] [--cpus 16] [--only loader_free,energon,energon_ray]
 
+(``energon_ray_nice``: energon_ray with ``ENERGON_RAY_WORKER_NICE=10``, its Ray workers below the
+trainer's CPU priority.)
+
 A training step is: copy the batch's images and token ids to the GPU (``non_blocking``; both loaders
 pin on CUDA), forward + backward of the net under ``torch.autocast(bfloat16)``, an SGD step. Reported
 per contender (medians of the runs):
@@ -103,6 +106,9 @@ class Clock:
 
 
 def child(name: str, args) -> None:
+    if name == "energon_ray_nice":  # its Ray workers below the trainer's CPU priority (ENERGON_RAY_WORKER_NICE)
+        os.environ["ENERGON_RAY_WORKER_NICE"] = "10"
+        name = "energon_ray"
     torch.set_num_threads(1)
     torch.backends.cudnn.benchmark = True
     device = torch.device(args.device)

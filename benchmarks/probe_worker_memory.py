@@ -4,7 +4,7 @@
 
 Runs bench_captioning's energon_ray pass on a private ``--cpus``-CPU Ray (the dataset of
 ``bench_captioning.py --samples N``, written if missing) and reads ``/proc/PID/smaps`` of the trainer
-and of every Ray worker every tenth batch. Prints, for the trainer and the largest worker, its peak
+and of every Ray worker every 20th batch. Prints, for the trainer and the largest worker, its peak
 PSS split into: the heap (glibc's main arena), anonymous mappings (other malloc arenas, Arrow's
 allocator, torch's large buffers), the object store (shared memory, divided among the processes that
 touched a page) and the five largest shared libraries (relocated pages of torch's libraries are
@@ -74,7 +74,7 @@ def main() -> None:
     peaks: dict = {}
     batches = 0
     for batches, _batch in enumerate(cap.energon_ray_iter(str(root)), 1):
-        if batches % 10 != 5:
+        if batches % 20 != 5:
             continue
         for pid in cap.tree_pids(me):
             kind = cap._kind(pid, me)

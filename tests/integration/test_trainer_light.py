@@ -504,3 +504,25 @@ def test_a_cold_sample_blend_makes_its_first_batch_in_the_loader_process_only(tm
     assert local_keys == keys
     assert local_here == [True] + [False] * (len(keys) - 1)
     assert "blocks made in this process: 0" not in loader.ray_stats()
+
+
+def test_ray_workers_give_way_to_the_trainer_only_when_asked(monkeypatch):
+    """``ENERGON_RAY_WORKER_NICE``: the first task of ours in a Ray worker lowers that process's CPU
+    priority to it; without it the priority stays; the driver's never changes."""
+    import energon_ray.ray_env as ray_env
+
+    def niceness():
+        before = os.nice(0)
+        ray_env.import_task_modules()
+        return before, os.nice(0)
+
+    asked = ray.remote(num_cpus=0, runtime_env={"env_vars": {"ENERGON_RAY_WORKER_NICE": "7"}})(niceness)
+    before, after = ray.get(asked.remote(), timeout=120)
+    assert after == max(before, 7)
+    before, after = ray.get(ray.remote(num_cpus=0)(niceness).remote(), timeout=120)
+    assert after == before
+    mine = os.nice(0)
+    monkeypatch.setenv("ENERGON_RAY_WORKER_NICE", "7")
+    monkeypatch.setattr(ray_env, "_gave_way", False)
+    ray_env.give_way()
+    assert os.nice(0) == mine
