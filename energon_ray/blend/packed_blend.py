@@ -26,6 +26,7 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 from energon_ray.blend.base import Node, PassContext, Provider
 from energon_ray.blend.replay import SubTree
 from energon_ray.loader.merge import EXHAUSTED
+from energon_ray.loader.pinning import handed_out
 from energon_ray.pipeline.rows import Located
 
 #: packing buffers per chunk of drawn samples (one Ray task packs a chunk)
@@ -172,6 +173,6 @@ def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree,
         node.batches[worker] += 1
         node.cursor[worker] = node.after[worker].pop() if node.after[worker] else node.head(worker)
         node.forget_before(worker)
-        return item
+        return handed_out(item)
 
     return next_item

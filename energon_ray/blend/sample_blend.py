@@ -26,6 +26,7 @@ from energon_ray.blend.base import Composition, PassContext, Provider
 from energon_ray.blend.compose import ListNode, PooledBlendDataset
 from energon_ray.blend.replay import GroupNode, SubTree
 from energon_ray.loader.merge import EXHAUSTED
+from energon_ray.loader.pinning import handed_out
 from energon_ray.pipeline.policy import FailureChain
 
 #: Batches drawn and batched by one Ray task ahead of the trainer (per logical worker).
@@ -108,7 +109,7 @@ class SampleBlendDataset(PooledBlendDataset):
                 node.begin(worker, before)
                 node.samples[worker] = _samples_of(groups, spans)
                 given[worker] = list(reversed(made[node.take_discard(worker) :]))
-            return node.give(worker, given[worker])
+            return handed_out(node.give(worker, given[worker]))
 
         return next_item
 
@@ -225,7 +226,7 @@ class _GroupBatcher:
             for i, g in enumerate(groups)
         ]
         wait = self._seam_tasks().submit(worker, self._seed(worker), groups_out)
-        return lambda: self._batches(wait, self.feeds[0].pin)
+        return lambda: self._batches(wait, self.feeds[0].multi.pinner)
 
     def pack(self, worker: int, samples: List[Any], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
         """Start packing drawn samples: the reference of the packs' table and a function waiting
@@ -233,9 +234,9 @@ class _GroupBatcher:
         chunk = [(position, sub, payload) for position, sub, payload, _ in samples]
         return self._seam_tasks().submit_pack(worker, self._seed(worker), chunk, buffer_size)
 
-    def _batches(self, wait: Callable[[], Any], pin: bool) -> Tuple[List[Any], List[List[int]]]:
+    def _batches(self, wait: Callable[[], Any], pinner: Any) -> Tuple[List[Any], List[List[int]]]:
         from energon_ray.loader.feed import seam_items
 
-        made, spans = seam_items(wait, pin, self.stats, self.chain)
+        made, spans = seam_items(wait, pinner, self.stats, self.chain)
         self.stats.seam_batches += len(made)
         return made, spans

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from energon_ray.errors import ExecutionLost, unwrap_error
 from energon_ray.loader.merge import EXHAUSTED, NOTHING, LoaderStats, Pending, Row, WorkerQueues
-from energon_ray.loader.pinning import Pinner, pin_now
+from energon_ray.loader.pinning import Pinner, chained, pin_now
 from energon_ray.loader.restore import restore_reads, restore_streams, run_reads
 from energon_ray.loader.state import StreamState
 from energon_ray.pipeline import rows, serde
@@ -67,22 +67,26 @@ def _ours(exc: BaseException) -> BaseException:
     return unwrap_error(exc) or exc
 
 
-def seam_items(wait: Callable[[], Any], pin: bool, stats: LoaderStats, chain: Any) -> Tuple[List[Any], List[List[int]]]:
+def seam_items(
+    wait: Callable[[], Any], pinner: Optional[Pinner], stats: LoaderStats, chain: Any
+) -> Tuple[List[Any], List[List[int]]]:
     """The items a seam-batch task made (``wait`` gives its table) with their samples' positions; its
-    report is counted in ``stats`` (skips joined by ``chain``), and its error raised as ours."""
+    report is counted in ``stats`` (skips joined by ``chain``), and its error raised as ours. With a
+    ``pinner`` (pinning), the items are ``Pinning``s chained in order (``pinning.chained``), to be
+    handed out with ``pinning.handed_out``: the pin thread copies each while the one before it trains."""
     try:
         table = wait()
     except Exception as exc:
         raise _ours(exc) from None
     items, spans = [], []
     for row, positions in zip(rows.iter_rows(table), rows.positions(table)):
-        kind, _, _, _, value = decode_row(row, pin)
+        kind, _, _, _, value = decode_row(row, False)
         if kind == rows.REPORT:
             stats.add_report(value, chain)
         else:
             items.append(value)
             spans.append(positions or [])
-    return items, spans
+    return (chained(pinner, items) if pinner is not None else items), spans
 
 
 class LeafFeed:
@@ -130,7 +134,7 @@ class LeafFeed:
         wait = self._seams.submit(worker, self.plan.streams[worker].config.hook_seed, groups)
 
         def resolve() -> List[Any]:
-            items, pending.positions = seam_items(wait, self.pin, self.queues.stats, self.queues.chain)
+            items, pending.positions = seam_items(wait, self.multi.pinner, self.queues.stats, self.queues.chain)
             return items
 
         pending = Pending(resolve)
@@ -275,6 +279,11 @@ class MultiFeed:
         self._windows = iter(windows(self.schedules, MAX_WINDOW_SEGMENTS, first=FIRST_WINDOW_SEGMENTS))
         self._set_chain_starts(states)
         restore_streams(self.feeds, states, self.reread)
+
+    @property
+    def pinner(self) -> Optional[Pinner]:
+        """Copies batches into pinned memory off the training thread (``None``: no pinning)."""
+        return self._pinner
 
     def close(self) -> None:
         """Stop the Ray execution."""

@@ -17,7 +17,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 
 from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.pipeline import rows
-from energon_ray.loader.pinning import Pinning
+from energon_ray.loader.pinning import handed_out
 from energon_ray.loader.state import (
     QueueCheckpoint, RoundRobinState, SampleRef, StateError, StreamState, expand_ranges, to_ranges,
 )  # fmt: skip
@@ -345,11 +345,7 @@ class WorkerQueues:
                 if oldest >= tag:
                     break
                 del records[oldest]
-            if type(item) is not Pinning:
-                return item
-            if item.successor is not None:  # this worker's next batch, needed a round of steps later
-                item.successor.start()
-            return item.result()
+            return handed_out(item)
         return NOTHING
 
     # -- save/restore ---------------------------------------------------------------------------

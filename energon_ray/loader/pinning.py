@@ -2,9 +2,10 @@
 
 On CUDA each finished batch is copied once into pinned (page-locked) memory so the trainer's
 host-to-device copy can run asynchronously. ``Pinner`` does those copies in one background thread
-per pass. A block that arrives becomes a ``Pinning`` per batch, each linked to the next one of its
-worker stream (``successor``); the copy of a block's first batch starts at once, and handing a batch
-out to the trainer starts the copy of its successor (the trainer takes the worker streams in turn,
+per pass. A block that arrives (or a group task's batches: seams, a sample blend's groups;
+``chained``) becomes a ``Pinning`` per batch, each linked to the next one of its worker stream
+(``successor``); the copy of the first batch starts at once, and handing a batch out to the trainer
+(``handed_out``) starts the copy of its successor (the trainer takes the worker streams in turn,
 so that copy has a whole round of steps to finish). Pinned memory is thus about one batch per worker
 stream, not every batch of the blocks that arrived (torch's host allocator keeps what it pinned,
 rounded up to a power of two, for the rest of the process). ``pin_batch`` is
@@ -14,7 +15,7 @@ looked up on this module at each copy (tests replace it with a recording copy on
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from energon_ray.samples.base import pin_batch
 
@@ -74,6 +75,27 @@ class Pinner:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def chained(pinner: "Pinner", values: List[Any]) -> List[Pinning]:
+    """``Pinning``s of one worker stream's next batches, in the order the trainer takes them: each
+    linked to the next, the first one's copy started."""
+    out = [pinner.pinning(value) for value in values]
+    for before, after in zip(out, out[1:]):
+        before.successor = after
+    if out:
+        out[0].start()
+    return out
+
+
+def handed_out(item: Any) -> Any:
+    """What the trainer gets for a queued item: a ``Pinning``'s copy (its successor's copy started
+    first, a round of steps ahead of its turn), anything else as it is."""
+    if type(item) is not Pinning:
+        return item
+    if item.successor is not None:
+        item.successor.start()
+    return item.result()
 
 
 def _cuda_device() -> Optional[int]:

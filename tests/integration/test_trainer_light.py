@@ -526,3 +526,49 @@ def test_ray_workers_give_way_to_the_trainer_only_when_asked(monkeypatch):
     monkeypatch.setattr(ray_env, "_gave_way", False)
     ray_env.give_way()
     assert os.nice(0) == mine
+
+
+def test_a_sample_blends_batches_are_pinned_in_the_pin_thread_one_per_stream_ahead(tmp_path, monkeypatch):
+    """A train metadataset's sample blend (its batches made by group tasks, 4 batches a group) with
+    pinning: the trainer gets the pinned copies in the order an unpinned loader gives; the pin thread
+    makes them, a group's first batch aside (needed at once), and at most one batch per worker stream
+    is copied ahead of the trainer, not a whole group on the training thread. (A recording copy
+    stands in for torch's, which needs CUDA.)"""
+    import energon_ray.loader.pinning as pinning
+
+    for name, n in (("a", 40), ("b", 24)):
+        captioning_dataset(tmp_path / name, n=n, per_shard=8)
+    (tmp_path / "mix.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - {weight: 1, path: a}\n      - {weight: 1, path: b}\n"
+    )
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+
+    def build():  # a loader's second pass (its first was set up unpinned when it was built)
+        ds = er.get_train_dataset(tmp_path / "mix.yaml", worker_config=wc, batch_size=4, task_encoder=DictBatches(), shuffle_buffer_size=4,
+                                  max_samples_per_sequence=4, repeat=False, blend_samples=True, samples_per_segment=8)  # fmt: skip
+        loader = er.get_loader(ds, pin_memory=False)
+        assert len(list(loader)) == 16
+        return loader
+
+    plain = [b["keys"] for b in build()]
+    loader = build()
+    threads = []
+
+    def pin(batch):
+        threads.append(threading.current_thread().name)
+        time.sleep(0.002)
+        return {**batch, "image": batch["image"].clone(), "pinned": True}
+
+    monkeypatch.setattr(pinning, "pin_batch", pin)
+    loader.pin = True  # what pin_memory=None chooses on CUDA (from the next pass on)
+    batches, ahead = [], []
+    for batch in loader:
+        batches.append(batch)
+        time.sleep(0.03)  # a training step
+        ahead.append(len(threads) - len(batches))
+    assert [b["keys"] for b in batches] == plain and len(plain) == 16
+    assert all(b.get("pinned") for b in batches) and len(threads) == len(batches)
+    assert set(threads) <= {"energon_ray_pin_0", "MainThread"} and max(ahead) <= 2
+    # 2 worker streams of 8 batches, each in groups of 1, 4 and 3: at most a group's first on the training thread
+    assert threads.count("MainThread") <= 6
