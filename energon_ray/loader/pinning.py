@@ -27,8 +27,8 @@ def pin_now(value: Any) -> Any:
 
 class Pinning:
     """A queued batch to copy into pinned memory: ``start`` hands the copy to the pin thread (once),
-    ``result`` hands out the copy (``WorkerQueues.pop``, which then starts ``successor``'s, the same
-    worker stream's next batch in the block)."""
+    ``result`` gives the copy (``handed_out`` first starts ``successor``'s, the same worker stream's
+    next batch)."""
 
     __slots__ = ("future", "value", "pinner", "successor")
 
