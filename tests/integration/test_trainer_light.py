@@ -136,13 +136,11 @@ def test_batch_tensors_are_writable_views_that_outlive_the_loader(tmp_path):
     assert all(torch.isfinite(b.image).all() for b in batches[1:])
 
 
-def test_batches_are_pinned_in_the_pin_thread_not_the_training_thread(tmp_path, monkeypatch):
-    """With pinning (the default on CUDA), batches are copied by the loader's pin thread, each worker
-    stream's next batch only (not a whole block as it arrives: pinned memory stays about one batch
-    per stream); the trainer gets the copies, in the order an unpinned loader gives, and the thread
-    ends with the pass. Only a block's first batch, needed at once, may be copied by the training
-    thread (when the pin thread has not started on it). (torch pins only with CUDA: a recording copy
-    stands in for it here.)"""
+def _pinned_pass(loader, monkeypatch):
+    """A pass of ``loader`` with pinning on (what ``pin_memory=None`` chooses on CUDA, from its next
+    pass on) and a recording copy in place of torch's (which needs CUDA), 30 ms per training step:
+    the batches, the thread that copied each, and after each step how many copies were made or begun
+    of batches not handed out yet."""
     import energon_ray.loader.pinning as pinning
 
     threads = []
@@ -152,18 +150,29 @@ def test_batches_are_pinned_in_the_pin_thread_not_the_training_thread(tmp_path, 
         time.sleep(0.002)
         return {**batch, "image": batch["image"].clone(), "pinned": True}
 
+    monkeypatch.setattr(pinning, "pin_batch", pin)
+    loader.pin = True
+    batches, ahead = [], []
+    for batch in loader:
+        batches.append(batch)
+        time.sleep(0.03)  # a training step
+        ahead.append(len(threads) - len(batches))
+    return batches, threads, ahead
+
+
+def test_batches_are_pinned_in_the_pin_thread_not_the_training_thread(tmp_path, monkeypatch):
+    """With pinning (the default on CUDA), batches are copied by the loader's pin thread, each worker
+    stream's next batch only (not a whole block as it arrives: pinned memory stays about one batch
+    per stream); the trainer gets the copies, in the order an unpinned loader gives, and the thread
+    ends with the pass. Only a block's first batch, needed at once, may be copied by the training
+    thread (when the pin thread has not started on it). (torch pins only with CUDA: a recording copy
+    stands in for it here.)"""
     path = captioning_dataset(tmp_path / "ds", n=48, per_shard=8)
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
     ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=16)
     loader = er.get_loader(ds, pin_memory=False)
     plain = [b["keys"] for b in loader]
-    monkeypatch.setattr(pinning, "pin_batch", pin)
-    loader.pin = True  # what pin_memory=None chooses on CUDA (from the next pass on)
-    batches, ahead = [], []
-    for batch in loader:
-        batches.append(batch)
-        time.sleep(0.03)  # a training step
-        ahead.append(len(threads) - len(batches))  # copies made or begun of batches not handed out yet
+    batches, threads, ahead = _pinned_pass(loader, monkeypatch)
     assert max(ahead) <= 2 and max(ahead) >= 1  # one per worker stream (a block holds 4 batches)
     assert [b["keys"] for b in batches] == plain and sorted(k for keys in plain for k in keys) == [f"sample_{i:06d}" for i in range(48)]
     assert all(b.get("pinned") for b in batches) and len(threads) == len(batches) == 12
@@ -474,21 +483,28 @@ class PidOnly(er.DefaultTaskEncoder):
         return {"keys": [s.__key__ for s in samples], "pid": os.getpid()}
 
 
-def test_a_cold_sample_blend_makes_its_first_batch_in_the_loader_process_only(tmp_path, monkeypatch):
-    """A train metadataset's sample blend at a cold start (forced: ``ENERGON_RAY_LOCAL_START=always``):
-    the blocks and the group its first batch waits for are made in the trainer process, nothing after
-    the first batch is; the batches are those Ray alone makes (``off``)."""
+def _two_dataset_mix(tmp_path):
+    """A train metadataset blending two captioning datasets (40 and 24 samples, both named
+    sample_000000…) 1:1: its YAML's path."""
     for name, n in (("a", 40), ("b", 24)):
         captioning_dataset(tmp_path / name, n=n, per_shard=8)
     (tmp_path / "mix.yaml").write_text(
         "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
         "      - {weight: 1, path: a}\n      - {weight: 1, path: b}\n"
     )
+    return tmp_path / "mix.yaml"
+
+
+def test_a_cold_sample_blend_makes_its_first_batch_in_the_loader_process_only(tmp_path, monkeypatch):
+    """A train metadataset's sample blend at a cold start (forced: ``ENERGON_RAY_LOCAL_START=always``):
+    the blocks and the group its first batch waits for are made in the trainer process, nothing after
+    the first batch is; the batches are those Ray alone makes (``off``)."""
+    mix = _two_dataset_mix(tmp_path)
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
 
     def run(mode):
         monkeypatch.setenv("ENERGON_RAY_LOCAL_START", mode)
-        ds = er.get_train_dataset(tmp_path / "mix.yaml", worker_config=wc, batch_size=4, task_encoder=PidOnly(), shuffle_buffer_size=4,
+        ds = er.get_train_dataset(mix, worker_config=wc, batch_size=4, task_encoder=PidOnly(), shuffle_buffer_size=4,
                                   max_samples_per_sequence=4, repeat=False, blend_samples=True, samples_per_segment=8)  # fmt: skip
         loader = er.get_loader(ds)
         batches = list(loader)
@@ -534,39 +550,18 @@ def test_a_sample_blends_batches_are_pinned_in_the_pin_thread_one_per_stream_ahe
     makes them, a group's first batch aside (needed at once), and at most one batch per worker stream
     is copied ahead of the trainer, not a whole group on the training thread. (A recording copy
     stands in for torch's, which needs CUDA.)"""
-    import energon_ray.loader.pinning as pinning
-
-    for name, n in (("a", 40), ("b", 24)):
-        captioning_dataset(tmp_path / name, n=n, per_shard=8)
-    (tmp_path / "mix.yaml").write_text(
-        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
-        "      - {weight: 1, path: a}\n      - {weight: 1, path: b}\n"
-    )
+    mix = _two_dataset_mix(tmp_path)
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
 
     def build():  # a loader's second pass (its first was set up unpinned when it was built)
-        ds = er.get_train_dataset(tmp_path / "mix.yaml", worker_config=wc, batch_size=4, task_encoder=DictBatches(), shuffle_buffer_size=4,
+        ds = er.get_train_dataset(mix, worker_config=wc, batch_size=4, task_encoder=DictBatches(), shuffle_buffer_size=4,
                                   max_samples_per_sequence=4, repeat=False, blend_samples=True, samples_per_segment=8)  # fmt: skip
         loader = er.get_loader(ds, pin_memory=False)
         assert len(list(loader)) == 16
         return loader
 
     plain = [b["keys"] for b in build()]
-    loader = build()
-    threads = []
-
-    def pin(batch):
-        threads.append(threading.current_thread().name)
-        time.sleep(0.002)
-        return {**batch, "image": batch["image"].clone(), "pinned": True}
-
-    monkeypatch.setattr(pinning, "pin_batch", pin)
-    loader.pin = True  # what pin_memory=None chooses on CUDA (from the next pass on)
-    batches, ahead = [], []
-    for batch in loader:
-        batches.append(batch)
-        time.sleep(0.03)  # a training step
-        ahead.append(len(threads) - len(batches))
+    batches, threads, ahead = _pinned_pass(build(), monkeypatch)
     assert [b["keys"] for b in batches] == plain and len(plain) == 16
     assert all(b.get("pinned") for b in batches) and len(threads) == len(batches)
     assert set(threads) <= {"energon_ray_pin_0", "MainThread"} and max(ahead) <= 2
