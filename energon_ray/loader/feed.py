@@ -416,18 +416,15 @@ class MultiFeed:
         copied)."""
         if self._pinner is None:
             return {}
-        out: Dict[int, Row] = {}
-        last: Dict[int, Any] = {}
+        by_worker: Dict[int, List[Tuple[int, Row]]] = {}
         for i, row in enumerate(block_rows):
             if row[0] == rows.ITEM and i not in early:
-                kind, worker, segment, seq, value = decode_row(row, False)
-                pinning = self._pinner.pinning(value)
-                if worker in last:
-                    last[worker].successor = pinning
-                else:
-                    pinning.start()
-                last[worker] = pinning
-                out[i] = (kind, worker, segment, seq, pinning)
+                by_worker.setdefault(row[1], []).append((i, decode_row(row, False)))
+        out: Dict[int, Row] = {}
+        for decoded in by_worker.values():
+            pinnings = chained(self._pinner, [row[4] for _, row in decoded])
+            for (i, row), pinning in zip(decoded, pinnings):
+                out[i] = (*row[:4], pinning)
         return out
 
     def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pyarrow as pa
 import ray
@@ -477,8 +477,7 @@ def _rebuild_chained_task(spec: "SegmentSpec", reader: Any, config: Any, outputs
 
 def rebuild_chained(spec: "SegmentSpec", reader: Any, config: Any, outputs: List[Tuple[int, int, int]], remote_args=None) -> List[Any]:
     """``chained.rebuild_chained_batch`` in a Ray task (where the segment tasks read): the batches."""
-    options = {k: v for k, v in (remote_args or {}).items() if k in _TASK_OPTIONS}
-    task = _rebuild_chained_task.options(**options) if options else _rebuild_chained_task
+    task = _with_options(_rebuild_chained_task, remote_args, _TASK_OPTIONS)
     return ray.get(task.remote(spec, ship_each({spec.source: reader})[spec.source], ship({spec.source: config}), outputs))
 
 
@@ -500,6 +499,14 @@ def task_segments(window: int) -> int:
 
 #: ``ray_remote_args`` that a plain task takes as Ray Data's read/map tasks do.
 _TASK_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "scheduling_strategy", "label_selector")
+#: the ``ray_remote_args`` that batching and packing tasks take (resources only: they run where Ray puts them)
+_GROUP_TASK_OPTIONS = ("num_cpus", "memory", "resources")
+
+
+def _with_options(task: Any, remote_args: Optional[Dict[str, Any]], keys: Sequence[str]) -> Any:
+    """``task`` with those of ``remote_args`` named in ``keys`` (as it is if none)."""
+    options = {k: v for k, v in (remote_args or {}).items() if k in keys}
+    return task.options(**options) if options else task
 #: submissions between two looks at the cluster's CPUs (an autoscaling cluster grows and shrinks)
 _RESIZE_EVERY = 32
 
@@ -760,8 +767,7 @@ def _repack_task(config: Any, worker: int, seed: int, packs, batch_size: Optiona
 
 def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: Optional[int], remote_args=None) -> pa.Table:
     """Make packed batches again in a Ray task (``stages.repacked_batches``); waits for its table."""
-    options = {k: v for k, v in (remote_args or {}).items() if k in ("num_cpus", "memory", "resources")}
-    task = _repack_task.options(**options) if options else _repack_task
+    task = _with_options(_repack_task, remote_args, _GROUP_TASK_OPTIONS)
     return ray.get(task.remote(ray.put(ship(config)), worker, seed, packs, batch_size, source))
 
 
@@ -794,7 +800,8 @@ class SeamTasks:
         self.local_groups = 0
         self._config_ref = None
         self.source = source
-        self.remote_args = {k: v for k, v in (remote_args or {}).items() if k in ("num_cpus", "memory", "resources")}
+        self._seam_task = _with_options(_seam_task, remote_args, _GROUP_TASK_OPTIONS)
+        self._pack_task = _with_options(_pack_task, remote_args, _GROUP_TASK_OPTIONS)
 
     def submit(self, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]]) -> Callable[[], pa.Table]:
         """Start one task for ``(batch size, group)`` pairs; the returned function waits for its rows
@@ -807,8 +814,7 @@ class SeamTasks:
             else:
                 self.local_groups += 1
                 return lambda: table
-        task = _seam_task.options(**self.remote_args) if self.remote_args else _seam_task
-        ref = task.remote(self._config_ref_once(), worker, seed, groups, self.source)
+        ref = self._seam_task.remote(self._config_ref_once(), worker, seed, groups, self.source)
         return lambda: ray.get(ref)
 
     def _config_ref_once(self) -> Any:
@@ -820,6 +826,5 @@ class SeamTasks:
     def submit_pack(self, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
         """Start packing a chunk of samples in a Ray task: the reference of its packs' table (for
         ``Located`` packs) and a function waiting for ``(packs' (position, sub), report)``."""
-        task = _pack_task.options(**self.remote_args) if self.remote_args else _pack_task
-        table_ref, meta_ref = task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source)
+        table_ref, meta_ref = self._pack_task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source)
         return table_ref, lambda: ray.get(meta_ref)
