@@ -53,3 +53,18 @@ def test_local_start_mode_reads_the_environment(monkeypatch, value, mode):
 
     monkeypatch.setenv("ENERGON_RAY_LOCAL_START", value)
     assert local_start_mode() == mode
+
+
+def test_a_worker_nice_that_is_no_number_is_named_in_a_warning_and_changes_nothing(monkeypatch, caplog):
+    """``ENERGON_RAY_WORKER_NICE=abc``: a warning naming the variable and its value; the priority stays."""
+    import os
+
+    import energon_ray.ray_env as ray_env
+
+    monkeypatch.setenv("ENERGON_RAY_WORKER_NICE", "abc")
+    monkeypatch.setattr(ray_env, "_gave_way", False)
+    mine = os.nice(0)
+    with caplog.at_level(logging.WARNING, logger="energon_ray"):
+        ray_env.give_way()
+    assert "ENERGON_RAY_WORKER_NICE='abc' is not a number" in caplog.text
+    assert os.nice(0) == mine
