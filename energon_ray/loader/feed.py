@@ -409,20 +409,20 @@ class MultiFeed:
             out[i] = decoded
         return out
 
-    def _pin_ahead(self, block_rows: List[Row], early: Dict[int, Row]) -> Dict[int, Row]:
+    def _pin_ahead(self, block_rows: List[Row], early: Dict[int, Row], sources: List[int]) -> Dict[int, Row]:
         """With pinning: the block's item rows, by row index, each value a ``Pinning`` linked to its
-        worker stream's next one in the block; the copy of each stream's first starts now, the others'
-        as the batch before them is handed out (the items are zero-copy views of the block until
-        copied)."""
+        worker stream's next one (``pinning.chained``): the copy of the block's first starts when
+        the stream's batch before it is handed out (now, if that was handed out already), each
+        other's as the batch before it is (the items are zero-copy views of the block until copied)."""
         if self._pinner is None:
             return {}
-        by_worker: Dict[int, List[Tuple[int, Row]]] = {}
+        by_stream: Dict[Tuple[int, int], List[Tuple[int, Row]]] = {}
         for i, row in enumerate(block_rows):
             if row[0] == rows.ITEM and i not in early:
-                by_worker.setdefault(row[1], []).append((i, decode_row(row, False)))
+                by_stream.setdefault((sources[i], row[1]), []).append((i, decode_row(row, False)))
         out: Dict[int, Row] = {}
-        for decoded in by_worker.values():
-            pinnings = chained(self._pinner, [row[4] for _, row in decoded])
+        for stream, decoded in by_stream.items():
+            pinnings = chained(self._pinner, [row[4] for _, row in decoded], stream=stream)
             for (i, row), pinning in zip(decoded, pinnings):
                 out[i] = (*row[:4], pinning)
         return out
@@ -438,8 +438,9 @@ class MultiFeed:
             for block in blocks:
                 early = self._handle_failures_early(block)
                 block_rows = list(rows.iter_rows(block)) if self._pinner is not None else rows.iter_rows(block)
-                pinning = self._pin_ahead(block_rows, early)
-                for i, (row, source, positions) in enumerate(zip(block_rows, rows.sources(block), rows.positions(block))):
+                block_sources = rows.sources(block)
+                pinning = self._pin_ahead(block_rows, early, block_sources)
+                for i, (row, source, positions) in enumerate(zip(block_rows, block_sources, rows.positions(block))):
                     if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
                         raise RuntimeError(
                             f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "

@@ -139,14 +139,15 @@ def test_batch_tensors_are_writable_views_that_outlive_the_loader(tmp_path):
 def _pinned_pass(loader, monkeypatch):
     """A pass of ``loader`` with pinning on (what ``pin_memory=None`` chooses on CUDA, from its next
     pass on) and a recording copy in place of torch's (which needs CUDA), 30 ms per training step:
-    the batches, the thread that copied each, and after each step how many copies were made or begun
-    of batches not handed out yet."""
+    the batches, the thread that copied each (in the order handed out; each copied once), and after each step how
+    many copies were made or begun of batches not handed out yet."""
     import energon_ray.loader.pinning as pinning
 
-    threads = []
+    copied_by, copies = {}, []
 
     def pin(batch):
-        threads.append(threading.current_thread().name)
+        copies.append(batch["keys"])
+        copied_by[tuple(batch["keys"])] = threading.current_thread().name
         time.sleep(0.002)
         return {**batch, "image": batch["image"].clone(), "pinned": True}
 
@@ -156,8 +157,9 @@ def _pinned_pass(loader, monkeypatch):
     for batch in loader:
         batches.append(batch)
         time.sleep(0.03)  # a training step
-        ahead.append(len(threads) - len(batches))
-    return batches, threads, ahead
+        ahead.append(len(copies) - len(batches))
+    assert sorted(copies) == sorted(b["keys"] for b in batches)  # each batch copied once
+    return batches, [copied_by.get(tuple(b["keys"])) for b in batches], ahead
 
 
 def test_batches_are_pinned_in_the_pin_thread_not_the_training_thread(tmp_path, monkeypatch):
@@ -542,6 +544,27 @@ def test_ray_workers_give_way_to_the_trainer_only_when_asked(monkeypatch):
     monkeypatch.setattr(ray_env, "_gave_way", False)
     ray_env.give_way()
     assert os.nice(0) == mine
+
+
+def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_stream(tmp_path, monkeypatch):
+    """8 worker streams: the pin thread copies at most ``PIN_AHEAD`` batches not handed out yet
+    (pinned memory of a few batches, not one per stream), each a round of steps before its turn;
+    a block's first batch, needed as its block is reached, may be copied by the training thread
+    while those places are taken, no other batch. Same batches as unpinned."""
+    from energon_ray.loader.pinning import PIN_AHEAD
+
+    path = captioning_dataset(tmp_path / "ds", n=128, per_shard=8)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=8)
+    ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=8)
+    loader = er.get_loader(ds, pin_memory=False)
+    plain = [b["keys"] for b in loader]
+    batches, threads, ahead = _pinned_pass(loader, monkeypatch)
+    assert [b["keys"] for b in batches] == plain and len(plain) == 32
+    assert all(b.get("pinned") for b in batches) and len(threads) == len(batches)
+    assert PIN_AHEAD == 4 and max(ahead) == PIN_AHEAD  # 8 streams: one ahead per stream would be 8
+    # 8 streams of 4 batches, 2 per block (segments of 8 samples): step i takes stream i % 8's batch i // 8
+    assert all(threads[i] == "energon_ray_pin_0" for i in range(32) if (i // 8) % 2 == 1)
+    assert set(threads) <= {"energon_ray_pin_0", "MainThread"}
 
 
 def test_a_sample_blends_batches_are_pinned_in_the_pin_thread_one_per_stream_ahead(tmp_path, monkeypatch):
