@@ -32,7 +32,7 @@ import ray
 
 from energon_ray.errors import ExecutionLost
 from energon_ray.pipeline.local_start import (
-    LOCAL_START_MODES, local_block, local_chained_block, local_seam, local_start_mode, make_here,
+    LOCAL_START_MODES, give_back_memory, local_block, local_chained_block, local_seam, local_start_mode, make_here,
 )  # fmt: skip
 from energon_ray.pipeline.shipped import ship, ship_each, unship
 from energon_ray.ray_env import deaf_to_cancel, import_task_modules, is_closed, mark_closed, verbose
@@ -717,7 +717,10 @@ class TaskStream:
         from energon_ray.pipeline.rows import parts
 
         self.local_blocks += 1
-        return ray.put(parts(table))
+        ref = ray.put(parts(table))
+        del table
+        give_back_memory()
+        return ref
 
     def stats(self) -> str:
         """What this stream's tasks did (the Ray Data executor reports Ray Data's operators instead)."""
@@ -809,6 +812,7 @@ class SeamTasks:
         if self._before_first is not None and self._before_first() and make_here(local_start_mode(), lambda: False):
             try:
                 table = local_seam(ship(self._config), worker, seed, groups, self.source, ray.get)
+                give_back_memory()
             except Exception:
                 logger.debug("energon_ray: a group could not be batched in the loader's process; a Ray task does it", exc_info=True)
             else:

@@ -63,6 +63,29 @@ def as_in_a_task() -> Iterator[None]:
         torch.set_rng_state(states[2])
 
 
+def give_back_memory() -> None:
+    """Return to the system what work made here left free in the allocators: Arrow's pool (the
+    block's serialized batches, once Ray's store has its copy) and glibc's heap (decoding's and the
+    hooks' buffers). The trainer made a block once, at a cold start; the allocators would keep its
+    peak for the process's life (measured on 2 CPUs: trainer peak 387 -> 294 MiB; without the block
+    made here 255). A few ms, once or twice a pass."""
+    pa.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    """glibc's ``malloc_trim`` (``None`` elsewhere: macOS, musl)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
 def local_block(spec: Any, reader: Any, config: Any, fuse_stages: bool, node: Optional[str]) -> pa.Table:
     """The block a segment task makes of ``spec`` (``build._segment_task``), made in this process;
     ``node``: this process's Ray node, reported as the segment's."""

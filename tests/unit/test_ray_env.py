@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 
@@ -68,3 +69,26 @@ def test_a_worker_nice_that_is_no_number_is_named_in_a_warning_and_changes_nothi
         ray_env.give_way()
     assert "ENERGON_RAY_WORKER_NICE='abc' is not a number" in caplog.text
     assert os.nice(0) == mine
+
+
+def test_memory_a_local_block_left_free_goes_back_to_the_system():
+    """``give_back_memory`` (after a block made in the trainer at a cold start): what Arrow's pool
+    and glibc's heap hold free is returned, not kept for the process's life."""
+    import numpy as np
+    import pyarrow as pa
+
+    from energon_ray.pipeline.local_start import give_back_memory
+
+    def rss_mib():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    give_back_memory()
+    base = rss_mib()
+    block = pa.allocate_buffer(256 << 20)  # a block's serialized batches
+    np.frombuffer(block, dtype=np.uint8)[:] = 1
+    buffers = [bytes(np.full(4000, i % 251, dtype=np.uint8)) for i in range(50000)]  # decoding's buffers
+    assert rss_mib() > base + 400
+    del block, buffers
+    give_back_memory()
+    assert rss_mib() < base + 64
