@@ -52,7 +52,16 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     # still runs fails them "with retries left", and Ray's core worker then logs an error line per
     # task for the error it can no longer push to the (gone) driver. Quiet unless verbose.
     system.setdefault("enable_output_error_log_if_still_retry", verbose())
-    ray.init(address="local", _system_config=system, **init_kwargs)
+    # Ray announces that a local cluster turns token authentication on when RAY_AUTH_MODE is unset
+    # (a WARNING line at every start of the main job): our private Ray keeps Ray's default, quietly.
+    auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = auth_log.level
+    if not verbose():
+        auth_log.setLevel(logging.ERROR)
+    try:
+        ray.init(address="local", _system_config=system, **init_kwargs)
+    finally:
+        auth_log.setLevel(level)
 
 
 def deaf_to_cancel(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -233,17 +233,19 @@ def test_a_script_with_its_own_types_runs_quietly_and_exits_0(ds, tmp_path):
     """A user script (own private Ray) declaring @edataclass types in __main__ and in a module next to
     it gets batches of those types, leaves an endless loader running at exit (with Ray up, or after
     shutting Ray down itself), prints nothing of Ray's and exits with code 0. Both exits run side by
-    side (two scripts, two private Rays)."""
+    side (two scripts, two private Rays); the second with ``RAY_AUTH_MODE`` unset, as a user's
+    shell has it (Ray then turns token authentication on and would announce it)."""
     (tmp_path / "train.py").write_text(SCRIPT)
     (tmp_path / "user_types.py").write_text(USER_TYPES)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_DATA_", "RAY_ADDRESS", "RAY_DEDUP"))}
     env["PYTHONPATH"] = str(REPO)
+    unset = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
     procs = {
         exit_kind: subprocess.Popen(
-            [sys.executable, str(tmp_path / "train.py"), str(ds)] + flags, cwd=tmp_path, env=env,
+            [sys.executable, str(tmp_path / "train.py"), str(ds)] + flags, cwd=tmp_path, env=run_env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        for exit_kind, flags in (("loader-running-at-exit", []), ("ray-shut-down-first", ["--shutdown"]))
+        for exit_kind, flags, run_env in (("loader-running-at-exit", [], env), ("ray-shut-down-first", ["--shutdown"], unset))
     }
     for exit_kind, proc in procs.items():
         out, err = proc.communicate(timeout=300)
