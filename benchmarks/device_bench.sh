@@ -24,16 +24,18 @@ step() {  # name, seconds, command... (skipped unless $STEPS is unset or names i
   echo "== $name ($(date +%T))"
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
 }
-# in order of what the issue asks most; the whole takes ~12 minutes of a 16-core machine, over the 10
-# minutes one device call may last: run it as two calls, e.g. STEPS="captioning_16cpu gpu_feed
-# first_batch_after_setup" and then the rest by name
-step captioning_${CPUS}cpu 200 python3 bench_captioning.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W --only energon,webloader,ray_data,energon_ray
+# in order of what issue 11 still asks (stop 38); the whole takes ~11 minutes of a 16-core machine,
+# over the 10 minutes one device call may last: run it as two calls, e.g. STEPS="gpu_feed
+# captioning_16cpu" and then the rest by name
+# the GPU step with and without the workers' lower priority (if energon_ray_nice comes within 10 % of
+# loader-free, make ENERGON_RAY_WORKER_NICE a default); the pinned memory of PIN_AHEAD batches
 step gpu_feed 200 python3 bench_gpu_feed.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W --only loader_free,energon,energon_ray,energon_ray_nice
+step captioning_${CPUS}cpu 200 python3 bench_captioning.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W --only energon,webloader,energon_ray
+# memory vs throughput at 16 workers: 64-sample segments (a worker's transient block halves) instead of 64-then-128
+step captioning_${CPUS}cpu_seg64 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --samples-per-segment 64
 BENCH_PYSPY=$OUT/trainer_pyspy.txt step first_batch_after_setup 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --setup-delay 10
 # where a Ray worker's memory lies (heap, anonymous, object store, torch's relocated libraries)
 step worker_memory 60 python3 probe_worker_memory.py --samples 6000 --cpus "$CPUS" --workdir $W
-# memory vs throughput at 16 workers: 256 MiB of finished blocks ahead instead of the 1 GiB default
-step captioning_${CPUS}cpu_store256 50 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --object-store-mib 256
 # one core left to the trainer (both loaders get CPUS-1): does the GPU step come closer to loader-free?
 step gpu_feed_one_core_free 80 python3 bench_gpu_feed.py --samples "$N" --runs 1 --cpus $((CPUS - 1)) --workdir $W
 step scaling 150 bash -c "for c in 4 8; do timeout 75 python3 bench_captioning.py --samples $N --runs 1 --cpus \$c --workdir $W --only energon,energon_ray; done"
