@@ -109,15 +109,21 @@ class LeafFeed:
                 self.queues.close_worker(w)
 
     def next_item(self, worker: int) -> Any:
-        """Worker ``worker``'s next item, or ``EXHAUSTED``; pulls rows from Ray as needed."""
-        queues = self.queues
+        """Worker ``worker``'s next item, or ``EXHAUSTED``; pulls rows from Ray as needed. With
+        pinning, handing out a worker stream's last queued item asks the next call for a look ahead
+        (``MultiFeed.pull_ahead``): made then, after the trainer has started its step."""
+        queues, multi = self.queues, self.multi
+        if multi.ahead_wanted:
+            multi.pull_ahead()
         while True:
             item = queues.pop(worker)
             if item is not NOTHING:
+                if multi.pinner is not None and not queues.hand_out and not queues.queues[worker] and not queues.done[worker]:
+                    multi.ahead_wanted = True
                 return item
             if queues.done[worker]:
                 return EXHAUSTED
-            self.multi.pull()
+            multi.pull()
 
     def close_open_workers(self) -> None:
         for w in range(self.queues.num_workers):
@@ -205,6 +211,11 @@ class MultiFeed:
                 LeafSchedule(plan=plan, share=share, offset=offset, positions_per_item=per_item, need=need, starts=first)
             )
         self._rows: Optional[Iterator[Tuple[int, Row, bool, Optional[List[int]]]]] = None
+        #: rows of the block being read not filed yet; a look ahead was asked for; what went wrong in
+        #: one (raised by the next ``pull``, where it would have been raised without looking ahead)
+        self._rows_left = 0
+        self.ahead_wanted = False
+        self._failed_ahead: Optional[BaseException] = None
         #: ``(segments, BlockStream | TaskStream)`` of the window being executed
         self._current: Optional[Tuple[List[Any], Any]] = None
         #: ``[the next window's (segments, stream) or None]`` once started before the current one ended
@@ -242,6 +253,9 @@ class MultiFeed:
 
     def pull(self) -> None:
         """Take one row from Ray and file it with its leaf (restarting a lost execution)."""
+        if self._failed_ahead is not None:
+            failed, self._failed_ahead = self._failed_ahead, None
+            raise failed
         while True:
             if self._rows is None:
                 self.start()
@@ -261,6 +275,24 @@ class MultiFeed:
                 continue
             self.feeds[source].queues.feed(row, last, positions)
             return
+
+    def pull_ahead(self) -> None:
+        """File the rest of the block being read and, if Ray has finished the pass's next block (taking
+        it waits for nothing), its first row: the block's batches are then chained for pinning a round
+        before the trainer reaches them (``pinning.chained``), not copied on the spot when it does
+        (with 4 batches a block, every 4th step waited for that copy). The rows are filed as ``pull``
+        files them; an error met here is raised by the next ``pull``, where it would have been."""
+        self.ahead_wanted = False
+        if self._rows is None or self._failed_ahead is not None:
+            return
+        try:
+            while self._rows_left > 0:
+                self.pull()
+            stream = self._current[1] if self._current is not None else None
+            if stream is not None and stream.ready():
+                self.pull()
+        except Exception as exc:
+            self._failed_ahead = exc
 
     def _recover(self, exc: ExecutionLost) -> None:
         """Start the execution again where every worker stream's queue stands (its checkpoint), as a
@@ -290,6 +322,7 @@ class MultiFeed:
         if self._rows is not None:
             self._rows.close()
             self._rows = None
+        self._rows_left = 0
         for current in (self._current, *(self._following or ())):
             if current is not None:
                 current[1].close()
@@ -440,7 +473,9 @@ class MultiFeed:
                 block_rows = list(rows.iter_rows(block)) if self._pinner is not None else rows.iter_rows(block)
                 block_sources = rows.sources(block)
                 pinning = self._pin_ahead(block_rows, early, block_sources)
+                self._rows_left = block.num_rows
                 for i, (row, source, positions) in enumerate(zip(block_rows, block_sources, rows.positions(block))):
+                    self._rows_left -= 1
                     if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
                         raise RuntimeError(
                             f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "

@@ -400,6 +400,10 @@ class BlockStream:
         self.last_ref = self._blocks.popleft()
         return self._get(self.last_ref)
 
+    def ready(self) -> bool:
+        """Whether the next block is here already (taking it waits for nothing)."""
+        return bool(self._blocks) and bool(ray.wait([self._blocks[0]], timeout=0, fetch_local=True)[0])
+
     @staticmethod
     def _get(ref: Any) -> Any:
         try:
@@ -633,6 +637,10 @@ class TaskStream:
                 self._slots = self._cluster_slots()
                 limit = self.in_flight_limit()
         self.most_in_flight = max(self.most_in_flight, len(self._refs))
+
+    def ready(self) -> bool:
+        """Whether the next block is finished and on this node (taking it waits for nothing)."""
+        return bool(self._refs) and bool(ray.wait([self._refs[0][0]], timeout=0, fetch_local=True)[0])
 
     def next_spec(self) -> Any:
         """The segment whose rows come next (``None`` when none is left)."""

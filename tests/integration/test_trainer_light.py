@@ -136,30 +136,38 @@ def test_batch_tensors_are_writable_views_that_outlive_the_loader(tmp_path):
     assert all(torch.isfinite(b.image).all() for b in batches[1:])
 
 
-def _pinned_pass(loader, monkeypatch):
+def _pinned_pass(loader, monkeypatch, step_s: float = 0.03):
     """A pass of ``loader`` with pinning on (what ``pin_memory=None`` chooses on CUDA, from its next
-    pass on) and a recording copy in place of torch's (which needs CUDA), 30 ms per training step:
-    the batches, the thread that copied each (in the order handed out; each copied once), and after each step how
-    many copies were made or begun of batches not handed out yet."""
+    pass on) and a recording copy in place of torch's (which needs CUDA), ``step_s`` per training
+    step: the batches, the thread that copied each (in the order handed out; each copied once),
+    after each step how many copies were made or begun of batches not handed out yet, and for each
+    batch whether its copy began before the trainer asked for it."""
     import energon_ray.loader.pinning as pinning
 
-    copied_by, copies = {}, []
+    copied_by, copied_at, copies = {}, {}, []
 
     def pin(batch):
         copies.append(batch["keys"])
         copied_by[tuple(batch["keys"])] = threading.current_thread().name
+        copied_at[tuple(batch["keys"])] = time.perf_counter()
         time.sleep(0.002)
         return {**batch, "image": batch["image"].clone(), "pinned": True}
 
     monkeypatch.setattr(pinning, "pin_batch", pin)
     loader.pin = True
-    batches, ahead = [], []
-    for batch in loader:
+    batches, ahead, asked_at = [], [], []
+    it = iter(loader)
+    while True:
+        asked_at.append(time.perf_counter())
+        batch = next(it, None)
+        if batch is None:
+            break
         batches.append(batch)
-        time.sleep(0.03)  # a training step
+        time.sleep(step_s)  # a training step
         ahead.append(len(copies) - len(batches))
     assert sorted(copies) == sorted(b["keys"] for b in batches)  # each batch copied once
-    return batches, [copied_by.get(tuple(b["keys"])) for b in batches], ahead
+    keys = [tuple(b["keys"]) for b in batches]
+    return batches, [copied_by.get(k) for k in keys], ahead, [copied_at[k] < t for k, t in zip(keys, asked_at)]
 
 
 def test_batches_are_pinned_in_the_pin_thread_not_the_training_thread(tmp_path, monkeypatch):
@@ -174,7 +182,7 @@ def test_batches_are_pinned_in_the_pin_thread_not_the_training_thread(tmp_path, 
     ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=16)
     loader = er.get_loader(ds, pin_memory=False)
     plain = [b["keys"] for b in loader]
-    batches, threads, ahead = _pinned_pass(loader, monkeypatch)
+    batches, threads, ahead, _ = _pinned_pass(loader, monkeypatch)
     assert max(ahead) <= 2 and max(ahead) >= 1  # one per worker stream (a block holds 4 batches)
     assert [b["keys"] for b in batches] == plain and sorted(k for keys in plain for k in keys) == [f"sample_{i:06d}" for i in range(48)]
     assert all(b.get("pinned") for b in batches) and len(threads) == len(batches) == 12
@@ -548,9 +556,10 @@ def test_ray_workers_give_way_to_the_trainer_only_when_asked(monkeypatch):
 
 def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_stream(tmp_path, monkeypatch):
     """8 worker streams: the pin thread copies at most ``PIN_AHEAD`` batches not handed out yet
-    (pinned memory of a few batches, not one per stream), each a round of steps before its turn;
-    a block's first batch, needed as its block is reached, may be copied by the training thread
-    while those places are taken, no other batch. Same batches as unpinned."""
+    (pinned memory of a few batches, not one per stream), each before the trainer asks for it,
+    a block's first batch too once the pass runs (the loader reads a stream's next block when Ray
+    has finished it, as the trainer takes the stream's last batch before it, not a round later when
+    it needs the block: the copy would then hold up that step). Same batches as unpinned."""
     from energon_ray.loader.pinning import PIN_AHEAD
 
     path = captioning_dataset(tmp_path / "ds", n=128, per_shard=8)
@@ -558,13 +567,49 @@ def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_str
     ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=8)
     loader = er.get_loader(ds, pin_memory=False)
     plain = [b["keys"] for b in loader]
-    batches, threads, ahead = _pinned_pass(loader, monkeypatch)
+    batches, threads, ahead, before = _pinned_pass(loader, monkeypatch, step_s=0.1)
     assert [b["keys"] for b in batches] == plain and len(plain) == 32
     assert all(b.get("pinned") for b in batches) and len(threads) == len(batches)
     assert PIN_AHEAD == 4 and max(ahead) == PIN_AHEAD  # 8 streams: one ahead per stream would be 8
-    # 8 streams of 4 batches, 2 per block (segments of 8 samples): step i takes stream i % 8's batch i // 8
-    assert all(threads[i] == "energon_ray_pin_0" for i in range(32) if (i // 8) % 2 == 1)
+    # 8 streams of 4 batches, 2 per block (segments of 8 samples): step i takes stream i % 8's batch
+    # i // 8; from the second round on every copy, a block's first (steps 16-23) included, is made
+    # by the pin thread and begun before the trainer asks for the batch
+    assert threads[8:] == ["energon_ray_pin_0"] * 24 and all(before[8:]), (threads, before)
     assert set(threads) <= {"energon_ray_pin_0", "MainThread"}
+
+
+class FailsAt(DictBatches):
+    """An ImportError (fatal at once) on one sample: in the second block of worker stream 6 (its
+    third batch, step 22)."""
+
+    def encode_sample(self, sample):
+        if sample.__key__ == "sample_000106":
+            import not_a_module_that_exists  # noqa: F401
+        return sample
+
+
+def test_an_error_in_a_block_read_ahead_for_pinning_is_raised_where_it_would_be_without(tmp_path, monkeypatch):
+    """The loader reads a stream's next block ahead for pinning (above); a fatal error in it comes out
+    at the same batch as without pinning: every batch before it is handed out, none is lost."""
+    path = captioning_dataset(tmp_path / "ds", n=128, per_shard=8)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=8)
+
+    def until_error(pin):
+        ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=FailsAt(), samples_per_segment=8)
+        loader = er.get_loader(ds, pin_memory=False)
+        loader.pin = pin
+        keys = []
+        with pytest.raises(er.FatalSampleError, match="sample_000106") as info:
+            for batch in loader:
+                keys.append(batch["keys"])
+                time.sleep(0.05)  # a training step: the blocks are finished ahead of it
+        return keys, type(info.value.__cause__)
+
+    import energon_ray.loader.pinning as pinning
+
+    monkeypatch.setattr(pinning, "pin_batch", lambda batch: {**batch, "pinned": True})
+    plain, pinned = until_error(False), until_error(True)
+    assert pinned == plain and len(plain[0]) == 22  # rounds 1 and 2, then streams 0 to 5 of round 3
 
 
 def test_a_sample_blends_batches_are_pinned_in_the_pin_thread_one_per_stream_ahead(tmp_path, monkeypatch):
@@ -584,7 +629,7 @@ def test_a_sample_blends_batches_are_pinned_in_the_pin_thread_one_per_stream_ahe
         return loader
 
     plain = [b["keys"] for b in build()]
-    batches, threads, ahead = _pinned_pass(build(), monkeypatch)
+    batches, threads, ahead, _ = _pinned_pass(build(), monkeypatch)
     assert [b["keys"] for b in batches] == plain and len(plain) == 16
     assert all(b.get("pinned") for b in batches) and len(threads) == len(batches)
     assert set(threads) <= {"energon_ray_pin_0", "MainThread"} and max(ahead) <= 2
