@@ -26,6 +26,7 @@ import argparse
 import glob
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List
@@ -154,6 +155,10 @@ _ER_LOADER = {}
 _ER_OPTIONS = {}
 #: energon_ray's object_store_limit in bytes (None: the loader's default)
 _ER_LIMIT = None
+#: ``--emulate-pin``: energon_ray pins (a CPU stand-in for torch's copy into pinned memory); the
+#: bytes copied by the training thread (True) and by the loader's pin thread (False)
+_ER_EMULATE_PIN = False
+_PINNED_BY = {True: 0, False: 0}
 
 
 def _energon_ray_loader(path: str):
@@ -168,7 +173,22 @@ def _energon_ray_loader(path: str):
             max_samples_per_sequence=100, repeat=False, task_encoder=Encoder(), **options,
         )  # fmt: skip
         loader_options = {} if _ER_LIMIT is None else {"object_store_limit": _ER_LIMIT}
-        _ER_LOADER["loader"] = er.get_loader(ds, **loader_options)
+        if _ER_EMULATE_PIN:  # pinning on from the first pass, as on CUDA, each copy a clone in pageable memory
+            import energon_ray.loader.pinning as pinning
+
+            def pin_memory(self, device=None):
+                _PINNED_BY[threading.current_thread() is threading.main_thread()] += self.nbytes
+                return self.clone()
+
+            torch.Tensor.pin_memory = pin_memory
+            pinning._cuda_device = lambda: None
+            available, torch.cuda.is_available = torch.cuda.is_available, lambda: True
+            try:
+                _ER_LOADER["loader"] = er.get_loader(ds, **loader_options)
+            finally:
+                torch.cuda.is_available = available
+        else:
+            _ER_LOADER["loader"] = er.get_loader(ds, **loader_options)
     return _ER_LOADER["loader"]
 
 
@@ -354,6 +374,10 @@ def run_child(name: str, args) -> Dict[str, float]:
         cmd += ["--object-store-mib", str(args.object_store_mib)]
     if args.step_ms:
         cmd += ["--step-ms", str(args.step_ms)]
+    if args.sleep_ms:
+        cmd += ["--sleep-ms", str(args.sleep_ms)]
+    if args.emulate_pin:
+        cmd += ["--emulate-pin"]
     return measure(name, cmd)
 
 
@@ -485,13 +509,21 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     stamps, sizes = [], []
     trainer_cpu0 = None
     steps = []  # wall ms of each --step-ms step (CPU work of the training thread standing in for a model's step)
-    for batch in it:
+    waits = []  # ms the trainer waited in next() for each batch
+    while True:
+        asked = time.perf_counter()
+        batch = next(it, None)
+        if batch is None:
+            break
         stamps.append(time.perf_counter())
+        waits.append(1000 * (stamps[-1] - asked))
         sizes.append(count(batch))
         if trainer_cpu0 is None:
             trainer_cpu0, main0 = time.process_time(), time.thread_time()
         if args.step_ms:
             steps.append(_step(args.step_ms))
+        if args.sleep_ms:
+            time.sleep(args.sleep_ms / 1000)  # a GPU step: the training thread waits, its CPU idle
     trainer_cpu = time.process_time() - (trainer_cpu0 or 0.0)
     main_cpu = time.thread_time() - (main0 if trainer_cpu0 is not None else 0.0)
     end = time.perf_counter()
@@ -518,6 +550,10 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
         # of which the training thread's own (the rest: Ray's C++ threads, the pin thread, ...)
         "main_ms": 1000 * main_cpu / max(1, len(stamps) - 1),
         **({"step_wall": statistics.median(steps), "step_p90": sorted(steps)[int(0.9 * len(steps))]} if steps else {}),
+        **({"pinned_on_trainer": _PINNED_BY[True] / max(1, _PINNED_BY[True] + _PINNED_BY[False])} if _ER_EMULATE_PIN else {}),
+        # after the first batch: the trainer's waits in next() (median, p90, mean ms)
+        **({"wait_ms": statistics.median(waits[1:]), "wait_p90": sorted(waits[1:])[int(0.9 * (len(waits) - 1))],
+            "wait_mean": statistics.fmean(waits[1:])} if len(waits) > 1 else {}),
     }), flush=True)  # fmt: skip
 
 
@@ -542,6 +578,8 @@ def main() -> None:
     parser.add_argument("--samples-per-segment", type=int, default=None, help="energon_ray: samples per Ray task")
     parser.add_argument("--object-store-mib", type=int, default=None, help="energon_ray: object_store_limit in MiB")
     parser.add_argument("--step-ms", type=float, default=0.0, help="after each batch, spin the training thread for this many ms of its CPU time and report the wall time it took")
+    parser.add_argument("--sleep-ms", type=float, default=0.0, help="after each batch, sleep this many ms (a GPU step: the CPU idle); see the waits in next()")
+    parser.add_argument("--emulate-pin", action="store_true", help="energon_ray: pin as on CUDA, each copy a clone in pageable memory (a CPU stand-in)")
     parser.add_argument("--pss-every", type=float, default=PSS_EVERY, help="seconds between PSS samples of a contender's process tree")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -551,6 +589,8 @@ def main() -> None:
     if args.object_store_mib:
         global _ER_LIMIT
         _ER_LIMIT = args.object_store_mib << 20
+    if args.emulate_pin:
+        globals()["_ER_EMULATE_PIN"] = True
 
     if args.child:
         root, shards = dataset(args.workdir, args.samples, write=False)
@@ -562,7 +602,9 @@ def main() -> None:
         f"trainer {r['trainer_ms']:5.1f} ms/batch ({r['main_ms']:4.1f} in its main thread), cpu {r['cpu']:6.1f}s, "
         f"PSS {r['pss']:6.0f} MiB (trainer {r['pss_trainer']:.0f}, {r['pss_nworkers']:.0f} workers {r['pss_workers']:.0f}, "
         f"largest {r['pss_worker_max']:.0f}; sampler {r['sampler_cpu']:.1f} CPU-s)"
-        + (f", step {r['step_wall']:.2f} ms wall (p90 {r['step_p90']:.2f}) for {args.step_ms} ms CPU" if "step_wall" in r else "")))  # fmt: skip
+        + (f", step {r['step_wall']:.2f} ms wall (p90 {r['step_p90']:.2f}) for {args.step_ms} ms CPU" if "step_wall" in r else "")
+        + (f", waits in next() {r['wait_ms']:.2f} ms median, p90 {r['wait_p90']:.2f}, mean {r['wait_mean']:.2f}" if "wait_ms" in r else "")
+        + (f", {100 * r['pinned_on_trainer']:.0f} % of the pinned bytes copied by the training thread" if "pinned_on_trainer" in r else "")))  # fmt: skip
     base = med.get("energon")
     print_table(
         ["contender", "pass samples/s", "steady samples/s", "first batch s", "trainer CPU ms/batch", "CPU-s/pass", "peak PSS MiB", "pass vs Energon"],
