@@ -110,8 +110,9 @@ class LeafFeed:
 
     def next_item(self, worker: int) -> Any:
         """Worker ``worker``'s next item, or ``EXHAUSTED``; pulls rows from Ray as needed. With
-        pinning, handing out a worker stream's last queued item asks the next call for a look ahead
-        (``MultiFeed.pull_ahead``): made then, after the trainer has started its step."""
+        pinning, handing out a worker stream's last queued item asks for a block read ahead
+        (``MultiFeed.pull_ahead``), tried at each next call (after the trainer has started its
+        step) until a block was read."""
         queues, multi = self.queues, self.multi
         if multi.ahead_wanted:
             multi.pull_ahead()
@@ -119,7 +120,7 @@ class LeafFeed:
             item = queues.pop(worker)
             if item is not NOTHING:
                 if multi.pinner is not None and not queues.hand_out and not queues.queues[worker] and not queues.done[worker]:
-                    multi.ahead_wanted = True
+                    multi.ahead_wanted += 1
                 return item
             if queues.done[worker]:
                 return EXHAUSTED
@@ -211,10 +212,11 @@ class MultiFeed:
                 LeafSchedule(plan=plan, share=share, offset=offset, positions_per_item=per_item, need=need, starts=first)
             )
         self._rows: Optional[Iterator[Tuple[int, Row, bool, Optional[List[int]]]]] = None
-        #: rows of the block being read not filed yet; a look ahead was asked for; what went wrong in
-        #: one (raised by the next ``pull``, where it would have been raised without looking ahead)
+        #: rows of the block being read not filed yet; blocks wanted read ahead (one per worker stream
+        #: whose queue ran empty; any block read counts); what went wrong reading ahead (raised by the
+        #: next ``pull``, where it would have been raised without looking ahead)
         self._rows_left = 0
-        self.ahead_wanted = False
+        self.ahead_wanted = 0
         self._failed_ahead: Optional[BaseException] = None
         #: ``(segments, BlockStream | TaskStream)`` of the window being executed
         self._current: Optional[Tuple[List[Any], Any]] = None
@@ -281,18 +283,22 @@ class MultiFeed:
         it waits for nothing), its first row: the block's batches are then chained for pinning a round
         before the trainer reaches them (``pinning.chained``), not copied on the spot when it does
         (with 4 batches a block, every 4th step waited for that copy). The rows are filed as ``pull``
-        files them; an error met here is raised by the next ``pull``, where it would have been."""
-        self.ahead_wanted = False
+        files them; an error met here is raised by the next ``pull``, where it would have been. A
+        block not finished yet is tried for again at the next call (``ahead_wanted``)."""
         if self._rows is None or self._failed_ahead is not None:
+            self.ahead_wanted = 0
             return
         try:
-            while self._rows_left > 0:
-                self.pull()
-            stream = self._current[1] if self._current is not None else None
-            if stream is not None and stream.ready():
-                self.pull()
+            while self.ahead_wanted > 0:
+                while self._rows_left > 0:
+                    self.pull()
+                stream = self._current[1] if self._current is not None else None
+                if stream is None or not stream.ready():
+                    return
+                self.pull()  # reads the block (``_execute`` counts it off ``ahead_wanted``)
         except Exception as exc:
             self._failed_ahead = exc
+            self.ahead_wanted = 0
 
     def _recover(self, exc: ExecutionLost) -> None:
         """Start the execution again where every worker stream's queue stands (its checkpoint), as a
@@ -474,6 +480,7 @@ class MultiFeed:
                 block_sources = rows.sources(block)
                 pinning = self._pin_ahead(block_rows, early, block_sources)
                 self._rows_left = block.num_rows
+                self.ahead_wanted = max(0, self.ahead_wanted - 1)
                 for i, (row, source, positions) in enumerate(zip(block_rows, block_sources, rows.positions(block))):
                     self._rows_left -= 1
                     if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
