@@ -20,7 +20,7 @@ batches than were given of it) and drops those (``blend.replay.GroupNode``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, PassContext, Provider
 from energon_ray.blend.compose import ListNode, PooledBlendDataset
@@ -95,7 +95,22 @@ class SampleBlendDataset(PooledBlendDataset):
                 groups.append(samples[full:])
             return before, (batcher(worker, groups, index) if groups else None), first, groups
 
+        # with pinning: the next groups of workers whose current group was all handed out, to read as
+        # soon as their tasks finish (``GroupItems.read_if_ready``, tried at each call): their first
+        # batch is then copied a round ahead, not while the trainer waits for it
+        to_read: Dict[int, Any] = {}
+
         def next_item(worker: int) -> Any:
+            if to_read:
+                for w in [w for w, group in to_read.items() if group.read_if_ready()]:
+                    del to_read[w]
+            item = _next_item(worker)
+            ahead = node.ahead[worker]
+            if not given[worker] and ahead is not None and ahead[1] is not None and batcher.pinner is not None:
+                to_read[worker] = ahead[1]
+            return item
+
+        def _next_item(worker: int) -> Any:
             while not given[worker]:
                 if node.ahead[worker] is None:
                     node.ahead[worker] = start_group(worker)
@@ -225,18 +240,18 @@ class _GroupBatcher:
             (len(g), [(position, sub, payload) for position, sub, payload, _ in g], *(() if first_index is None else (first_index + i,)))
             for i, g in enumerate(groups)
         ]
+        from energon_ray.loader.feed import GroupItems
+
         wait = self._seam_tasks().submit(worker, self._seed(worker), groups_out)
-        return lambda: self._batches(wait, self.feeds[0].multi.pinner)
+        return GroupItems(wait, self.pinner, self.stats, self.chain, stream=("group", id(self), worker), count_seams=True)
+
+    @property
+    def pinner(self) -> Any:
+        """The pass's pinner (``None``: no pinning)."""
+        return self.feeds[0].multi.pinner
 
     def pack(self, worker: int, samples: List[Any], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
         """Start packing drawn samples: the reference of the packs' table and a function waiting
         for ``([(position, sub)] of the packs, report)``."""
         chunk = [(position, sub, payload) for position, sub, payload, _ in samples]
         return self._seam_tasks().submit_pack(worker, self._seed(worker), chunk, buffer_size)
-
-    def _batches(self, wait: Callable[[], Any], pinner: Any) -> Tuple[List[Any], List[List[int]]]:
-        from energon_ray.loader.feed import seam_items
-
-        made, spans = seam_items(wait, pinner, self.stats, self.chain)
-        self.stats.seam_batches += len(made)
-        return made, spans

@@ -797,6 +797,36 @@ def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, 
 _pack_task = ray.remote(num_cpus=1, max_retries=3, num_returns=2)(_pack_chunk)
 
 
+class _Waiting:
+    """A group task's table: calling waits for it; ``ready()``: whether that would wait for nothing."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: Any):
+        self.ref = ref
+
+    def __call__(self) -> pa.Table:
+        return ray.get(self.ref)
+
+    def ready(self) -> bool:
+        return bool(ray.wait([self.ref], timeout=0, fetch_local=True)[0])
+
+
+class _Made:
+    """A group's table made in this process (``_Waiting``'s interface)."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+
+    def __call__(self) -> pa.Table:
+        return self.table
+
+    def ready(self) -> bool:
+        return True
+
+
 class SeamTasks:
     """Starts Ray tasks that batch pooled leftover samples (one ``config`` upload per source).
 
@@ -815,8 +845,8 @@ class SeamTasks:
         self._pack_task = _with_options(_pack_task, remote_args, _GROUP_TASK_OPTIONS)
 
     def submit(self, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]]) -> Callable[[], pa.Table]:
-        """Start one task for ``(batch size, group)`` pairs; the returned function waits for its rows
-        (a zero-copy table)."""
+        """Start one task for ``(batch size, group)`` pairs; the returned callable waits for its rows
+        (a zero-copy table), its ``ready()`` says whether that would wait."""
         if self._before_first is not None and self._before_first() and make_here(local_start_mode(), lambda: False):
             try:
                 table = local_seam(ship(self._config), worker, seed, groups, self.source, ray.get)
@@ -825,9 +855,8 @@ class SeamTasks:
                 logger.debug("energon_ray: a group could not be batched in the loader's process; a Ray task does it", exc_info=True)
             else:
                 self.local_groups += 1
-                return lambda: table
-        ref = self._seam_task.remote(self._config_ref_once(), worker, seed, groups, self.source)
-        return lambda: ray.get(ref)
+                return _Made(table)
+        return _Waiting(self._seam_task.remote(self._config_ref_once(), worker, seed, groups, self.source))
 
     def _config_ref_once(self) -> Any:
         """The config, uploaded once for all of this source's tasks."""

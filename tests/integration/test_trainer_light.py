@@ -505,6 +505,44 @@ def _two_dataset_mix(tmp_path):
     return tmp_path / "mix.yaml"
 
 
+class BatchFailsAt(DictBatches):
+    """A fatal ImportError in ``batch`` (a sample blend's group task) for the batch holding one key:
+    in worker stream 1's third group (its second batch, step 13; the group's first is step 11)."""
+
+    def batch(self, samples):
+        if any(s.__key__ == "sample_000039" for s in samples):
+            import not_a_module_that_exists  # noqa: F401
+        return super().batch(samples)
+
+
+def test_a_sample_blend_group_read_ahead_for_pinning_fails_where_it_would_without(tmp_path, monkeypatch):
+    """A sample blend's group table read as soon as its task finishes (for pinning, above): a fatal
+    error of that task comes out at the same batch as without pinning, every batch before it
+    handed out."""
+    import energon_ray.loader.pinning as pinning
+
+    mix = _two_dataset_mix(tmp_path)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    monkeypatch.setattr(pinning, "pin_batch", lambda batch: {**batch, "pinned": True})
+
+    def until_error(pin):
+        ds = er.get_train_dataset(mix, worker_config=wc, batch_size=4, task_encoder=BatchFailsAt(), shuffle_buffer_size=4,
+                                  max_samples_per_sequence=4, repeat=False, blend_samples=True, samples_per_segment=8)  # fmt: skip
+        loader = er.get_loader(ds, pin_memory=False)
+        loader.pin = pin
+        list(zip(range(1), loader))  # the first pass was set up unpinned when the loader was built
+        keys = []
+        with pytest.raises(er.FatalSampleError, match="not_a_module_that_exists"):
+            for batch in loader:
+                keys.append(batch["keys"])
+                assert batch.get("pinned", False) == pin
+                time.sleep(0.05)  # a training step: the next group's task finishes meanwhile
+        return keys
+
+    plain, pinned = until_error(False), until_error(True)
+    assert pinned == plain and len(plain) == 11  # the group fails as a whole, at its first batch
+
+
 def test_a_cold_sample_blend_makes_its_first_batch_in_the_loader_process_only(tmp_path, monkeypatch):
     """A train metadataset's sample blend at a cold start (forced: ``ENERGON_RAY_LOCAL_START=always``):
     the blocks and the group its first batch waits for are made in the trainer process, nothing after
@@ -615,9 +653,9 @@ def test_an_error_in_a_block_read_ahead_for_pinning_is_raised_where_it_would_be_
 def test_a_sample_blends_batches_are_pinned_in_the_pin_thread_one_per_stream_ahead(tmp_path, monkeypatch):
     """A train metadataset's sample blend (its batches made by group tasks, 4 batches a group) with
     pinning: the trainer gets the pinned copies in the order an unpinned loader gives; the pin thread
-    makes them, a group's first batch aside (needed at once), and at most one batch per worker stream
-    is copied ahead of the trainer, not a whole group on the training thread. (A recording copy
-    stands in for torch's, which needs CUDA.)"""
+    makes them ahead of the trainer, one batch per worker stream at most, a group's first batch too
+    once its task runs a group ahead (its table read when the task finishes, not when the trainer
+    reaches the group). (A recording copy stands in for torch's, which needs CUDA.)"""
     mix = _two_dataset_mix(tmp_path)
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
 
@@ -629,9 +667,14 @@ def test_a_sample_blends_batches_are_pinned_in_the_pin_thread_one_per_stream_ahe
         return loader
 
     plain = [b["keys"] for b in build()]
-    batches, threads, ahead, _ = _pinned_pass(build(), monkeypatch)
+    batches, threads, ahead, before = _pinned_pass(build(), monkeypatch, step_s=0.1)
     assert [b["keys"] for b in batches] == plain and len(plain) == 16
     assert all(b.get("pinned") for b in batches) and len(threads) == len(batches)
     assert set(threads) <= {"energon_ray_pin_0", "MainThread"} and max(ahead) <= 2
-    # 2 worker streams of 8 batches, each in groups of 1, 4 and 3: at most a group's first on the training thread
-    assert threads.count("MainThread") <= 6
+    # 2 worker streams of 8 batches taken in turn, each in groups of 1, 4 and 3: the first group's
+    # task runs as the pass starts and the second's when the first is taken (steps 0-3: its first
+    # batches are needed as they are read); the third group's task starts when the second is taken,
+    # and its table is read as soon as it finishes: its first batches (steps 10, 11) too are copied
+    # by the pin thread before the trainer asks for them, as are all batches but a group's first
+    late = [i for i in range(16) if threads[i] != "energon_ray_pin_0" or not before[i]]
+    assert set(late) <= {0, 1, 2, 3}, (late, threads, before)
