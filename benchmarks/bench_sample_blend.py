@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,7 +89,30 @@ def _iter(kind: str, root: Path):
         ds = er.get_train_dataset(root / "mix.yaml", task_encoder=encoder(), blend_samples=True, **common)
     else:
         ds = er.BlendDataset(*((er.get_train_dataset(root / name, task_encoder=encoder(), **common), 1) for name in ("a", "b")))
-    return iter(er.get_loader(ds))
+    if not _EMULATE_PIN:
+        return iter(er.get_loader(ds))
+    # pinning on from the first pass, as on CUDA, each copy a clone in pageable memory (bench_captioning)
+    import energon_ray.loader.pinning as pinning
+    import torch
+
+    def pin_memory(self, device=None):
+        _PINNED_BY[threading.current_thread() is threading.main_thread()] += self.nbytes
+        return self.clone()
+
+    torch.Tensor.pin_memory = pin_memory
+    pinning._cuda_device = lambda: None
+    available, torch.cuda.is_available = torch.cuda.is_available, lambda: True
+    try:
+        return iter(er.get_loader(ds))
+    finally:
+        torch.cuda.is_available = available
+
+
+#: ``--emulate-pin``: the bytes copied by the training thread (True) and by the loader's pin thread
+_EMULATE_PIN = False
+_PINNED_BY = {True: 0, False: 0}
+#: ``--sleep-ms``: the trainer sleeps this long per batch (a GPU step)
+_SLEEP_S = 0.0
 
 
 def child(kind: str, root: Path, batches_wanted: int) -> dict:
@@ -113,6 +137,8 @@ def child(kind: str, root: Path, batches_wanted: int) -> dict:
         samples += len(batch["keys"])
         stamps.append(time.perf_counter())
         sizes.append(len(batch["keys"]))
+        if _SLEEP_S:
+            time.sleep(_SLEEP_S)
     elapsed = time.perf_counter() - start
     if spy is not None:
         import signal
@@ -122,7 +148,8 @@ def child(kind: str, root: Path, batches_wanted: int) -> dict:
     lo, hi = len(stamps) // 10, len(stamps) - 1 - len(stamps) // 10  # the middle 80 % of batches
     steady = sum(sizes[lo + 1 : hi + 1]) / (stamps[hi] - stamps[lo]) if hi > lo + 1 else 0.0
     return {"pass": samples / elapsed, "steady": steady, "first": first, "samples": samples,
-            "trainer_ms": 1000 * (time.process_time() - cpu0) / max(1, batches - 1)}  # fmt: skip
+            "trainer_ms": 1000 * (time.process_time() - cpu0) / max(1, batches - 1),
+            "pinned_on_trainer": _PINNED_BY[True] / max(1, _PINNED_BY[True] + _PINNED_BY[False])}  # fmt: skip
 
 
 def main() -> None:
@@ -133,8 +160,12 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/energon_ray_bench")
     parser.add_argument("--only", default="energon,samples,batches")
     parser.add_argument("--samples-per-segment", default=None, help="energon_ray: N or FIRST,LATER")
+    parser.add_argument("--sleep-ms", type=float, default=0.0, help="the trainer sleeps this long per batch (a GPU step)")
+    parser.add_argument("--emulate-pin", action="store_true", help="energon_ray pins as on CUDA, each copy a clone (a CPU stand-in)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global _SLEEP_S, _EMULATE_PIN
+    _SLEEP_S, _EMULATE_PIN = args.sleep_ms / 1000, args.emulate_pin
     if args.samples_per_segment:
         global _SEGMENTS
         _SEGMENTS = _segments(args.samples_per_segment)
@@ -149,6 +180,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--child", kind, "--samples", str(args.samples), "--workdir", args.workdir]
             if args.samples_per_segment:
                 cmd += ["--samples-per-segment", args.samples_per_segment]
+            cmd += (["--sleep-ms", str(args.sleep_ms)] if args.sleep_ms else []) + (["--emulate-pin"] if args.emulate_pin else [])
             out = subprocess.run(cmd + (["--take", str(args.take)] if args.take else []),
                                  capture_output=True, text=True, env=env)  # fmt: skip
             line = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
@@ -157,7 +189,8 @@ def main() -> None:
                 continue
             r = json.loads(line)
             results.setdefault(kind, []).append(r)
-            print(f"{kind:8s} run {run}: {r['pass']:7.0f}/s pass, {r['steady']:7.0f}/s steady, first {r['first']:5.2f}s, trainer {r['trainer_ms']:5.1f} ms/batch, {r['samples']} samples")
+            print(f"{kind:8s} run {run}: {r['pass']:7.0f}/s pass, {r['steady']:7.0f}/s steady, first {r['first']:5.2f}s, trainer {r['trainer_ms']:5.1f} ms/batch, {r['samples']} samples"
+                  + (f", {100 * r['pinned_on_trainer']:.0f} % of the pinned bytes copied by the training thread" if args.emulate_pin else ""))  # fmt: skip
     print("\n| contender | pass samples/s | steady samples/s | first batch s | trainer CPU ms/batch |\n|---|---|---|---|---|")
     for kind, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in ("pass", "steady", "first", "trainer_ms")}
