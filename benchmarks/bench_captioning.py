@@ -161,6 +161,31 @@ _ER_EMULATE_PIN = False
 _PINNED_BY = {True: 0, False: 0}
 
 
+def emulated_pinning_loader(ds, **options):
+    """energon_ray's loader of ``ds`` pinning from its first pass, as on CUDA, each copy a clone in
+    pageable memory (a CPU stand-in for torch's copy into pinned memory), the bytes counted by the
+    thread that copied them in ``_PINNED_BY`` (``pinned_on_trainer``)."""
+    import energon_ray as er
+    import energon_ray.loader.pinning as pinning
+
+    def pin_memory(self, device=None):
+        _PINNED_BY[threading.current_thread() is threading.main_thread()] += self.nbytes
+        return self.clone()
+
+    torch.Tensor.pin_memory = pin_memory
+    pinning._cuda_device = lambda: None
+    available, torch.cuda.is_available = torch.cuda.is_available, lambda: True
+    try:
+        return er.get_loader(ds, **options)
+    finally:
+        torch.cuda.is_available = available
+
+
+def pinned_on_trainer() -> float:
+    """The share of the bytes ``emulated_pinning_loader`` copied on the training thread."""
+    return _PINNED_BY[True] / max(1, _PINNED_BY[True] + _PINNED_BY[False])
+
+
 def _energon_ray_loader(path: str):
     import energon_ray as er
 
@@ -173,22 +198,7 @@ def _energon_ray_loader(path: str):
             max_samples_per_sequence=100, repeat=False, task_encoder=Encoder(), **options,
         )  # fmt: skip
         loader_options = {} if _ER_LIMIT is None else {"object_store_limit": _ER_LIMIT}
-        if _ER_EMULATE_PIN:  # pinning on from the first pass, as on CUDA, each copy a clone in pageable memory
-            import energon_ray.loader.pinning as pinning
-
-            def pin_memory(self, device=None):
-                _PINNED_BY[threading.current_thread() is threading.main_thread()] += self.nbytes
-                return self.clone()
-
-            torch.Tensor.pin_memory = pin_memory
-            pinning._cuda_device = lambda: None
-            available, torch.cuda.is_available = torch.cuda.is_available, lambda: True
-            try:
-                _ER_LOADER["loader"] = er.get_loader(ds, **loader_options)
-            finally:
-                torch.cuda.is_available = available
-        else:
-            _ER_LOADER["loader"] = er.get_loader(ds, **loader_options)
+        _ER_LOADER["loader"] = (emulated_pinning_loader if _ER_EMULATE_PIN else er.get_loader)(ds, **loader_options)
     return _ER_LOADER["loader"]
 
 
@@ -550,7 +560,7 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
         # of which the training thread's own (the rest: Ray's C++ threads, the pin thread, ...)
         "main_ms": 1000 * main_cpu / max(1, len(stamps) - 1),
         **({"step_wall": statistics.median(steps), "step_p90": sorted(steps)[int(0.9 * len(steps))]} if steps else {}),
-        **({"pinned_on_trainer": _PINNED_BY[True] / max(1, _PINNED_BY[True] + _PINNED_BY[False])} if _ER_EMULATE_PIN else {}),
+        **({"pinned_on_trainer": pinned_on_trainer()} if _ER_EMULATE_PIN else {}),
         # after the first batch: the trainer's waits in next() (median, p90, mean ms)
         **({"wait_ms": statistics.median(waits[1:]), "wait_p90": sorted(waits[1:])[int(0.9 * (len(waits) - 1))],
             "wait_mean": statistics.fmean(waits[1:])} if len(waits) > 1 else {}),

@@ -26,7 +26,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -89,28 +88,11 @@ def _iter(kind: str, root: Path):
         ds = er.get_train_dataset(root / "mix.yaml", task_encoder=encoder(), blend_samples=True, **common)
     else:
         ds = er.BlendDataset(*((er.get_train_dataset(root / name, task_encoder=encoder(), **common), 1) for name in ("a", "b")))
-    if not _EMULATE_PIN:
-        return iter(er.get_loader(ds))
-    # pinning on from the first pass, as on CUDA, each copy a clone in pageable memory (bench_captioning)
-    import energon_ray.loader.pinning as pinning
-    import torch
-
-    def pin_memory(self, device=None):
-        _PINNED_BY[threading.current_thread() is threading.main_thread()] += self.nbytes
-        return self.clone()
-
-    torch.Tensor.pin_memory = pin_memory
-    pinning._cuda_device = lambda: None
-    available, torch.cuda.is_available = torch.cuda.is_available, lambda: True
-    try:
-        return iter(er.get_loader(ds))
-    finally:
-        torch.cuda.is_available = available
+    return iter((bc.emulated_pinning_loader if _EMULATE_PIN else er.get_loader)(ds))
 
 
-#: ``--emulate-pin``: the bytes copied by the training thread (True) and by the loader's pin thread
+#: ``--emulate-pin``: pin as on CUDA, a clone standing in for each copy (``bench_captioning``)
 _EMULATE_PIN = False
-_PINNED_BY = {True: 0, False: 0}
 #: ``--sleep-ms``: the trainer sleeps this long per batch (a GPU step)
 _SLEEP_S = 0.0
 
@@ -149,7 +131,7 @@ def child(kind: str, root: Path, batches_wanted: int) -> dict:
     steady = sum(sizes[lo + 1 : hi + 1]) / (stamps[hi] - stamps[lo]) if hi > lo + 1 else 0.0
     return {"pass": samples / elapsed, "steady": steady, "first": first, "samples": samples,
             "trainer_ms": 1000 * (time.process_time() - cpu0) / max(1, batches - 1),
-            "pinned_on_trainer": _PINNED_BY[True] / max(1, _PINNED_BY[True] + _PINNED_BY[False])}  # fmt: skip
+            "pinned_on_trainer": bc.pinned_on_trainer()}  # fmt: skip
 
 
 def main() -> None:

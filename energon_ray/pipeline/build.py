@@ -352,6 +352,12 @@ def _new_id(kind: str) -> str:
     return f"{os.getpid()}-{kind}{next(BlockStream._run_ids)}-{uuid.uuid4().hex[:12]}"
 
 
+def _finished(ref: Any) -> bool:
+    """Whether ``ref``'s object is finished and on this node (``ray.get`` would wait for nothing);
+    asks for it to be fetched meanwhile."""
+    return bool(ray.wait([ref], timeout=0, fetch_local=True)[0])
+
+
 class BlockStream:
     """The output blocks of one execution (run by the feeder), in order, as zero-copy Arrow tables.
 
@@ -402,7 +408,7 @@ class BlockStream:
 
     def ready(self) -> bool:
         """Whether the next block is here already (taking it waits for nothing)."""
-        return bool(self._blocks) and bool(ray.wait([self._blocks[0]], timeout=0, fetch_local=True)[0])
+        return bool(self._blocks) and _finished(self._blocks[0])
 
     @staticmethod
     def _get(ref: Any) -> Any:
@@ -640,7 +646,7 @@ class TaskStream:
 
     def ready(self) -> bool:
         """Whether the next block is finished and on this node (taking it waits for nothing)."""
-        return bool(self._refs) and bool(ray.wait([self._refs[0][0]], timeout=0, fetch_local=True)[0])
+        return bool(self._refs) and _finished(self._refs[0][0])
 
     def next_spec(self) -> Any:
         """The segment whose rows come next (``None`` when none is left)."""
@@ -809,7 +815,7 @@ class _Waiting:
         return ray.get(self.ref)
 
     def ready(self) -> bool:
-        return bool(ray.wait([self.ref], timeout=0, fetch_local=True)[0])
+        return _finished(self.ref)
 
 
 class _Made:

@@ -11,6 +11,7 @@ thread count put back (``as_in_a_task``). Nothing here imports Ray: the caller p
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Any, Callable, Iterator, Optional
 
@@ -75,6 +76,7 @@ def give_back_memory() -> None:
         trim(0)
 
 
+@functools.lru_cache(maxsize=1)
 def _malloc_trim() -> Optional[Callable[[int], int]]:
     """glibc's ``malloc_trim`` (``None`` elsewhere: macOS, musl)."""
     import ctypes
