@@ -240,7 +240,7 @@ class _GroupBatcher:
             (len(g), [(position, sub, payload) for position, sub, payload, _ in g], *(() if first_index is None else (first_index + i,)))
             for i, g in enumerate(groups)
         ]
-        from energon_ray.loader.feed import GroupItems
+        from energon_ray.loader.group_items import GroupItems
 
         wait = self._seam_tasks().submit(worker, self._seed(worker), groups_out)
         return GroupItems(wait, self.pinner, self.stats, self.chain, stream=("group", id(self), worker), count_seams=True)

@@ -23,11 +23,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 
 from energon_ray.errors import ExecutionLost, unwrap_error
+from energon_ray.loader.group_items import decode_row, seam_items
 from energon_ray.loader.merge import EXHAUSTED, NOTHING, LoaderStats, Pending, Row, WorkerQueues
-from energon_ray.loader.pinning import Pinner, chained, pin_now
+from energon_ray.loader.pinning import Pinner, chained
 from energon_ray.loader.restore import restore_reads, restore_streams, run_reads
 from energon_ray.loader.state import StreamState
-from energon_ray.pipeline import rows, serde
+from energon_ray.pipeline import rows
 from energon_ray.plan.schedule import LeafSchedule, NeedFn, windows
 
 logger = logging.getLogger("energon_ray")
@@ -52,88 +53,6 @@ def check_executor(executor: Optional[str]) -> str:
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {', '.join(map(repr, EXECUTORS))}, not {executor!r}")
     return executor
-
-
-def decode_row(row: Row, pin: bool) -> Row:
-    """A row of an output block with its payload loaded zero-copy (items pinned if asked)."""
-    kind, worker, segment, seq, payload = row
-    value = serde.loads(payload, copy=False)
-    if pin and kind == rows.ITEM:
-        value = pin_now(value)
-    return kind, worker, segment, seq, value
-
-
-def _ours(exc: BaseException) -> BaseException:
-    return unwrap_error(exc) or exc
-
-
-def seam_items(
-    wait: Callable[[], Any], pinner: Optional[Pinner], stats: LoaderStats, chain: Any
-) -> Tuple[List[Any], List[List[int]]]:
-    """The items a seam-batch task made (``wait`` gives its table) with their samples' positions; its
-    report is counted in ``stats`` (skips joined by ``chain``), and its error raised as ours. With a
-    ``pinner`` (pinning), the items are ``Pinning``s chained in order (``pinning.chained``), to be
-    handed out with ``pinning.handed_out``: the pin thread copies each while the one before it trains."""
-    return GroupItems(wait, pinner, stats, chain)()
-
-
-class GroupItems:
-    """``seam_items`` of a group task, in two steps: ``read_if_ready`` reads the table once the task
-    has finished (``wait.ready()``) and chains its batches for pinning as the worker stream
-    ``stream``'s next ones, so the first is copied ahead of its turn, not while the trainer waits
-    for it; calling it gives the items (reading the table first if not read yet) after counting the
-    task's report, whose error is raised then, where it was without reading ahead
-    (``count_seams``: and counting its batches in ``stats.seam_batches``)."""
-
-    def __init__(self, wait: Callable[[], Any], pinner: Optional[Pinner], stats: LoaderStats, chain: Any,
-                 stream: Optional[Any] = None, count_seams: bool = False):  # fmt: skip
-        self._wait = wait
-        self._pinner = pinner
-        self._stats = stats
-        self._chain = chain
-        self._stream = stream
-        self._count_seams = count_seams
-        self._read: Optional[Tuple[List[Any], List[List[int]], List[Any]]] = None
-        self._error: Optional[BaseException] = None
-
-    def read_if_ready(self) -> bool:
-        """Read the table if the task has finished; whether it is read (or failed) now."""
-        if self._read is None and self._error is None:
-            ready = getattr(self._wait, "ready", None)
-            if ready is None or not ready():
-                return False
-            self._take()
-        return True
-
-    def _take(self) -> None:
-        try:
-            table = self._wait()
-        except Exception as exc:
-            self._error = _ours(exc)
-            return
-        items, spans, reports = [], [], []
-        for row, positions in zip(rows.iter_rows(table), rows.positions(table)):
-            kind, _, _, _, value = decode_row(row, False)
-            if kind == rows.REPORT:
-                reports.append(value)
-            else:
-                items.append(value)
-                spans.append(positions or [])
-        if self._pinner is not None:
-            items = chained(self._pinner, items, stream=self._stream)
-        self._read = (items, spans, reports)
-
-    def __call__(self) -> Tuple[List[Any], List[List[int]]]:
-        if self._read is None and self._error is None:
-            self._take()
-        if self._error is not None:
-            raise self._error from None
-        items, spans, reports = self._read
-        for report in reports:
-            self._stats.add_report(report, self._chain)
-        if self._count_seams:
-            self._stats.seam_batches += len(items)
-        return items, spans
 
 
 class LeafFeed:
