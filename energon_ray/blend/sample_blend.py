@@ -251,7 +251,7 @@ class _GroupBatcher:
         return self.feeds[0].multi.pinner
 
     def pack(self, worker: int, samples: List[Any], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
-        """Start packing drawn samples: the reference of the packs' table and a function waiting
-        for ``([(position, sub)] of the packs, report)``."""
+        """Start packing drawn samples: the reference of the packs' table and a callable waiting for
+        ``([(position, sub)] of the packs, report)`` (``ready()``: whether that would wait)."""
         chunk = [(position, sub, payload) for position, sub, payload, _ in samples]
         return self._seam_tasks().submit_pack(worker, self._seed(worker), chunk, buffer_size)

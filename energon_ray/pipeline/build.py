@@ -804,7 +804,8 @@ _pack_task = ray.remote(num_cpus=1, max_retries=3, num_returns=2)(_pack_chunk)
 
 
 class _Waiting:
-    """A group task's table: calling waits for it; ``ready()``: whether that would wait for nothing."""
+    """A group task's result (its table; a packing task's packs): calling waits for it; ``ready()``:
+    whether that would wait for nothing."""
 
     __slots__ = ("ref",)
 
@@ -872,6 +873,7 @@ class SeamTasks:
 
     def submit_pack(self, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
         """Start packing a chunk of samples in a Ray task: the reference of its packs' table (for
-        ``Located`` packs) and a function waiting for ``(packs' (position, sub), report)``."""
+        ``Located`` packs) and a callable waiting for ``(packs' (position, sub), report)``, whose
+        ``ready()`` says whether that would wait."""
         table_ref, meta_ref = self._pack_task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source)
-        return table_ref, lambda: ray.get(meta_ref)
+        return table_ref, _Waiting(meta_ref)

@@ -1,0 +1,133 @@
+"""A packed sample blend starts its next chunk's packing and its next group's batching ahead of the
+trainer (``blend.packed_blend``): the same batches and the same errors, at the same batch, as when
+each task starts only when the trainer reaches it."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+
+import energon_ray as er
+import energon_ray.blend.packed_blend as packed_blend
+import energon_ray.blend.sample_blend as sample_blend
+from energon_ray.tasks.text_packing import PackedTextBatch, TextPackingTaskEncoder
+from tests.helpers import prefixed_text_dataset
+
+ONE_WORKER = er.WorkerConfig(rank=0, world_size=1, num_workers=1)  # a batch's index is its step
+_SUBMIT = sample_blend._GroupBatcher.__call__
+
+
+@er.edataclass
+class IndexedPackedBatch(PackedTextBatch):
+    batch_index: int = -1
+
+
+class Indexed(TextPackingTaskEncoder):
+    def batch(self, samples):  # the loader's batch number, as Energon's hook sees it
+        return IndexedPackedBatch.extend(super().batch(samples), batch_index=self.current_batch_index)
+
+
+class FailsToPack(Indexed):
+    """A fatal ImportError packing the chunk that holds one document."""
+
+    def __init__(self, key: str, **kwargs):
+        super().__init__(**kwargs)
+        self.key = key
+
+    def select_samples_to_pack(self, samples):
+        if any(s.__key__ == self.key for s in samples):
+            import not_a_module_that_exists  # noqa: F401
+        return super().select_samples_to_pack(samples)
+
+
+class FailsToBatch(Indexed):
+    """A fatal ImportError in ``batch`` for one batch index (its group's task fails as a whole)."""
+
+    def __init__(self, index: int, **kwargs):
+        super().__init__(**kwargs)
+        self.index = index
+
+    def batch(self, samples):
+        if self.current_batch_index == self.index:
+            import not_a_module_that_exists  # noqa: F401
+        return super().batch(samples)
+
+
+@pytest.fixture
+def blend_yaml(tmp_path):
+    prefixed_text_dataset(tmp_path / "a", "a", 45)
+    prefixed_text_dataset(tmp_path / "b", "b", 30)
+    (tmp_path / "packed.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - {weight: 2, path: a}\n      - {weight: 1, path: b}\n"
+    )
+    return tmp_path / "packed.yaml"
+
+
+def _pass(yaml, encoder, monkeypatch, ahead: bool, step_s: float = 0.0):
+    """One pass of a packed blend (``ahead``: ``LOOK_AHEAD``): its batches (documents, index), the
+    error that ended it (or None), when the trainer asked for each batch and, per batching task,
+    when it was started and its first batch's index."""
+    monkeypatch.setattr(packed_blend, "LOOK_AHEAD", ahead)
+    started = []
+
+    def recorded(self, worker, groups, first_index=None):
+        started.append((first_index, time.perf_counter()))
+        return _SUBMIT(self, worker, groups, first_index)
+
+    monkeypatch.setattr(sample_blend._GroupBatcher, "__call__", recorded)
+    ds = er.get_train_dataset(yaml, batch_size=3, shuffle_buffer_size=4, worker_config=ONE_WORKER, repeat=False,
+                              packing_buffer_size=2, task_encoder=encoder, samples_per_segment=6, blend_samples=True)  # fmt: skip
+    loader = er.get_loader(ds)
+    batches, asked, error = [], [], None
+    try:
+        it = iter(loader)
+        while True:
+            asked.append(time.perf_counter())
+            batch = next(it, None)
+            if batch is None:
+                break
+            batches.append(([list(docs) for docs in batch.documents], batch.batch_index))
+            time.sleep(step_s)  # a training step: tasks started ahead finish meanwhile
+    except er.FatalSampleError as exc:
+        error = str(exc)
+    finally:
+        loader.close()
+    return batches, error, asked, started
+
+
+def test_the_next_groups_tasks_start_before_the_trainer_reaches_them(blend_yaml, monkeypatch):
+    """With a 60 ms step, every group's batching task from the third on was started before the trainer
+    asked for its first batch (a worker's first group is one batch, its second starts at its second
+    batch; without looking ahead none is), and the pass is the same: every document once, the batch
+    indices in order."""
+    batches, error, asked, started = _pass(blend_yaml, Indexed(max_length=16), monkeypatch, ahead=True, step_s=0.06)
+    plain, plain_error, plain_asked, plain_started = _pass(blend_yaml, Indexed(max_length=16), monkeypatch, ahead=False)
+    assert error is None and plain_error is None
+    assert batches == plain and [index for _, index in batches] == list(range(len(batches))) and len(batches) >= 12
+    docs = Counter(doc for packs, _ in batches for pack in packs for doc in pack)
+    assert docs == Counter([f"a_{i:06d}" for i in range(45)] + [f"b_{i:06d}" for i in range(30)])
+    firsts = [index for index, _ in started]
+    assert firsts == [0, 1] + list(range(5, len(batches), 4)) == [index for index, _ in plain_started]
+    late = [index for index, at in started if index >= 5 and at > asked[index]]
+    assert late == [], (late, started, asked)
+    assert all(at > plain_asked[index] for index, at in plain_started)  # (the test tells the two apart)
+
+
+@pytest.mark.parametrize("failing", ["pack", "batch"])
+def test_an_error_met_ahead_comes_out_at_the_batch_it_would_without(blend_yaml, monkeypatch, failing):
+    """A fatal error packing a chunk drawn ahead, or batching a group started ahead, ends the pass
+    where it ends without looking ahead: the same batches handed out before it (past the first
+    groups, where the look-ahead runs)."""
+
+    def encoder():
+        return FailsToPack("b_000006", max_length=16) if failing == "pack" else FailsToBatch(7, max_length=16)
+
+    ahead = _pass(blend_yaml, encoder(), monkeypatch, ahead=True, step_s=0.03)
+    plain = _pass(blend_yaml, encoder(), monkeypatch, ahead=False)
+    assert "not_a_module_that_exists" in (ahead[1] or "") and "not_a_module_that_exists" in (plain[1] or "")
+    assert ahead[0] == plain[0] and len(plain[0]) >= 5
+    if failing == "batch":
+        assert len(plain[0]) == 5  # batch 7's group (batches 5-8) fails as a whole, at its first batch
