@@ -15,8 +15,8 @@ batches the packs, so a pack mixes datasets. Here too, off the training process:
 Ahead of the trainer (from a worker's second batch on): the next chunk is drawn and its packing
 task started while the current group's batches are handed out, and once its packs are made, the
 next group's batching task is started too (its first batch index known: the current group's
-batches are). So a group's start rarely waits for Ray (measured on 2 CPUs with a 40 ms step:
-the trainer waited 2.9 s in 145 batches without this). An error met while drawing or packing
+batches are). So a group's start rarely waits for Ray (2 CPUs, a 40 ms step: the trainer waited
+3.0 s in 145 batches without this, 0.5 s with it; ``benchmarks/bench_packed_blend.py``). An error met while drawing or packing
 ahead is kept and raised where the trainer would have met it without looking ahead.
 
 Saved state (``_PackNode``): the pack the next batch starts with, as the state before its chunk was

@@ -1,0 +1,119 @@
+"""A packed train blend (samples blended, then packed, then batched): does the trainer wait for Ray?
+
+    python benchmarks/bench_packed_blend.py [--docs 6000] [--runs 3] [--sleep-ms 40]
+
+Two JSONL corpora (``--docs`` and half as many log-normal documents, mean ~300 words) blended 2:1 by
+a metadataset YAML, ``get_train_dataset(yaml, blend_samples=True, packing_buffer_size=256)`` with the
+ready ``TextPackingTaskEncoder`` (2048-token rows, batch 8), 2 logical workers on a private 2-CPU Ray.
+Contenders, each a fresh process, interleaved run by run:
+
+- ``ahead``: energon_ray as it is (``packed_blend.LOOK_AHEAD``: the next chunks' packing and the next
+  group's batching start while the trainer trains on the current group);
+- ``plain``: ``LOOK_AHEAD = False`` (each packing and batching task starts when the trainer reaches it).
+
+The trainer sleeps ``--sleep-ms`` per batch (a GPU step, its CPU idle). Reported: tokens/s over the
+pass, the seconds the trainer waited in ``next()`` after its first 20 batches (the cold start left
+out) and their p90 in ms, trainer CPU ms per batch after the first. Nothing here runs in the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+SKIP = 20  # batches of the cold start left out of the waits
+
+
+def _data(workdir: Path, docs: int) -> Path:
+    from energon_ray.format.jsonl import prepare_jsonl
+    from energon_ray.tasks.text_packing import lognormal_corpus
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, n in enumerate((docs, docs // 2)):
+        path = workdir / f"corpus_{i}_{n}.jsonl"
+        if not Path(str(path) + ".idx").is_file():
+            path.write_text("\n".join(json.dumps({"text": d}) for d in lognormal_corpus(n, mean_words=300, sigma=1.0, seed=i)) + "\n")
+            prepare_jsonl(path, progress=False)
+        paths.append(path)
+    yaml = workdir / f"blend_{docs}.yaml"
+    yaml.write_text("__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+                    f"      - {{weight: 2, path: {paths[0].name}}}\n      - {{weight: 1, path: {paths[1].name}}}\n")  # fmt: skip
+    return yaml
+
+
+def child(name: str, yaml: Path, sleep_ms: float) -> None:
+    import energon_ray as er
+    import energon_ray.blend.packed_blend as packed_blend
+    from energon_ray.ray_env import ensure_ray
+    from energon_ray.tasks.text_packing import TextPackingTaskEncoder
+
+    packed_blend.LOOK_AHEAD = name == "ahead"
+    ensure_ray(num_cpus=2)
+    ds = er.get_train_dataset(yaml, batch_size=8, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2), repeat=False,
+                              packing_buffer_size=256, task_encoder=TextPackingTaskEncoder(max_length=2048),
+                              shuffle_buffer_size=100, max_samples_per_sequence=100, blend_samples=True)  # fmt: skip
+    loader = er.get_loader(ds)
+    waits, tokens, cpu0 = [], 0, None
+    start = time.perf_counter()
+    it = iter(loader)
+    while True:
+        asked = time.perf_counter()
+        batch = next(it, None)
+        if batch is None:
+            break
+        waits.append(time.perf_counter() - asked)
+        tokens += int(batch.num_tokens.sum())
+        if cpu0 is None:
+            cpu0 = time.process_time()
+        time.sleep(sleep_ms / 1000)
+    elapsed = time.perf_counter() - start
+    late = sorted(waits[SKIP:]) or [0.0]
+    print(json.dumps({
+        "tokens_s": tokens / elapsed, "batches": len(waits), "wait_s": sum(waits[SKIP:]),
+        "wait_p90": 1000 * late[int(0.9 * (len(late) - 1))], "trainer_ms": 1000 * (time.process_time() - cpu0) / max(1, len(waits) - 1),
+    }), flush=True)  # fmt: skip
+    loader.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--docs", type=int, default=6000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sleep-ms", type=float, default=40.0)
+    parser.add_argument("--workdir", default="/tmp/energon_ray_bench/packed_blend")
+    parser.add_argument("--only", default="ahead,plain")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    yaml = _data(Path(args.workdir), args.docs)
+    if args.child:
+        child(args.child, yaml, args.sleep_ms)
+        return
+    names = args.only.split(",")
+    results = {name: [] for name in names}
+    for run in range(args.runs):
+        for name in names:
+            cmd = [sys.executable, __file__, "--child", name, "--docs", str(args.docs), "--sleep-ms", str(args.sleep_ms), "--workdir", args.workdir]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            result = json.loads(out.strip().splitlines()[-1])
+            results[name].append(result)
+            print(f"{name:6s} run {run}: {result['tokens_s']:,.0f} tokens/s, {result['batches']} batches, waited {result['wait_s']:.2f} s "
+                  f"after batch {SKIP} (p90 {result['wait_p90']:.1f} ms), trainer {result['trainer_ms']:.1f} ms/batch", flush=True)  # fmt: skip
+    print("\n| contender | tokens/s | waits after batch 20, s | their p90, ms | trainer CPU ms/batch |\n| --- | --- | --- | --- | --- |")
+    for name, rs in results.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        print(f"| {name} | {med['tokens_s']:,.0f} | {med['wait_s']:.2f} | {med['wait_p90']:.1f} | {med['trainer_ms']:.1f} |")
+    print(f"\nmedians of {args.runs} runs, {args.docs} + {args.docs // 2} documents, a {args.sleep_ms:g} ms step per batch, 2 CPUs")
+
+
+if __name__ == "__main__":
+    main()
