@@ -129,8 +129,9 @@ def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree,
     ctx.register(node)
     given: List[List[Any]] = [[] for _ in range(workers)]
 
-    #: with pinning: next groups of workers whose current group was all handed out, to read as soon
-    #: as their tasks finish (their first batch is then copied ahead, as a sample blend's)
+    #: with pinning: the groups started ahead, read as soon as their tasks finish (each call tries):
+    #: their batches are chained behind the worker's batches before them, so the pin thread copies a
+    #: group's first batch ahead of the trainer too
     to_read: Dict[int, Any] = {}
     #: per worker: chunks taken and the packs they made in this pass (how many chunks a group needs)
     taken_chunks, made_packs = [0] * workers, [0] * workers
@@ -274,7 +275,7 @@ def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree,
         if LOOK_AHEAD and node.batches[worker] > 1:  # not before a worker's first batch is out
             look_ahead(worker)
             started = node.next_group[worker]
-            if not given[worker] and started is not None and batcher.pinner is not None:
+            if started is not None and batcher.pinner is not None:
                 to_read[worker] = started[0]
         return handed_out(item)
 

@@ -131,3 +131,49 @@ def test_an_error_met_ahead_comes_out_at_the_batch_it_would_without(blend_yaml, 
     assert ahead[0] == plain[0] and len(plain[0]) >= 5
     if failing == "batch":
         assert len(plain[0]) == 5  # batch 7's group (batches 5-8) fails as a whole, at its first batch
+
+
+def test_with_pinning_a_groups_batches_started_ahead_are_copied_by_the_pin_thread(blend_yaml, monkeypatch):
+    """On CUDA (pinning; a recording copy stands in for torch's), a 100 ms step: the batches of
+    groups started ahead are copied by the pin thread before the trainer asks for them, a group's
+    first too (read as soon as its task finished: from the third group on; fails if read only when
+    the trainer reaches the group); the batches are those of an unpinned pass."""
+    import threading
+
+    import energon_ray.loader.pinning as pinning
+
+    copied = {}
+
+    def pin(batch):
+        copied[str(batch.documents)] = (threading.current_thread().name, time.perf_counter())
+        return batch
+
+    monkeypatch.setattr(pinning, "pin_batch", pin)
+
+    def second_pass(pin_it: bool):  # (a loader's first pass was set up unpinned when it was built)
+        ds = er.get_train_dataset(blend_yaml, batch_size=3, shuffle_buffer_size=4, worker_config=ONE_WORKER, repeat=False,
+                                  packing_buffer_size=2, task_encoder=Indexed(max_length=16), samples_per_segment=6,
+                                  blend_samples=True)  # fmt: skip
+        loader = er.get_loader(ds, pin_memory=False)
+        batches, asked = [], []
+        try:
+            assert len(list(loader)) >= 12
+            loader.pin = pin_it
+            it = iter(loader)
+            while True:
+                asked.append(time.perf_counter())
+                batch = next(it, None)
+                if batch is None:
+                    break
+                batches.append(str(batch.documents))
+                time.sleep(0.1 if pin_it else 0)  # a training step
+        finally:
+            loader.close()
+        return batches, asked
+
+    plain, _ = second_pass(False)
+    assert copied == {}
+    batches, asked = second_pass(True)
+    assert batches == plain and len(plain) >= 12 and sorted(copied) == sorted(plain)
+    late = [i for i, key in enumerate(batches) if copied[key][0] != "energon_ray_pin_0" or copied[key][1] > asked[i]]
+    assert set(late) <= {0, 1, 2, 3, 4}, late  # the first two groups (batches 0 and 1-4) start synchronously
