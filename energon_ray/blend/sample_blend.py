@@ -95,9 +95,10 @@ class SampleBlendDataset(PooledBlendDataset):
                 groups.append(samples[full:])
             return before, (batcher(worker, groups, index) if groups else None), first, groups
 
-        # with pinning: the next groups of workers whose current group was all handed out, to read as
-        # soon as their tasks finish (``GroupItems.read_if_ready``, tried at each call): their first
-        # batch is then copied a round ahead, not while the trainer waits for it
+        # with pinning: the groups drawn ahead, read as soon as their tasks finish
+        # (``GroupItems.read_if_ready``, tried at each call; their batches chained behind the
+        # worker's before them): a group's first batch is then copied ahead, not while the trainer
+        # waits for it (with few workers, a group's last batch may be the step before its next's first)
         to_read: Dict[int, Any] = {}
 
         def next_item(worker: int) -> Any:
@@ -106,7 +107,7 @@ class SampleBlendDataset(PooledBlendDataset):
                     del to_read[w]
             item = _next_item(worker)
             ahead = node.ahead[worker]
-            if not given[worker] and ahead is not None and ahead[1] is not None and batcher.pinner is not None:
+            if ahead is not None and ahead[1] is not None and batcher.pinner is not None:
                 to_read[worker] = ahead[1]
             return item
 

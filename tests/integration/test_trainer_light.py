@@ -678,3 +678,26 @@ def test_a_sample_blends_batches_are_pinned_in_the_pin_thread_one_per_stream_ahe
     # by the pin thread before the trainer asks for them, as are all batches but a group's first
     late = [i for i in range(16) if threads[i] != "energon_ray_pin_0" or not before[i]]
     assert set(late) <= {0, 1, 2, 3}, (late, threads, before)
+
+
+def test_with_one_worker_stream_a_sample_blend_group_is_read_as_soon_as_its_task_finished(tmp_path, monkeypatch):
+    """One worker stream: a group's last batch is the step right before the next group's first, so
+    that group's table is read as soon as its task (started a group ahead) finishes, not once the
+    group before is handed out: every group's first batch but the first two groups' is copied by the
+    pin thread before the trainer asks (fails if read only when the trainer reaches the group)."""
+    mix = _two_dataset_mix(tmp_path)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+
+    def build():  # a loader's second pass (its first was set up unpinned when it was built)
+        ds = er.get_train_dataset(mix, worker_config=wc, batch_size=4, task_encoder=DictBatches(), shuffle_buffer_size=4,
+                                  max_samples_per_sequence=4, repeat=False, blend_samples=True, samples_per_segment=8)  # fmt: skip
+        loader = er.get_loader(ds, pin_memory=False)
+        assert len(list(loader)) == 16
+        return loader
+
+    plain = [b["keys"] for b in build()]
+    batches, threads, ahead, before = _pinned_pass(build(), monkeypatch, step_s=0.1)
+    assert [b["keys"] for b in batches] == plain and len(plain) == 16 and max(ahead) <= 4
+    # groups of 1, 4, 4, 4, 3 batches: steps 0 | 1-4 | 5-8 | 9-12 | 13-15
+    late = [i for i in range(16) if threads[i] != "energon_ray_pin_0" or not before[i]]
+    assert set(late) <= {0, 1}, (late, threads, before)
