@@ -66,6 +66,24 @@ def blend_yaml(tmp_path):
     return tmp_path / "packed.yaml"
 
 
+def _packed(yaml, encoder):
+    return er.get_train_dataset(yaml, batch_size=3, shuffle_buffer_size=4, worker_config=ONE_WORKER, repeat=False,
+                                packing_buffer_size=2, task_encoder=encoder, samples_per_segment=6, blend_samples=True)  # fmt: skip
+
+
+def _timed_pass(loader, step_s: float, batches: list, asked: list) -> None:
+    """A pass of ``loader`` with a ``step_s`` training step (tasks started ahead finish meanwhile):
+    each batch and when the trainer asked for it appended (kept if the pass raises)."""
+    it = iter(loader)
+    while True:
+        asked.append(time.perf_counter())
+        batch = next(it, None)
+        if batch is None:
+            return
+        batches.append(batch)
+        time.sleep(step_s)
+
+
 def _pass(yaml, encoder, monkeypatch, ahead: bool, step_s: float = 0.0):
     """One pass of a packed blend (``ahead``: ``LOOK_AHEAD``): its batches (documents, index), the
     error that ended it (or None), when the trainer asked for each batch and, per batching task,
@@ -78,24 +96,15 @@ def _pass(yaml, encoder, monkeypatch, ahead: bool, step_s: float = 0.0):
         return _SUBMIT(self, worker, groups, first_index)
 
     monkeypatch.setattr(sample_blend._GroupBatcher, "__call__", recorded)
-    ds = er.get_train_dataset(yaml, batch_size=3, shuffle_buffer_size=4, worker_config=ONE_WORKER, repeat=False,
-                              packing_buffer_size=2, task_encoder=encoder, samples_per_segment=6, blend_samples=True)  # fmt: skip
-    loader = er.get_loader(ds)
+    loader = er.get_loader(_packed(yaml, encoder))
     batches, asked, error = [], [], None
     try:
-        it = iter(loader)
-        while True:
-            asked.append(time.perf_counter())
-            batch = next(it, None)
-            if batch is None:
-                break
-            batches.append(([list(docs) for docs in batch.documents], batch.batch_index))
-            time.sleep(step_s)  # a training step: tasks started ahead finish meanwhile
+        _timed_pass(loader, step_s, batches, asked)
     except er.FatalSampleError as exc:
         error = str(exc)
     finally:
         loader.close()
-    return batches, error, asked, started
+    return [([list(docs) for docs in b.documents], b.batch_index) for b in batches], error, asked, started
 
 
 def test_the_next_groups_tasks_start_before_the_trainer_reaches_them(blend_yaml, monkeypatch):
@@ -151,25 +160,15 @@ def test_with_pinning_a_groups_batches_started_ahead_are_copied_by_the_pin_threa
     monkeypatch.setattr(pinning, "pin_batch", pin)
 
     def second_pass(pin_it: bool):  # (a loader's first pass was set up unpinned when it was built)
-        ds = er.get_train_dataset(blend_yaml, batch_size=3, shuffle_buffer_size=4, worker_config=ONE_WORKER, repeat=False,
-                                  packing_buffer_size=2, task_encoder=Indexed(max_length=16), samples_per_segment=6,
-                                  blend_samples=True)  # fmt: skip
-        loader = er.get_loader(ds, pin_memory=False)
+        loader = er.get_loader(_packed(blend_yaml, Indexed(max_length=16)), pin_memory=False)
         batches, asked = [], []
         try:
             assert len(list(loader)) >= 12
             loader.pin = pin_it
-            it = iter(loader)
-            while True:
-                asked.append(time.perf_counter())
-                batch = next(it, None)
-                if batch is None:
-                    break
-                batches.append(str(batch.documents))
-                time.sleep(0.1 if pin_it else 0)  # a training step
+            _timed_pass(loader, 0.1 if pin_it else 0.0, batches, asked)
         finally:
             loader.close()
-        return batches, asked
+        return [str(b.documents) for b in batches], asked
 
     plain, _ = second_pass(False)
     assert copied == {}
