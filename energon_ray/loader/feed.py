@@ -78,15 +78,21 @@ class LeafFeed:
         """Worker ``worker``'s next item, or ``EXHAUSTED``; pulls rows from Ray as needed. With
         pinning, handing out a worker stream's last queued item asks for a block read ahead
         (``MultiFeed.pull_ahead``), tried at each next call (after the trainer has started its
-        step) until a block was read."""
+        step) until a block was read; with a single worker stream, handing out its last but one
+        (the next call takes its last: the block after it is then read a step before it is needed,
+        not at the step that needs it)."""
         queues, multi = self.queues, self.multi
         if multi.ahead_wanted:
             multi.pull_ahead()
         while True:
             item = queues.pop(worker)
             if item is not NOTHING:
-                if multi.pinner is not None and not queues.hand_out and not queues.queues[worker] and not queues.done[worker]:
-                    multi.ahead_wanted += 1
+                if multi.pinner is not None and not queues.hand_out and not queues.done[worker]:
+                    left = len(queues.queues[worker])
+                    if left == 0:
+                        multi.ahead_wanted += 1
+                    elif left == 1 and queues.num_workers == 1:
+                        multi.ahead_wanted = max(multi.ahead_wanted, 1)
                 return item
             if queues.done[worker]:
                 return EXHAUSTED

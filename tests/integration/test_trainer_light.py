@@ -616,6 +616,23 @@ def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_str
     assert set(threads) <= {"energon_ray_pin_0", "MainThread"}
 
 
+def test_with_one_worker_stream_a_blocks_first_batch_is_pinned_ahead_too(tmp_path, monkeypatch):
+    """One worker stream (Ray still runs its segments in parallel): its next block is read as the
+    trainer takes the last batch but one of the block before, so the block's first batch is copied
+    by the pin thread during the step before it (read only at the last batch, the copy would begin
+    at the step that needs it: every block's first late). Same batches as unpinned."""
+    path = captioning_dataset(tmp_path / "ds", n=48, per_shard=8)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=8)
+    loader = er.get_loader(ds, pin_memory=False)
+    plain = [b["keys"] for b in loader]
+    batches, threads, ahead, before = _pinned_pass(loader, monkeypatch, step_s=0.1)
+    assert [b["keys"] for b in batches] == plain and len(plain) == 12 and max(ahead) <= 2
+    # 6 blocks of 2 batches: the first block's batches are copied as it is read, as the pass starts
+    late = [i for i in range(12) if threads[i] != "energon_ray_pin_0" or not before[i]]
+    assert set(late) <= {0, 1}, (late, threads, before)
+
+
 class FailsAt(DictBatches):
     """An ImportError (fatal at once) on one sample: in the second block of worker stream 6 (its
     third batch, step 22)."""
