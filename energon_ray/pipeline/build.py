@@ -32,7 +32,7 @@ import ray
 
 from energon_ray.errors import ExecutionLost
 from energon_ray.pipeline.local_start import (
-    LOCAL_START_MODES, give_back_memory, local_block, local_chained_block, local_seam, local_start_mode, make_here,
+    LOCAL_START_MODES, give_back_memory, local_block, local_chained_block, local_pack, local_seam, local_start_mode, make_here,
 )  # fmt: skip
 from energon_ray.pipeline.shipped import ship, ship_each, unship
 from energon_ray.ray_env import deaf_to_cancel, import_task_modules, is_closed, mark_closed, verbose
@@ -820,15 +820,15 @@ class _Waiting:
 
 
 class _Made:
-    """A group's table made in this process (``_Waiting``'s interface)."""
+    """A group task's result made in this process (``_Waiting``'s interface)."""
 
-    __slots__ = ("table",)
+    __slots__ = ("value",)
 
-    def __init__(self, table: pa.Table):
-        self.table = table
+    def __init__(self, value: Any):
+        self.value = value
 
-    def __call__(self) -> pa.Table:
-        return self.table
+    def __call__(self) -> Any:
+        return self.value
 
     def ready(self) -> bool:
         return True
@@ -837,15 +837,17 @@ class _Made:
 class SeamTasks:
     """Starts Ray tasks that batch pooled leftover samples (one ``config`` upload per source).
 
-    ``before_first``: as for ``TaskStream``, a group the pass's first batch waits for is batched in
-    this process while Ray's workers still import torch (``local_seam``: the same batches)."""
+    ``before_first``: as for ``TaskStream``, a group the pass's first batch waits for is batched, and
+    a chunk it waits for packed (a packed blend), in this process while Ray's workers still import
+    torch (``local_seam``, ``local_pack``: the same batches and packs)."""
 
     def __init__(self, config: "StageConfig", source: int, remote_args: Optional[Dict[str, Any]] = None,
                  before_first: Optional[Callable[[], bool]] = None):  # fmt: skip
         self._config = config
         self._before_first = before_first
-        #: groups batched in this process
+        #: groups batched and chunks packed in this process
         self.local_groups = 0
+        self.local_packs = 0
         self._config_ref = None
         self.source = source
         self._seam_task = _with_options(_seam_task, remote_args, _GROUP_TASK_OPTIONS)
@@ -854,7 +856,7 @@ class SeamTasks:
     def submit(self, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]]) -> Callable[[], pa.Table]:
         """Start one task for ``(batch size, group)`` pairs; the returned callable waits for its rows
         (a zero-copy table), its ``ready()`` says whether that would wait."""
-        if self._before_first is not None and self._before_first() and make_here(local_start_mode(), lambda: False):
+        if self._here():
             try:
                 table = local_seam(ship(self._config), worker, seed, groups, self.source, ray.get)
                 give_back_memory()
@@ -875,5 +877,22 @@ class SeamTasks:
         """Start packing a chunk of samples in a Ray task: the reference of its packs' table (for
         ``Located`` packs) and a callable waiting for ``(packs' (position, sub), report)``, whose
         ``ready()`` says whether that would wait."""
+        if self._here():
+            from energon_ray.pipeline.rows import parts
+
+            try:
+                table, packs, report = local_pack(ship(self._config), worker, seed, samples, buffer_size, self.source, ray.get)
+                table_ref = ray.put(parts(table))  # the batching task reads the packs from the store
+                del table
+                give_back_memory()
+            except Exception:
+                logger.debug("energon_ray: a chunk could not be packed in the loader's process; a Ray task does it", exc_info=True)
+            else:
+                self.local_packs += 1
+                return table_ref, _Made((packs, report))
         table_ref, meta_ref = self._pack_task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source)
         return table_ref, _Waiting(meta_ref)
+
+    def _here(self) -> bool:
+        """Whether the group or chunk asked for now is made in this process (a cold start, see above)."""
+        return self._before_first is not None and self._before_first() and make_here(local_start_mode(), lambda: False)

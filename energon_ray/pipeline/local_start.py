@@ -3,7 +3,7 @@
 On a fresh Ray every worker is a new process that imports torch and the stages (seconds), where a
 DataLoader worker is a fork of the trainer that already has them. Until a pass gives its first
 batch, the trainer waits anyway, so ``pipeline.build`` (``TaskStream``, ``SeamTasks``) may make a
-block or a group that batch waits for here instead (``make_here``): the same stages and hook seeds,
+block, a group or a chunk's packs that batch waits for here instead (``make_here``): the same stages and hook seeds,
 hence the same rows, on one torch thread as in a task, with the caller's random states and torch
 thread count put back (``as_in_a_task``). Nothing here imports Ray: the caller passes what needs it.
 """
@@ -123,3 +123,15 @@ def local_seam(config: Any, worker: int, seed: int, groups, source: int, get: Ca
 
     with as_in_a_task():
         return seam_batches(unship(config), worker, seed, resolve_located(groups, get), source)
+
+
+def local_pack(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int, get: Callable[[Any], Any]):
+    """What a packing task makes of a chunk of drawn samples (``build._pack_chunk``: the packs'
+    table, their ``(position, sub)``, the report), made in this process; ``get`` reads the samples'
+    blocks (``ray.get``)."""
+    from energon_ray.pipeline.rows import resolve_located
+    from energon_ray.pipeline.stages import seam_packs
+
+    with as_in_a_task():
+        ((_, samples),) = resolve_located([(0, samples)], get)
+        return seam_packs(unship(config), worker, seed, samples, buffer_size, source)

@@ -1,9 +1,11 @@
 """A packed sample blend starts its next chunk's packing and its next group's batching ahead of the
 trainer (``blend.packed_blend``): the same batches and the same errors, at the same batch, as when
-each task starts only when the trainer reaches it."""
+each task starts only when the trainer reaches it. At a cold start, what its first batch waits for
+is made in the trainer process (the same packs and batches as Ray's)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 
@@ -176,3 +178,37 @@ def test_with_pinning_a_groups_batches_started_ahead_are_copied_by_the_pin_threa
     assert batches == plain and len(plain) >= 12 and sorted(copied) == sorted(plain)
     late = [i for i, key in enumerate(batches) if copied[key][0] != "energon_ray_pin_0" or copied[key][1] > asked[i]]
     assert set(late) <= {0, 1, 2, 3, 4}, late  # the first two groups (batches 0 and 1-4) start synchronously
+
+
+class PidTagged(Indexed):
+    """Each pack member's key tagged with the process that packed it (``postencode_sample`` runs
+    where the chunk is packed)."""
+
+    def postencode_sample(self, sample):
+        sample.__key__ = f"{sample.__key__}@{os.getpid()}"
+        return sample
+
+
+def test_a_cold_packed_blend_packs_what_its_first_batch_waits_for_in_the_trainer(blend_yaml, monkeypatch):
+    """At a cold start (forced: ``ENERGON_RAY_LOCAL_START=always``) the chunk the first batch waits
+    for is packed in the trainer process (before: by a Ray worker still importing torch, seconds),
+    later chunks by Ray; the batches are those Ray alone makes (``off``)."""
+
+    def run(mode):
+        monkeypatch.setenv("ENERGON_RAY_LOCAL_START", mode)
+        loader = er.get_loader(_packed(blend_yaml, PidTagged(max_length=16)))
+        try:
+            return [[[doc.split("@") for doc in pack] for pack in b.documents] for b in loader]
+        finally:
+            loader.close()
+
+    def untagged(batches):
+        return [[[key for key, _ in pack] for pack in batch] for batch in batches]
+
+    def packed_here(batch):
+        return {int(pid) == os.getpid() for pack in batch for _, pid in pack}
+
+    ray_only, cold = run("off"), run("always")
+    assert untagged(cold) == untagged(ray_only) and len(cold) >= 12
+    assert all(packed_here(b) == {False} for b in ray_only)
+    assert packed_here(cold[0]) == {True} and packed_here(cold[-1]) == {False}
