@@ -16,8 +16,9 @@ Ahead of the trainer (from a worker's second batch on): the next chunk is drawn 
 task started while the current group's batches are handed out, and once its packs are made, the
 next group's batching task is started too (its first batch index known: the current group's
 batches are). So a group's start rarely waits for Ray (2 CPUs, a 40 ms step: the trainer waited
-3.0 s in 145 batches without this, 0.5 s with it; ``benchmarks/bench_packed_blend.py``). An error met while drawing or packing
-ahead is kept and raised where the trainer would have met it without looking ahead.
+3.0 s in 145 batches without this, 0.5 s with it; ``benchmarks/bench_packed_blend.py``). An error
+met while drawing or packing ahead is kept and raised where the trainer would have met it without
+looking ahead.
 
 Saved state (``_PackNode``): the pack the next batch starts with, as the state before its chunk was
 drawn (the leaves' pools and the blend's draws, written instead of the current ones) plus how many
@@ -33,6 +34,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, Union
 
 from energon_ray.blend.base import Node, PassContext, Provider
 from energon_ray.blend.replay import SubTree
+from energon_ray.loader.group_items import read_finished
 from energon_ray.loader.merge import EXHAUSTED
 from energon_ray.loader.pinning import handed_out
 from energon_ray.pipeline.rows import Located
@@ -263,8 +265,7 @@ def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree,
 
     def next_item(worker: int) -> Any:
         if to_read:
-            for w in [w for w, group in to_read.items() if group.read_if_ready()]:
-                del to_read[w]
+            read_finished(to_read)
         while not given[worker]:
             if not start_group(worker):
                 return EXHAUSTED

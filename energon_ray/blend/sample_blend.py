@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from energon_ray.blend.base import Composition, PassContext, Provider
 from energon_ray.blend.compose import ListNode, PooledBlendDataset
 from energon_ray.blend.replay import GroupNode, SubTree
+from energon_ray.loader.group_items import GroupItems, read_finished
 from energon_ray.loader.merge import EXHAUSTED
 from energon_ray.loader.pinning import handed_out
 from energon_ray.pipeline.policy import FailureChain
@@ -103,8 +104,7 @@ class SampleBlendDataset(PooledBlendDataset):
 
         def next_item(worker: int) -> Any:
             if to_read:
-                for w in [w for w, group in to_read.items() if group.read_if_ready()]:
-                    del to_read[w]
+                read_finished(to_read)
             item = _next_item(worker)
             ahead = node.ahead[worker]
             if ahead is not None and ahead[1] is not None and batcher.pinner is not None:
@@ -241,8 +241,6 @@ class _GroupBatcher:
             (len(g), [(position, sub, payload) for position, sub, payload, _ in g], *(() if first_index is None else (first_index + i,)))
             for i, g in enumerate(groups)
         ]
-        from energon_ray.loader.group_items import GroupItems
-
         wait = self._seam_tasks().submit(worker, self._seed(worker), groups_out)
         return GroupItems(wait, self.pinner, self.stats, self.chain, stream=("group", id(self), worker), count_seams=True)
 

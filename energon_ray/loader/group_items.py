@@ -4,7 +4,7 @@ groups) read, chained for pinning and counted (``GroupItems``, ``seam_items``)."
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from energon_ray.errors import unwrap_error
 from energon_ray.loader.merge import LoaderStats, Row
@@ -33,6 +33,13 @@ def seam_items(
     ``pinner`` (pinning), the items are ``Pinning``s chained in order (``pinning.chained``), to be
     handed out with ``pinning.handed_out``: the pin thread copies each while the one before it trains."""
     return GroupItems(wait, pinner, stats, chain)()
+
+
+def read_finished(groups: Dict[int, "GroupItems"]) -> None:
+    """Read the tables of the ``groups`` (by worker) whose tasks have finished, and drop those
+    from ``groups`` (the blends' groups started ahead, for pinning: tried at each call)."""
+    for worker in [w for w, group in groups.items() if group.read_if_ready()]:
+        del groups[worker]
 
 
 class GroupItems:

@@ -812,7 +812,7 @@ class _Waiting:
     def __init__(self, ref: Any):
         self.ref = ref
 
-    def __call__(self) -> pa.Table:
+    def __call__(self) -> Any:
         return ray.get(self.ref)
 
     def ready(self) -> bool:
@@ -847,7 +847,6 @@ class SeamTasks:
         self._before_first = before_first
         #: groups batched and chunks packed in this process
         self.local_groups = 0
-        self.local_packs = 0
         self._config_ref = None
         self.source = source
         self._seam_task = _with_options(_seam_task, remote_args, _GROUP_TASK_OPTIONS)
@@ -888,7 +887,7 @@ class SeamTasks:
             except Exception:
                 logger.debug("energon_ray: a chunk could not be packed in the loader's process; a Ray task does it", exc_info=True)
             else:
-                self.local_packs += 1
+                self.local_groups += 1
                 return table_ref, _Made((packs, report))
         table_ref, meta_ref = self._pack_task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source)
         return table_ref, _Waiting(meta_ref)
