@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from numbers import Real
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from energon_ray.decode.av import AVDecoder
-from energon_ray.decode.av._container import open_container
-from energon_ray.decode.av._metadata import check_limits
 from energon_ray.errors import SampleException
+
+if TYPE_CHECKING:
+    from energon_ray.decode.av import AVDecoder
+
+# PyAV (and with it FFmpeg's libraries: ~16 MiB and ~80 ms per process) is imported at the first
+# audio or video part, not with the decoder: most datasets have none, and every Ray worker that
+# decodes images would otherwise load it.
 
 VIDEO_EXTENSIONS = ("mp4", "mkv", "avi", "mov", "webm", "flv")
 AUDIO_EXTENSIONS = ("wav", "flac", "mp3", "ogg")
@@ -93,6 +97,10 @@ class AVHandler:
         if ext not in AV_EXTENSIONS:
             return None
         key = key.lstrip(".")  # webdataset passes ".mp4"; messages should name the part as "mp4"
+        from energon_ray.decode.av import AVDecoder
+        from energon_ray.decode.av._container import open_container
+        from energon_ray.decode.av._metadata import check_limits
+
         try:
             container = open_container(bytes(data), key)
         except SampleException:
@@ -153,6 +161,8 @@ class AVWebdatasetDecoder(AVHandler):
 
     def read_av_data(self, data: bytes) -> AVDecoder:
         """A lazy :class:`AVDecoder` over ``data`` (nothing decoded, no limits checked)."""
+        from energon_ray.decode.av import AVDecoder
+
         return AVDecoder(data)
 
     def __repr__(self) -> str:

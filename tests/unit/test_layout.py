@@ -104,3 +104,26 @@ def test_task_imports_ignore_an_interrupt_that_lands_inside_import_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "True", "True"]
+
+
+def test_image_decoding_in_a_worker_does_not_load_pyav():
+    """PyAV (FFmpeg's libraries, ~16 MiB and ~80 ms per process) is loaded at the first audio or
+    video part: a Ray worker's task modules and an image decode leave it out, an mp4 part brings it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from energon_ray.ray_env import import_task_modules\n"
+        "from energon_ray.decode.sample_decoder import SampleDecoder\n"
+        "from energon_ray.synthetic import encode_image, sample_image\n"
+        "import_task_modules()\n"
+        "decoder = SampleDecoder()\n"
+        "image = decoder.decode_part('jpg', encode_image(sample_image(0), 'JPEG'))\n"
+        "print(tuple(image.shape), 'av' in sys.modules)\n"
+        "video = decoder.decode_part('mp4', b'not a video')\n"
+        "print(type(video).__name__, 'av' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["(3, 48, 64) False", "AVDecoder True"]
