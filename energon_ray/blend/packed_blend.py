@@ -126,26 +126,55 @@ class _PackNode(Node):
 def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree, batcher: Any, batches_per_group: int) -> Provider:
     """The provider of ``blend`` (a ``SampleBlendDataset`` with ``packing_buffer_size``): its batches
     of packs of the samples ``draw`` gives."""
-    workers, size, buffer = blend.num_workers, blend.batch_size, blend.packing_buffer_size
-    node = _PackNode(workers)
-    ctx.register(node)
-    given: List[List[Any]] = [[] for _ in range(workers)]
+    return _PackedBatches(blend, ctx, draw, tree, batcher, batches_per_group)
 
-    #: with pinning: the groups started ahead, read as soon as their tasks finish (each call tries):
-    #: their batches are chained behind the worker's batches before them, so the pin thread copies a
-    #: group's first batch ahead of the trainer too
-    to_read: Dict[int, Any] = {}
-    #: per worker: chunks taken and the packs they made in this pass (how many chunks a group needs)
-    taken_chunks, made_packs = [0] * workers, [0] * workers
 
-    def draw_chunk(worker: int) -> bool:
+class _PackedBatches:
+    """Called with a worker: its next batch of packs (see the module's docstring), or ``EXHAUSTED``."""
+
+    def __init__(self, blend: Any, ctx: PassContext, draw: Provider, tree: SubTree, batcher: Any, batches_per_group: int):
+        self.blend, self.draw, self.tree, self.batcher = blend, draw, tree, batcher
+        self.size, self.buffer = blend.batch_size, blend.packing_buffer_size
+        self.batches_per_group = batches_per_group
+        workers = blend.num_workers
+        self.node = _PackNode(workers)
+        ctx.register(self.node)
+        #: per worker: the current group's batches not handed out yet (reversed)
+        self.given: List[List[Any]] = [[] for _ in range(workers)]
+        #: with pinning: the groups started ahead, read as soon as their tasks finish (each call
+        #: tries): their batches are chained behind the worker's batches before them, so the pin
+        #: thread copies a group's first batch ahead of the trainer too
+        self.to_read: Dict[int, Any] = {}
+        #: per worker: chunks taken and the packs they made in this pass (how many chunks a group needs)
+        self.taken_chunks, self.made_packs = [0] * workers, [0] * workers
+
+    def __call__(self, worker: int) -> Any:
+        node = self.node
+        if self.to_read:
+            read_finished(self.to_read)
+        while not self.given[worker]:
+            if not self.start_group(worker):
+                return EXHAUSTED
+        item = self.given[worker].pop()
+        node.batches[worker] += 1
+        node.cursor[worker] = node.after[worker].pop() if node.after[worker] else node.head(worker)
+        node.forget_before(worker)
+        if LOOK_AHEAD and node.batches[worker] > 1:  # not before a worker's first batch is out
+            self.look_ahead(worker)
+            started = node.next_group[worker]
+            if started is not None and self.batcher.pinner is not None:
+                self.to_read[worker] = started[0]
+        return handed_out(item)
+
+    def draw_chunk(self, worker: int) -> bool:
         """Draw the next chunk and start its packing task (queued in ``node.drawn``); False at the end."""
+        node = self.node
         if node.ended[worker]:
             return False
-        before = tree.capture(worker)
+        before = self.tree.capture(worker)
         samples: List[Any] = []
-        while len(samples) < buffer * PACK_CHUNK_BUFFERS:
-            sample = draw(worker)
+        while len(samples) < self.buffer * PACK_CHUNK_BUFFERS:
+            sample = self.draw(worker)
             if sample is EXHAUSTED:
                 node.ended[worker] = True
                 break
@@ -155,23 +184,24 @@ def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree,
         chunk = node.chunks[worker]
         node.chunks[worker] += 1
         node.before[worker][chunk] = before
-        table, wait = batcher.pack(worker, samples, buffer)
+        table, wait = self.batcher.pack(worker, samples, self.buffer)
         node.drawn[worker].append((chunk, table, wait))
         return True
 
-    def take_chunk(worker: int) -> bool:
+    def take_chunk(self, worker: int) -> bool:
         """The packs of the next chunk drawn (drawn now if none was ahead) join the pending ones; False
         at the end. An error kept from drawing or packing it ahead is raised here."""
-        if not node.drawn[worker] and not draw_chunk(worker):
+        node = self.node
+        if not node.drawn[worker] and not self.draw_chunk(worker):
             return False
         drawn = node.drawn[worker].popleft()
         if isinstance(drawn, Exception):
             raise drawn
         chunk, table, wait = drawn
         made, report = wait()
-        taken_chunks[worker] += 1
-        made_packs[worker] += len(made)
-        batcher.stats.add_report(report, batcher.chain)
+        self.taken_chunks[worker] += 1
+        self.made_packs[worker] += len(made)
+        self.batcher.stats.add_report(report, self.batcher.chain)
         skip, node.skip[worker] = node.skip[worker], 0
         if skip > len(made):
             raise RuntimeError(
@@ -183,14 +213,14 @@ def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree,
                 node.packs[worker].append((chunk, index, position, sub, Located(table, 0, 0, index)))
         return True
 
-    def take_group(worker: int, wanted: int) -> Optional[List[List[Pack]]]:
+    def take_group(self, worker: int, wanted: int) -> Optional[List[List[Pack]]]:
         """The next ``wanted`` pending packs (fewer at the end; taking chunks as needed) cut into
         batches, or None when none is left (or only a short last batch is, with ``drop_last``)."""
-        while len(node.packs[worker]) < wanted and take_chunk(worker):
+        pending, size = self.node.packs[worker], self.size
+        while len(pending) < wanted and self.take_chunk(worker):
             pass
-        pending = node.packs[worker]
         count = min(len(pending), wanted)
-        if count < size and blend.drop_last:
+        if count < size and self.blend.drop_last:
             count = 0
         if count == 0:
             pending.clear()
@@ -198,86 +228,75 @@ def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree,
         taken = [pending.popleft() for _ in range(count)]
         return [taken[i : i + size] for i in range(0, count, size)]
 
-    def submit(worker: int, groups: List[List[Pack]], first_index: int) -> Tuple[Any, List[List[Pack]], List[Cursor]]:
+    def submit(self, worker: int, groups: List[List[Pack]], first_index: int) -> Tuple[Any, List[List[Pack]], List[Cursor]]:
         """Start the batching task of ``groups`` (the first batch's index ``first_index``)."""
-        wait = batcher(worker, [[(p[2], p[3], p[4], None) for p in group] for group in groups], first_index)
+        wait = self.batcher(worker, [[(p[2], p[3], p[4], None) for p in group] for group in groups], first_index)
         # where the next batch starts once each made batch is given: after its group
-        starts: List[Cursor] = [(g[0][0], g[0][1]) for g in groups[1:]] + [node.head(worker)]
+        starts: List[Cursor] = [(g[0][0], g[0][1]) for g in groups[1:]] + [self.node.head(worker)]
         return wait, groups, starts
 
-    def start_group(worker: int) -> bool:
+    def start_group(self, worker: int) -> bool:
         """Batch the next group of pending packs (drawing chunks as needed), or take the one started
         ahead; False at the end."""
-        to_read.pop(worker, None)
+        node = self.node
+        self.to_read.pop(worker, None)
         started, node.next_group[worker] = node.next_group[worker], None
         if started is None:
-            groups = take_group(worker, size * (1 if node.fresh[worker] else batches_per_group))
+            groups = self.take_group(worker, self.size * (1 if node.fresh[worker] else self.batches_per_group))
             node.fresh[worker] = False
             if groups is None:
                 node.cursor[worker] = None
                 return False
-            started = submit(worker, groups, node.batches[worker])
+            started = self.submit(worker, groups, node.batches[worker])
         wait, groups, starts = started
         made, spans = wait()
-        after: List[Cursor] = []
-        g = 0
-        for span in spans:
-            if not span:  # one of several batches of a group: the group is not consumed yet
-                after.append((groups[g][0][0], groups[g][0][1]) if g < len(groups) else starts[-1])
-                continue
-            while g < len(groups) - 1 and [int(p) for p in span] != [int(p[2]) for p in groups[g]]:
-                g += 1
-            after.append(starts[g])
-            g += 1
-        node.after[worker] = list(reversed(after))
-        given[worker] = list(reversed(made))
+        node.after[worker] = list(reversed(_cursors_after(groups, starts, spans)))
+        self.given[worker] = list(reversed(made))
         return True
 
-    def look_ahead(worker: int) -> None:
+    def look_ahead(self, worker: int) -> None:
         """Take the packs of chunks drawn ahead whose packing finished, draw the chunks the next group
         still needs and start their packing, or start the next group's batching once its packs are
         made; never waits for Ray (work not finished is taken at a later call)."""
+        node = self.node
         drawn = node.drawn[worker]
         if node.next_group[worker] is not None or (drawn and isinstance(drawn[-1], Exception)):
             return
-        wanted = size * batches_per_group
+        wanted = self.size * self.batches_per_group
         try:
             while drawn and isinstance(drawn[0], tuple) and drawn[0][2].ready():
-                take_chunk(worker)
+                self.take_chunk(worker)
         except Exception as exc:  # raised where the trainer meets it without looking ahead: before later chunks
             drawn.appendleft(exc)
             return
         if len(node.packs[worker]) < wanted:
-            per_chunk = max(1, made_packs[worker] // max(1, taken_chunks[worker]))
+            per_chunk = max(1, self.made_packs[worker] // max(1, self.taken_chunks[worker]))
             try:
                 while (not node.ended[worker] and len(drawn) < MAX_CHUNKS_AHEAD
                        and len(node.packs[worker]) + len(drawn) * per_chunk < wanted):  # fmt: skip
-                    if not draw_chunk(worker):
+                    if not self.draw_chunk(worker):
                         break
             except Exception as exc:  # (a draw's error: after the chunks drawn before it)
                 drawn.append(exc)
                 return
             if drawn:
                 return
-        groups = take_group(worker, wanted)  # packs enough, or the last ones: waits for nothing
+        groups = self.take_group(worker, wanted)  # packs enough, or the last ones: waits for nothing
         if groups is not None:
-            node.next_group[worker] = submit(worker, groups, node.batches[worker] + len(given[worker]))
+            node.next_group[worker] = self.submit(worker, groups, node.batches[worker] + len(self.given[worker]))
 
-    def next_item(worker: int) -> Any:
-        if to_read:
-            read_finished(to_read)
-        while not given[worker]:
-            if not start_group(worker):
-                return EXHAUSTED
-        item = given[worker].pop()
-        node.batches[worker] += 1
-        node.cursor[worker] = node.after[worker].pop() if node.after[worker] else node.head(worker)
-        node.forget_before(worker)
-        if LOOK_AHEAD and node.batches[worker] > 1:  # not before a worker's first batch is out
-            look_ahead(worker)
-            started = node.next_group[worker]
-            if started is not None and batcher.pinner is not None:
-                to_read[worker] = started[0]
-        return handed_out(item)
 
-    return next_item
+def _cursors_after(groups: List[List[Pack]], starts: List[Cursor], spans: List[Any]) -> List[Cursor]:
+    """Where the next batch starts once each made batch is given (``spans``: per batch, the positions
+    of the packs it consumed, empty for all but the last batch of a split group)."""
+    after: List[Cursor] = []
+    g = 0
+    for span in spans:
+        if not span:  # one of several batches of a group: the group is not consumed yet
+            after.append((groups[g][0][0], groups[g][0][1]) if g < len(groups) else starts[-1])
+            continue
+        while g < len(groups) - 1 and [int(p) for p in span] != [int(p[2]) for p in groups[g]]:
+            g += 1
+        after.append(starts[g])
+        g += 1
+    return after
