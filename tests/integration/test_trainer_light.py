@@ -592,6 +592,31 @@ def test_ray_workers_give_way_to_the_trainer_only_when_asked(monkeypatch):
     assert os.nice(0) == mine
 
 
+def test_a_ray_workers_imports_are_frozen_out_of_the_garbage_collector():
+    """A fresh Ray worker's first task of ours imports torch and the stages with the collector
+    paused and then freezes what they made (``gc.freeze``): collections triggered by its tasks no
+    longer walk torch's objects; the collector is running again after. The driver's is untouched."""
+    import gc
+
+    import energon_ray.ray_env as ray_env
+
+    def imports():
+        import sys
+
+        fresh = "torch" not in sys.modules
+        ray_env.import_task_modules()
+        return fresh, gc.get_freeze_count(), gc.isenabled(), len(gc.get_objects())
+
+    # a runtime env of its own: a new worker process, whose first import this is
+    fresh = ray.remote(num_cpus=0, runtime_env={"env_vars": {"ENERGON_RAY_TEST_FRESH_WORKER": "1"}})(imports)
+    was_fresh, frozen, enabled, tracked = ray.get(fresh.remote(), timeout=180)
+    assert was_fresh and enabled
+    assert frozen > 100_000 > tracked  # torch's objects and the stages' are frozen, few are left
+    frozen_here = gc.get_freeze_count()
+    ray_env.import_task_modules()
+    assert gc.get_freeze_count() == frozen_here and gc.isenabled()
+
+
 def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_stream(tmp_path, monkeypatch):
     """8 worker streams: the pin thread copies at most ``PIN_AHEAD`` batches not handed out yet
     (pinned memory of a few batches, not one per stream), each before the trainer asks for it,
