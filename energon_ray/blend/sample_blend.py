@@ -62,72 +62,7 @@ class SampleBlendDataset(PooledBlendDataset):
             from energon_ray.blend.packed_blend import packed_provider
 
             return packed_provider(self, ctx, draw, SubTree(ctx, first, ctx.leaf_indices(self)), batcher, BATCHES_PER_GROUP)
-        # per worker: samples drawn in this pass (the next batch's index × batch size), saved and
-        # restored with the draws
-        drawn = [0] * self.num_workers
-        ctx.register(ListNode(drawn))
-        tree = SubTree(ctx, first, ctx.leaf_indices(self))
-        node = _AheadNode(self.num_workers)
-        ctx.register(node)
-        size = self.batch_size
-        given: List[List[Any]] = [[] for _ in range(self.num_workers)]
-
-        def start_group(worker: int) -> Tuple[Any, Optional[Callable[[], List[Any]]], bool]:
-            """Draw the next group and start its Ray task: (state before it, wait, first) — wait is
-            None at the end.
-
-            A pass's first group is one batch (the first batch waits for no more draws than it
-            needs); the others ``BATCHES_PER_GROUP``, a restored one too (it must hold at least
-            the batches given of the group it replays)."""
-            before = tree.capture(worker)
-            first, node.fresh[worker] = node.fresh[worker], False
-            group_samples = size * (1 if first else BATCHES_PER_GROUP)
-            samples: List[Any] = []
-            while len(samples) < group_samples:
-                sample = draw(worker)
-                if sample is EXHAUSTED:
-                    break
-                samples.append(sample)
-            index = drawn[worker] // size  # the worker's batches so far: Energon's batch index
-            drawn[worker] += len(samples)
-            full = len(samples) - len(samples) % size
-            groups = [samples[i : i + size] for i in range(0, full, size)]
-            if full < len(samples) and not self.drop_last:
-                groups.append(samples[full:])
-            return before, (batcher(worker, groups, index) if groups else None), first, groups
-
-        # with pinning: the groups drawn ahead, read as soon as their tasks finish
-        # (``GroupItems.read_if_ready``, tried at each call; their batches chained behind the
-        # worker's before them): a group's first batch is then copied ahead, not while the trainer
-        # waits for it (with few workers, a group's last batch may be the step before its next's first)
-        to_read: Dict[int, Any] = {}
-
-        def next_item(worker: int) -> Any:
-            if to_read:
-                read_finished(to_read)
-            item = _next_item(worker)
-            ahead = node.ahead[worker]
-            if ahead is not None and ahead[1] is not None and batcher.pinner is not None:
-                to_read[worker] = ahead[1]
-            return item
-
-        def _next_item(worker: int) -> Any:
-            while not given[worker]:
-                if node.ahead[worker] is None:
-                    node.ahead[worker] = start_group(worker)
-                before, wait, first, groups = node.ahead[worker]
-                if wait is None:  # nothing left to draw
-                    return EXHAUSTED
-                # the next group is drawn (and batched) while this one is batched and then given; not
-                # so after a pass's first group (one batch): the first batch waits for no more draws
-                node.ahead[worker] = None if first else start_group(worker)
-                made, spans = wait()
-                node.begin(worker, before)
-                node.samples[worker] = _samples_of(groups, spans)
-                given[worker] = list(reversed(made[node.take_discard(worker) :]))
-            return handed_out(node.give(worker, given[worker]))
-
-        return next_item
+        return _SampleBatches(self, ctx, draw, first, batcher)
 
     def leaf_shares(self):
         # a step (one batch) takes batch_size samples, weight × batch_size of them from each leaf
@@ -139,6 +74,80 @@ class SampleBlendDataset(PooledBlendDataset):
     def __repr__(self) -> str:
         return "SampleBlendDataset(" + ", ".join(f"({ds!r}, {w:.3g})" for ds, w in zip(self.datasets, self.weights)) + ")"
 
+
+
+class _SampleBatches:
+    """Called with a worker: its next batch of drawn samples (see the module's docstring), or
+    ``EXHAUSTED``."""
+
+    def __init__(self, blend: SampleBlendDataset, ctx: PassContext, draw: Provider, first_node: int, batcher: "_GroupBatcher"):
+        self.blend, self.draw, self.batcher = blend, draw, batcher
+        workers = blend.num_workers
+        # per worker: samples drawn in this pass (the next batch's index × batch size), saved and
+        # restored with the draws (registered before the sub-tree is taken: its captures hold it)
+        self.drawn = [0] * workers
+        ctx.register(ListNode(self.drawn))
+        self.tree = SubTree(ctx, first_node, ctx.leaf_indices(blend))
+        self.node = _AheadNode(workers)
+        ctx.register(self.node)
+        #: per worker: the current group's batches not handed out yet (reversed)
+        self.given: List[List[Any]] = [[] for _ in range(workers)]
+        #: with pinning: the groups drawn ahead, read as soon as their tasks finish
+        #: (``GroupItems.read_if_ready``, tried at each call; their batches chained behind the
+        #: worker's before them): a group's first batch is then copied ahead, not while the trainer
+        #: waits for it (with few workers, a group's last batch may be the step before its next's first)
+        self.to_read: Dict[int, Any] = {}
+
+    def __call__(self, worker: int) -> Any:
+        if self.to_read:
+            read_finished(self.to_read)
+        item = self.next_item(worker)
+        ahead = self.node.ahead[worker]
+        if ahead is not None and ahead[1] is not None and self.batcher.pinner is not None:
+            self.to_read[worker] = ahead[1]
+        return item
+
+    def next_item(self, worker: int) -> Any:
+        node, given = self.node, self.given
+        while not given[worker]:
+            if node.ahead[worker] is None:
+                node.ahead[worker] = self.start_group(worker)
+            before, wait, first, groups = node.ahead[worker]
+            if wait is None:  # nothing left to draw
+                return EXHAUSTED
+            # the next group is drawn (and batched) while this one is batched and then given; not
+            # so after a pass's first group (one batch): the first batch waits for no more draws
+            node.ahead[worker] = None if first else self.start_group(worker)
+            made, spans = wait()
+            node.begin(worker, before)
+            node.samples[worker] = _samples_of(groups, spans)
+            given[worker] = list(reversed(made[node.take_discard(worker) :]))
+        return handed_out(node.give(worker, given[worker]))
+
+    def start_group(self, worker: int) -> Tuple[Any, Optional[Callable[[], List[Any]]], bool, List[List[Any]]]:
+        """Draw the next group and start its Ray task: (state before it, wait, first, its batches'
+        samples) — wait is None at the end.
+
+        A pass's first group is one batch (the first batch waits for no more draws than it needs);
+        the others ``BATCHES_PER_GROUP``, a restored one too (it must hold at least the batches
+        given of the group it replays)."""
+        node, size = self.node, self.blend.batch_size
+        before = self.tree.capture(worker)
+        first, node.fresh[worker] = node.fresh[worker], False
+        group_samples = size * (1 if first else BATCHES_PER_GROUP)
+        samples: List[Any] = []
+        while len(samples) < group_samples:
+            sample = self.draw(worker)
+            if sample is EXHAUSTED:
+                break
+            samples.append(sample)
+        index = self.drawn[worker] // size  # the worker's batches so far: Energon's batch index
+        self.drawn[worker] += len(samples)
+        full = len(samples) - len(samples) % size
+        groups = [samples[i : i + size] for i in range(0, full, size)]
+        if full < len(samples) and not self.blend.drop_last:
+            groups.append(samples[full:])
+        return before, (self.batcher(worker, groups, index) if groups else None), first, groups
 
 def _samples_of(groups: List[List[Any]], spans: List[List[int]]) -> List[List[List[int]]]:
     """Per batch made from ``groups`` (``spans``: its samples' positions): ``[leaf, position]`` of

@@ -227,12 +227,17 @@ def test_train_metadataset_sample_blend_restores_exactly(roots, tmp_path):
         f"      - {{weight: 2, path: {roots['a']}}}\n      - {{weight: 1, path: {roots['b']}}}\n"
     )
 
+    class IndexedBatches(Augmented):  # the batch hook's index too: a restore gives each batch its own again
+        def batch(self, samples):
+            return {**super().batch(samples), "r": (random.random(), self.current_batch_index)}
+
     def blend():
         return er.get_train_dataset(tmp_path / "train.yaml", batch_size=3, shuffle_buffer_size=4, worker_config=WC,
-                                    task_encoder=Augmented(fail_every=11), samples_per_segment=6, blend_samples=True)  # fmt: skip
+                                    task_encoder=IndexedBatches(fail_every=11), samples_per_segment=6, blend_samples=True)  # fmt: skip
 
     items = round_trip(blend, [1, 2, 5, 8, 13], count=16)
     assert any(len({key[0] for key in item[0]}) == 2 for item in items)  # batches mix the datasets
+    assert [item[2][1] for item in items] == list(range(16))  # (2 worker streams taking turns)
 
     class KeyedBatches(Keyed):  # samples augmented in encode_sample, batches drawing the hooks' RNG
         def batch(self, samples):
