@@ -69,24 +69,27 @@ def test_no_module_level_import_cycles():
     assert cycles == []
 
 
-def test_the_feeders_module_imports_neither_torch_nor_ray_data():
-    """The feeder actor's process imports ``energon_ray.pipeline.build``: it must start without
-    torch (seconds of a cold first batch), and the training process without Ray Data."""
+def _run_fresh(code: str) -> str:
+    """What ``code`` prints, run by a fresh interpreter (which must succeed)."""
     import subprocess
     import sys
 
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_the_feeders_module_imports_neither_torch_nor_ray_data():
+    """The feeder actor's process imports ``energon_ray.pipeline.build``: it must start without
+    torch (seconds of a cold first batch), and the training process without Ray Data."""
     code = "import sys, energon_ray.pipeline.build; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'PIL', 'av'}), 'ray.data' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["[]", "False"]
+    assert _run_fresh(code).split() == ["[]", "False"]
 
 
 def test_task_imports_ignore_an_interrupt_that_lands_inside_import_torch():
     """Ray cancels a running task by interrupting its main thread; inside ``import torch`` that left a
     worker that could never import torch again. ``import_task_modules`` must finish the imports and
     put the SIGINT handler back (here the interrupt is raised from inside the torch import)."""
-    import subprocess
-    import sys
-
     code = (
         "import _thread, importlib.abc, signal, sys, time\n"
         "from energon_ray.ray_env import import_task_modules\n"
@@ -101,17 +104,12 @@ def test_task_imports_ignore_an_interrupt_that_lands_inside_import_torch():
         "import_task_modules()\n"
         "print('torch' in sys.modules, 'energon_ray.pipeline.stages' in sys.modules, signal.getsignal(signal.SIGINT) is before)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["True", "True", "True"]
+    assert _run_fresh(code).split() == ["True", "True", "True"]
 
 
 def test_image_decoding_in_a_worker_does_not_load_pyav():
     """PyAV (FFmpeg's libraries, ~16 MiB and ~80 ms per process) is loaded at the first audio or
     video part: a Ray worker's task modules and an image decode leave it out, an mp4 part brings it."""
-    import subprocess
-    import sys
-
     code = (
         "import sys\n"
         "from energon_ray.ray_env import import_task_modules\n"
@@ -124,6 +122,4 @@ def test_image_decoding_in_a_worker_does_not_load_pyav():
         "video = decoder.decode_part('mp4', b'not a video')\n"
         "print(type(video).__name__, 'av' in sys.modules)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split("\n")[:2] == ["(3, 48, 64) False", "AVDecoder True"]
+    assert _run_fresh(code).split("\n")[:2] == ["(3, 48, 64) False", "AVDecoder True"]
