@@ -246,8 +246,9 @@ class _GroupBatcher:
         """Start the task; the returned function waits for its batches and their samples' positions
         (fewer batches than groups where a batch hook failed or skipped: counted). ``first_index``:
         the first group's batch index in the worker's blended stream (the next ones follow it)."""
+        ship = self.feeds[0].multi.block_refs.ship
         groups_out = [
-            (len(g), [(position, sub, payload) for position, sub, payload, _ in g], *(() if first_index is None else (first_index + i,)))
+            (len(g), [(position, sub, ship(payload)) for position, sub, payload, _ in g], *(() if first_index is None else (first_index + i,)))
             for i, g in enumerate(groups)
         ]
         wait = self._seam_tasks().submit(worker, self._seed(worker), groups_out)
@@ -261,5 +262,6 @@ class _GroupBatcher:
     def pack(self, worker: int, samples: List[Any], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
         """Start packing drawn samples: the reference of the packs' table and a callable waiting for
         ``([(position, sub)] of the packs, report)`` (``ready()``: whether that would wait)."""
-        chunk = [(position, sub, payload) for position, sub, payload, _ in samples]
+        ship = self.feeds[0].multi.block_refs.ship
+        chunk = [(position, sub, ship(payload)) for position, sub, payload, _ in samples]
         return self._seam_tasks().submit_pack(worker, self._seed(worker), chunk, buffer_size)

@@ -169,6 +169,8 @@ class MultiFeed:
         self.on_execute = on_execute
         self.pin = pin
         self._pinner = Pinner() if pin else None
+        #: where the pooled samples of a sample blend's leaves lie (``rows.BlockRefs``)
+        self.block_refs = rows.BlockRefs()
         self.stats = stats
         self._batches_before = stats.batches
         self.feeds: List[LeafFeed] = []
@@ -462,7 +464,7 @@ class MultiFeed:
                         )
                     decoded = early[i] if i in early else pinning[i] if i in pinning else decode_row(row, self.pin)
                     if source in hand_out and row[0] == rows.LEFTOVER:  # the batching task reads them from the block
-                        decoded = (*decoded[:4], rows.locate_leftovers(decoded[4], blocks.last_ref, i))
+                        decoded = (*decoded[:4], self.block_refs.locate(decoded[4], blocks.last_ref, i))
                     yield source, decoded, spec.last, positions
                     if row[0] == rows.REPORT:
                         spec = expected()

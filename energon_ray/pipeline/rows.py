@@ -143,12 +143,53 @@ class Located(NamedTuple):
     item: int
 
 
-def locate_leftovers(payload: List[Any], block: Any, row: int) -> List[Any]:
-    """A decoded ``LEFTOVER`` payload with each sample's bytes replaced by its ``Located``."""
-    return [
-        (key, size, [(position, sub, Located(block, row, g, i)) for i, (position, sub, _) in enumerate(items)])
-        for g, (key, size, items) in enumerate(payload)
-    ]
+class BlockRefs:
+    """Where a pass's pooled samples lie, for the garbage collector's sake (one per pass).
+
+    A sample blend's trainer pools every sample of its leaves until a group takes it. Pooled as a
+    ``Located`` (a named tuple holding the block's ObjectRef), each was an object the collector
+    tracks and keeps: thousands per pass, which made the trainer's full collections (a walk over
+    the whole process: torch's objects, the user's model) come every few hundred batches, up to
+    155 ms each. ``locate`` names a sample's place by a number instead, as an exact tuple of ints
+    (the collector stops tracking those); ``ship`` turns it back into a ``Located`` as its sample
+    leaves for a Ray task, and drops the block's reference once its last pooled sample did.
+    """
+
+    def __init__(self) -> None:
+        #: number → [the block's reference, its pooled samples not shipped yet]
+        self._rows: Dict[int, List[Any]] = {}
+        self._next = 0
+
+    def locate(self, payload: List[Any], block: Any, row: int) -> List[Any]:
+        """A decoded ``LEFTOVER`` payload of row ``row`` of ``block`` with each sample's bytes
+        replaced by ``(number, row, group, item)``."""
+        number = self._next
+        self._next += 1
+        located = [
+            (key, size, [(position, sub, (number, row, g, i)) for i, (position, sub, _) in enumerate(items)])
+            for g, (key, size, items) in enumerate(payload)
+        ]
+        count = sum(len(items) for _, _, items in payload)
+        if count:
+            self._rows[number] = [block, count]
+        return located
+
+    def ship(self, payload: Any) -> Any:
+        """A pooled sample's payload as a Ray task reads it: its ``Located`` (other payloads as they are)."""
+        if type(payload) is not tuple:
+            return payload
+        number, row, group, item = payload
+        entry = self._rows.get(number)
+        if entry is None:
+            raise RuntimeError(f"energon_ray: a pooled sample of block row {number} was shipped twice")
+        entry[1] -= 1
+        if not entry[1]:
+            del self._rows[number]
+        return Located(entry[0], row, group, item)
+
+    def __len__(self) -> int:
+        """Block rows with pooled samples not shipped yet."""
+        return len(self._rows)
 
 
 def resolve_located(groups: List[Tuple[int, List[Tuple[int, int, Any]]]], get: Callable[[List[Any]], List[pa.Table]]) -> List[Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from energon_ray.errors import FatalSampleError
@@ -154,17 +156,27 @@ def test_hand_out_queues_give_samples_one_by_one_after_each_report_and_save_the_
 
 
 def test_located_leftovers_resolve_to_the_sample_bytes_of_their_block():
-    """The trainer of a sample blend pools where each sample lies (block, row, group, item); the
-    batching task reads exactly those bytes from the block."""
+    """The trainer of a sample blend pools where each sample lies (a block row's number, row, group,
+    item); shipped, each becomes the ``Located`` of its block (whose reference is let go after its
+    last sample), and the batching task reads exactly those bytes from the block."""
     leftovers = rows.pack_leftovers([(None, 2, [(4, 0, {"k": "a"}), (7, 1, {"k": "b"})])], worker=0, segment=3)
     block = rows.table([(rows.ITEM, 0, 3, 0, "batch"), (rows.LEFTOVER, 0, 3, 1, leftovers)])
     decoded = rows.iter_rows(block)
     next(decoded)
     payload = serde.loads(next(decoded)[4], copy=False)
-    located = rows.locate_leftovers(payload, "block-ref", 1)
-    assert [p for _, _, p in located[0][2]] == [rows.Located("block-ref", 1, 0, 0), rows.Located("block-ref", 1, 0, 1)]
+    refs = rows.BlockRefs()
+    located = refs.locate(payload, "block-ref", 1)
+    pooled = [p for _, _, p in located[0][2]]
+    assert pooled == [(0, 1, 0, 0), (0, 1, 0, 1)] and len(refs) == 1
+    gc.collect()
+    assert not any(gc.is_tracked(item) for item in located[0][2])  # pooled, the collector ignores them
+    shipped = [refs.ship(pooled[1]), refs.ship(b"as is")]
+    assert shipped == [rows.Located("block-ref", 1, 0, 1), b"as is"] and len(refs) == 1
+    assert refs.ship(pooled[0]) == rows.Located("block-ref", 1, 0, 0) and len(refs) == 0  # the block's last sample: let go
+    with pytest.raises(RuntimeError, match="shipped twice"):
+        refs.ship(pooled[0])
     fetched = []
-    groups = rows.resolve_located([(2, [(4, 0, located[0][2][1][2]), (9, 0, b"as is")])],
+    groups = rows.resolve_located([(2, [(4, 0, shipped[0]), (9, 0, b"as is")])],
                                   lambda refs: fetched.extend(refs) or [block])  # fmt: skip
     assert fetched == ["block-ref"]
     (size, [(p1, _, first), (p2, _, second)]), = groups
