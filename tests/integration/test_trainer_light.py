@@ -617,6 +617,17 @@ def test_a_ray_workers_imports_are_frozen_out_of_the_garbage_collector():
     assert gc.get_freeze_count() == frozen_here and gc.isenabled()
 
 
+def _plain_then_pinned(tmp_path, monkeypatch, samples: int, workers: int):
+    """A validation pass of ``samples`` (batch 4, 8-sample segments) over ``workers`` streams,
+    unpinned, then pinned with a 0.1 s step: the plain keys, then ``_pinned_pass``'s record."""
+    path = captioning_dataset(tmp_path / "ds", n=samples, per_shard=8)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=8)
+    loader = er.get_loader(ds, pin_memory=False)
+    plain = [b["keys"] for b in loader]
+    return (plain, *_pinned_pass(loader, monkeypatch, step_s=0.1))
+
+
 def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_stream(tmp_path, monkeypatch):
     """8 worker streams: the pin thread copies at most ``PIN_AHEAD`` batches not handed out yet
     (pinned memory of a few batches, not one per stream), each before the trainer asks for it,
@@ -625,12 +636,7 @@ def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_str
     it needs the block: the copy would then hold up that step). Same batches as unpinned."""
     from energon_ray.loader.pinning import PIN_AHEAD
 
-    path = captioning_dataset(tmp_path / "ds", n=128, per_shard=8)
-    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=8)
-    ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=8)
-    loader = er.get_loader(ds, pin_memory=False)
-    plain = [b["keys"] for b in loader]
-    batches, threads, ahead, before = _pinned_pass(loader, monkeypatch, step_s=0.1)
+    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=128, workers=8)
     assert [b["keys"] for b in batches] == plain and len(plain) == 32
     assert all(b.get("pinned") for b in batches) and len(threads) == len(batches)
     assert PIN_AHEAD == 4 and max(ahead) == PIN_AHEAD  # 8 streams: one ahead per stream would be 8
@@ -646,12 +652,7 @@ def test_with_one_worker_stream_a_blocks_first_batch_is_pinned_ahead_too(tmp_pat
     trainer takes the last batch but one of the block before, so the block's first batch is copied
     by the pin thread during the step before it (read only at the last batch, the copy would begin
     at the step that needs it: every block's first late). Same batches as unpinned."""
-    path = captioning_dataset(tmp_path / "ds", n=48, per_shard=8)
-    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
-    ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=8)
-    loader = er.get_loader(ds, pin_memory=False)
-    plain = [b["keys"] for b in loader]
-    batches, threads, ahead, before = _pinned_pass(loader, monkeypatch, step_s=0.1)
+    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=48, workers=1)
     assert [b["keys"] for b in batches] == plain and len(plain) == 12 and max(ahead) <= 2
     # 6 blocks of 2 batches: the first block's batches are copied as it is read, as the pass starts
     late = [i for i in range(12) if threads[i] != "energon_ray_pin_0" or not before[i]]
