@@ -11,8 +11,9 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import types
 import warnings
-from typing import Any, List
+from typing import Any, Dict, List, Set
 
 import cloudpickle
 import numpy as np
@@ -38,6 +39,17 @@ def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
+_DTYPES: Dict[str, np.dtype] = {}
+
+
+def _tensor(buffer: Any, dtype: str, shape: tuple) -> torch.Tensor:
+    """A CPU tensor from its out-of-band buffer: a view of the payload (numpy array protocol)."""
+    array_dtype = _DTYPES.get(dtype)
+    if array_dtype is None:
+        array_dtype = _DTYPES[dtype] = np.dtype(dtype)
+    return _tensor_from_numpy(np.frombuffer(buffer, dtype=array_dtype).reshape(shape))
+
+
 def _arrow_buffer(view: Any) -> pa.Buffer:
     return pa.py_buffer(view)
 
@@ -47,24 +59,50 @@ def _tensor_from_bytes(array: np.ndarray, dtype: torch.dtype, shape: tuple) -> t
     return torch.from_numpy(array).view(dtype).reshape(shape)
 
 
+#: classes and functions cloudpickle pickles by reference (importable by name), with the
+#: by-value module registrations they were decided under
+_BY_REFERENCE: Set[Any] = set()
+_BY_REFERENCE_UNDER: List[frozenset] = [frozenset()]
+
+
+def _by_value_modules() -> frozenset:
+    return frozenset(getattr(cloudpickle.cloudpickle, "_PICKLE_BY_VALUE_MODULES", ()))
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle (user classes shipped by value come back as the same classes in the driver),
-    plus out-of-band buffers for CPU tensors."""
+    plus out-of-band buffers for CPU tensors.
+
+    ``reducer_override`` runs for every object that is not a plain builtin (a sample, its tensors,
+    their classes), so it answers the common cases itself: a tensor as its buffer, dtype and shape;
+    any other instance to pickle's own reduction (what cloudpickle answers too); a class or function
+    cloudpickle already found importable by name, by reference without asking again.
+    """
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is pa.Buffer:  # a nested payload (leftover samples): out of band, never copied
+        kind = type(obj)
+        if kind is torch.Tensor:
+            return self._tensor_reduce(obj)
+        if kind is pa.Buffer:  # a nested payload (leftover samples): out of band, never copied
             return _arrow_buffer, (pickle.PickleBuffer(obj),)
+        if kind is not types.FunctionType and not issubclass(kind, type):
+            return NotImplemented
+        try:
+            if obj in _BY_REFERENCE:
+                return NotImplemented
+        except TypeError:  # an unhashable class (a metaclass defining __eq__ only)
+            return super().reducer_override(obj)
+        reduced = super().reducer_override(obj)
+        if reduced is NotImplemented:
+            _BY_REFERENCE.add(obj)
+        return reduced
+
+    def _tensor_reduce(self, obj: torch.Tensor) -> Any:
+        if obj.device.type == "cpu" and obj.layout == torch.strided and not obj.requires_grad and obj.dtype in _NUMPY_DTYPES:
+            array = obj.detach().contiguous().numpy()
+            return _tensor, (pickle.PickleBuffer(array), array.dtype.str, array.shape)
         if (
-            type(obj) is torch.Tensor
-            and obj.device.type == "cpu"
-            and obj.layout == torch.strided
-            and not obj.requires_grad
-            and obj.dtype in _NUMPY_DTYPES
-        ):
-            return _tensor_from_numpy, (obj.detach().contiguous().numpy(),)
-        if (
-            type(obj) is torch.Tensor
-            and obj.device.type == "cpu"
+            obj.device.type == "cpu"
             and obj.layout == torch.strided
             and not obj.requires_grad
             and obj.dtype.itemsize in (1, 2, 4, 8)
@@ -74,7 +112,7 @@ class _Pickler(cloudpickle.Pickler):
             flat = obj.detach().contiguous().reshape(-1)
             carrier = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[obj.dtype.itemsize]
             return _tensor_from_bytes, (flat.view(carrier).numpy(), obj.dtype, tuple(obj.shape))
-        return super().reducer_override(obj)
+        return NotImplemented
 
 
 def dumps(obj: Any) -> pa.Buffer:
@@ -87,6 +125,10 @@ def dumps(obj: Any) -> pa.Buffer:
         >>> loads(dumps({"x": torch.arange(3)}))["x"].tolist()
         [0, 1, 2]
     """
+    modules = _by_value_modules()
+    if modules != _BY_REFERENCE_UNDER[0]:  # cloudpickle.register_pickle_by_value since: decide again
+        _BY_REFERENCE.clear()
+        _BY_REFERENCE_UNDER[0] = modules
     buffers: List[pickle.PickleBuffer] = []
     stream = io.BytesIO()
     _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(obj)

@@ -147,6 +147,41 @@ def test_loads_accepts_bytes_memoryview_and_arrow_buffers():
         assert out["x"].tolist() == [0, 1, 2, 3] and out["s"] == "v"
 
 
+def test_classes_go_by_reference_until_their_module_is_registered_by_value():
+    """A class of an importable module is pickled by name (decided once, then remembered); after
+    ``cloudpickle.register_pickle_by_value(module)`` the next payload carries it by value, so it
+    loads where the module cannot be imported; a class defined in a function always goes by value."""
+    import sys
+    import types
+
+    import cloudpickle
+
+    module = sys.modules["serde_probe_module"] = types.ModuleType("serde_probe_module")
+    try:
+        exec("import dataclasses\n@dataclasses.dataclass\nclass Probe:\n    x: int\n", module.__dict__)
+        by_name = [serde.dumps(module.Probe(x)) for x in (1, 2)]
+        assert all(b"serde_probe_module" in bytes(p) and b"dataclass" not in bytes(p) for p in by_name)
+        cloudpickle.register_pickle_by_value(module)
+        try:
+            by_value = serde.dumps(module.Probe(3))
+        finally:
+            cloudpickle.unregister_pickle_by_value(module)
+    finally:
+        del sys.modules[module.__name__]
+    with pytest.raises(ModuleNotFoundError):
+        serde.loads(by_name[0])
+    loaded = serde.loads(by_value)
+    assert type(loaded).__name__ == "Probe" and loaded.x == 3
+
+    @dataclasses.dataclass
+    class Local:
+        t: torch.Tensor
+
+    for _ in range(2):
+        out = serde.loads(serde.dumps(Local(torch.arange(3))))
+        assert type(out) is Local and out.t.tolist() == [0, 1, 2]
+
+
 def test_loads_rejects_foreign_payloads():
     """A payload without serde's magic header raises ValueError."""
     with pytest.raises(ValueError):
