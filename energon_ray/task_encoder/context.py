@@ -75,39 +75,52 @@ def hook_seed(worker_seed: int, kind: Optional[str], index: int) -> int:
     return int.from_bytes(hashlib.sha1(text.encode()).digest()[:4], "big")
 
 
-@contextlib.contextmanager
-def hook_call(
-    worker_seed: int,
-    kind: Optional[str],
-    seed_index: int,
-    *,
-    sample_index: Optional[int] = None,
-    batch_index: Optional[int] = None,
-    restore_rng: bool = False,
-) -> Iterator[None]:
+class hook_call:  # noqa: N801 (used as a context manager, like the functions above)
     """Seed python/numpy/torch RNGs for one hook call (from ``seed_index``) and expose its indices.
 
     Seeding every call from its position is what makes augmentations identical whichever Ray
     process runs the call. ``restore_rng`` puts the caller's RNG state back afterwards (used when a
-    hook runs in the trainer process).
+    hook runs in the trainer process). A class rather than a generator: it runs around every hook
+    call of every sample.
+
+    Example:
+        >>> with hook_call(7, "encode", 3, sample_index=3):
+        ...     current_sample_index()
+        3
     """
-    # Energon's seed of a restore_seeds hook counts the sample in the rank (current_sample_index)
-    seed = hook_seed(worker_seed, kind, rank_index(seed_index) if kind is None else seed_index)
-    saved = None
-    if restore_rng:
-        saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    random.seed(seed)
-    np.random.seed(seed)
-    # The CPU generator only: torch.manual_seed also queues CUDA seeding with a captured stack
-    # trace per call (~1 ms), which would dominate a per-sample hook.
-    torch.default_generator.manual_seed(seed)
-    prev = (getattr(_local, "sample_index", None), getattr(_local, "batch_index", None))
-    _local.sample_index = sample_index
-    _local.batch_index = batch_index
-    try:
-        yield
-    finally:
-        _local.sample_index, _local.batch_index = prev
+
+    __slots__ = ("_seed", "_indices", "_saved", "_restore_rng", "_prev")
+
+    def __init__(
+        self,
+        worker_seed: int,
+        kind: Optional[str],
+        seed_index: int,
+        *,
+        sample_index: Optional[int] = None,
+        batch_index: Optional[int] = None,
+        restore_rng: bool = False,
+    ):
+        # Energon's seed of a restore_seeds hook counts the sample in the rank (current_sample_index)
+        self._seed = hook_seed(worker_seed, kind, rank_index(seed_index) if kind is None else seed_index)
+        self._indices = (sample_index, batch_index)
+        self._restore_rng = restore_rng
+
+    def __enter__(self) -> None:
+        seed = self._seed
+        self._saved = (random.getstate(), np.random.get_state(), torch.get_rng_state()) if self._restore_rng else None
+        random.seed(seed)
+        np.random.seed(seed)
+        # The CPU generator only: torch.manual_seed also queues CUDA seeding with a captured stack
+        # trace per call (~1 ms), which would dominate a per-sample hook.
+        torch.default_generator.manual_seed(seed)
+        local = _local.__dict__
+        self._prev = (local.get("sample_index"), local.get("batch_index"))
+        local["sample_index"], local["batch_index"] = self._indices
+
+    def __exit__(self, *exc_info: object) -> None:
+        _local.sample_index, _local.batch_index = self._prev
+        saved = self._saved
         if saved is not None:
             random.setstate(saved[0])
             np.random.set_state(saved[1])
