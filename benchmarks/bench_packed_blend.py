@@ -9,11 +9,16 @@ Contenders, each a fresh process, interleaved run by run:
 
 - ``ahead``: energon_ray as it is (``packed_blend.LOOK_AHEAD``: the next chunks' packing and the next
   group's batching start while the trainer trains on the current group);
-- ``plain``: ``LOOK_AHEAD = False`` (each packing and batching task starts when the trainer reaches it).
+- ``plain``: ``LOOK_AHEAD = False`` (each packing and batching task starts when the trainer reaches it);
+- ``energon``: megatron-energon on the same YAML and options, 2 DataLoader workers, the same task
+  encoder's hooks (its functions on Energon's ``DefaultTaskEncoder`` and ``Cooker``).
 
-The trainer sleeps ``--sleep-ms`` per batch (a GPU step, its CPU idle). Reported: tokens/s over the
-pass, the seconds the trainer waited in ``next()`` after its first 20 batches (the cold start left
-out) and their p90 in ms, trainer CPU ms per batch after the first. Nothing here runs in the tests.
+The trainer sleeps ``--sleep-ms`` per batch (a GPU step, its CPU idle). ``--batches`` per run (the
+blend repeats: Energon blends by weight only when repeating). Reported: tokens/s over the pass and
+after the first 20 batches, the first batch's wait, CPU-s of the whole process tree from ``iter()``
+to the last batch, the seconds the trainer waited in ``next()`` after its first 20 batches (the cold
+start left out) and their p90 in ms, trainer CPU ms per batch after the first. Nothing here runs in
+the tests.
 """
 
 from __future__ import annotations
@@ -51,7 +56,38 @@ def _data(workdir: Path, docs: int) -> Path:
     return yaml
 
 
-def child(name: str, yaml: Path, sleep_ms: float) -> None:
+def energon_encoder(max_length: int):
+    """The ready ``TextPackingTaskEncoder``'s own functions on megatron-energon's classes."""
+    import megatron.energon as me
+
+    from energon_ray.tasks.text_packing import TextPackingTaskEncoder, cook_text
+
+    ours = TextPackingTaskEncoder(max_length=max_length)
+    hooks = ("encode_sample", "select_samples_to_pack", "pack_selected_samples", "batch", "encode_batch")
+
+    @me.stateless
+    def cook(sample):
+        return cook_text(sample)
+
+    class EnergonTextPacking(me.DefaultTaskEncoder):
+        cookers = [me.Cooker(cook)]
+
+        def __init__(self):
+            super().__init__()
+            self.max_length, self.tokenizer, self.pad_id = ours.max_length, ours.tokenizer, ours.pad_id
+
+    for hook in hooks:
+        setattr(EnergonTextPacking, hook, getattr(TextPackingTaskEncoder, hook))
+    return EnergonTextPacking()
+
+
+def _loader(name: str, yaml: Path):
+    options = dict(batch_size=8, repeat=True, packing_buffer_size=256, shuffle_buffer_size=100, max_samples_per_sequence=100)
+    if name == "energon":
+        import megatron.energon as me
+
+        wc = me.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        return me.get_loader(me.get_train_dataset(yaml, worker_config=wc, task_encoder=energon_encoder(2048), **options))
     import energon_ray as er
     import energon_ray.blend.packed_blend as packed_blend
     from energon_ray.ray_env import ensure_ray
@@ -59,30 +95,38 @@ def child(name: str, yaml: Path, sleep_ms: float) -> None:
 
     packed_blend.LOOK_AHEAD = name == "ahead"
     ensure_ray(num_cpus=2)
-    ds = er.get_train_dataset(yaml, batch_size=8, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2), repeat=False,
-                              packing_buffer_size=256, task_encoder=TextPackingTaskEncoder(max_length=2048),
-                              shuffle_buffer_size=100, max_samples_per_sequence=100, blend_samples=True)  # fmt: skip
-    loader = er.get_loader(ds)
-    waits, tokens, cpu0 = [], 0, None
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    return er.get_loader(er.get_train_dataset(yaml, worker_config=wc, task_encoder=TextPackingTaskEncoder(max_length=2048), blend_samples=True, **options))
+
+
+def child(name: str, yaml: Path, sleep_ms: float, batches: int) -> None:
+    from bench_captioning import tree_cpu
+
+    loader = _loader(name, yaml)
+    waits, tokens, cpu0, at_skip = [], 0, None, None
+    tree0 = sum(tree_cpu(os.getpid()).values())
     start = time.perf_counter()
     it = iter(loader)
-    while True:
+    while len(waits) < batches:
         asked = time.perf_counter()
         batch = next(it, None)
         if batch is None:
             break
         waits.append(time.perf_counter() - asked)
         tokens += int(batch.num_tokens.sum())
+        if len(waits) == SKIP:
+            at_skip = (time.perf_counter(), tokens)
         if cpu0 is None:
             cpu0 = time.process_time()
         time.sleep(sleep_ms / 1000)
     elapsed = time.perf_counter() - start
+    tree_s = sum(tree_cpu(os.getpid()).values()) - tree0
     late = sorted(waits[SKIP:]) or [0.0]
     print(json.dumps({
-        "tokens_s": tokens / elapsed, "batches": len(waits), "wait_s": sum(waits[SKIP:]),
+        "tokens_s": tokens / elapsed, "steady_s": (tokens - at_skip[1]) / (start + elapsed - at_skip[0]), "first_s": waits[0], "cpu_s": tree_s, "batches": len(waits), "wait_s": sum(waits[SKIP:]),
         "wait_p90": 1000 * late[int(0.9 * (len(late) - 1))], "trainer_ms": 1000 * (time.process_time() - cpu0) / max(1, len(waits) - 1),
     }), flush=True)  # fmt: skip
-    loader.close()
+    getattr(loader, "close", lambda: None)()
 
 
 def main() -> None:
@@ -90,28 +134,29 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=6000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sleep-ms", type=float, default=40.0)
+    parser.add_argument("--batches", type=int, default=600)
     parser.add_argument("--workdir", default="/tmp/energon_ray_bench/packed_blend")
     parser.add_argument("--only", default="ahead,plain")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     yaml = _data(Path(args.workdir), args.docs)
     if args.child:
-        child(args.child, yaml, args.sleep_ms)
+        child(args.child, yaml, args.sleep_ms, args.batches)
         return
     names = args.only.split(",")
     results = {name: [] for name in names}
     for run in range(args.runs):
         for name in names:
-            cmd = [sys.executable, __file__, "--child", name, "--docs", str(args.docs), "--sleep-ms", str(args.sleep_ms), "--workdir", args.workdir]
+            cmd = [sys.executable, __file__, "--child", name, "--docs", str(args.docs), "--sleep-ms", str(args.sleep_ms), "--batches", str(args.batches), "--workdir", args.workdir]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             result = json.loads(out.strip().splitlines()[-1])
             results[name].append(result)
-            print(f"{name:6s} run {run}: {result['tokens_s']:,.0f} tokens/s, {result['batches']} batches, waited {result['wait_s']:.2f} s "
+            print(f"{name:7s} run {run}: {result['tokens_s']:,.0f} tokens/s, after batch {SKIP} {result['steady_s']:,.0f}, first batch {result['first_s']:.2f} s, {result['batches']} batches, {result['cpu_s']:.1f} CPU-s, waited {result['wait_s']:.2f} s "
                   f"after batch {SKIP} (p90 {result['wait_p90']:.1f} ms), trainer {result['trainer_ms']:.1f} ms/batch", flush=True)  # fmt: skip
-    print("\n| contender | tokens/s | waits after batch 20, s | their p90, ms | trainer CPU ms/batch |\n| --- | --- | --- | --- | --- |")
+    print("\n| contender | tokens/s | after batch 20 | first batch, s | CPU-s | waits after batch 20, s | their p90, ms | trainer CPU ms/batch |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        print(f"| {name} | {med['tokens_s']:,.0f} | {med['wait_s']:.2f} | {med['wait_p90']:.1f} | {med['trainer_ms']:.1f} |")
+        print(f"| {name} | {med['tokens_s']:,.0f} | {med['steady_s']:,.0f} | {med['first_s']:.2f} | {med['cpu_s']:.1f} | {med['wait_s']:.2f} | {med['wait_p90']:.1f} | {med['trainer_ms']:.1f} |")
     print(f"\nmedians of {args.runs} runs, {args.docs} + {args.docs // 2} documents, a {args.sleep_ms:g} ms step per batch, 2 CPUs")
 
 
