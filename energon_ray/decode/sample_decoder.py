@@ -65,6 +65,33 @@ class _CodePartHandler:
             ) from exc
 
 
+def _pixels(image: PIL.Image.Image) -> np.ndarray:
+    """The decoded image's pixels as an H×W(×C) uint8 array: a view of Pillow's own memory where
+    Pillow lends it (its Arrow export, for an image whose rows lie in one block), else numpy's copy
+    (``np.asarray`` copies them through ``tobytes``). Pillow keeps an RGB pixel in 4 bytes; the view
+    leaves the fourth out."""
+    channels = _ARROW_CHANNELS.get(image.mode)
+    if channels is not None and hasattr(image, "__arrow_c_array__"):
+        import pyarrow as pa
+
+        try:
+            array = pa.array(image)
+        except ValueError:  # rows in several blocks (a large image): no single view
+            return np.asarray(image)
+        width, height = image.size
+        if len(array) != width * height:  # not the layout read below: let numpy copy
+            return np.asarray(image)
+        step = array.type.list_size if pa.types.is_fixed_size_list(array.type) else 1
+        values = array.values if step > 1 else array
+        flat = np.frombuffer(values.buffers()[1], dtype=np.uint8, count=height * width * step, offset=values.offset)
+        return flat.reshape(height, width, step)[:, :, :channels] if step > 1 else flat.reshape(height, width)
+    return np.asarray(image)
+
+
+#: modes whose Arrow export ``_pixels`` reads, with their channels (the torch image specs' modes)
+_ARROW_CHANNELS = {"L": 1, "RGB": 3, "RGBA": 4}
+
+
 class _ImageHandler:
     """Images by webdataset's spec (``torchrgb``, ``rgb8``, ``pil``, …), refused first if too large.
 
@@ -95,10 +122,10 @@ class _ImageHandler:
             image.load()
             if image.mode != mode:
                 image = image.convert(mode)
-            pixels = np.asarray(image)  # H×W(×C) uint8
-        if pixels.ndim == 3:
-            pixels = pixels.transpose(2, 0, 1)
-        pixels = np.array(pixels, order="C")  # the one pass over the pixels: C×H×W, writable, our own
+            pixels = _pixels(image)  # H×W(×C) uint8, Pillow's memory where it lends it
+            if pixels.ndim == 3:
+                pixels = pixels.transpose(2, 0, 1)
+            pixels = np.array(pixels, order="C")  # the one pass over the pixels: C×H×W, writable, our own
         if etype == "float":
             pixels = pixels.astype(np.float32)
             pixels /= 255.0  # as webdataset: float32 / 255.0 in float32

@@ -195,6 +195,39 @@ def test_is_av_part_recognises_audio_and_video_extensions():
     assert not SampleDecoder.is_av_part("jpg") and not SampleDecoder.is_av_part("caption.txt")
 
 
+@pytest.mark.parametrize("rows_in_blocks", [False, True], ids=["one_block", "several_blocks"])
+@pytest.mark.parametrize("source_mode", ["L", "RGB", "RGBA"])
+def test_image_decode_matches_webdataset_however_pillow_lays_out_the_rows(source_mode, rows_in_blocks):
+    """An odd-sized image (151×89) decodes to webdataset's result for every torch spec, both when
+    Pillow keeps its rows in one block (read through Pillow's Arrow export, no copy) and when it
+    spreads them over several (a large image; read with numpy's copy)."""
+    import pyarrow as pa
+    from webdataset.autodecode import imagehandler
+
+    pixels = np.random.default_rng(3).integers(0, 256, (89, 151, 4), dtype=np.uint8)
+    image = Image.fromarray(pixels[..., :3]).convert(source_mode) if source_mode != "RGBA" else Image.fromarray(pixels, "RGBA")
+    data = encode_image(image, "PNG")
+    block_size = Image.core.get_block_size()
+    if rows_in_blocks:
+        Image.core.set_block_size(4096)  # 6 rows of 151 pixels × 4 bytes a block (Pillow's default: 16 MiB)
+    try:
+        decoded = Image.open(io.BytesIO(data))
+        decoded.load()
+        if hasattr(decoded, "__arrow_c_array__"):
+            if rows_in_blocks:
+                with pytest.raises(ValueError):
+                    pa.array(decoded)
+            else:
+                assert len(pa.array(decoded)) == 89 * 151
+        for mode in sorted(m for m in EXPECTED if m.startswith("torch")):
+            ours = SampleDecoder(image_decode=mode).decode_part("png", data)
+            theirs = imagehandler(mode)("png", data)
+            assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), mode
+            assert ours.is_contiguous()
+    finally:
+        Image.core.set_block_size(block_size)
+
+
 def _all_values_image(source_mode: str) -> bytes:
     """A PNG in ``source_mode`` whose channels hold every uint8 value (so every division by 255 is seen)."""
     ramp = np.arange(256, dtype=np.uint8).reshape(16, 16)
