@@ -230,7 +230,7 @@ class _GroupBatcher:
 
     def _seam_tasks(self) -> Any:
         if self._tasks is None:
-            from energon_ray.pipeline.build import SeamTasks
+            from energon_ray.pipeline.seam_tasks import SeamTasks
 
             first = self.feeds[0]
             self._tasks = SeamTasks(first.dataset.stage_config(), first.source, first.multi.ray_remote_args,

@@ -106,7 +106,7 @@ class LeafFeed:
     def _seam_batches(self, worker: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]]) -> List[Any]:
         """Pooled samples (still serialized) → one Ray task batches the groups; resolved when reached."""
         if self._seams is None:
-            from energon_ray.pipeline.build import SeamTasks
+            from energon_ray.pipeline.seam_tasks import SeamTasks
 
             self._seams = SeamTasks(self.dataset.stage_config(), self.source, self.multi.ray_remote_args,
                                     before_first=self.multi.before_first_batch)  # fmt: skip
@@ -322,7 +322,7 @@ class MultiFeed:
         if self._rows is not None:
             return
         if self.executor == "tasks":
-            from energon_ray.pipeline.build import TaskStream
+            from energon_ray.pipeline.streams import TaskStream
 
             self._current = (None, TaskStream(
                 self._counted(itertools.chain.from_iterable(self._windows)), self._readers, self._configs,
@@ -369,7 +369,7 @@ class MultiFeed:
             yield spec
 
     def _open(self, specs, tasks: bool = False, early: bool = False):
-        from energon_ray.pipeline.build import BlockStream, TaskStream
+        from energon_ray.pipeline.streams import BlockStream, TaskStream
 
         if specs is None:
             return None

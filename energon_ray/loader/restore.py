@@ -79,7 +79,7 @@ def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -
     """
     if not specs:
         return {}
-    from energon_ray.pipeline.build import BlockStream
+    from energon_ray.pipeline.streams import BlockStream
 
     wanted = {(spec.source, spec.worker, p, s) for spec in specs for p, s in spec.keep}
     found: Dict[Tuple[int, int, int, int], Any] = {}
@@ -210,7 +210,7 @@ def _batch_once(
     config: Any, source: int, worker: int, seed: int, group: List[Tuple[int, int, Any]], remote_args, index: Optional[int] = None,
 ) -> Any:
     """The one batch the seam-batch task makes of ``group`` (``index``: its batch index in the stream)."""
-    from energon_ray.pipeline.build import SeamTasks
+    from energon_ray.pipeline.seam_tasks import SeamTasks
 
     table = SeamTasks(config, source, remote_args).submit(worker, seed, [(len(group), group, index)])()
     items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]

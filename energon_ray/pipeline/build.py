@@ -1,4 +1,5 @@
-"""Wires the stages onto a Ray Dataset and runs it: the one place that knows the stage order.
+"""The Ray boundary of the pipeline: the stages as Ray tasks and a Ray Dataset, the feeder actor,
+and the few Ray calls the block streams and seam tasks make. The one place that knows the stage order.
 
 ``read (SegmentDatasource) → map_batches(encode_and_batch)`` by default: decode, ``encode_sample``,
 ``batch`` and ``encode_batch`` run in one stage, so encoded samples are never serialized; Ray fuses
@@ -6,13 +7,13 @@ the read into the same task, so only finished batches cross the object store. Wi
 ``fuse_stages=False`` encoding and batching are two ``map_batches`` stages (e.g. to give
 ``encode_batch`` other resources). ``preserve_order`` keeps Ray's output in plan order.
 
-How the loader runs them: by default ``TaskStream`` submits each segment as one plain Ray task that
-reads it and runs the same fused stage (``_segment_task``), in plan order, bounded in tasks and
-bytes; with ``executor="ray_data"`` the ``Feeder`` actor runs the Ray Dataset above outside the
-training process and ``BlockStream`` takes its output. Either way the trainer gets the output blocks
-as Arrow tables mapped from the object store (no copy, no per-row work, no Ray iterator threads);
-``SeamTasks`` batches leftover samples that straddle segments in Ray tasks, so the trainer never
-runs a task-encoder hook.
+How the loader runs them (``pipeline.streams``): by default ``TaskStream`` submits each segment as
+one plain Ray task that reads it and runs the same fused stage (``_segment_task``), in plan order,
+bounded in tasks and bytes; with ``executor="ray_data"`` the ``Feeder`` actor runs the Ray Dataset
+above outside the training process and ``BlockStream`` takes its output. Either way the trainer gets
+the output blocks as Arrow tables mapped from the object store (no copy, no per-row work, no Ray
+iterator threads); ``pipeline.seam_tasks.SeamTasks`` batches leftover samples that straddle
+segments in Ray tasks (``_seam_task``, ``_pack_task``), so the trainer never runs a task-encoder hook.
 """
 
 from __future__ import annotations
@@ -22,18 +23,14 @@ import itertools
 import logging
 import os
 import threading
-import time
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pyarrow as pa
 import ray
 
 from energon_ray.errors import ExecutionLost
-from energon_ray.pipeline.local_start import (
-    LOCAL_START_MODES, give_back_memory, local_block, local_chained_block, local_pack, local_seam, local_start_mode, make_here,
-)  # fmt: skip
 from energon_ray.pipeline.shipped import ship, ship_each, unship
 from energon_ray.ray_env import deaf_to_cancel, import_task_modules, is_closed, mark_closed, verbose
 
@@ -67,7 +64,7 @@ def _limit_torch_threads() -> None:
 _NODE: List[Optional[str]] = []
 
 
-def _node() -> Optional[str]:
+def node() -> Optional[str]:
     """This worker's Ray node id (looked up once per process)."""
     if not _NODE:
         try:
@@ -87,7 +84,7 @@ def encode_and_batch(batch, config):
 
     _limit_torch_threads()
     stage = EncodeAndBatch(unship(config))
-    stage.batch.node = _node()
+    stage.batch.node = node()
     return stage(batch)
 
 
@@ -107,7 +104,7 @@ def batch_samples(batch, config):
 
     _limit_torch_threads()
     stage = BatchSamples(unship(config))
-    stage.node = _node()
+    stage.node = node()
     return stage(batch)
 
 
@@ -323,7 +320,7 @@ class Feeder:
 _FEEDER: Dict[str, Any] = {}
 
 
-#: Ray's errors for a lost actor, owner, node or object (``_get`` turns them into ``ExecutionLost``).
+#: Ray's errors for a lost actor, owner, node or object (``get`` turns them into ``ExecutionLost``).
 _LOST = (
     ray.exceptions.ActorDiedError,
     ray.exceptions.ActorUnavailableError,
@@ -347,94 +344,59 @@ def feeder() -> Any:
     return handle
 
 
-def _new_id(kind: str) -> str:
+# -- the Ray calls of the block streams and seam tasks (``streams``, ``seam_tasks``) --------------
+
+_IDS = itertools.count()
+
+
+def new_id(kind: str) -> str:
     """An execution's or task stream's id, unique cluster-wide (close marks are kept in the GCS)."""
-    return f"{os.getpid()}-{kind}{next(BlockStream._run_ids)}-{uuid.uuid4().hex[:12]}"
+    return f"{os.getpid()}-{kind}{next(_IDS)}-{uuid.uuid4().hex[:12]}"
 
 
-def _finished(ref: Any) -> bool:
+def finished(ref: Any) -> bool:
     """Whether ``ref``'s object is finished and on this node (``ray.get`` would wait for nothing);
     asks for it to be fetched meanwhile."""
     return bool(ray.wait([ref], timeout=0, fetch_local=True)[0])
 
 
-class BlockStream:
-    """The output blocks of one execution (run by the feeder), in order, as zero-copy Arrow tables.
+def done(ref: Any) -> bool:
+    """Whether ``ref``'s object is finished, wherever it is (nothing fetched)."""
+    return bool(ray.wait([ref], timeout=0, fetch_local=False)[0])
 
-    ``prefetch`` ``take`` calls stay in flight; their blocks are pulled to this node as soon as the
-    references arrive. ``close()`` stops the execution (an abandoned iteration frees its Ray tasks
-    and object-store memory).
-    """
 
-    _run_ids = itertools.count()
-    #: the next window's execution starts when this one is drained (the feeder runs one at a time)
-    starts_next_early = False
+def pull(refs: List[Any]) -> None:
+    """Ask for the finished ones of ``refs`` to be fetched to this node (waits for nothing)."""
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
 
-    def __init__(self, segments, readers, configs, prefetch: int = 4, **kwargs: Any):
-        self.run_id = _new_id("r")
-        self.feeder = feeder()
-        # pickled here, unpickled only by the Ray tasks: the feeder never imports the task encoder
-        self.feeder.submit.remote(self.run_id, segments, ship_each(readers), ship(configs), kwargs)
-        self.prefetch = max(1, prefetch)
-        self._calls: Deque[Any] = deque()
-        self._blocks: Deque[Any] = deque()
-        self._seq = 0
-        self._drained = False
-        self.start()
 
-    def start(self) -> None:
-        """Keep ``prefetch`` takes in flight (the first ones start the execution)."""
-        while not self._drained and len(self._calls) < self.prefetch:
-            self._calls.append(self.feeder.take.remote(self.run_id, self._seq))
-            self._seq += 1
+def get(ref: Any) -> Any:
+    """``ray.get`` of one block or answer; Ray's errors for a lost actor, owner, node or object
+    become ``ExecutionLost`` (the loader's signal to run the segments again)."""
+    try:
+        return ray.get(ref)
+    except _LOST as exc:
+        _FEEDER.clear()  # the next execution gets a new feeder
+        raise ExecutionLost(
+            f"energon_ray: Ray lost the execution of this loader's segments ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from None
 
-    def __iter__(self) -> Iterator[pa.Table]:
-        return self
 
-    def __next__(self) -> pa.Table:
-        while not self._blocks:
-            if not self._calls:
-                raise StopIteration
-            refs = self._get(self._calls.popleft())
-            if refs is None:
-                self._drained = True
-                self._calls.clear()
-                raise StopIteration
-            ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
-            self._blocks.extend(refs)
-            self.start()
-        self.last_ref = self._blocks.popleft()
-        return self._get(self.last_ref)
+def values(refs: Any) -> Any:
+    """``ray.get``: the objects of ``refs`` (a list) or of one ref, as they are."""
+    return ray.get(refs)
 
-    def ready(self) -> bool:
-        """Whether the next block is here already (taking it waits for nothing)."""
-        return bool(self._blocks) and _finished(self._blocks[0])
 
-    @staticmethod
-    def _get(ref: Any) -> Any:
-        try:
-            return ray.get(ref)
-        except _LOST as exc:
-            _FEEDER.clear()  # the next execution gets a new feeder
-            raise ExecutionLost(
-                f"energon_ray: Ray lost the execution of this loader's segments ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''})"
-            ) from None
+def put(value: Any) -> Any:
+    """``ray.put``: ``value`` in the object store, its reference."""
+    return ray.put(value)
 
-    def stats(self) -> str:
-        """Ray Data's per-operator stats of this execution."""
-        return ray.get(self.feeder.stats.remote(self.run_id))
 
-    def close(self) -> None:
-        self._calls.clear()
-        self._blocks.clear()
-        self._drained = True
-        if not ray.is_initialized():  # Ray was shut down (its executions with it); never start it again
-            return
-        try:
-            self.feeder.close.remote(self.run_id)
-        except Exception:  # Ray is shutting down: nothing left to stop
-            pass
+def running() -> bool:
+    """Whether Ray is up in this process (a stream closed after ``ray.shutdown`` has nothing to stop)."""
+    return ray.is_initialized()
 
 
 @ray.remote(num_cpus=1, max_retries=3)
@@ -471,7 +433,7 @@ def _chained_segment_task(
     from energon_ray.pipeline.chained import chained_segment
 
     _limit_torch_threads()
-    table, carry_out = chained_segment(unship(reader)(spec), unship(config), carry, carry_only, _node())
+    table, carry_out = chained_segment(unship(reader)(spec), unship(config), carry, carry_only, node())
     return parts(table), carry_out
 
 
@@ -491,7 +453,8 @@ def rebuild_chained(spec: "SegmentSpec", reader: Any, config: Any, outputs: List
     return ray.get(task.remote(spec, ship_each({spec.source: reader})[spec.source], ship({spec.source: config}), outputs))
 
 
-def _cluster_cpus() -> int:
+def cluster_cpus() -> int:
+    """The cluster's CPUs now (1 when the GCS does not answer)."""
     try:
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
     except Exception:  # no answer from the GCS
@@ -517,245 +480,15 @@ def _with_options(task: Any, remote_args: Optional[Dict[str, Any]], keys: Sequen
     """``task`` with those of ``remote_args`` named in ``keys`` (as it is if none)."""
     options = {k: v for k, v in (remote_args or {}).items() if k in keys}
     return task.options(**options) if options else task
-#: submissions between two looks at the cluster's CPUs (an autoscaling cluster grows and shrinks)
-_RESIZE_EVERY = 32
 
 
-class TaskStream:
-    """Segments as plain Ray tasks, one per segment, their blocks given in order.
-
-    The loader's default executor (``executor="tasks"``) runs a whole pass this way: the trainer
-    process submits the tasks and maps their blocks, with no feeder actor, no Ray Data actors and no
-    streaming executor to start (measured on 2 cores: those three processes cost ~2.9 CPU-seconds of
-    a cold pass, a fifth of the machine's work). With ``executor="ray_data"`` only a pass's first
-    segments run here, while the feeder's execution starts.
-
-    In flight: one task per CPU slot of the cluster (its CPUs over a task's ``num_cpus``, looked up
-    again every ``_RESIZE_EVERY`` submissions), plus finished blocks waiting ahead of the consumer:
-    ``ahead`` of them, and at most ``object_store_limit`` bytes of them (block sizes as measured so
-    far). The next task is submitted before a block is waited for, and finished blocks are pulled to
-    this node as soon as they are done (``fetch_local``). Tasks are spread over the nodes as Ray
-    Data spreads its own (``SPREAD``) unless ``ray_remote_args`` names a scheduling strategy.
-
-    A cold start: while ``warm_up``'s workers still import torch (seconds on a fresh Ray), a block
-    the trainer's first batch waits for, if not finished when asked for, is made in this process
-    instead (``local_block``: the same bytes), so that batch does not wait for the workers'
-    imports; its task, if Ray has not started it yet, then reads nothing. Only blocks asked for
-    while ``before_first`` says the pass has given no batch yet (without it: the first block),
-    when the trainer waits anyway. ``local_start``: ``"auto"`` (as described), ``"off"``, or
-    ``"always"`` (made here whatever the workers do); default ``$ENERGON_RAY_LOCAL_START`` or
-    ``"auto"``. If making it here fails (say, the data is only reachable from the workers), the
-    block comes from a Ray task as usual.
-
-    A chained leaf (``StageConfig.chained``: a generator ``encode_sample``) runs each segment as a
-    ``_chained_segment_task`` that takes the previous segment's carry (an object ref: Ray starts it
-    once that segment is done) and returns its own next to its block. At a cold start only a worker
-    stream's first segment of a pass from its start is made here, and its task runs all the same
-    (the next segment's task needs its carry). A pass that starts inside a worker stream (a restore)
-    gets ``chain_start(source, worker)`` = the segment to rebuild the carry from and the stream's
-    outputs before it: those segments run once more, giving only their carry
-    (``segment_spec(source, worker, index)`` makes their specs).
-
-    Args:
-        segments: the segments in output order (any iterable: taken as tasks are submitted).
-        readers, configs: per leaf (``SegmentSpec.source``), as ``build_dataset`` takes them.
-        ahead: finished blocks that may wait ahead of the consumer (default: one per slot).
-        object_store_limit: bytes of finished blocks that may wait ahead of the consumer.
-        local_start, before_first: see above.
-        chain_start, segment_spec: see above.
-    """
-
-    #: with the Ray Data executor, the loader starts the next window's execution as this stream yields
-    starts_next_early = True
-
-    def __init__(self, segments, readers, configs, *, ray_remote_args: Optional[Dict[str, Any]] = None,
-                 fuse_stages: bool = True, ahead: Optional[int] = None, object_store_limit: Optional[int] = None,
-                 local_start: Optional[str] = None, before_first: Optional[Callable[[], bool]] = None,
-                 chain_start: Optional[Callable[[int, int], Optional[Tuple[int, int]]]] = None,
-                 segment_spec: Optional[Callable[[int, int, int], Any]] = None,
-                 **_execution_options: Any):  # fmt: skip
-        options = {k: v for k, v in (ray_remote_args or {}).items() if k in _TASK_OPTIONS}
-        options.setdefault("scheduling_strategy", "SPREAD")
-        self._task = _segment_task.options(**options)
-        self._chained_task = _chained_segment_task.options(num_returns=2, **options)
-        self._task_cpus = float(options.get("num_cpus", 1) or 0)
-        self._fuse = fuse_stages
-        if not isinstance(readers, Mapping):
-            readers, configs = {0: readers}, {0: configs}
-        #: chained leaves, and the carry (ref) each of their worker streams hands its next segment
-        self._chained = {source for source, config in configs.items() if getattr(config, "chained", False)}
-        self._carries: Dict[Tuple[int, int], Any] = {}
-        self._chain_start = chain_start
-        self._segment_spec = segment_spec
-        # one upload each, shared by the tasks (a task encoder with a tokenizer can be megabytes)
-        self._readers = ship_each(readers)
-        self._configs = ship(configs)
-        self._reader_refs = {k: ray.put(v) for k, v in self._readers.items()}
-        self._config_ref = ray.put(self._configs)
-        self._todo: Iterator[Any] = iter(segments)
-        #: ``(ref, spec, mark)`` of each submitted task whose block the consumer has not taken
-        self._refs: Deque[Tuple[Any, Any, Optional[str]]] = deque()
-        self._local_start = local_start_mode() if local_start is None else local_start
-        if self._local_start not in LOCAL_START_MODES:
-            raise ValueError(f"local_start must be one of {', '.join(LOCAL_START_MODES)}, not {self._local_start!r}")
-        self._before_first = before_first if before_first is not None else (lambda: self.tasks == 0 or not self._taken)
-        #: blocks the consumer took; blocks made in this process (``local_block``)
-        self._taken = 0
-        self.local_blocks = 0
-        #: specs of the submitted tasks whose rows the consumer has not reached (``next_spec``)
-        self._specs: Deque[Any] = deque()
-        self._ahead = ahead
-        self._limit = object_store_limit
-        self._block_bytes = 0  # the largest block seen
-        self._slots = self._cluster_slots()
-        self.stream_id = _new_id("t")
-        #: counters for ``stats()``
-        self.tasks = 0
-        self.blocks_bytes = 0
-        self.waited = 0.0
-        self.most_in_flight = 0
-        self._started = time.perf_counter()
-        self._submit()
-
-    def _cluster_slots(self) -> int:
-        cpus = _cluster_cpus()
-        return max(1, int(cpus // self._task_cpus)) if self._task_cpus > 0 else cpus
-
-    def in_flight_limit(self) -> int:
-        """Tasks submitted and not yet taken: one per slot plus the finished blocks allowed ahead."""
-        ahead = self._slots if self._ahead is None else max(1, self._ahead)
-        if self._limit is not None and self._block_bytes:
-            ahead = max(1, min(ahead, self._limit // self._block_bytes))
-        return self._slots + ahead
-
-    def _submit(self) -> None:
-        limit = self.in_flight_limit()
-        while len(self._refs) < limit:
-            spec = next(self._todo, None)
-            if spec is None:
-                break
-            local = self._local_start != "off" and self._fresh_or_unchained(spec) and self._before_first()
-            mark = f"{self.stream_id}/{self.tasks}" if local else None
-            self._refs.append((self._remote(spec, mark), spec, mark))
-            self._specs.append(spec)
-            self.tasks += 1
-            if self.tasks % _RESIZE_EVERY == 0:
-                self._slots = self._cluster_slots()
-                limit = self.in_flight_limit()
-        self.most_in_flight = max(self.most_in_flight, len(self._refs))
-
-    def ready(self) -> bool:
-        """Whether the next block is finished and on this node (taking it waits for nothing)."""
-        return bool(self._refs) and _finished(self._refs[0][0])
-
-    def next_spec(self) -> Any:
-        """The segment whose rows come next (``None`` when none is left)."""
-        return self._specs.popleft() if self._specs else None
-
-    def __iter__(self) -> Iterator[pa.Table]:
-        return self
-
-    def __next__(self) -> pa.Table:
-        if not self._refs:
-            raise StopIteration
-        ref, spec, mark = self._refs.popleft()
-        self._submit()  # the next task starts before this block is waited for
-        if len(self._refs) > 1:  # pull finished blocks to this node meanwhile
-            ray.wait([r for r, _, _ in self._refs], num_returns=len(self._refs), timeout=0, fetch_local=True)
-        started = time.perf_counter()
-        if mark is not None and self._before_first() and make_here(self._local_start, lambda: bool(ray.wait([ref], timeout=0, fetch_local=False)[0])):
-            ref = self._local(spec, mark, ref)
-        self._taken += 1
-        self.last_ref = ref
-        table = BlockStream._get(ref)
-        self.waited += time.perf_counter() - started
-        if table is not None:
-            self.blocks_bytes += table.nbytes
-            self._block_bytes = max(self._block_bytes, table.nbytes)
-        return table
-
-    def _remote(self, spec: Any, mark: Optional[str] = None) -> Any:
-        """Submit ``spec``'s segment task (``mark``: its own close mark, see ``_local``)."""
-        if spec.source in self._chained:
-            key = (spec.source, spec.worker)
-            carry = self._carries[key] if key in self._carries else self._first_carry(spec)
-            block, self._carries[key] = self._chained_task.remote(
-                spec, self._reader_refs[spec.source], self._config_ref, carry, self.stream_id, False
-            )
-            return block
-        return self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id, mark)
-
-    def _first_carry(self, spec: Any) -> Any:
-        """The carry of a chained worker stream's first segment in this stream: none before it at a
-        pass's start; after a restore, rebuilt from where ``chain_start`` says."""
-        from energon_ray.pipeline.chained import Carry
-
-        start = None if self._chain_start is None else self._chain_start(spec.source, spec.worker)
-        if start is None:
-            return Carry(0, [])
-        first, outputs = int(start[0]), int(start[1])
-        if first >= spec.index:  # the batches broke exactly there: nothing to carry
-            return Carry(outputs, [])
-        if self._segment_spec is None:
-            raise RuntimeError("energon_ray: a chained stream restored inside a worker stream needs segment_spec")
-        carry: Any = Carry(outputs, None)
-        for index in range(first, spec.index):
-            _, carry = self._chained_task.remote(
-                self._segment_spec(spec.source, spec.worker, index), self._reader_refs[spec.source], self._config_ref,
-                carry, self.stream_id, True,
-            )  # fmt: skip
-        return carry
-
-    def _fresh_or_unchained(self, spec: Any) -> bool:
-        """Whether ``spec``'s block may be made here: any segment of an unchained leaf; of a chained
-        one, a worker stream's first segment of a pass from its start (no carry to rebuild)."""
-        if spec.source not in self._chained:
-            return True
-        key = (spec.source, spec.worker)
-        return key not in self._carries and (self._chain_start is None or self._chain_start(*key) is None)
-
-    def _local(self, spec: Any, mark: str, ref: Any) -> Any:
-        """The block made here, as an object in Ray's store (a seam task may read its leftover
-        samples from it, as from a task's block); a new task's if that fails. A chained segment's
-        task (``ref``) runs on all the same: the next segment's task waits for its carry."""
-        mark_closed(mark)  # its task, if not started yet, reads nothing
-        chained = spec.source in self._chained
-        try:
-            if chained:
-                table = local_chained_block(spec, self._readers[spec.source], self._configs, _node())
-            else:
-                table = local_block(spec, self._readers[spec.source], self._configs, self._fuse, _node())
-        except Exception:
-            logger.debug("energon_ray: a block could not be made in the loader's process; a Ray task makes it", exc_info=True)
-            return ref if chained else self._remote(spec)
-        from energon_ray.pipeline.rows import parts
-
-        self.local_blocks += 1
-        ref = ray.put(parts(table))
-        del table
-        give_back_memory()
-        return ref
-
-    def stats(self) -> str:
-        """What this stream's tasks did (the Ray Data executor reports Ray Data's operators instead)."""
-        return (
-            f"EnergonSegmentTasks: {self.tasks} segment tasks ({self._slots} slots; blocks made in this process: {self.local_blocks}), "
-            f"{self.blocks_bytes / 2**20:.1f} MiB of blocks, {time.perf_counter() - self._started:.2f} s since the first "
-            f"submit, {self.waited:.2f} s waited for blocks, at most {self.most_in_flight} tasks in flight"
-        )
-
-    def close(self) -> None:
-        """Stop: no task of this stream starts reading after ``close()`` (each checks the close mark
-        first). Tasks already reading finish their segment; nothing is interrupted, since
-        ``ray.cancel`` raises ``KeyboardInterrupt`` wherever the task is, and one that landed in
-        ``import torch`` left a worker process whose every later task failed (seen in test_remote)."""
-        self._todo = iter(())
-        self._specs.clear()
-        refs, self._refs = [r for r, _, _ in self._refs], deque()
-        if not refs or not ray.is_initialized():
-            return
-        mark_closed(self.stream_id)
-
+def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, float]:
+    """The segment tasks with the task options of ``ray_remote_args`` (spread over the nodes as Ray
+    Data spreads its own, unless it names a scheduling strategy): the plain one, the chained one
+    (block and carry) and the CPUs a task takes."""
+    options = {k: v for k, v in (ray_remote_args or {}).items() if k in _TASK_OPTIONS}
+    options.setdefault("scheduling_strategy", "SPREAD")
+    return _segment_task.options(**options), _chained_segment_task.options(num_returns=2, **options), float(options.get("num_cpus", 1) or 0)
 
 @deaf_to_cancel
 def _batch_groups(config: Any, worker: int, seed: int, groups, source: int) -> "TableParts":
@@ -803,95 +536,7 @@ def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, 
 _pack_task = ray.remote(num_cpus=1, max_retries=3, num_returns=2)(_pack_chunk)
 
 
-class _Waiting:
-    """A group task's result (its table; a packing task's packs): calling waits for it; ``ready()``:
-    whether that would wait for nothing."""
+def group_tasks(remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any]:
+    """The tasks that batch pooled samples and pack a chunk of them, with the resources of ``remote_args``."""
+    return _with_options(_seam_task, remote_args, _GROUP_TASK_OPTIONS), _with_options(_pack_task, remote_args, _GROUP_TASK_OPTIONS)
 
-    __slots__ = ("ref",)
-
-    def __init__(self, ref: Any):
-        self.ref = ref
-
-    def __call__(self) -> Any:
-        return ray.get(self.ref)
-
-    def ready(self) -> bool:
-        return _finished(self.ref)
-
-
-class _Made:
-    """A group task's result made in this process (``_Waiting``'s interface)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __call__(self) -> Any:
-        return self.value
-
-    def ready(self) -> bool:
-        return True
-
-
-class SeamTasks:
-    """Starts Ray tasks that batch pooled leftover samples (one ``config`` upload per source).
-
-    ``before_first``: as for ``TaskStream``, a group the pass's first batch waits for is batched, and
-    a chunk it waits for packed (a packed blend), in this process while Ray's workers still import
-    torch (``local_seam``, ``local_pack``: the same batches and packs)."""
-
-    def __init__(self, config: "StageConfig", source: int, remote_args: Optional[Dict[str, Any]] = None,
-                 before_first: Optional[Callable[[], bool]] = None):  # fmt: skip
-        self._config = config
-        self._before_first = before_first
-        #: groups batched and chunks packed in this process
-        self.local_groups = 0
-        self._config_ref = None
-        self.source = source
-        self._seam_task = _with_options(_seam_task, remote_args, _GROUP_TASK_OPTIONS)
-        self._pack_task = _with_options(_pack_task, remote_args, _GROUP_TASK_OPTIONS)
-
-    def submit(self, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]]) -> Callable[[], pa.Table]:
-        """Start one task for ``(batch size, group)`` pairs; the returned callable waits for its rows
-        (a zero-copy table), its ``ready()`` says whether that would wait."""
-        if self._here():
-            try:
-                table = local_seam(ship(self._config), worker, seed, groups, self.source, ray.get)
-                give_back_memory()
-            except Exception:
-                logger.debug("energon_ray: a group could not be batched in the loader's process; a Ray task does it", exc_info=True)
-            else:
-                self.local_groups += 1
-                return _Made(table)
-        return _Waiting(self._seam_task.remote(self._config_ref_once(), worker, seed, groups, self.source))
-
-    def _config_ref_once(self) -> Any:
-        """The config, uploaded once for all of this source's tasks."""
-        if self._config_ref is None:
-            self._config_ref = ray.put(ship(self._config))
-        return self._config_ref
-
-    def submit_pack(self, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
-        """Start packing a chunk of samples in a Ray task: the reference of its packs' table (for
-        ``Located`` packs) and a callable waiting for ``(packs' (position, sub), report)``, whose
-        ``ready()`` says whether that would wait."""
-        if self._here():
-            from energon_ray.pipeline.rows import parts
-
-            try:
-                table, packs, report = local_pack(ship(self._config), worker, seed, samples, buffer_size, self.source, ray.get)
-                table_ref = ray.put(parts(table))  # the batching task reads the packs from the store
-                del table
-                give_back_memory()
-            except Exception:
-                logger.debug("energon_ray: a chunk could not be packed in the loader's process; a Ray task does it", exc_info=True)
-            else:
-                self.local_groups += 1
-                return table_ref, _Made((packs, report))
-        table_ref, meta_ref = self._pack_task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source)
-        return table_ref, _Waiting(meta_ref)
-
-    def _here(self) -> bool:
-        """Whether the group or chunk asked for now is made in this process (a cold start, see above)."""
-        return self._before_first is not None and self._before_first() and make_here(local_start_mode(), lambda: False)

@@ -2,7 +2,7 @@
 
 On a fresh Ray every worker is a new process that imports torch and the stages (seconds), where a
 DataLoader worker is a fork of the trainer that already has them. Until a pass gives its first
-batch, the trainer waits anyway, so ``pipeline.build`` (``TaskStream``, ``SeamTasks``) may make a
+batch, the trainer waits anyway, so ``pipeline.streams.TaskStream`` and ``pipeline.seam_tasks.SeamTasks`` may make a
 block, a group or a chunk's packs that batch waits for here instead (``make_here``): the same
 stages and hook seeds, hence the same rows, on one torch thread as in a task, with the caller's
 random states and torch thread count put back (``as_in_a_task``). Nothing here imports Ray: the caller passes what needs it.

@@ -268,7 +268,7 @@ def test_task_streams_hold_at_most_their_byte_limit_of_finished_blocks(tmp_path)
     consumer up to ``object_store_limit`` bytes (at least one block): with a limit below one block's
     size, at most slots + 1 tasks are in flight once a block's size is known; without a limit, two
     per slot."""
-    from energon_ray.pipeline.build import TaskStream
+    from energon_ray.pipeline.streams import TaskStream
 
     path = captioning_dataset(tmp_path / "ds", n=40, per_shard=10)
     leaf = er.get_val_dataset(path, split_part="train", batch_size=2, samples_per_segment=2).leaves()[0]
@@ -419,8 +419,8 @@ def test_a_cold_first_block_is_made_in_the_loader_process_with_the_same_bytes(tm
 
     import numpy as np
 
-    from energon_ray.pipeline import build
-    from energon_ray.pipeline.build import TaskStream
+    from energon_ray.pipeline import streams
+    from energon_ray.pipeline.streams import TaskStream
     from energon_ray.ray_env import is_closed
 
     path = captioning_dataset(tmp_path / "ds", n=24, per_shard=6)
@@ -450,7 +450,7 @@ def test_a_cold_first_block_is_made_in_the_loader_process_with_the_same_bytes(tm
     def broken(*args, **kwargs):
         raise OSError("the data is only reachable from the workers")
 
-    monkeypatch.setattr(build, "local_block", broken)
+    monkeypatch.setattr(streams, "local_block", broken)
     fallback, stream = blocks("always")
     assert fallback == remote and stream.local_blocks == 0
     with pytest.raises(ValueError, match="local_start must be one of auto, off, always, not 'sometimes'"):

@@ -1,0 +1,327 @@
+"""Block streams: a loader window's output blocks, in plan order, as zero-copy Arrow tables.
+
+``TaskStream`` (the default executor) submits each segment as a plain Ray task and takes their
+blocks in order, bounded in tasks and bytes; ``BlockStream`` takes the blocks of a Ray Data
+execution that the feeder actor runs (``executor="ray_data"``). Ray's own calls are
+``pipeline.build``'s (the Ray boundary); this module decides what runs when.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Iterator, Mapping, Optional, Tuple
+
+import pyarrow as pa
+
+from energon_ray.pipeline import build
+from energon_ray.pipeline.local_start import LOCAL_START_MODES, give_back_memory, local_block, local_chained_block, local_start_mode, make_here
+from energon_ray.pipeline.shipped import ship, ship_each
+from energon_ray.ray_env import mark_closed
+
+logger = logging.getLogger("energon_ray")
+
+
+class BlockStream:
+    """The output blocks of one execution (run by the feeder), in order, as zero-copy Arrow tables.
+
+    ``prefetch`` ``take`` calls stay in flight; their blocks are pulled to this node as soon as the
+    references arrive. ``close()`` stops the execution (an abandoned iteration frees its Ray tasks
+    and object-store memory).
+    """
+
+    #: the next window's execution starts when this one is drained (the feeder runs one at a time)
+    starts_next_early = False
+
+    def __init__(self, segments, readers, configs, prefetch: int = 4, **kwargs: Any):
+        self.run_id = build.new_id("r")
+        self.feeder = build.feeder()
+        # pickled here, unpickled only by the Ray tasks: the feeder never imports the task encoder
+        self.feeder.submit.remote(self.run_id, segments, ship_each(readers), ship(configs), kwargs)
+        self.prefetch = max(1, prefetch)
+        self._calls: Deque[Any] = deque()
+        self._blocks: Deque[Any] = deque()
+        self._seq = 0
+        self._drained = False
+        self.start()
+
+    def start(self) -> None:
+        """Keep ``prefetch`` takes in flight (the first ones start the execution)."""
+        while not self._drained and len(self._calls) < self.prefetch:
+            self._calls.append(self.feeder.take.remote(self.run_id, self._seq))
+            self._seq += 1
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        return self
+
+    def __next__(self) -> pa.Table:
+        while not self._blocks:
+            if not self._calls:
+                raise StopIteration
+            refs = build.get(self._calls.popleft())
+            if refs is None:
+                self._drained = True
+                self._calls.clear()
+                raise StopIteration
+            build.pull(refs)
+            self._blocks.extend(refs)
+            self.start()
+        self.last_ref = self._blocks.popleft()
+        return build.get(self.last_ref)
+
+    def ready(self) -> bool:
+        """Whether the next block is here already (taking it waits for nothing)."""
+        return bool(self._blocks) and build.finished(self._blocks[0])
+
+    def stats(self) -> str:
+        """Ray Data's per-operator stats of this execution."""
+        return build.values(self.feeder.stats.remote(self.run_id))
+
+    def close(self) -> None:
+        self._calls.clear()
+        self._blocks.clear()
+        self._drained = True
+        if not build.running():  # Ray was shut down (its executions with it); never start it again
+            return
+        try:
+            self.feeder.close.remote(self.run_id)
+        except Exception:  # Ray is shutting down: nothing left to stop
+            pass
+
+
+#: submissions between two looks at the cluster's CPUs (an autoscaling cluster grows and shrinks)
+_RESIZE_EVERY = 32
+
+
+class TaskStream:
+    """Segments as plain Ray tasks, one per segment, their blocks given in order.
+
+    The loader's default executor (``executor="tasks"``) runs a whole pass this way: the trainer
+    process submits the tasks and maps their blocks, with no feeder actor, no Ray Data actors and no
+    streaming executor to start (measured on 2 cores: those three processes cost ~2.9 CPU-seconds of
+    a cold pass, a fifth of the machine's work). With ``executor="ray_data"`` only a pass's first
+    segments run here, while the feeder's execution starts.
+
+    In flight: one task per CPU slot of the cluster (its CPUs over a task's ``num_cpus``, looked up
+    again every ``_RESIZE_EVERY`` submissions), plus finished blocks waiting ahead of the consumer:
+    ``ahead`` of them, and at most ``object_store_limit`` bytes of them (block sizes as measured so
+    far). The next task is submitted before a block is waited for, and finished blocks are pulled to
+    this node as soon as they are done (``fetch_local``). Tasks are spread over the nodes as Ray
+    Data spreads its own (``SPREAD``) unless ``ray_remote_args`` names a scheduling strategy.
+
+    A cold start: while ``warm_up``'s workers still import torch (seconds on a fresh Ray), a block
+    the trainer's first batch waits for, if not finished when asked for, is made in this process
+    instead (``local_block``: the same bytes), so that batch does not wait for the workers'
+    imports; its task, if Ray has not started it yet, then reads nothing. Only blocks asked for
+    while ``before_first`` says the pass has given no batch yet (without it: the first block),
+    when the trainer waits anyway. ``local_start``: ``"auto"`` (as described), ``"off"``, or
+    ``"always"`` (made here whatever the workers do); default ``$ENERGON_RAY_LOCAL_START`` or
+    ``"auto"``. If making it here fails (say, the data is only reachable from the workers), the
+    block comes from a Ray task as usual.
+
+    A chained leaf (``StageConfig.chained``: a generator ``encode_sample``) runs each segment as a
+    ``_chained_segment_task`` that takes the previous segment's carry (an object ref: Ray starts it
+    once that segment is done) and returns its own next to its block. At a cold start only a worker
+    stream's first segment of a pass from its start is made here, and its task runs all the same
+    (the next segment's task needs its carry). A pass that starts inside a worker stream (a restore)
+    gets ``chain_start(source, worker)`` = the segment to rebuild the carry from and the stream's
+    outputs before it: those segments run once more, giving only their carry
+    (``segment_spec(source, worker, index)`` makes their specs).
+
+    Args:
+        segments: the segments in output order (any iterable: taken as tasks are submitted).
+        readers, configs: per leaf (``SegmentSpec.source``), as ``build_dataset`` takes them.
+        ahead: finished blocks that may wait ahead of the consumer (default: one per slot).
+        object_store_limit: bytes of finished blocks that may wait ahead of the consumer.
+        local_start, before_first: see above.
+        chain_start, segment_spec: see above.
+    """
+
+    #: with the Ray Data executor, the loader starts the next window's execution as this stream yields
+    starts_next_early = True
+
+    def __init__(self, segments, readers, configs, *, ray_remote_args: Optional[Dict[str, Any]] = None,
+                 fuse_stages: bool = True, ahead: Optional[int] = None, object_store_limit: Optional[int] = None,
+                 local_start: Optional[str] = None, before_first: Optional[Callable[[], bool]] = None,
+                 chain_start: Optional[Callable[[int, int], Optional[Tuple[int, int]]]] = None,
+                 segment_spec: Optional[Callable[[int, int, int], Any]] = None,
+                 **_execution_options: Any):  # fmt: skip
+        self._task, self._chained_task, self._task_cpus = build.segment_tasks(ray_remote_args)
+        self._fuse = fuse_stages
+        if not isinstance(readers, Mapping):
+            readers, configs = {0: readers}, {0: configs}
+        #: chained leaves, and the carry (ref) each of their worker streams hands its next segment
+        self._chained = {source for source, config in configs.items() if getattr(config, "chained", False)}
+        self._carries: Dict[Tuple[int, int], Any] = {}
+        self._chain_start = chain_start
+        self._segment_spec = segment_spec
+        # one upload each, shared by the tasks (a task encoder with a tokenizer can be megabytes)
+        self._readers = ship_each(readers)
+        self._configs = ship(configs)
+        self._reader_refs = {k: build.put(v) for k, v in self._readers.items()}
+        self._config_ref = build.put(self._configs)
+        self._todo: Iterator[Any] = iter(segments)
+        #: ``(ref, spec, mark)`` of each submitted task whose block the consumer has not taken
+        self._refs: Deque[Tuple[Any, Any, Optional[str]]] = deque()
+        self._local_start = local_start_mode() if local_start is None else local_start
+        if self._local_start not in LOCAL_START_MODES:
+            raise ValueError(f"local_start must be one of {', '.join(LOCAL_START_MODES)}, not {self._local_start!r}")
+        self._before_first = before_first if before_first is not None else (lambda: self.tasks == 0 or not self._taken)
+        #: blocks the consumer took; blocks made in this process (``local_block``)
+        self._taken = 0
+        self.local_blocks = 0
+        #: specs of the submitted tasks whose rows the consumer has not reached (``next_spec``)
+        self._specs: Deque[Any] = deque()
+        self._ahead = ahead
+        self._limit = object_store_limit
+        self._block_bytes = 0  # the largest block seen
+        self._slots = self._cluster_slots()
+        self.stream_id = build.new_id("t")
+        #: counters for ``stats()``
+        self.tasks = 0
+        self.blocks_bytes = 0
+        self.waited = 0.0
+        self.most_in_flight = 0
+        self._started = time.perf_counter()
+        self._submit()
+
+    def _cluster_slots(self) -> int:
+        cpus = build.cluster_cpus()
+        return max(1, int(cpus // self._task_cpus)) if self._task_cpus > 0 else cpus
+
+    def in_flight_limit(self) -> int:
+        """Tasks submitted and not yet taken: one per slot plus the finished blocks allowed ahead."""
+        ahead = self._slots if self._ahead is None else max(1, self._ahead)
+        if self._limit is not None and self._block_bytes:
+            ahead = max(1, min(ahead, self._limit // self._block_bytes))
+        return self._slots + ahead
+
+    def _submit(self) -> None:
+        limit = self.in_flight_limit()
+        while len(self._refs) < limit:
+            spec = next(self._todo, None)
+            if spec is None:
+                break
+            local = self._local_start != "off" and self._fresh_or_unchained(spec) and self._before_first()
+            mark = f"{self.stream_id}/{self.tasks}" if local else None
+            self._refs.append((self._remote(spec, mark), spec, mark))
+            self._specs.append(spec)
+            self.tasks += 1
+            if self.tasks % _RESIZE_EVERY == 0:
+                self._slots = self._cluster_slots()
+                limit = self.in_flight_limit()
+        self.most_in_flight = max(self.most_in_flight, len(self._refs))
+
+    def ready(self) -> bool:
+        """Whether the next block is finished and on this node (taking it waits for nothing)."""
+        return bool(self._refs) and build.finished(self._refs[0][0])
+
+    def next_spec(self) -> Any:
+        """The segment whose rows come next (``None`` when none is left)."""
+        return self._specs.popleft() if self._specs else None
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        return self
+
+    def __next__(self) -> pa.Table:
+        if not self._refs:
+            raise StopIteration
+        ref, spec, mark = self._refs.popleft()
+        self._submit()  # the next task starts before this block is waited for
+        if len(self._refs) > 1:  # pull finished blocks to this node meanwhile
+            build.pull([r for r, _, _ in self._refs])
+        started = time.perf_counter()
+        if mark is not None and self._before_first() and make_here(self._local_start, lambda: build.done(ref)):
+            ref = self._local(spec, mark, ref)
+        self._taken += 1
+        self.last_ref = ref
+        table = build.get(ref)
+        self.waited += time.perf_counter() - started
+        if table is not None:
+            self.blocks_bytes += table.nbytes
+            self._block_bytes = max(self._block_bytes, table.nbytes)
+        return table
+
+    def _remote(self, spec: Any, mark: Optional[str] = None) -> Any:
+        """Submit ``spec``'s segment task (``mark``: its own close mark, see ``_local``)."""
+        if spec.source in self._chained:
+            key = (spec.source, spec.worker)
+            carry = self._carries[key] if key in self._carries else self._first_carry(spec)
+            block, self._carries[key] = self._chained_task.remote(
+                spec, self._reader_refs[spec.source], self._config_ref, carry, self.stream_id, False
+            )
+            return block
+        return self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id, mark)
+
+    def _first_carry(self, spec: Any) -> Any:
+        """The carry of a chained worker stream's first segment in this stream: none before it at a
+        pass's start; after a restore, rebuilt from where ``chain_start`` says."""
+        from energon_ray.pipeline.chained import Carry
+
+        start = None if self._chain_start is None else self._chain_start(spec.source, spec.worker)
+        if start is None:
+            return Carry(0, [])
+        first, outputs = int(start[0]), int(start[1])
+        if first >= spec.index:  # the batches broke exactly there: nothing to carry
+            return Carry(outputs, [])
+        if self._segment_spec is None:
+            raise RuntimeError("energon_ray: a chained stream restored inside a worker stream needs segment_spec")
+        carry: Any = Carry(outputs, None)
+        for index in range(first, spec.index):
+            _, carry = self._chained_task.remote(
+                self._segment_spec(spec.source, spec.worker, index), self._reader_refs[spec.source], self._config_ref,
+                carry, self.stream_id, True,
+            )  # fmt: skip
+        return carry
+
+    def _fresh_or_unchained(self, spec: Any) -> bool:
+        """Whether ``spec``'s block may be made here: any segment of an unchained leaf; of a chained
+        one, a worker stream's first segment of a pass from its start (no carry to rebuild)."""
+        if spec.source not in self._chained:
+            return True
+        key = (spec.source, spec.worker)
+        return key not in self._carries and (self._chain_start is None or self._chain_start(*key) is None)
+
+    def _local(self, spec: Any, mark: str, ref: Any) -> Any:
+        """The block made here, as an object in Ray's store (a seam task may read its leftover
+        samples from it, as from a task's block); a new task's if that fails. A chained segment's
+        task (``ref``) runs on all the same: the next segment's task waits for its carry."""
+        mark_closed(mark)  # its task, if not started yet, reads nothing
+        chained = spec.source in self._chained
+        try:
+            if chained:
+                table = local_chained_block(spec, self._readers[spec.source], self._configs, build.node())
+            else:
+                table = local_block(spec, self._readers[spec.source], self._configs, self._fuse, build.node())
+        except Exception:
+            logger.debug("energon_ray: a block could not be made in the loader's process; a Ray task makes it", exc_info=True)
+            return ref if chained else self._remote(spec)
+        from energon_ray.pipeline.rows import parts
+
+        self.local_blocks += 1
+        ref = build.put(parts(table))
+        del table
+        give_back_memory()
+        return ref
+
+    def stats(self) -> str:
+        """What this stream's tasks did (the Ray Data executor reports Ray Data's operators instead)."""
+        return (
+            f"EnergonSegmentTasks: {self.tasks} segment tasks ({self._slots} slots; blocks made in this process: {self.local_blocks}), "
+            f"{self.blocks_bytes / 2**20:.1f} MiB of blocks, {time.perf_counter() - self._started:.2f} s since the first "
+            f"submit, {self.waited:.2f} s waited for blocks, at most {self.most_in_flight} tasks in flight"
+        )
+
+    def close(self) -> None:
+        """Stop: no task of this stream starts reading after ``close()`` (each checks the close mark
+        first). Tasks already reading finish their segment; nothing is interrupted, since
+        ``ray.cancel`` raises ``KeyboardInterrupt`` wherever the task is, and one that landed in
+        ``import torch`` left a worker process whose every later task failed (seen in test_remote)."""
+        self._todo = iter(())
+        self._specs.clear()
+        refs, self._refs = [r for r, _, _ in self._refs], deque()
+        if not refs or not build.running():
+            return
+        mark_closed(self.stream_id)
+
