@@ -218,7 +218,7 @@ class _AheadNode(GroupNode):
 
 
 class _GroupBatcher:
-    """A Ray task batches a group's drawn samples (``pipeline.stages.seam_batches``),
+    """A Ray task batches a group's drawn samples (``pipeline.seam_stages.seam_batches``),
     each ``batch_size`` samples in the order drawn, with the first leaf's task encoder (a
     metadataset's leaves share it) and hook seeds from the samples' positions."""
 

@@ -494,7 +494,7 @@ def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, 
 def _batch_groups(config: Any, worker: int, seed: int, groups, source: int) -> "TableParts":
     import_task_modules()  # before the config (shipped) is opened: its classes import torch
     from energon_ray.pipeline.rows import parts, resolve_located
-    from energon_ray.pipeline.stages import seam_batches
+    from energon_ray.pipeline.seam_stages import seam_batches
 
     _limit_torch_threads()
     groups = resolve_located(groups, ray.get)  # a sample blend's samples, read from their blocks here
@@ -509,14 +509,14 @@ _seam_task = ray.remote(num_cpus=1, max_retries=3)(_batch_groups)
 def _repack_task(config: Any, worker: int, seed: int, packs, batch_size: Optional[int], source: int) -> "TableParts":
     import_task_modules()
     from energon_ray.pipeline.rows import parts
-    from energon_ray.pipeline.stages import repacked_batches
+    from energon_ray.pipeline.seam_stages import repacked_batches
 
     _limit_torch_threads()
     return parts(repacked_batches(unship(config), worker, seed, packs, batch_size, source))
 
 
 def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: Optional[int], remote_args=None) -> pa.Table:
-    """Make packed batches again in a Ray task (``stages.repacked_batches``); waits for its table."""
+    """Make packed batches again in a Ray task (``seam_stages.repacked_batches``); waits for its table."""
     task = _with_options(_repack_task, remote_args, _GROUP_TASK_OPTIONS)
     return ray.get(task.remote(ray.put(ship(config)), worker, seed, packs, batch_size, source))
 
@@ -525,7 +525,7 @@ def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: 
 def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int):
     import_task_modules()
     from energon_ray.pipeline.rows import parts, resolve_located
-    from energon_ray.pipeline.stages import seam_packs
+    from energon_ray.pipeline.seam_stages import seam_packs
 
     _limit_torch_threads()
     ((_, samples),) = resolve_located([(0, samples)], ray.get)  # read from their blocks here

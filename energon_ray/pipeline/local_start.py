@@ -119,7 +119,7 @@ def local_seam(config: Any, worker: int, seed: int, groups, source: int, get: Ca
     """The table a seam task makes (``build._batch_groups``), made in this process; ``get`` reads
     the samples' blocks (``ray.get``)."""
     from energon_ray.pipeline.rows import resolve_located
-    from energon_ray.pipeline.stages import seam_batches
+    from energon_ray.pipeline.seam_stages import seam_batches
 
     with as_in_a_task():
         return seam_batches(unship(config), worker, seed, resolve_located(groups, get), source)
@@ -130,7 +130,7 @@ def local_pack(config: Any, worker: int, seed: int, samples, buffer_size: int, s
     table, their ``(position, sub)``, the report), made in this process; ``get`` reads the samples'
     blocks (``ray.get``)."""
     from energon_ray.pipeline.rows import resolve_located
-    from energon_ray.pipeline.stages import seam_packs
+    from energon_ray.pipeline.seam_stages import seam_packs
 
     with as_in_a_task():
         ((_, samples),) = resolve_located([(0, samples)], get)
