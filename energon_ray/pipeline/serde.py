@@ -8,6 +8,7 @@ store is mapped shared memory, so a batch reaches the trainer without a single b
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 import struct
@@ -79,6 +80,11 @@ class _Pickler(cloudpickle.Pickler):
     cloudpickle already found importable by name, by reference without asking again.
     """
 
+    #: cloudpickle's reducers and copyreg's in one dict (cloudpickle's ChainMap costs a Python-level
+    #: lookup for every object that has no reducer), made again when copyreg's registrations change
+    dispatch_table: Dict[type, Any] = {}
+    _dispatch_size = -1
+
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
         if kind is torch.Tensor:
@@ -115,6 +121,14 @@ class _Pickler(cloudpickle.Pickler):
         return NotImplemented
 
 
+def _refresh_dispatch_table() -> None:
+    _Pickler.dispatch_table = {**copyreg.dispatch_table, **cloudpickle.Pickler._dispatch_table}
+    _Pickler._dispatch_size = len(copyreg.dispatch_table)
+
+
+_refresh_dispatch_table()
+
+
 def dumps(obj: Any) -> pa.Buffer:
     """Serialize ``obj`` into an Arrow buffer; array buffers follow the pickle, 64-byte aligned.
 
@@ -129,6 +143,8 @@ def dumps(obj: Any) -> pa.Buffer:
     if modules != _BY_REFERENCE_UNDER[0]:  # cloudpickle.register_pickle_by_value since: decide again
         _BY_REFERENCE.clear()
         _BY_REFERENCE_UNDER[0] = modules
+    if len(copyreg.dispatch_table) != _Pickler._dispatch_size:
+        _refresh_dispatch_table()
     buffers: List[pickle.PickleBuffer] = []
     stream = io.BytesIO()
     _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(obj)

@@ -34,8 +34,14 @@ def _edataclass(cls: type, opts: Dict[str, Any]) -> type:
     return out
 
 
+_FIELD_NAMES: Dict[type, Tuple[str, ...]] = {}
+
+
 def _fields_state(self: Any) -> Dict[str, Any]:
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if hasattr(self, f.name)}
+    names = _FIELD_NAMES.get(type(self))
+    if names is None:  # a dataclass's fields are fixed once it is made
+        names = _FIELD_NAMES[type(self)] = tuple(f.name for f in dataclasses.fields(self))
+    return {name: getattr(self, name) for name in names if hasattr(self, name)}
 
 
 def _set_fields_state(self: Any, state: Any) -> None:

@@ -182,6 +182,25 @@ def test_classes_go_by_reference_until_their_module_is_registered_by_value():
         assert type(out) is Local and out.t.tolist() == [0, 1, 2]
 
 
+class _Registered:
+    def __init__(self, value: int):
+        self.value = value
+
+
+def test_a_copyreg_reducer_registered_after_the_first_payload_is_used():
+    """serde's pickler reads copyreg's registrations as they are at each payload: a reducer
+    registered after earlier payloads decides how the next one pickles the type."""
+    import copyreg
+
+    assert serde.loads(serde.dumps(_Registered(1))).value == 1
+    copyreg.pickle(_Registered, lambda obj: (_Registered, (obj.value + 100,)))
+    try:
+        assert serde.loads(serde.dumps([_Registered(2)]))[0].value == 102
+    finally:
+        del copyreg.dispatch_table[_Registered]
+    assert serde.loads(serde.dumps(_Registered(3))).value == 3
+
+
 def test_loads_rejects_foreign_payloads():
     """A payload without serde's magic header raises ValueError."""
     with pytest.raises(ValueError):
