@@ -122,7 +122,11 @@ class _Pickler(cloudpickle.Pickler):
 
 
 def _refresh_dispatch_table() -> None:
-    _Pickler.dispatch_table = {**copyreg.dispatch_table, **cloudpickle.Pickler._dispatch_table}
+    own = getattr(cloudpickle.Pickler, "_dispatch_table", None)
+    if isinstance(own, dict):
+        _Pickler.dispatch_table = {**copyreg.dispatch_table, **own}
+    else:  # a cloudpickle without it: its own table as it is
+        _Pickler.dispatch_table = cloudpickle.Pickler.dispatch_table
     _Pickler._dispatch_size = len(copyreg.dispatch_table)
 
 
