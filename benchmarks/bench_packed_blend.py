@@ -4,13 +4,14 @@
 
 Two JSONL corpora (``--docs`` and half as many log-normal documents, mean ~300 words) blended 2:1 by
 a metadataset YAML, ``get_train_dataset(yaml, blend_samples=True, packing_buffer_size=256)`` with the
-ready ``TextPackingTaskEncoder`` (2048-token rows, batch 8), 2 logical workers on a private 2-CPU Ray.
+ready ``TextPackingTaskEncoder`` (2048-token rows, batch 8), ``--cpus`` (2) logical workers on a private
+Ray of as many CPUs.
 Contenders, each a fresh process, interleaved run by run:
 
 - ``ahead``: energon_ray as it is (``packed_blend.LOOK_AHEAD``: the next chunks' packing and the next
   group's batching start while the trainer trains on the current group);
 - ``plain``: ``LOOK_AHEAD = False`` (each packing and batching task starts when the trainer reaches it);
-- ``energon``: megatron-energon on the same YAML and options, 2 DataLoader workers, the same task
+- ``energon``: megatron-energon on the same YAML and options, ``--cpus`` DataLoader workers, the same task
   encoder's hooks (its functions on Energon's ``DefaultTaskEncoder`` and ``Cooker``).
 
 The trainer sleeps ``--sleep-ms`` per batch (a GPU step, its CPU idle). ``--batches`` per run (the
@@ -81,12 +82,12 @@ def energon_encoder(max_length: int):
     return EnergonTextPacking()
 
 
-def _loader(name: str, yaml: Path):
+def _loader(name: str, yaml: Path, cpus: int):
     options = dict(batch_size=8, repeat=True, packing_buffer_size=256, shuffle_buffer_size=100, max_samples_per_sequence=100)
     if name == "energon":
         import megatron.energon as me
 
-        wc = me.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        wc = me.WorkerConfig(rank=0, world_size=1, num_workers=cpus)
         return me.get_loader(me.get_train_dataset(yaml, worker_config=wc, task_encoder=energon_encoder(2048), **options))
     import energon_ray as er
     import energon_ray.blend.packed_blend as packed_blend
@@ -94,15 +95,15 @@ def _loader(name: str, yaml: Path):
     from energon_ray.tasks.text_packing import TextPackingTaskEncoder
 
     packed_blend.LOOK_AHEAD = name == "ahead"
-    ensure_ray(num_cpus=2)
-    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    ensure_ray(num_cpus=cpus)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=cpus)
     return er.get_loader(er.get_train_dataset(yaml, worker_config=wc, task_encoder=TextPackingTaskEncoder(max_length=2048), blend_samples=True, **options))
 
 
-def child(name: str, yaml: Path, sleep_ms: float, batches: int) -> None:
+def child(name: str, yaml: Path, sleep_ms: float, batches: int, cpus: int) -> None:
     from bench_captioning import tree_cpu
 
-    loader = _loader(name, yaml)
+    loader = _loader(name, yaml, cpus)
     waits, tokens, cpu0, at_skip = [], 0, None, None
     tree0 = sum(tree_cpu(os.getpid()).values())
     start = time.perf_counter()
@@ -135,19 +136,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sleep-ms", type=float, default=40.0)
     parser.add_argument("--batches", type=int, default=600)
+    parser.add_argument("--cpus", type=int, default=2, help="DataLoader workers = logical workers = Ray CPUs")
     parser.add_argument("--workdir", default="/tmp/energon_ray_bench/packed_blend")
     parser.add_argument("--only", default="ahead,plain")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     yaml = _data(Path(args.workdir), args.docs)
     if args.child:
-        child(args.child, yaml, args.sleep_ms, args.batches)
+        child(args.child, yaml, args.sleep_ms, args.batches, args.cpus)
         return
     names = args.only.split(",")
     results = {name: [] for name in names}
     for run in range(args.runs):
         for name in names:
-            cmd = [sys.executable, __file__, "--child", name, "--docs", str(args.docs), "--sleep-ms", str(args.sleep_ms), "--batches", str(args.batches), "--workdir", args.workdir]
+            cmd = [sys.executable, __file__, "--child", name, "--docs", str(args.docs), "--sleep-ms", str(args.sleep_ms), "--batches", str(args.batches), "--cpus", str(args.cpus), "--workdir", args.workdir]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             result = json.loads(out.strip().splitlines()[-1])
             results[name].append(result)
@@ -157,7 +159,7 @@ def main() -> None:
     for name, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         print(f"| {name} | {med['tokens_s']:,.0f} | {med['steady_s']:,.0f} | {med['first_s']:.2f} | {med['cpu_s']:.1f} | {med['wait_s']:.2f} | {med['wait_p90']:.1f} | {med['trainer_ms']:.1f} |")
-    print(f"\nmedians of {args.runs} runs, {args.docs} + {args.docs // 2} documents, a {args.sleep_ms:g} ms step per batch, 2 CPUs")
+    print(f"\nmedians of {args.runs} runs, {args.docs} + {args.docs // 2} documents, a {args.sleep_ms:g} ms step per batch, {args.cpus} CPUs")
 
 
 if __name__ == "__main__":

@@ -38,5 +38,7 @@ BENCH_PYSPY=$OUT/trainer_pyspy.txt step first_batch_after_setup 60 python3 bench
 step worker_memory 60 python3 probe_worker_memory.py --samples 6000 --cpus "$CPUS" --workdir $W
 # one core left to the trainer (both loaders get CPUS-1): does the GPU step come closer to loader-free?
 step gpu_feed_one_core_free 80 python3 bench_gpu_feed.py --samples "$N" --runs 1 --cpus $((CPUS - 1)) --workdir $W
+# a packed text blend against Energon at all CPUs (trainer CPU per batch, steady tokens/s after batch 20)
+step packed_blend_${CPUS}cpu 150 python3 bench_packed_blend.py --runs 2 --cpus "$CPUS" --batches 1500 --sleep-ms 0 --only energon,ahead --workdir $W/packed_blend
 step scaling 150 bash -c "for c in 4 8; do timeout 75 python3 bench_captioning.py --samples $N --runs 1 --cpus \$c --workdir $W --only energon,energon_ray; done"
 echo "== done ($(date +%T))"

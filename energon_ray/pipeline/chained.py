@@ -81,7 +81,7 @@ def chained_segment(
     batches): the segment's outputs must cover the tail it hands on."""
     if carry is None:
         return None, None
-    from energon_ray.pipeline.stages import EncodeAndBatch, _table
+    from energon_ray.pipeline.stages import EncodeAndBatch, output_table
 
     stage = EncodeAndBatch(config)
     stage.batch.node = node
@@ -105,7 +105,7 @@ def chained_segment(
         eager.base = carry.outputs - len(data.encoded)
     stage.encode.encode(data, eager)
     out = list(stage.batch.explode(data, eager))
-    return _table(out, data.spec.source), data.carry_out
+    return output_table(out, data.spec.source), data.carry_out
 
 
 def rebuild_chained_batch(
