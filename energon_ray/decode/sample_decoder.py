@@ -79,7 +79,7 @@ def _pixels(image: PIL.Image.Image) -> np.ndarray:
         except ValueError:  # rows in several blocks (a large image): no single view
             return np.asarray(image)
         width, height = image.size
-        if len(array) != width * height:  # not the layout read below: let numpy copy
+        if len(array) != width * height or array.offset:  # not the layout read below: let numpy copy
             return np.asarray(image)
         step = array.type.list_size if pa.types.is_fixed_size_list(array.type) else 1
         values = array.values if step > 1 else array
