@@ -17,9 +17,9 @@ Contenders, each a fresh process, interleaved run by run:
 The trainer sleeps ``--sleep-ms`` per batch (a GPU step, its CPU idle). ``--batches`` per run (the
 blend repeats: Energon blends by weight only when repeating). Reported: tokens/s over the pass and
 after the first 20 batches, the first batch's wait, CPU-s of the whole process tree from ``iter()``
-to the last batch, the seconds the trainer waited in ``next()`` after its first 20 batches (the cold
-start left out) and their p90 in ms, trainer CPU ms per batch after the first. Nothing here runs in
-the tests.
+to the last batch, its peak PSS (``bench_captioning.measure``), the seconds the trainer waited in
+``next()`` after its first 20 batches (the cold start left out) and their p90 in ms, trainer CPU ms
+per batch after the first. Nothing here runs in the tests.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -145,20 +144,21 @@ def main() -> None:
     if args.child:
         child(args.child, yaml, args.sleep_ms, args.batches, args.cpus)
         return
+    from bench_captioning import measure
+
     names = args.only.split(",")
     results = {name: [] for name in names}
     for run in range(args.runs):
         for name in names:
             cmd = [sys.executable, __file__, "--child", name, "--docs", str(args.docs), "--sleep-ms", str(args.sleep_ms), "--batches", str(args.batches), "--cpus", str(args.cpus), "--workdir", args.workdir]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            result = json.loads(out.strip().splitlines()[-1])
+            result = measure(name, cmd)  # its last stdout line, plus the peak PSS of its process tree
             results[name].append(result)
-            print(f"{name:7s} run {run}: {result['tokens_s']:,.0f} tokens/s, after batch {SKIP} {result['steady_s']:,.0f}, first batch {result['first_s']:.2f} s, {result['batches']} batches, {result['cpu_s']:.1f} CPU-s, waited {result['wait_s']:.2f} s "
+            print(f"{name:7s} run {run}: {result['tokens_s']:,.0f} tokens/s, after batch {SKIP} {result['steady_s']:,.0f}, first batch {result['first_s']:.2f} s, {result['batches']} batches, {result['cpu_s']:.1f} CPU-s, peak PSS {result['pss']:.0f} MiB, waited {result['wait_s']:.2f} s "
                   f"after batch {SKIP} (p90 {result['wait_p90']:.1f} ms), trainer {result['trainer_ms']:.1f} ms/batch", flush=True)  # fmt: skip
-    print("\n| contender | tokens/s | after batch 20 | first batch, s | CPU-s | waits after batch 20, s | their p90, ms | trainer CPU ms/batch |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| contender | tokens/s | after batch 20 | first batch, s | CPU-s | peak PSS, MiB | waits after batch 20, s | their p90, ms | trainer CPU ms/batch |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        print(f"| {name} | {med['tokens_s']:,.0f} | {med['steady_s']:,.0f} | {med['first_s']:.2f} | {med['cpu_s']:.1f} | {med['wait_s']:.2f} | {med['wait_p90']:.1f} | {med['trainer_ms']:.1f} |")
+        print(f"| {name} | {med['tokens_s']:,.0f} | {med['steady_s']:,.0f} | {med['first_s']:.2f} | {med['cpu_s']:.1f} | {med['pss']:.0f} | {med['wait_s']:.2f} | {med['wait_p90']:.1f} | {med['trainer_ms']:.1f} |")
     print(f"\nmedians of {args.runs} runs, {args.docs} + {args.docs // 2} documents, a {args.sleep_ms:g} ms step per batch, {args.cpus} CPUs")
 
 
