@@ -12,9 +12,10 @@ import copyreg
 import io
 import pickle
 import struct
+import sys
 import types
 import warnings
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Tuple
 
 import cloudpickle
 import numpy as np
@@ -60,10 +61,19 @@ def _tensor_from_bytes(array: np.ndarray, dtype: torch.dtype, shape: tuple) -> t
     return torch.from_numpy(array).view(dtype).reshape(shape)
 
 
-#: classes and functions cloudpickle pickles by reference (importable by name), with the
-#: by-value module registrations they were decided under
-_BY_REFERENCE: Set[Any] = set()
+#: classes and functions cloudpickle pickles by reference (importable by name) → where that name
+#: leads (module, attribute path); with the by-value module registrations they were decided under
+_BY_REFERENCE: Dict[Any, Tuple[Any, Tuple[str, ...]]] = {}
 _BY_REFERENCE_UNDER: List[frozenset] = [frozenset()]
+
+
+def _still_named(obj: Any, place: Tuple[Any, Tuple[str, ...]]) -> bool:
+    """Whether ``obj``'s module still holds it under its qualified name (a reload or a rebinding
+    makes the name lead elsewhere: then cloudpickle decides again)."""
+    found = place[0]
+    for part in place[1]:
+        found = getattr(found, part, None)
+    return found is obj
 
 
 def _by_value_modules() -> frozenset:
@@ -77,7 +87,7 @@ class _Pickler(cloudpickle.Pickler):
     ``reducer_override`` runs for every object that is not a plain builtin (a sample, its tensors,
     their classes), so it answers the common cases itself: a tensor as its buffer, dtype and shape;
     any other instance to pickle's own reduction (what cloudpickle answers too); a class or function
-    cloudpickle already found importable by name, by reference without asking again.
+    cloudpickle already found importable by name, by reference while that name still leads to it.
     """
 
     #: cloudpickle's reducers and copyreg's in one dict (cloudpickle's ChainMap costs a Python-level
@@ -94,13 +104,16 @@ class _Pickler(cloudpickle.Pickler):
         if kind is not types.FunctionType and not issubclass(kind, type):
             return NotImplemented
         try:
-            if obj in _BY_REFERENCE:
-                return NotImplemented
+            place = _BY_REFERENCE.get(obj)
         except TypeError:  # an unhashable class (a metaclass defining __eq__ only)
             return super().reducer_override(obj)
+        if place is not None and _still_named(obj, place):
+            return NotImplemented
         reduced = super().reducer_override(obj)
         if reduced is NotImplemented:
-            _BY_REFERENCE.add(obj)
+            module = sys.modules.get(getattr(obj, "__module__", None) or "")
+            if module is not None:
+                _BY_REFERENCE[obj] = (module, tuple(obj.__qualname__.split(".")))
         return reduced
 
     def _tensor_reduce(self, obj: torch.Tensor) -> Any:

@@ -173,6 +173,26 @@ def test_classes_go_by_reference_until_their_module_is_registered_by_value():
     loaded = serde.loads(by_value)
     assert type(loaded).__name__ == "Probe" and loaded.x == 3
 
+
+def test_a_class_whose_name_now_leads_elsewhere_is_no_longer_sent_by_name():
+    """A class pickled by name once, then replaced in its module under that name (a reload, a
+    rebinding): its instances stop going by name (which would load as the new class) and load as
+    instances of the class they are."""
+    import sys
+    import types
+
+    module = sys.modules["serde_rebound_module"] = types.ModuleType("serde_rebound_module")
+    try:
+        exec("class Probe:\n    def __init__(self, x):\n        self.x = x\n", module.__dict__)
+        old = module.Probe
+        assert type(serde.loads(serde.dumps(old(1)))) is old
+        exec("class Probe:\n    def __init__(self, x):\n        self.x = -x\n", module.__dict__)
+        assert module.Probe is not old
+        loaded = serde.loads(serde.dumps(old(2)))
+        assert type(loaded) is old and loaded.x == 2
+    finally:
+        del sys.modules["serde_rebound_module"]
+
     @dataclasses.dataclass
     class Local:
         t: torch.Tensor
