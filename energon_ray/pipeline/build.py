@@ -476,9 +476,14 @@ _TASK_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_typ
 _GROUP_TASK_OPTIONS = ("num_cpus", "memory", "resources")
 
 
+def _options(remote_args: Optional[Dict[str, Any]], keys: Sequence[str]) -> Dict[str, Any]:
+    """Those of ``remote_args`` named in ``keys``."""
+    return {k: v for k, v in (remote_args or {}).items() if k in keys}
+
+
 def _with_options(task: Any, remote_args: Optional[Dict[str, Any]], keys: Sequence[str]) -> Any:
     """``task`` with those of ``remote_args`` named in ``keys`` (as it is if none)."""
-    options = {k: v for k, v in (remote_args or {}).items() if k in keys}
+    options = _options(remote_args, keys)
     return task.options(**options) if options else task
 
 
@@ -486,7 +491,7 @@ def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, 
     """The segment tasks with the task options of ``ray_remote_args`` (spread over the nodes as Ray
     Data spreads its own, unless it names a scheduling strategy): the plain one, the chained one
     (block and carry) and the CPUs a task takes."""
-    options = {k: v for k, v in (ray_remote_args or {}).items() if k in _TASK_OPTIONS}
+    options = _options(ray_remote_args, _TASK_OPTIONS)
     options.setdefault("scheduling_strategy", "SPREAD")
     return _segment_task.options(**options), _chained_segment_task.options(num_returns=2, **options), float(options.get("num_cpus", 1) or 0)
 
