@@ -348,7 +348,7 @@ def test_a_private_ray_returns_released_blocks_memory_within_tens_of_ms():
     import numpy as np
 
     waits = []
-    for _ in range(5):
+    for _ in range(7):
         before = _plasma_mib()
         ref = ray.put(np.ones(40 << 20, dtype=np.uint8))
         if _plasma_mib() < before + 40:
@@ -358,7 +358,9 @@ def test_a_private_ray_returns_released_blocks_memory_within_tens_of_ms():
         while _plasma_mib() > before and time.perf_counter() - start < 5:
             time.sleep(0.005)
         waits.append(time.perf_counter() - start)
-    assert max(waits) < 0.3, waits
+    # each wait includes the object store's usage reports (RPCs, slower on a busy box): 5 of 7 within
+    # 150 ms (Ray's 1 s period: one wait in 7 that short, all 5 by chance about once in 800 runs)
+    assert sorted(waits)[4] < 0.15, waits
 
 
 
@@ -617,15 +619,15 @@ def test_a_ray_workers_imports_are_frozen_out_of_the_garbage_collector():
     assert gc.get_freeze_count() == frozen_here and gc.isenabled()
 
 
-def _plain_then_pinned(tmp_path, monkeypatch, samples: int, workers: int):
+def _plain_then_pinned(tmp_path, monkeypatch, samples: int, workers: int, step_s: float = 0.1):
     """A validation pass of ``samples`` (batch 4, 8-sample segments) over ``workers`` streams,
-    unpinned, then pinned with a 0.1 s step: the plain keys, then ``_pinned_pass``'s record."""
+    unpinned, then pinned with a ``step_s`` step: the plain keys, then ``_pinned_pass``'s record."""
     path = captioning_dataset(tmp_path / "ds", n=samples, per_shard=8)
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=workers)
     ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=8)
     loader = er.get_loader(ds, pin_memory=False)
     plain = [b["keys"] for b in loader]
-    return (plain, *_pinned_pass(loader, monkeypatch, step_s=0.1))
+    return (plain, *_pinned_pass(loader, monkeypatch, step_s=step_s))
 
 
 def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_stream(tmp_path, monkeypatch):
@@ -652,7 +654,10 @@ def test_with_one_worker_stream_a_blocks_first_batch_is_pinned_ahead_too(tmp_pat
     trainer takes the last batch but one of the block before, so the block's first batch is copied
     by the pin thread during the step before it (read only at the last batch, the copy would begin
     at the step that needs it: every block's first late). Same batches as unpinned."""
-    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=48, workers=1)
+    # steps of 0.25 s: Ray has each block finished by the step before its first batch even on a busy
+    # box (with 0.1 s steps a loaded CI box once finished block 2 only as batch 4 was asked for);
+    # a block read at its last batch still makes its first batch late, whatever the step
+    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=48, workers=1, step_s=0.25)
     assert [b["keys"] for b in batches] == plain and len(plain) == 12 and max(ahead) <= 2
     # 6 blocks of 2 batches: the first block's batches are copied as it is read, as the pass starts
     late = [i for i in range(12) if threads[i] != "energon_ray_pin_0" or not before[i]]
