@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, List, NamedTuple
 
 import numpy as np
@@ -508,9 +509,40 @@ def test_failure_chain_with_tolerance_zero_never_raises():
 def test_zero_copy_loads_gives_views_of_the_payload():
     """loads(copy=False) rebuilds tensors and nested payloads inside the payload's own memory."""
     inner = serde.dumps({"y": torch.ones(3)})
-    payload = serde.dumps({"x": torch.arange(1000, dtype=torch.float32), "inner": inner})
+    n = serde.INBAND_BYTES // 4 + 1  # one float32 over the in-band size
+    payload = serde.dumps({"x": torch.arange(n, dtype=torch.float32), "inner": inner})
     out = serde.loads(payload, copy=False)
     start, end = payload.address, payload.address + payload.size
-    assert start <= out["x"].data_ptr() < end and out["x"].tolist() == list(range(1000))
+    assert start <= out["x"].data_ptr() < end and out["x"].tolist() == list(range(n))
     assert start <= out["inner"].address < end
     assert serde.loads(out["inner"], copy=False)["y"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_tensors_mapped_from_read_only_memory_load_without_a_warning_every_time():
+    """A payload in read-only memory (Ray's store, as Python sees it) loads with ``copy=False`` as
+    views, without torch's warning about read-only arrays, however often (torch warns once per
+    process; the loader stops guarding once it has)."""
+    n = serde.INBAND_BYTES // 4 + 1
+    payload = pa.py_buffer(serde.dumps({"x": torch.arange(n, dtype=torch.float32)}).to_pybytes())
+    for _ in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = serde.loads(payload, copy=False)
+        assert payload.address <= out["x"].data_ptr() < payload.address + payload.size and out["x"][-1] == n - 1
+
+
+def test_small_tensors_travel_in_the_stream_and_load_writable_and_independent():
+    """Tensors up to ``INBAND_BYTES`` are pickled inside the stream (no out-of-band buffer): a
+    ``copy=False`` load gives them their own writable memory, outside the payload; a payload
+    without buffers keeps the same format (magic, body length, no buffers) and loads as before."""
+    small = torch.arange(serde.INBAND_BYTES // 8, dtype=torch.int64).reshape(2, -1)[:, ::2]  # a non-contiguous view
+    payload = pa.py_buffer(serde.dumps({"small": small, "key": "a"}).to_pybytes())  # read-only, as Ray's store
+    assert bytes(memoryview(payload)[:4]) == b"ERS1" and int.from_bytes(bytes(memoryview(payload)[8:12]), "little") == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's warning for a read-only array would fail here
+        out = serde.loads(payload, copy=False)
+    assert torch.equal(out["small"], small) and out["small"].is_contiguous() and out["key"] == "a"
+    start, end = payload.address, payload.address + payload.size
+    assert not start <= out["small"].data_ptr() < end
+    out["small"].add_(1)
+    assert torch.equal(serde.loads(payload, copy=False)["small"], small)
