@@ -25,6 +25,19 @@ class Node:
         raise NotImplementedError
 
 
+class ListNode(Node):
+    """One JSON value per worker, kept in a list the provider reads."""
+
+    def __init__(self, values: List[Any]):
+        self.values = values
+
+    def save(self, worker: int) -> Any:
+        return self.values[worker]
+
+    def restore(self, worker: int, state: Any) -> None:
+        self.values[worker] = state
+
+
 class PassContext:
     """What providers of one pass share: the leaves' feeds, the loader's counters, and the stateful
     nodes the compositions register (children before their parent, in a fixed order)."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, PassContext, Provider
-from energon_ray.blend.compose import _Draws, _Wrapper
+from energon_ray.blend.compose import _Draws
+from energon_ray.blend.epoch_map import Wrapper
 from energon_ray.blend.lengths import batch_count, worker_items
 from energon_ray.blend.replay import GroupNode, LiveNode, SubTree
 from energon_ray.errors import check_keywords, log_exception
@@ -20,7 +21,7 @@ from energon_ray.pipeline.policy import HookRunner
 _SHUFFLE_SALT = 0x5B0F
 
 
-def _check_config(wrapper: _Wrapper, worker_config: Any) -> None:
+def _check_config(wrapper: Wrapper, worker_config: Any) -> None:
     if worker_config is not None and worker_config != wrapper.worker_config:
         raise ValueError(f"{type(wrapper).__name__}: worker_config differs from the dataset's WorkerConfig")
 
@@ -42,7 +43,7 @@ def _count(ctx: PassContext, kind: str, stage: str) -> None:
         counter[stage] = counter.get(stage, 0) + 1
 
 
-def _runner(wrapper: _Wrapper, stage: str, fn: Callable[[Any], Any], tolerance: int) -> HookRunner:
+def _runner(wrapper: Wrapper, stage: str, fn: Callable[[Any], Any], tolerance: int) -> HookRunner:
     return HookRunner(stage, fn, tolerance, getattr(wrapper.worker_config, "global_error_handler", log_exception))
 
 
@@ -58,7 +59,7 @@ def _outputs(ctx: PassContext, runner: HookRunner, run: Any, item: Any, what: st
     return out if many else [out]
 
 
-class _GroupWrapper(_Wrapper):
+class _GroupWrapper(Wrapper):
     """Pulls ``group_size`` items (fewer at the end), makes outputs of them, gives them one by one."""
 
     group_size: int
@@ -188,7 +189,7 @@ class PackingDataset(_GroupWrapper):
         return len(self.dataset)
 
 
-class IterMapDataset(_Wrapper):
+class IterMapDataset(Wrapper):
     """Feeds each worker stream, as an iterator, to ``iter_map_fn`` and gives what it yields.
 
     Restore is exact: with ``stateless_iter_fn=True`` (outputs after an item depend only on that item
@@ -260,7 +261,7 @@ class IterMapDataset(_Wrapper):
         return sum(self.worker_items())
 
 
-class ShuffleBufferDataset(_Wrapper):
+class ShuffleBufferDataset(Wrapper):
     """Shuffles each worker stream through a buffer of ``size`` items: filled to ``size``, then a
     uniformly drawn item leaves per call (seeded by the worker seed and pass). The state is the draws
     taken and which of the recent pulls are still buffered (ranges of integers)."""
@@ -317,7 +318,7 @@ class _Bucket:
         self.items: List[Tuple[int, Any]] = []
 
 
-class GroupBatchDataset(_Wrapper):
+class GroupBatchDataset(Wrapper):
     """Batches items whose ``sample_group_key(item) -> (key, batch_size)`` agree: a bucket is batched
     by ``batcher`` when it holds its batch size (``fixed_batch_size`` if set, else the size the key
     function returns); at the end of a pass the partial buckets follow in the order their keys first

@@ -23,7 +23,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, PassContext, Provider
-from energon_ray.blend.compose import ListNode, PooledBlendDataset
+from energon_ray.blend.base import ListNode
+from energon_ray.blend.compose import PooledBlendDataset
 from energon_ray.blend.replay import GroupNode, SubTree
 from energon_ray.loader.group_items import GroupItems, read_finished
 from energon_ray.loader.merge import EXHAUSTED

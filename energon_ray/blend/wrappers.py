@@ -20,7 +20,8 @@ from typing import Any, Callable, List, Optional
 
 from energon_ray.blend.base import Composition, PassContext, Provider
 from energon_ray.blend.buffered import BatchDataset, GroupBatchDataset, IterMapDataset, PackingDataset, ShuffleBufferDataset, ignored
-from energon_ray.blend.compose import ListNode, _Wrapper
+from energon_ray.blend.base import ListNode
+from energon_ray.blend.epoch_map import Wrapper
 from energon_ray.blend.lengths import worker_items
 from energon_ray.errors import check_keywords
 from energon_ray.loader.merge import EXHAUSTED
@@ -37,7 +38,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-def _check_config(wrapper: _Wrapper, worker_config: Any) -> None:
+def _check_config(wrapper: Wrapper, worker_config: Any) -> None:
     if worker_config is not None and worker_config != wrapper.worker_config:
         raise ValueError(f"{type(wrapper).__name__}: worker_config differs from the dataset's WorkerConfig")
 
@@ -49,7 +50,7 @@ def _count(ctx: PassContext, kind: str, stage: str) -> None:
         counter[stage] = counter.get(stage, 0) + 1
 
 
-class FilterDataset(_Wrapper):
+class FilterDataset(Wrapper):
     """Keeps the items for which ``filter_fn(item)`` is true (dropped ones count as ignored ``filter_fn``).
 
     ``len()`` is the unfiltered length (an upper bound, as Energon's).
@@ -74,7 +75,7 @@ class FilterDataset(_Wrapper):
         return next_item
 
 
-class LimitDataset(_Wrapper):
+class LimitDataset(Wrapper):
     """At most ``length`` items per pass and rank, split over the workers like Energon (the first
     ``length % num_workers`` workers give one more). Each loader ``iter()`` is a new pass, so
     ``reset_after_epoch`` is always in effect."""
@@ -144,7 +145,7 @@ def _repeated(leaf: Any, repeats: Optional[float]) -> Any:
     return out
 
 
-class RepeatDataset(_Wrapper):
+class RepeatDataset(Wrapper):
     """Repeats the dataset ``repeats`` times per pass (``None``: endlessly; a fraction ends the last
     repetition part-way, as Energon's). Each repetition of a training dataset is shuffled anew.
 
@@ -199,7 +200,7 @@ def _default_keys(item: Any) -> Optional[List[str]]:
     return [keys] if isinstance(keys, str) else [str(k) for k in keys]
 
 
-class LogSampleDataset(_Wrapper):
+class LogSampleDataset(Wrapper):
     """Logs every item (worker, step, keys) at DEBUG level on the ``energon_ray`` logger and passes it on."""
 
     def __init__(self, dataset: Composition, mode: str, worker_config: Any = None, get_keys_fn: Callable[[Any], Optional[List[str]]] = _default_keys):
@@ -231,7 +232,7 @@ class LogSampleDataset(_Wrapper):
         return next_item
 
 
-class GcDataset(_Wrapper):
+class GcDataset(Wrapper):
     """Passes items through: Energon collects garbage in its worker processes; here there are none
     (``every_n_iter`` and ``freeze`` are accepted and have no effect)."""
 

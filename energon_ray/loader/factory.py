@@ -15,7 +15,9 @@ from energon_ray.format.dataset_yaml import check_field_map_parts
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.storage import is_remote
 from energon_ray.blend.base import Composition
-from energon_ray.blend.compose import ConcatDataset, EpochizeDataset, PooledBlendDataset
+from energon_ray.blend.compose import PooledBlendDataset
+from energon_ray.blend.concat import ConcatDataset
+from energon_ray.blend.epoch_map import EpochizeDataset
 from energon_ray.blend.sample_blend import SampleBlendDataset
 from energon_ray.blend.metadataset import Flattened, is_metadataset_path, start_context
 from energon_ray.blend.metadataset import parse as parse_metadataset
