@@ -18,7 +18,8 @@ import json
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from energon_ray.blend.base import Composition, PassContext
-from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, RoundRobin, WorkerQueues
+from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, WorkerQueues
+from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.savable import PassRun, starts_of
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StreamState
 from energon_ray.pipeline import rows

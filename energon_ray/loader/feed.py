@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from energon_ray.errors import ExecutionLost, unwrap_error
 from energon_ray.loader.group_items import decode_row, seam_items
-from energon_ray.loader.merge import EXHAUSTED, NOTHING, LoaderStats, Pending, Row, WorkerQueues
+from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, Row, WorkerQueues
+from energon_ray.loader.stats import LoaderStats
 from energon_ray.loader.pinning import Pinner, chained
 from energon_ray.loader.restore import restore_reads, restore_streams, run_reads
 from energon_ray.loader.state import StreamState

@@ -19,7 +19,8 @@ import torch.distributed as dist
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.elastic import Redistribution, from_origin, needs_redistribution, redistribute
 from energon_ray.loader.feed import MultiFeed, check_executor
-from energon_ray.loader.merge import LoaderStats, RoundRobin
+from energon_ray.loader.round_robin import RoundRobin
+from energon_ray.loader.stats import LoaderStats
 from energon_ray.loader.savable import PassRun, check_fits, new_state, restore_sample, starts_of
 from energon_ray.errors import log_exception
 from energon_ray.loader.state import LoaderState, StateError

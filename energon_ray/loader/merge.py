@@ -6,24 +6,19 @@ grouped batching are pooled per worker and bucket, still serialized, and the gro
 remain when the stream ends) are handed to ``make_batches``, which starts one Ray task to batch them
 (*seam* batches) and queues a ``Pending`` that the queue resolves when the consumer reaches it. ``round_robin`` interleaves
 the workers exactly like a torch ``DataLoader`` interleaves its worker processes: a finished (or
-capped) worker drops out.
+capped) worker drops out (``loader.round_robin``); ``loader.stats`` counts what the queues file.
 """
 
 from __future__ import annotations
 
-import logging
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
-from energon_ray.errors import FatalSampleError, ShardReadError
-from energon_ray.pipeline import rows
 from energon_ray.loader.pinning import handed_out
-from energon_ray.loader.state import (
-    QueueCheckpoint, RoundRobinState, SampleRef, StateError, StreamState, expand_ranges, to_ranges,
-)  # fmt: skip
+from energon_ray.loader.state import QueueCheckpoint, SampleRef, StreamState, expand_ranges, to_ranges
+from energon_ray.loader.stats import LoaderStats
+from energon_ray.pipeline import rows
 from energon_ray.pipeline.policy import FailureChain
-
-logger = logging.getLogger("energon_ray")
 
 Row = Tuple[int, int, int, int, Any]
 
@@ -46,89 +41,6 @@ class Pending:
         self.resolve = resolve
         #: set by ``resolve`` where known: the stream positions of each made item's samples
         self.positions: Optional[List[List[int]]] = None
-
-
-class LoaderStats:
-    """Counters the user can read while iterating (``loader.stats``)."""
-
-    def __init__(self) -> None:
-        self.samples_read = 0
-        self.samples_encoded = 0
-        self.batches = 0
-        self.seam_batches = 0
-        self.skipped: Dict[str, int] = {}
-        self.ignored: Dict[str, int] = {}
-        #: segments made per Ray node id
-        self.segments_per_node: Dict[str, int] = {}
-        #: segments made by plain Ray tasks: all of them with the default executor; with
-        #: ``executor="ray_data"`` a pass's start (none with ENERGON_RAY_START_WITH_TASKS=0), the
-        #: rest by Ray Data executions
-        self.segments_as_tasks = 0
-        #: read requests of the segments (remote: requests to the store), bytes they read, and
-        #: retries of transient store errors (each retried request gave the same bytes)
-        self.read_requests = 0
-        self.read_bytes = 0
-        self.read_retries = 0
-        #: the user's error handler, called here for the failures Ray tasks deferred to it
-        self.error_handler: Any = None
-
-    @property
-    def total_skipped(self) -> int:
-        return sum(self.skipped.values())
-
-    def as_dict(self) -> Dict[str, Any]:
-        return {
-            "samples_read": self.samples_read,
-            "samples_encoded": self.samples_encoded,
-            "batches": self.batches,
-            "seam_batches": self.seam_batches,
-            "skipped": dict(self.skipped),
-            "ignored": dict(self.ignored),
-            "segments_per_node": dict(self.segments_per_node),
-            "segments_as_tasks": self.segments_as_tasks,
-            "read_requests": self.read_requests,
-            "read_bytes": self.read_bytes,
-            "read_retries": self.read_retries,
-        }
-
-    def __repr__(self) -> str:
-        return f"LoaderStats({self.as_dict()})"
-
-    def handle_failure(self, stage: str, exc: BaseException, item: Any, sources: List[Any]) -> None:
-        """Call the user's error handler (if any) for a failure a Ray task deferred to it (``stage``:
-        the hook that failed)."""
-        if self.error_handler is None:
-            return
-        # a handler that raises aborts loading with its own exception, as in Energon
-        self.error_handler(exc, item, sources)
-
-    def add_report(self, report: rows.Report, chain: FailureChain) -> None:
-        """Count a segment's report, log its skips, and raise its fatal error (in plan order)."""
-        self.samples_read += report.samples_read
-        self.samples_encoded += report.samples_encoded
-        self.read_requests += getattr(report, "read_requests", 0)
-        self.read_bytes += getattr(report, "read_bytes", 0)
-        self.read_retries += getattr(report, "read_retries", 0)
-        if report.node is not None:
-            self.segments_per_node[report.node] = self.segments_per_node.get(report.node, 0) + 1
-        for run in report.runs:
-            for exc, item, sources in run.deferred:
-                self.handle_failure(run.stage, exc, item, sources)
-            if run.failures:
-                self.skipped[run.stage] = self.skipped.get(run.stage, 0) + run.failures
-                for message in run.messages:
-                    logger.warning("skipped (%s): %s", run.stage, message)
-                if run.failures > len(run.messages):
-                    logger.warning(
-                        "skipped (%s): %d more in segment %d of worker %d",
-                        run.stage, run.failures - len(run.messages), report.segment, report.worker,
-                    )  # fmt: skip
-            if run.ignored:
-                self.ignored[run.stage] = self.ignored.get(run.stage, 0) + run.ignored
-            chain.add(report.worker, run)
-        if report.fatal is not None:
-            kind, message = report.fatal
-            raise (ShardReadError if kind == "ShardReadError" else FatalSampleError)(message)
 
 
 class WorkerQueues:
@@ -455,78 +367,3 @@ def _strip(items: List[Any]) -> List[Tuple[int, int, Any]]:
 
 def _pool_refs(pools: Dict[Any, Tuple[int, List[Any]]]) -> List[Tuple[Any, int, List[SampleRef]]]:
     return [(key, size, [(item[3], item[0], item[1]) for item in items]) for key, (size, items) in pools.items()]
-
-
-class RoundRobin:
-    """Interleave workers item by item, like a torch ``DataLoader`` interleaves its worker processes;
-    ``next_item(w)`` returns an item or ``EXHAUSTED``; a finished (or capped) worker drops out.
-
-    Example:
-        >>> streams = {0: iter("ab"), 1: iter("x")}
-        >>> list(RoundRobin(2, lambda w: next(streams[w], EXHAUSTED)))
-        ['a', 'x', 'b']
-    """
-
-    def __init__(
-        self,
-        num_workers: int,
-        next_item: Callable[[int], Any],
-        *,
-        caps: Optional[Sequence[int]] = None,
-        start_worker: int = 0,
-        stats: Optional[LoaderStats] = None,
-    ):
-        self.num_workers = num_workers
-        self.next_item = next_item
-        self.caps = caps
-        self.stats = stats
-        self.active = [True] * num_workers
-        self.emitted = [0] * num_workers
-        self.worker = start_worker % max(1, num_workers)
-
-    def __iter__(self) -> "RoundRobin":
-        return self
-
-    def __next__(self) -> Any:
-        while any(self.active):
-            w = self.worker
-            if self.active[w] and self.caps is not None and self.emitted[w] >= self.caps[w]:
-                self.active[w] = False
-            if self.active[w]:
-                item = self.next_item(w)
-                if item is EXHAUSTED:
-                    self.active[w] = False
-                else:
-                    self.emitted[w] += 1
-                    if self.stats is not None:
-                        self.stats.batches += 1
-                    self.worker = (w + 1) % self.num_workers
-                    return item
-            self.worker = (w + 1) % self.num_workers
-        raise StopIteration
-
-    def state(self) -> RoundRobinState:
-        return RoundRobinState(self.worker, list(self.emitted), list(self.active))
-
-    def restore(self, state: RoundRobinState) -> None:
-        if len(state.emitted) != self.num_workers:
-            raise StateError(f"the state has {len(state.emitted)} worker streams, this loader {self.num_workers}")
-        self.worker, self.emitted, self.active = state.next_worker, list(state.emitted), list(state.active)
-
-
-def round_robin(
-    num_workers: int,
-    next_item: Callable[[int], Any],
-    *,
-    caps: Optional[Sequence[int]] = None,
-    start_worker: int = 0,
-    stats: Optional[LoaderStats] = None,
-) -> Iterator[Any]:
-    """``RoundRobin`` as a plain iterator.
-
-    Example:
-        >>> streams = {0: iter("ab"), 1: iter("x")}
-        >>> list(round_robin(2, lambda w: next(streams[w], EXHAUSTED)))
-        ['a', 'x', 'b']
-    """
-    return RoundRobin(num_workers, next_item, caps=caps, start_worker=start_worker, stats=stats)

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.feed import MultiFeed
-from energon_ray.loader.merge import RoundRobin
+from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.restore import rebuild_batch, rebuild_chained_batch, rebuild_blended_batch, rebuild_packed_batch, restore_streams
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
 from energon_ray.pipeline.packing import PACKED

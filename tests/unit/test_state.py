@@ -9,7 +9,8 @@ import pytest
 
 import energon_ray as er
 from energon_ray.blend.compose import _Draws
-from energon_ray.loader.merge import EXHAUSTED, RoundRobin
+from energon_ray.loader.merge import EXHAUSTED
+from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.state import STATE_VERSION, LoaderState, QueueCheckpoint, StateError, StreamState
 from tests.roundtrip import SimLeaf, SimLoader, assert_round_trip, json_transport
 

@@ -1,0 +1,96 @@
+"""``LoaderStats``: what a loader counts while it runs (``loader.stats``), and where the segments'
+reports are filed: skips logged, the user's error handler called, a fatal error raised in plan order."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List
+
+from energon_ray.errors import FatalSampleError, ShardReadError
+from energon_ray.pipeline import rows
+from energon_ray.pipeline.policy import FailureChain
+
+logger = logging.getLogger("energon_ray")
+
+
+class LoaderStats:
+    """Counters the user can read while iterating (``loader.stats``)."""
+
+    def __init__(self) -> None:
+        self.samples_read = 0
+        self.samples_encoded = 0
+        self.batches = 0
+        self.seam_batches = 0
+        self.skipped: Dict[str, int] = {}
+        self.ignored: Dict[str, int] = {}
+        #: segments made per Ray node id
+        self.segments_per_node: Dict[str, int] = {}
+        #: segments made by plain Ray tasks: all of them with the default executor; with
+        #: ``executor="ray_data"`` a pass's start (none with ENERGON_RAY_START_WITH_TASKS=0), the
+        #: rest by Ray Data executions
+        self.segments_as_tasks = 0
+        #: read requests of the segments (remote: requests to the store), bytes they read, and
+        #: retries of transient store errors (each retried request gave the same bytes)
+        self.read_requests = 0
+        self.read_bytes = 0
+        self.read_retries = 0
+        #: the user's error handler, called here for the failures Ray tasks deferred to it
+        self.error_handler: Any = None
+
+    @property
+    def total_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {
+            "samples_read": self.samples_read,
+            "samples_encoded": self.samples_encoded,
+            "batches": self.batches,
+            "seam_batches": self.seam_batches,
+            "skipped": dict(self.skipped),
+            "ignored": dict(self.ignored),
+            "segments_per_node": dict(self.segments_per_node),
+            "segments_as_tasks": self.segments_as_tasks,
+            "read_requests": self.read_requests,
+            "read_bytes": self.read_bytes,
+            "read_retries": self.read_retries,
+        }
+
+    def __repr__(self) -> str:
+        return f"LoaderStats({self.as_dict()})"
+
+    def handle_failure(self, stage: str, exc: BaseException, item: Any, sources: List[Any]) -> None:
+        """Call the user's error handler (if any) for a failure a Ray task deferred to it (``stage``:
+        the hook that failed)."""
+        if self.error_handler is None:
+            return
+        # a handler that raises aborts loading with its own exception, as in Energon
+        self.error_handler(exc, item, sources)
+
+    def add_report(self, report: rows.Report, chain: FailureChain) -> None:
+        """Count a segment's report, log its skips, and raise its fatal error (in plan order)."""
+        self.samples_read += report.samples_read
+        self.samples_encoded += report.samples_encoded
+        self.read_requests += getattr(report, "read_requests", 0)
+        self.read_bytes += getattr(report, "read_bytes", 0)
+        self.read_retries += getattr(report, "read_retries", 0)
+        if report.node is not None:
+            self.segments_per_node[report.node] = self.segments_per_node.get(report.node, 0) + 1
+        for run in report.runs:
+            for exc, item, sources in run.deferred:
+                self.handle_failure(run.stage, exc, item, sources)
+            if run.failures:
+                self.skipped[run.stage] = self.skipped.get(run.stage, 0) + run.failures
+                for message in run.messages:
+                    logger.warning("skipped (%s): %s", run.stage, message)
+                if run.failures > len(run.messages):
+                    logger.warning(
+                        "skipped (%s): %d more in segment %d of worker %d",
+                        run.stage, run.failures - len(run.messages), report.segment, report.worker,
+                    )  # fmt: skip
+            if run.ignored:
+                self.ignored[run.stage] = self.ignored.get(run.stage, 0) + run.ignored
+            chain.add(report.worker, run)
+        if report.fatal is not None:
+            kind, message = report.fatal
+            raise (ShardReadError if kind == "ShardReadError" else FatalSampleError)(message)
