@@ -135,7 +135,7 @@ def import_task_modules() -> None:
 
     release_leaked_logging_locks()
     give_way()
-    if "energon_ray.pipeline.stages" not in sys.modules:
+    if "energon_ray.pipeline.batch_stages" not in sys.modules:
         if _in_ray_worker():
             _import_without_collections()
         else:
@@ -198,7 +198,7 @@ def give_way() -> None:
 def _import_stages() -> None:
     import torch  # noqa: F401
 
-    import energon_ray.pipeline.stages  # noqa: F401
+    import energon_ray.pipeline.batch_stages  # noqa: F401 (and the stages it builds on)
 
 
 _warmed = False

@@ -22,7 +22,10 @@ import socket
 import stat
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from energon_ray.samples.base import SourceInfo
 
 _MAGIC = b"ERC1"
 #: entries (evictable) end with this; ``to_cache`` objects do not
@@ -210,3 +213,28 @@ def read_entry_file(path: Optional[Path], key: str) -> Tuple[Dict[str, Any], byt
     if entry is None:
         raise RuntimeError(f"{path}: not an entry of {key!r} (the buffer folder was changed)")
     return entry
+
+
+def entry_header(info: Optional[SourceInfo], fname: str) -> Dict[str, Any]:
+    """The JSON header of a node-cache entry: where the file came from and its name."""
+    return {"source": info_to_json(info), "fname": fname}
+
+
+def info_to_json(info: Optional[SourceInfo]) -> Optional[Dict[str, Any]]:
+    """A ``SourceInfo`` as JSON values (``info_from_json`` reads it back)."""
+    if info is None:
+        return None
+    return {
+        "dataset_path": None if info.dataset_path is None else str(info.dataset_path),
+        "index": info.index, "shard_name": None if info.shard_name is None else str(info.shard_name),
+        "file_names": list(info.file_names),
+    }  # fmt: skip
+
+
+def info_from_json(data: Optional[Dict[str, Any]]) -> Optional[SourceInfo]:
+    """The ``SourceInfo`` ``info_to_json`` wrote."""
+    if data is None:
+        return None
+    from energon_ray.samples.base import SourceInfo
+
+    return SourceInfo(data["dataset_path"], data["index"], data["shard_name"], tuple(data["file_names"]))

@@ -32,8 +32,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, Literal, Optional, Tuple
 
-from energon_ray.cache.base import CachePool, FileStore, Lazy, add_source_info
-from energon_ray.cache.disk import DiskCache, link_or_write, process_dir, read_entry_file
+from energon_ray.cache.base import CachePool, FileStore, add_source_info
+from energon_ray.cache.disk import DiskCache, entry_header, info_from_json, link_or_write, process_dir, read_entry_file
+from energon_ray.cache.file_lazy import FileCacheLazy, _Prefetch
 from energon_ray.cache.parked import CacheFileLazy
 from energon_ray.errors import TRUST_ENV, UntrustedCodeError, resolve_trust
 from energon_ray.samples.base import SourceInfo
@@ -41,27 +42,6 @@ from energon_ray.samples.base import SourceInfo
 #: this process's pools by token (see ``FileStoreCachePool.__reduce__``)
 _POOLS: Dict[str, "FileStoreCachePool"] = {}
 _POOLS_LOCK = threading.Lock()
-
-
-class _Prefetch:
-    """One ``(store, name)`` in a process's prefetch buffer and the lazies that reference it.
-
-    ``send_to_cache_future`` is the queued or running fetch (its result: whether it buffered the
-    file); ``data_size`` the payload's bytes once fetched; ``cache_path`` the buffered file."""
-
-    def __init__(self, ds: FileStore, fname: str, key: str):
-        self.ds = ds
-        self.fname = fname
-        self.key = key
-        self.send_to_cache_future: Optional[Future] = None
-        self.refcount = 1
-        self.data_size = 0
-        self.require_data_now = False
-        self.cache_path: Optional[Path] = None
-        self.source_info: Optional[SourceInfo] = None
-
-    def __repr__(self) -> str:
-        return f"_Prefetch({self.fname!r}, refcount={self.refcount}, data_size={self.data_size})"
 
 
 class FileStoreCachePool(CachePool):
@@ -217,7 +197,7 @@ class FileStoreCachePool(CachePool):
         if self._node is not None:
             hit = self._node.read(key)
             if hit is not None:
-                return hit[1], _info_from_json(hit[0]["source"]), self._node.path_of(key)
+                return hit[1], info_from_json(hit[0]["source"]), self._node.path_of(key)
         if self.method == "raw":
             payload, info = ds._get_raw(fname)
         else:
@@ -225,7 +205,7 @@ class FileStoreCachePool(CachePool):
             payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         payload = bytes(payload)
         node_file = None
-        if self._node is not None and self._node.write(key, _header(info, fname), payload):
+        if self._node is not None and self._node.write(key, entry_header(info, fname), payload):
             node_file = self._node.path_of(key)
         return payload, info, node_file
 
@@ -293,7 +273,7 @@ class FileStoreCachePool(CachePool):
             self.current_cache_count += 1
         path = self.cache_dir / DiskCache.entry_name(entry.key)
         try:
-            link_or_write(path, node_file, DiskCache.pack(entry.key, _header(info, entry.fname), payload))
+            link_or_write(path, node_file, DiskCache.pack(entry.key, entry_header(info, entry.fname), payload))
         except BaseException:
             with self._lock:
                 self._unreserve(entry.data_size)
@@ -431,64 +411,3 @@ _ALL_POOLS: "weakref.WeakSet[FileStoreCachePool]" = weakref.WeakSet()
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def _header(info: Optional[SourceInfo], fname: str) -> Dict[str, Any]:
-    return {"source": _info_to_json(info), "fname": fname}
-
-
-class FileCacheLazy(Lazy[Any]):
-    """A file in a ``FileStoreCachePool``'s prefetch buffer; ``get`` reads it (once) and releases it.
-
-    ``entry`` is the shared buffer entry (``refcount``, ``data_size``, ``send_to_cache_future``). A
-    lazy dropped before ``get`` releases its reference too. Pickled (e.g. into another Ray task) it
-    carries its store and name, not the entry: ``get`` on the other side reads through that process's
-    pool (the node cache).
-    """
-
-    def __init__(self, ds: FileStore, fname: str, pool: FileStoreCachePool, entry: Optional[_Prefetch] = None):
-        super().__init__(ds, fname, pool)
-        self.entry = entry
-        self._held = entry is not None
-        self._data: Optional[Tuple[Any, SourceInfo]] = None
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"ds": self.ds, "fname": self.fname, "pool": self.pool, "_data": self._data}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__dict__.update(state, entry=None, _held=False)
-
-    def get(self, sample: Any = None) -> Any:
-        if self._data is None:
-            pool: FileStoreCachePool = self.pool
-            if self._held:
-                self._held = False
-                self._data = pool._take(self.entry)
-            else:
-                self._data = pool._read_direct(self.ds, self.fname)
-        add_source_info(sample, self._data[1])
-        return self._data[0]
-
-    def __del__(self) -> None:
-        if getattr(self, "_held", False):
-            self._held = False
-            try:
-                self.pool._drop(self.entry)
-            except Exception:  # interpreter teardown
-                pass
-
-
-def _info_to_json(info: Optional[SourceInfo]) -> Optional[Dict[str, Any]]:
-    if info is None:
-        return None
-    return {
-        "dataset_path": None if info.dataset_path is None else str(info.dataset_path),
-        "index": info.index, "shard_name": None if info.shard_name is None else str(info.shard_name),
-        "file_names": list(info.file_names),
-    }  # fmt: skip
-
-
-def _info_from_json(data: Optional[Dict[str, Any]]) -> Optional[SourceInfo]:
-    if data is None:
-        return None
-    return SourceInfo(data["dataset_path"], data["index"], data["shard_name"], tuple(data["file_names"]))

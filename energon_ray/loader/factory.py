@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Optional
 
-from energon_ray.cache.aux import aux_stores
 from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder
-from energon_ray.errors import DatasetConfigError, resolve_trust
+from energon_ray.errors import resolve_trust
 from energon_ray.format.dataset import PreparedDataset
-from energon_ray.format.dataset_yaml import check_field_map_parts
-from energon_ray.format.tar_index import read_tar_index
 from energon_ray.storage import is_remote
 from energon_ray.blend.base import Composition
-from energon_ray.blend.compose import PooledBlendDataset
-from energon_ray.blend.concat import ConcatDataset
-from energon_ray.blend.epoch_map import EpochizeDataset
-from energon_ray.blend.sample_blend import SampleBlendDataset
-from energon_ray.blend.metadataset import Flattened, is_metadataset_path, start_context
-from energon_ray.blend.metadataset import parse as parse_metadataset
-from energon_ray.blend.metadataset import parse_file as parse_metadataset_file
+from energon_ray.blend.metadataset import is_metadataset_path
 from energon_ray.loader.dataset import EnergonDataset, PlanOptions
-from energon_ray.task_encoder.base import DefaultTaskEncoder, TaskEncoder, is_overridden
+from energon_ray.loader.metadataset_leaves import check_parts, metadataset_composition
+from energon_ray.task_encoder.base import DefaultTaskEncoder, TaskEncoder
 from energon_ray.worker import WorkerConfig
 
 _LEGACY_DECODE_KWARGS = ("auto_decode", "image_decode", "av_decode", "video_decode_audio", "guess_content", "handler")
@@ -68,133 +59,13 @@ def _segment_samples(value: Any) -> Any:
     return value
 
 
-def _metadataset(path: Any, split_part: str, options: PlanOptions, common: dict, trusted: bool,
-                 subflavors: Optional[dict] = None) -> Composition:
-    """Leaves of a metadataset as EnergonDatasets, blended (train) or concatenated (val).
-
-    ``path`` may be already flattened (``get_val_datasets`` builds one leaf at a time); the caller's
-    ``subflavors`` override every level's, as in Energon."""
-    ctx = start_context(split_part, subflavors)
-    if isinstance(path, Flattened):
-        flat = path
-    elif isinstance(path, dict):
-        flat = parse_metadataset(path, "<metadataset dict>", Path.cwd(), split_part, ctx=ctx)
-    else:
-        flat = parse_metadataset_file(path, split_part, ctx=ctx)
-    wc = common["worker_config"]
-    # Energon blends a train metadataset's samples and then batches them, and so do we by default: the
-    # leaves hand out samples, Ray tasks batch the drawn groups (blend.sample_blend); packing then runs
-    # on the blended samples too (blend.packed_blend). ``blend_samples=False`` draws whole per-dataset
-    # batches by weight instead (faster to start, see benchmarks/bench_sample_blend.py). Grouping runs
-    # in the leaves' Ray tasks, before any blending, so a task encoder with batch_group_criterion gets
-    # whole per-dataset (grouped) batches unless it asks for blend_samples=True, which is refused.
-    te = common["task_encoder"]
-    grouped = is_overridden(te, "batch_group_criterion")
-    blendable = options.training and len(flat.leaves) > 1 and options.batch_size is not None
-    if options.blend_samples and blendable and grouped:
-        # Energon would blend, then group; here grouping runs in the leaves' Ray tasks, before any
-        # blending: mixed batches would silently be something else than asked for
-        raise ValueError(
-            f"{path}: blend_samples=True cannot be combined with {type(te).__name__}.batch_group_criterion: grouping "
-            "runs in each dataset's Ray tasks, before blending (blend_samples=False gives whole per-dataset batches)"
-        )
-    blend_samples = blendable and (not grouped if options.blend_samples is None else options.blend_samples)
-    global_workers = max(1, wc.num_workers) * wc.world_size
-    leaves: List[EnergonDataset] = []
-    offset = 0
-    for leaf in flat.leaves:
-        try:
-            if leaf.join is not None:
-                from energon_ray.loader.joined import open_join_members
-
-                members = open_join_members(leaf.join, trusted)
-                prepared = members[0]
-            else:
-                prepared = PreparedDataset.open(
-                    leaf.path, leaf.split_part, split_config=leaf.split_config, dataset_config=leaf.dataset_config,
-                    trusted=trusted,
-                )
-                _check_parts(prepared)
-        except DatasetConfigError as exc:
-            raise DatasetConfigError(f"{leaf.where}: {exc}") from None
-        leaf_options = dataclasses.replace(
-            options,
-            subset_ratio=leaf.ratio,
-            subset_absolute=leaf.absolute,
-            shuffle_over_epochs=_multiply(options.shuffle_over_epochs, leaf.shuffle_over_epochs),
-            repetitions=leaf.repetitions if options.training else None,
-            virtual_epoch_length=0,
-            limit=None,
-            # validation batches run across the end of one dataset into the next, as in Energon
-            batch_across_sources=not options.training and len(flat.leaves) > 1 and options.batch_size is not None,
-            blend_samples=blend_samples,
-        )
-        if leaf.join is not None:
-            from energon_ray.loader.joined import joined_dataset
-
-            leaves.append(joined_dataset(leaf.join, members, leaf_options, common, trusted, offset, global_workers))
-            offset += prepared.total  # Energon's len() of a join: the primary's samples
-            continue
-        try:
-            leaves.append(
-                EnergonDataset(prepared, options=leaf_options, subflavors=leaf.subflavors, rotation_offset=offset % global_workers,
-                              rotation_base=offset, aux=aux_stores(leaf.aux, leaf.where), **common)
-            )
-        except ValueError as exc:
-            raise DatasetConfigError(f"{leaf.where}: {exc}") from None
-        offset += prepared.total
-    if len(leaves) == 1:
-        only = leaves[0]
-        only.options.virtual_epoch_length, only.options.limit = options.virtual_epoch_length, options.limit
-        return only
-    if not options.training:
-        if leaves[0].options.batch_across_sources:
-            # one batched stream per worker through all datasets: batch indices count on over them
-            before = [0] * len(leaves[0].worker_lengths())
-            for ds in leaves:
-                ds.options.batch_index_offsets = tuple(before)
-                before = [a + b for a, b in zip(before, ds.worker_lengths())]
-        return ConcatDataset(*leaves, limit=options.limit)
-    if flat.mode == "blend_epochized":
-        # Energon weighs by length × repetitions; the exact counts come from each stream's end anyway
-        weights = [max(1, sum(ds.worker_lengths())) for ds in leaves]
-    else:
-        weights = [spec.weight for spec in flat.leaves]
-    # Energon blends the leaves' samples and batches them per worker: len() counts those batches
-    if blend_samples:
-        # packing, if asked for, runs on the blended samples (as Energon's): blend.packed_blend
-        blend: Composition = SampleBlendDataset(*zip(leaves, weights), batch_size=options.batch_size, drop_last=options.drop_last,
-                                                packing_buffer_size=options.packing_buffer_size)  # fmt: skip
-    else:
-        blend = PooledBlendDataset(*zip(leaves, weights), batch_size=options.batch_size, drop_last=options.drop_last)
-    if options.virtual_epoch_length:
-        blend = EpochizeDataset(blend, options.virtual_epoch_length)
-    return blend
-
-
-def _multiply(a: Optional[int], b: Optional[int]) -> Optional[int]:
-    if a is None or b is None:
-        return None
-    if a == -1 or b == -1:
-        return -1
-    return a * b
-
-
 def _open(path: Any, split_part: str, kwargs: dict, trusted: bool) -> PreparedDataset:
     prepared = PreparedDataset.open(
         path if is_remote(path) else Path(str(path)), split_part, split_config=kwargs.pop("split_config", None),
         dataset_config=kwargs.pop("dataset_config", None), trusted=trusted,
     )
-    _check_parts(prepared)
+    check_parts(prepared)
     return prepared
-
-
-def _check_parts(prepared: PreparedDataset) -> None:
-    """The field_map's parts exist in the first sample of (up to) three shards."""
-    if prepared.format != "tar":
-        return
-    firsts = [(s.path, int(read_tar_index(s.path)[0])) for s in prepared.shards if s.count][:3]
-    check_field_map_parts(prepared.spec, firsts)
 
 
 def _build(path, *, split_part, worker_config, task_encoder, options: PlanOptions, trusted: bool, kwargs: dict) -> Composition:
@@ -229,7 +100,7 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
         if kwargs:
             raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
         common = dict(worker_config=worker_config, task_encoder=task_encoder, decoder=decoder)
-        return _metadataset(path, split_part, options, common, trusted, subflavors)
+        return metadataset_composition(path, split_part, options, common, trusted, subflavors)
     dataset = _open(path, split_part, kwargs, trusted)
     kwargs.pop("sample_type", None)
     if kwargs:

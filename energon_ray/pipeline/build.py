@@ -80,7 +80,7 @@ def node() -> Optional[str]:
 @deaf_to_cancel
 def encode_and_batch(batch, config):
     import_task_modules()
-    from energon_ray.pipeline.stages import EncodeAndBatch
+    from energon_ray.pipeline.batch_stages import EncodeAndBatch
 
     _limit_torch_threads()
     stage = EncodeAndBatch(unship(config))
@@ -100,7 +100,7 @@ def encode_samples(batch, config):
 @deaf_to_cancel
 def batch_samples(batch, config):
     import_task_modules()
-    from energon_ray.pipeline.stages import BatchSamples
+    from energon_ray.pipeline.batch_stages import BatchSamples
 
     _limit_torch_threads()
     stage = BatchSamples(unship(config))

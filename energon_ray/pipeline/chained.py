@@ -81,7 +81,8 @@ def chained_segment(
     batches): the segment's outputs must cover the tail it hands on."""
     if carry is None:
         return None, None
-    from energon_ray.pipeline.stages import EncodeAndBatch, output_table
+    from energon_ray.pipeline.batch_stages import EncodeAndBatch
+    from energon_ray.pipeline.stages import output_table
 
     stage = EncodeAndBatch(config)
     stage.batch.node = node
@@ -119,7 +120,8 @@ def rebuild_chained_batch(
     Raises:
         LookupError: an output is not made again (the data or the task encoder changed).
     """
-    from energon_ray.pipeline.stages import Batcher, EncodeSamples
+    from energon_ray.pipeline.batch_stages import Batcher
+    from energon_ray.pipeline.stages import EncodeSamples
 
     stage = EncodeSamples(config)
     data.carry = Carry(0, None, bases={position: index - sub for position, sub, index in outputs})

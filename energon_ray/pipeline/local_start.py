@@ -91,7 +91,8 @@ def _malloc_trim() -> Optional[Callable[[int], int]]:
 def local_block(spec: Any, reader: Any, config: Any, fuse_stages: bool, node: Optional[str]) -> pa.Table:
     """The block a segment task makes of ``spec`` (``build._segment_task``), made in this process;
     ``node``: this process's Ray node, reported as the segment's."""
-    from energon_ray.pipeline.stages import BatchSamples, EncodeAndBatch, EncodeSamples
+    from energon_ray.pipeline.batch_stages import BatchSamples, EncodeAndBatch
+    from energon_ray.pipeline.stages import EncodeSamples
     from energon_ray.source.reader import read_segment
 
     with as_in_a_task():

@@ -1,27 +1,23 @@
-"""The task-encoder stages, as small callables over Arrow tables (no Ray imports).
-
-``EncodeSamples``: raw parts → decode → ``field_map`` → ``cook_crude_sample`` → ``encode_sample``.
-``BatchSamples``: encoded samples → exact batches of ``batch_size`` → ``batch`` → ``encode_batch``;
-the samples that do not fill a batch leave as a ``LEFTOVER`` row for the driver to join
-(``seam_stages`` batches them, or a blend's drawn samples, in a Ray task).
+"""The task-encoder stages, as small callables over Arrow tables (no Ray imports): their config
+(``StageConfig``) and the first, ``EncodeSamples``: raw parts → decode → ``field_map`` →
+``cook_crude_sample`` → ``encode_sample``. Batching is ``pipeline.batch_stages``.
 Every hook call is seeded from its stream position, so a stage gives the same output wherever it runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
 
 from energon_ray.cache.cooking import AuxConfig, cook_context
 from energon_ray.errors import FatalSampleError, log_exception
 from energon_ray.pipeline import rows, serde
-from energon_ray.pipeline.chained import Carry, chain_restore_key
-from energon_ray.pipeline.grouping import Grouper
+from energon_ray.pipeline.chained import chain_restore_key
 from energon_ray.pipeline.load import SampleLoader
-from energon_ray.pipeline.packing import Packer, restore_key_of
-from energon_ray.pipeline.policy import HookRunner, StageRun
+from energon_ray.pipeline.packing import restore_key_of
+from energon_ray.pipeline.policy import HookRunner
 from energon_ray.pipeline.shipping import Shipped
 from energon_ray.samples import CrudeSample
 from energon_ray.task_encoder.base import TaskEncoder, is_overridden
@@ -186,260 +182,6 @@ class EncodeSamples:
             del sample
             if sink is not None:
                 sink()
-
-
-class Batcher:
-    """Runs ``batch`` then ``encode_batch`` on exact groups of encoded samples (tasks and driver)."""
-
-    def __init__(self, te: TaskEncoder, handler: Any, restore_rng: bool = False):
-        self.te = te
-        self.batch = _runner(te, "batch", "batch", handler)
-        self.encode_batch = _runner(te, "encode_batch", "encode_batch", handler)
-        self.do_encode_batch = is_overridden(te, "encode_batch")
-        self.restore_rng = restore_rng
-
-    def new_runs(self) -> List[StageRun]:
-        return [self.batch.new_run(), self.encode_batch.new_run()]
-
-    def __call__(
-        self, group: List[Tuple[int, int, Any]], seed: int, batch_size: int, runs: List[StageRun],
-        batch_index: Optional[int] = None,
-    ) -> List[Any]:
-        """``(position, sub, sample)`` group → the encoded batch(es) (0, 1 or more); ``batch_index``:
-        the batch's index in its worker stream (default: its first sample's position over the size)."""
-        position, sub = group[0][0], group[0][1]
-        samples = [item for _, _, item in group]
-        what = f"batch of {len(samples)} starting at {_what(samples[0])}"
-        index = position // batch_size if batch_index is None else batch_index
-        kwargs = dict(batch_index=index, restore_rng=self.restore_rng)
-        with hook_call(seed, f"batch.{sub}", position, **kwargs):
-            raws = self.batch.call_many(runs[0], samples, what)
-        if raws is HookRunner.FAILED or raws is HookRunner.IGNORED:
-            return []
-        out: List[Any] = []
-        for i, item in enumerate(raws):
-            if not self.do_encode_batch:
-                out.append(item)
-                continue
-            with hook_call(seed, f"encode_batch.{sub}.{i}", position, **kwargs):
-                results = self.encode_batch.call_many(runs[1], item, what)
-            if results is HookRunner.FAILED or results is HookRunner.IGNORED:
-                continue
-            out.extend(results)
-        return out
-
-
-    def with_positions(
-        self, group: List[Tuple[int, int, Any]], seed: int, batch_size: int, runs: List[StageRun],
-        batch_index: Optional[int] = None,
-    ) -> List[Tuple[Any, List[int]]]:
-        """``__call__``'s batches, the last one carrying the group's positions (the group is consumed
-        when its last batch is)."""
-        made = self(group, seed, batch_size, runs, batch_index)
-        positions = [position for position, _, _ in group]
-        return [(item, positions if i == len(made) - 1 else []) for i, item in enumerate(made)]
-
-
-class BatchSamples:
-    """Stage 2: cut a segment's encoded samples into batches; emit items, leftovers and a report."""
-
-    def __init__(self, config: Union[StageConfig, Mapping[int, StageConfig]]):
-        self.configs = _configs(config)
-        #: set by the Ray edge to the node this stage runs on (reported per segment)
-        self.node: Optional[str] = None
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        out: list = []
-        source = _one_source(batch)
-        for kind, worker, segment, seq, payload in rows.iter_rows(batch):
-            if kind != rows.SEGMENT:
-                out.append((kind, worker, segment, seq, serde.loads(payload), None))
-                continue
-            out.extend(self.explode(serde.loads(payload)))
-        return output_table(out, source)
-
-    def eager(self, data: rows.SegmentData) -> Optional["EagerBatches"]:
-        """Batches made while ``data`` is still being encoded, where a segment's batches are plain
-        consecutive groups of its samples (no packing, grouping, ``postencode_sample`` or cross-source
-        batching; not a restore read); ``None`` elsewhere."""
-        config = self.configs[data.spec.source]
-        te: TaskEncoder = config.task_encoder.get()
-        if (
-            config.batch_size is None
-            or config.packing_buffer_size
-            or config.batch_across_sources
-            or data.spec.keep is not None
-            or is_overridden(te, "batch_group_criterion")
-            or (config.postencode and is_overridden(te, "postencode_sample"))
-        ):
-            return None
-        return EagerBatches(data, Batcher(te, config.error_handler), config.batch_size)
-
-    def explode(
-        self, data: rows.SegmentData, eager: Optional["EagerBatches"] = None
-    ) -> Iterator[Tuple[int, int, int, int, Any, Optional[List[int]]]]:
-        """The segment's rows, each with the stream positions of an item's samples (``None`` otherwise);
-        ``eager``: the batches made (and serialized) while the segment was encoded come first."""
-        spec = data.spec
-        self.config = self.configs[spec.source]
-        if eager is not None:
-            data.runs.extend(eager.runs)
-        items: List[Tuple[Any, List[int]]] = []
-        leftovers: List[Any] = []
-        try:
-            with worker_slot(spec.worker, self.config.num_workers):
-                items, leftovers = self._batches(data, eager)
-        except FatalSampleError as exc:
-            data.fatal = data.fatal or ("FatalSampleError", str(exc))
-        encoded = len(data.encoded) + (eager.samples if eager is not None else 0)
-        if data.fatal is not None:
-            items, leftovers = [], []  # a fatal segment gives nothing, even what was batched before
-        elif eager is not None:
-            items = eager.items + items
-        if self.config.chained and data.carry is not None:
-            encoded -= len(data.carry.tail or ())  # the previous segment's tail was counted there
-            if data.fatal is None:
-                items, leftovers = self._chain_on(data, eager, items, leftovers, encoded)
-        for seq, (item, positions) in enumerate(items):
-            yield rows.ITEM, spec.worker, spec.index, seq, item, positions
-        if leftovers:
-            yield rows.LEFTOVER, spec.worker, spec.index, len(items), rows.pack_leftovers(leftovers, spec.worker, spec.index), None
-        report = rows.Report(
-            worker=spec.worker,
-            segment=spec.index,
-            samples_read=data.samples_read,
-            samples_encoded=encoded,
-            batches=len(items),
-            runs=data.runs,
-            fatal=data.fatal,
-            node=self.node,
-            read_requests=data.read_requests,
-            read_bytes=data.read_bytes,
-            read_retries=data.read_retries,
-            outputs_before=data.carry.outputs if self.config.chained and data.carry is not None else None,
-            tail_from=data.carry_out.tail[0][0] if data.carry_out is not None and data.carry_out.tail else None,
-        )
-        yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report, None
-
-    def _chain_on(self, data: rows.SegmentData, eager: Optional["EagerBatches"], items, leftovers, encoded: int):
-        """A chained segment's end: the samples that did not fill a batch go to the next segment
-        (``data.carry_out``) or, in the stream's last segment, make its last, short batch (unless
-        ``drop_last``); no ``LEFTOVER`` row."""
-        if eager is None:
-            raise RuntimeError(f"energon_ray: chained segment {data.spec.index} of worker {data.spec.worker} cannot batch as it encodes")
-        size, total = self.config.batch_size, data.carry.outputs + encoded
-        rest = [entry for _, _, group in leftovers for entry in group]
-        if not data.spec.last:
-            data.carry_out = Carry(total, rest)
-            return items, []
-        if rest and not self.config.drop_last:
-            with worker_slot(data.spec.worker, self.config.num_workers):
-                last = eager.batcher.with_positions(rest, data.spec.seed, size, eager.runs, total // size)
-            items = items + last
-        return items, []
-
-    def _batches(self, data: rows.SegmentData, eager: Optional["EagerBatches"] = None) -> Tuple[List[Tuple[Any, List[int]]], List[Any]]:
-        """Items (batches, or samples without batching) with their samples' positions, and leftover
-        groups ``(key, size, items)`` (of the samples ``eager`` left)."""
-        te: TaskEncoder = self.config.task_encoder.get()
-        handler, size, seed = self.config.error_handler, self.config.batch_size, data.spec.seed
-        entries = data.encoded
-        if data.fatal is not None:
-            return [], []
-        if self.config.packing_buffer_size:
-            packer = Packer(te, self.config.packing_buffer_size, handler)
-            runs = packer.new_runs()
-            data.runs.extend(runs)
-            entries = packer(entries, seed, runs)
-        elif self.config.postencode and is_overridden(te, "postencode_sample"):
-            entries = _postencode(te, entries, seed, handler, data.runs, size or 1, self.config.index_offset(data.spec.worker))
-        if data.spec.keep is not None:  # a restore read: the listed samples (or packs) for the trainer's pools
-            wanted = {(int(p), int(s)) for p, s in data.spec.keep}
-            return [], [(None, 0, [e for e in entries if (e[0], e[1]) in wanted])]
-        if is_overridden(te, "batch_group_criterion"):
-            grouper = Grouper(te, size, handler)
-            run = grouper.new_run()
-            data.runs.append(run)
-            return [], grouper(entries, run)  # batched where the buckets fill, across segments
-        if size is None:
-            return [(item, [position]) for position, _, item in entries], []
-        if self.config.batch_across_sources:
-            return [], ([(None, size, entries)] if entries else [])
-        if eager is not None:
-            batcher, runs = eager.batcher, eager.runs
-        else:
-            batcher = Batcher(te, handler)
-            runs = batcher.new_runs()
-            data.runs.extend(runs)
-        cut = len(entries) - len(entries) % size
-        items = [b for start in range(0, cut, size) for b in batcher.with_positions(entries[start : start + size], seed, size, runs)]
-        return items, ([(None, size, entries[cut:])] if cut < len(entries) else [])
-
-
-def _postencode(te: TaskEncoder, entries, seed: int, handler: Any, runs_out: List[StageRun], per_batch: int = 1, before: int = 0):
-    runner = _runner(te, "postencode_sample", "postencode_sample", handler)
-    run = runner.new_run()
-    runs_out.append(run)
-    out = []
-    for position, sub, sample in entries:
-        with hook_call(seed, "postencode", before + position, sample_index=before + position, batch_index=(before + position) // per_batch):
-            result = runner.call(run, sample, _what(sample))
-        if result is not HookRunner.FAILED and result is not HookRunner.IGNORED:
-            out.append((position, sub, result))
-    return out
-
-
-class EagerBatches:
-    """A segment's batches made as soon as ``batch_size`` samples are encoded, each serialized at
-    once: a task holds one batch's samples and the serialized block, not all encoded samples, their
-    batches and the block together (same hooks, seeds and batches as batching after encoding)."""
-
-    def __init__(self, data: rows.SegmentData, batcher: Batcher, size: int):
-        self.data = data
-        self.batcher = batcher
-        self.size = size
-        #: reported after the encode stage's runs (``explode`` adds them), as without eager batching
-        self.runs = batcher.new_runs()
-        #: ``(Dumped batch, positions)``, in order
-        self.items: List[Tuple[rows.Dumped, List[int]]] = []
-        #: samples taken out of ``data.encoded``
-        self.samples = 0
-        #: a chained stream: the index in the worker stream of ``data.encoded``'s first sample
-        self.base: Optional[int] = None
-
-    def __call__(self) -> None:
-        data, size = self.data, self.size
-        spec = data.spec
-        while len(data.encoded) >= size:
-            group = data.encoded[:size]
-            del data.encoded[:size]
-            index = None if self.base is None else (self.base + self.samples) // size
-            self.samples += size
-            for item, positions in self.batcher.with_positions(group, spec.seed, size, self.runs, index):
-                row = (rows.ITEM, spec.worker, spec.index, len(self.items), item)
-                self.items.append((rows.dumped(row), positions))
-            del group
-
-
-class EncodeAndBatch:
-    """Stages 1 and 2 in one call: the encoded samples go straight to batching, never serialized."""
-
-    def __init__(self, config: Union[StageConfig, Mapping[int, StageConfig]]):
-        self.encode = EncodeSamples(config)
-        self.batch = BatchSamples(config)
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        out: list = []
-        source = _one_source(batch)
-        for kind, worker, segment, seq, payload in rows.iter_rows(batch):
-            data = serde.loads(payload)
-            if kind != rows.SEGMENT:
-                out.append((kind, worker, segment, seq, data, None))
-                continue
-            eager = self.batch.eager(data)
-            self.encode.encode(data, eager)
-            out.extend(self.batch.explode(data, eager))
-        return output_table(out, source)
 
 
 def output_table(out: List[Tuple[int, int, int, int, Any, Optional[List[int]]]], source: int) -> pa.Table:

@@ -102,7 +102,7 @@ def test_task_imports_ignore_an_interrupt_that_lands_inside_import_torch():
         "sys.meta_path.insert(0, Interrupt())\n"
         "before = signal.getsignal(signal.SIGINT)\n"
         "import_task_modules()\n"
-        "print('torch' in sys.modules, 'energon_ray.pipeline.stages' in sys.modules, signal.getsignal(signal.SIGINT) is before)\n"
+        "print('torch' in sys.modules, 'energon_ray.pipeline.batch_stages' in sys.modules, signal.getsignal(signal.SIGINT) is before)\n"
     )
     assert _run_fresh(code).split() == ["True", "True", "True"]
 

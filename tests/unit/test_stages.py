@@ -7,7 +7,8 @@ import torch
 
 import energon_ray as er
 from energon_ray.pipeline import rows, serde
-from energon_ray.pipeline.stages import BatchSamples, EncodeAndBatch, EncodeSamples
+from energon_ray.pipeline.batch_stages import BatchSamples, EncodeAndBatch
+from energon_ray.pipeline.stages import EncodeSamples
 from energon_ray.source.reader import read_segment
 from tests.helpers import captioning_dataset
 
