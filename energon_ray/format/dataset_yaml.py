@@ -236,38 +236,12 @@ def read_dataset_spec(
     """
     meta = meta_dir(path)
     file = meta / dataset_config
-    text = None
     if is_remote(path):
         files = files or _RemoteFiles()
-        raw = files.read(file)
-        if raw is None:
-            raise DatasetConfigError(f"{file}: dataset config not found")
-        text = raw.decode("utf-8", "replace")
-    elif not file.is_file():
-        raise DatasetConfigError(f"{file}: dataset config not found")
-    try:
-        data = yaml.safe_load(text if text is not None else file.read_text()) or {}
-    except Exception as exc:
-        raise DatasetConfigError(f"{file}: cannot parse: {exc}") from None
+    data = _read_yaml(file, files if is_remote(path) else None)
     fname = str(file)
-    data = dict(data)
     subflavors = data.pop("subflavors", None) or {}
-    if "__class__" in data:
-        cls_name = data.pop("__class__")
-        module = data.pop("__module__", None)
-        if module is not None and module not in _COMPATIBLE_MODULES and not module.startswith(_COMPATIBLE_MODULES):
-            sample_type = _factory_sample_type(module, cls_name, fname, trusted)
-        elif cls_name == "CrudeWebdataset":
-            sample_type = CrudeSample
-        elif cls_name.endswith("Webdataset") and cls_name[: -len("Webdataset")] + "Sample" in SAMPLE_TYPES:
-            # legacy factories: CaptioningWebdataset → CaptioningSample, VQAOCRWebdataset → VQAOCRSample
-            sample_type = SAMPLE_TYPES[cls_name[: -len("Webdataset")] + "Sample"]
-        else:
-            raise DatasetConfigError(f"{fname}: unknown dataset class {cls_name!r}")
-    elif "sample_type" in data:
-        sample_type = resolve_class(data.pop("sample_type"), fname, "sample_type", trusted)
-    else:
-        raise DatasetConfigError(f"{fname}: needs 'sample_type' (or a top-level '__class__')")
+    sample_type = _sample_type(data, fname, trusted)
     field_map = data.pop("field_map", None)
     loader_ref = data.pop("sample_loader", None)
     part_filter_ref = data.pop("part_filter", None)
@@ -282,28 +256,72 @@ def read_dataset_spec(
         location=as_path(path) if is_remote(path) else None,
         files=files.files if files is not None else None,
     )
-    if sample_type is CrudeSample:
+    _set_parts(spec, meta, field_map, loader_ref, part_filter_ref, files)
+    return spec
+
+
+def _read_yaml(file: Any, files: Optional[_RemoteFiles]) -> Dict[str, Any]:
+    """The YAML mapping in ``file`` (read through ``files`` for a remote dataset)."""
+    text = None
+    if files is not None:
+        raw = files.read(file)
+        if raw is None:
+            raise DatasetConfigError(f"{file}: dataset config not found")
+        text = raw.decode("utf-8", "replace")
+    elif not file.is_file():
+        raise DatasetConfigError(f"{file}: dataset config not found")
+    try:
+        data = yaml.safe_load(text if text is not None else file.read_text()) or {}
+    except Exception as exc:
+        raise DatasetConfigError(f"{file}: cannot parse: {exc}") from None
+    return dict(data)
+
+
+def _sample_type(data: Dict[str, Any], fname: str, trusted: bool) -> type:
+    """The sample class a dataset config names (``__class__``/``__module__`` or ``sample_type``),
+    taken out of ``data``; code outside energon_ray's and Energon's modules only when ``trusted``."""
+    if "__class__" in data:
+        cls_name = data.pop("__class__")
+        module = data.pop("__module__", None)
+        if module is not None and module not in _COMPATIBLE_MODULES and not module.startswith(_COMPATIBLE_MODULES):
+            return _factory_sample_type(module, cls_name, fname, trusted)
+        if cls_name == "CrudeWebdataset":
+            return CrudeSample
+        if cls_name.endswith("Webdataset") and cls_name[: -len("Webdataset")] + "Sample" in SAMPLE_TYPES:
+            # legacy factories: CaptioningWebdataset → CaptioningSample, VQAOCRWebdataset → VQAOCRSample
+            return SAMPLE_TYPES[cls_name[: -len("Webdataset")] + "Sample"]
+        raise DatasetConfigError(f"{fname}: unknown dataset class {cls_name!r}")
+    if "sample_type" in data:
+        return resolve_class(data.pop("sample_type"), fname, "sample_type", trusted)
+    raise DatasetConfigError(f"{fname}: needs 'sample_type' (or a top-level '__class__')")
+
+
+def _set_parts(spec: DatasetSpec, meta: Any, field_map: Any, loader_ref: Any, part_filter_ref: Any, files: Optional[_RemoteFiles]) -> None:
+    """How ``spec``'s samples are made from their parts: a ``field_map``, or a ``sample_loader`` with
+    a ``part_filter`` (a list of parts, or a function: code, loaded only when the spec is trusted);
+    a crude dataset takes an optional ``part_filter`` only."""
+    fname, trusted = spec.file, spec.trusted
+    if spec.sample_type is CrudeSample:
         if isinstance(part_filter_ref, list):
             spec.parts = frozenset(part_filter_ref)
         elif isinstance(part_filter_ref, str):
             spec.part_filter = _load_function(part_filter_ref, meta, fname, "part_filter", trusted, files)
-        return spec
+        return
     if (field_map is None) == (loader_ref is None):
         raise DatasetConfigError(f"{fname}: give exactly one of 'field_map' or 'sample_loader'")
     if field_map is not None:
         if part_filter_ref is not None:
             raise DatasetConfigError(f"{fname}: 'part_filter' cannot be combined with 'field_map'")
-        spec.field_map = _check_field_map(field_map, sample_type, fname)
+        spec.field_map = _check_field_map(field_map, spec.sample_type, fname)
         spec.parts = frozenset(opt[0] for opts in spec.field_map.values() for opt in opts)
+        return
+    if part_filter_ref is None:
+        raise DatasetConfigError(f"{fname}: 'sample_loader' needs a 'part_filter'")
+    spec.sample_loader = _load_function(str(loader_ref), meta, fname, "sample_loader", trusted, files)
+    if isinstance(part_filter_ref, list):
+        spec.parts = frozenset(part_filter_ref)
     else:
-        if part_filter_ref is None:
-            raise DatasetConfigError(f"{fname}: 'sample_loader' needs a 'part_filter'")
-        spec.sample_loader = _load_function(str(loader_ref), meta, fname, "sample_loader", trusted, files)
-        if isinstance(part_filter_ref, list):
-            spec.parts = frozenset(part_filter_ref)
-        else:
-            spec.part_filter = _load_function(str(part_filter_ref), meta, fname, "part_filter", trusted, files)
-    return spec
+        spec.part_filter = _load_function(str(part_filter_ref), meta, fname, "part_filter", trusted, files)
 
 
 def write_dataset_yaml(
