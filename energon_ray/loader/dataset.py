@@ -111,6 +111,10 @@ class EnergonDataset(Composition):
         self._ranges = self._worker_ranges()
         self._stages: Optional[StageConfig] = None
         self._operator_name = "EnergonSegments"
+        #: the segment layout of a restored state, where it differs from the one this version plans
+        #: (``savable.adopt_layouts``): kept for the loader's life, so the restored pass goes on as the
+        #: saved one would have and the states saved from it record that layout again
+        self.restored_layout: Optional[SegmentLayout] = None
 
     def _check_hooks(self) -> None:
         te, spec = self.task_encoder, self.dataset.spec
@@ -148,7 +152,9 @@ class EnergonDataset(Composition):
     @property
     def segment_layout(self) -> SegmentLayout:
         """Where segments start: short first segments, then ``segment_length`` ones; one length
-        when the user chose it or the dataset packs."""
+        when the user chose it or the dataset packs; a restored state's own (``restored_layout``)."""
+        if self.restored_layout is not None:
+            return self.restored_layout
         wanted = self.options.segment_samples
         if self.options.packing_buffer_size:
             unit = self.options.packing_buffer_size

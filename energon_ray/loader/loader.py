@@ -21,7 +21,7 @@ from energon_ray.loader.elastic import Redistribution, from_origin, needs_redist
 from energon_ray.loader.feed import MultiFeed, check_executor
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.stats import LoaderStats
-from energon_ray.loader.savable import PassRun, check_fits, new_state, restore_sample, starts_of
+from energon_ray.loader.savable import PassRun, adopt_layouts, check_fits, new_state, restore_sample, starts_of
 from energon_ray.errors import log_exception
 from energon_ray.loader.state import LoaderState, StateError
 from energon_ray.ray_env import ensure_ray, warm_up
@@ -194,6 +194,7 @@ class EnergonLoader:
                 "restore_loader_state(loader, folder) on a folder holding every rank's file)"
             )
         check_fits(state, self.dataset)
+        adopt_layouts(state, self.dataset)
         redist = None
         if state.elastic is not None and state.pass_index == state.elastic["pass_index"]:
             redist = from_origin(self.dataset, state.elastic)

@@ -18,6 +18,7 @@ from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.restore import rebuild_batch, rebuild_chained_batch, rebuild_blended_batch, rebuild_packed_batch, restore_streams
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
 from energon_ray.pipeline.packing import PACKED
+from energon_ray.plan.stream import SegmentLayout
 
 logger = logging.getLogger("energon_ray")
 
@@ -162,6 +163,27 @@ def check_fits(state: LoaderState, dataset: Composition) -> None:
             "arguments it was saved with"
         )
     warn_other_encoders(state.task_encoders, dataset)
+
+
+def adopt_layouts(state: LoaderState, dataset: Composition) -> None:
+    """Plan the leaves with the segment layouts ``state`` was saved with where this loader's differ.
+
+    A pass restored mid-way starts each worker stream at its checkpoint's segment *index*; a layout
+    of other segment lengths (an energon_ray version that cuts segments otherwise) puts that index
+    elsewhere in the stream, and the batches would silently differ from the saved loader's (and a
+    dataset that packs restarts its packing at segment boundaries). States without layouts (saved
+    before they were recorded) are planned as this loader plans."""
+    leaves = dataset.leaves()
+    if not state.segment_lengths:
+        return
+    if len(state.segment_lengths) != len(leaves):
+        raise StateError(f"the state has segment layouts of {len(state.segment_lengths)} datasets, this loader {len(leaves)}")
+    for i, (leaf, saved) in enumerate(zip(leaves, state.segment_lengths)):
+        layout = SegmentLayout.from_list([int(x) for x in saved])
+        if layout.to_list() != leaf.segment_layout.to_list():
+            logger.info("energon_ray: leaf %d restored with the segment layout it was saved with (%s, not %s)",
+                        i, layout.to_list(), leaf.segment_layout.to_list())  # fmt: skip
+            leaf.restored_layout = layout
 
 
 def sample_keys(restore_key: Any) -> List[tuple]:

@@ -407,6 +407,37 @@ def test_a_state_restores_under_another_task_encoder_with_a_warning(roots, caplo
     legacy.close()
 
 
+def test_a_state_restores_with_the_segment_layout_it_was_saved_with(tmp_path, monkeypatch):
+    """A pass restored mid-way starts each worker stream at its checkpoint's segment index: a loader
+    that cuts segments otherwise (here: shorter first segments, as another energon_ray version might)
+    plans the restored pass with the state's own layout, so the batches are the saved loader's next
+    ones (with this version's layout they differed), and states saved from it record that layout."""
+    import energon_ray.loader.dataset as dataset_module
+
+    root = prefixed_text_dataset(tmp_path / "c", "c", 400, per_shard=20)
+
+    def build():
+        return er.get_savable_loader(er.get_train_dataset(root, batch_size=4, shuffle_buffer_size=5, worker_config=WC))
+
+    saved = build()
+    it = iter(saved)
+    for _ in range(45):  # 90 samples of each worker stream: past its first (64-sample) segment
+        next(it)
+    state = saved.save_state_rank().to_dict()
+    rest = [next(it).__key__ for _ in range(8)]
+    saved.close()
+    assert state["segment_lengths"] == [[128, 64, 1]]
+
+    monkeypatch.setattr(dataset_module, "FIRST_SEGMENT_SAMPLES", 32)
+    other = build()
+    assert [leaf.segment_layout.to_list() for leaf in other.dataset.leaves()] == [[128, 32, 1]]
+    other.restore_state_rank(state)
+    it = iter(other)
+    assert [next(it).__key__ for _ in range(8)] == rest
+    assert other.save_state_rank().to_dict()["segment_lengths"] == [[128, 64, 1]]
+    other.close()
+
+
 def test_global_save_and_restore_without_distributed(roots):
     build = lambda: er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=2, worker_config=WC))  # noqa: E731
     loader = build()
