@@ -127,6 +127,28 @@ def test_the_next_groups_tasks_start_before_the_trainer_reaches_them(blend_yaml,
     assert all(at > plain_asked[index] for index, at in plain_started)  # (the test tells the two apart)
 
 
+def test_a_packed_blends_batches_do_not_depend_on_where_its_leaves_segments_end(blend_yaml):
+    """A packed blend's leaves only hand out their samples (the blend packs them): short first
+    segments (by default a chunk's worth for a larger buffer, so the first batch waits for less than
+    a long segment of every leaf) give the same batches as one segment length."""
+    two = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+
+    def build(segments, buffer=2):
+        return er.get_train_dataset(blend_yaml, batch_size=3, shuffle_buffer_size=4, worker_config=two, repeat=False,
+                                    packing_buffer_size=buffer, task_encoder=Indexed(max_length=16),
+                                    samples_per_segment=segments, blend_samples=True)  # fmt: skip
+
+    def run(segments):
+        ds = build(segments)
+        batches = [([list(docs) for docs in b.documents], b.batch_index) for b in er.get_loader(ds)]
+        return [leaf.segment_layout.to_list() for leaf in ds.leaves()], batches
+
+    (short, batches), (single, plain) = run((2, 8)), run(8)
+    assert short == [[8, 2, 2]] * 2 and single == [[8, 0, 0]] * 2
+    assert batches == plain and len(plain) >= 8
+    assert [leaf.segment_layout.to_list() for leaf in build(None, buffer=256).leaves()] == [[1024, 128, 4]] * 2
+
+
 @pytest.mark.parametrize("failing", ["pack", "batch"])
 def test_an_error_met_ahead_comes_out_at_the_batch_it_would_without(blend_yaml, monkeypatch, failing):
     """A fatal error packing a chunk drawn ahead, or batching a group started ahead, ends the pass
