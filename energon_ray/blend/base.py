@@ -117,6 +117,18 @@ class Composition:
         raise NotImplementedError
 
 
+class OfSeveral(Composition):
+    """A composition of several datasets (``self.datasets``): their leaves in order, endless if one is."""
+
+    datasets: List[Composition]
+
+    def leaves(self) -> List[Any]:
+        return [leaf for ds in self.datasets for leaf in ds.leaves()]
+
+    def is_endless(self) -> bool:
+        return any(ds.is_endless() for ds in self.datasets)
+
+
 def check_same_workers(datasets: List[Composition], what: str) -> Any:
     """All parts of a composition must share rank, world size and worker count.
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from energon_ray.blend.base import Composition, Node, PassContext, Provider, check_same_workers
+from energon_ray.blend.base import Composition, Node, OfSeveral, PassContext, Provider, check_same_workers
 from energon_ray.blend.lengths import add_per_worker, batch_count, worker_items, worker_samples
 from energon_ray.loader.merge import EXHAUSTED
 from energon_ray.plan.schedule import NeedFn
@@ -125,7 +125,7 @@ def _check_weight(weight: Any, where: str) -> float:
     return value
 
 
-class BlendDataset(Composition):
+class BlendDataset(OfSeveral):
     """Weighted blend: each item (a whole batch of one source) comes from a source drawn at random.
 
     Weights are normalised; an exhausted source drops out; the blend ends when all are exhausted
@@ -161,12 +161,6 @@ class BlendDataset(Composition):
         #: the ``(dataset, weight)`` pairs as given (Energon's attribute; ``weights`` are normalised)
         self.dataset_weights = tuple((part, weight) for part, weight in zip(parts, weights))
         self.salt = salt
-
-    def leaves(self) -> List[Any]:
-        return [leaf for ds in self.datasets for leaf in ds.leaves()]
-
-    def is_endless(self) -> bool:
-        return any(ds.is_endless() for ds in self.datasets)
 
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         subs = [ds.provider(ctx, pass_index) for ds in self.datasets]

@@ -9,7 +9,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
-from energon_ray.blend.base import Composition, ListNode, PassContext, Provider, check_same_workers
+from energon_ray.blend.base import Composition, ListNode, OfSeveral, PassContext, Provider, check_same_workers
 from energon_ray.blend.compose import BlendDataset
 from energon_ray.blend.lengths import add_per_worker, batch_count, worker_items, worker_samples
 from energon_ray.loader.merge import EXHAUSTED
@@ -76,7 +76,7 @@ def homogeneous_concat_mix(batches: List[Any]) -> Any:
     return generic_concat(batches)
 
 
-class ConcatDataset(Composition):
+class ConcatDataset(OfSeveral):
     """Sources one after another (per worker stream), no randomness: for validation.
 
     Args:
@@ -91,12 +91,6 @@ class ConcatDataset(Composition):
             raise ValueError("ConcatDataset: worker_config differs from the datasets' WorkerConfig")
         self.datasets = list(datasets)
         self.limit = limit
-
-    def leaves(self) -> List[Any]:
-        return [leaf for ds in self.datasets for leaf in ds.leaves()]
-
-    def is_endless(self) -> bool:
-        return any(ds.is_endless() for ds in self.datasets)
 
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         subs = [ds.provider(ctx, pass_index) for ds in self.datasets]
