@@ -236,9 +236,10 @@ def read_dataset_spec(
     """
     meta = meta_dir(path)
     file = meta / dataset_config
-    if is_remote(path):
+    remote = is_remote(path)
+    if remote:
         files = files or _RemoteFiles()
-    data = _read_yaml(file, files if is_remote(path) else None)
+    data = _read_yaml(file, files if remote else None)
     fname = str(file)
     subflavors = data.pop("subflavors", None) or {}
     sample_type = _sample_type(data, fname, trusted)
@@ -253,7 +254,7 @@ def read_dataset_spec(
         subflavors=dict(subflavors),
         extra=data,
         trusted=trusted,
-        location=as_path(path) if is_remote(path) else None,
+        location=as_path(path) if remote else None,
         files=files.files if files is not None else None,
     )
     _set_parts(spec, meta, field_map, loader_ref, part_filter_ref, files)

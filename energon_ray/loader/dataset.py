@@ -114,8 +114,8 @@ class EnergonDataset(Composition):
         self._stages: Optional[StageConfig] = None
         self._operator_name = "EnergonSegments"
         #: the segment layout of a restored state, where it differs from the one this version plans
-        #: (``savable.adopt_layouts``): kept for the loader's life, so the restored pass goes on as the
-        #: saved one would have and the states saved from it record that layout again
+        #: (``savable.adopt_layouts``): kept on this dataset, so the restored pass goes on as the saved
+        #: one would have and the states saved from it record that layout again
         self.restored_layout: Optional[SegmentLayout] = None
 
     def _check_hooks(self) -> None:

@@ -173,16 +173,16 @@ def adopt_layouts(state: LoaderState, dataset: Composition) -> None:
     elsewhere in the stream, and the batches would silently differ from the saved loader's (and a
     dataset that packs restarts its packing at segment boundaries). States without layouts (saved
     before they were recorded) are planned as this loader plans."""
-    leaves = dataset.leaves()
     if not state.segment_lengths:
         return
+    leaves = dataset.leaves()
     if len(state.segment_lengths) != len(leaves):
         raise StateError(f"the state has segment layouts of {len(state.segment_lengths)} datasets, this loader {len(leaves)}")
     for i, (leaf, saved) in enumerate(zip(leaves, state.segment_lengths)):
-        layout = SegmentLayout.from_list([int(x) for x in saved])
-        if layout.to_list() != leaf.segment_layout.to_list():
+        layout, planned = SegmentLayout.from_list(saved), leaf.segment_layout
+        if layout != planned:
             logger.info("energon_ray: leaf %d restored with the segment layout it was saved with (%s, not %s)",
-                        i, layout.to_list(), leaf.segment_layout.to_list())  # fmt: skip
+                        i, layout.to_list(), planned.to_list())  # fmt: skip
             leaf.restored_layout = layout
 
 
