@@ -275,6 +275,8 @@ def _read_yaml(file: Any, files: Optional[_RemoteFiles]) -> Dict[str, Any]:
         data = yaml.safe_load(text if text is not None else file.read_text()) or {}
     except Exception as exc:
         raise DatasetConfigError(f"{file}: cannot parse: {exc}") from None
+    if not isinstance(data, dict):
+        raise DatasetConfigError(f"{file}: expected a mapping of keys (sample_type, field_map, ...), got a {type(data).__name__}")
     return dict(data)
 
 

@@ -496,3 +496,14 @@ def test_trust_comes_from_the_environment_when_not_given(monkeypatch):
     assert resolve_trust(None) is False
     with pytest.raises(TypeError):
         resolve_trust("yes")
+
+
+@pytest.mark.parametrize("text, kind", [("- sample_type: CaptioningSample\n", "list"), ("just a string\n", "str")])
+def test_a_dataset_yaml_that_is_not_a_mapping_is_refused_naming_the_file(tmp_path, text, kind):
+    """A dataset.yaml holding a list or a scalar gets a DatasetConfigError naming the file and what
+    it holds, not a TypeError from deep inside the parser."""
+    meta = tmp_path / ".nv-meta"
+    meta.mkdir()
+    (meta / "dataset.yaml").write_text(text)
+    with pytest.raises(DatasetConfigError, match=rf"dataset\.yaml: expected a mapping .* got a {kind}"):
+        read_dataset_spec(tmp_path)
