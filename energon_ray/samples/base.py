@@ -67,6 +67,12 @@ class SourceInfo:
     def __str__(self) -> str:
         return f"{self.dataset_path}/{self.shard_name}[{self.index}] {list(self.file_names)}"
 
+    def to(self, *args: Any, **kwargs: Any) -> "SourceInfo":
+        """Itself: it holds no tensors. Lightning (and other code that moves a batch by calling
+        ``.to(device)`` on what has it) thus moves batches that hold sources; without it, Lightning
+        rebuilds dataclasses field by field and refuses frozen ones."""
+        return self
+
 
 def _pin(value: Any) -> Any:
     if isinstance(value, torch.Tensor):

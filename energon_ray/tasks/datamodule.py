@@ -145,7 +145,8 @@ class EnergonDataModule(pl.LightningDataModule):
         self.worker_config = WorkerConfig(rank=rank, world_size=world_size, num_workers=self.num_workers, seed_offset=self.seed_offset)
 
     def train_dataloader(self) -> Any:
-        """This rank's savable, endless training loader (restored from a checkpoint if one was loaded)."""
+        """This rank's savable, endless training loader (restored from a checkpoint if one was loaded),
+        which Lightning sees as resumable (``_RestoredByDataModule``; the loader itself is ``train_loader``)."""
         from energon_ray.loader.factory import get_train_dataset
         from energon_ray.loader.api import get_savable_loader
 
@@ -161,7 +162,7 @@ class EnergonDataModule(pl.LightningDataModule):
             loader.restore_state_global(states)
         self.train_loader = loader
         self._loaders.append(loader)
-        return loader
+        return _RestoredByDataModule(loader)
 
     def val_dataloader(self) -> Any:
         """This rank's validation loader (one unshuffled pass per iteration); ``[]`` if ``val_split=None``."""
@@ -227,3 +228,32 @@ class EnergonDataModule(pl.LightningDataModule):
         loader = get_loader(dataset, **self.loader_options)
         self._loaders.append(loader)
         return loader
+
+
+class _RestoredByDataModule:
+    """The training loader as Lightning sees it: resumable (Lightning's ``state_dict`` /
+    ``load_state_dict`` protocol), because ``EnergonDataModule`` keeps every rank's loader state in
+    its own part of each checkpoint and restores it as it builds the loader. Lightning's entry for
+    the loader stays empty: it would hold rank 0's state only and give it to every rank. Without
+    this, Lightning warns at every mid-epoch resume that the data of the resumed run are unreliable.
+    Everything else is the loader's."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Any:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Nothing to do: the datamodule restored the loader (``load_state_dict``, ``train_dataloader``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (a copy being made): no loader to ask
+            raise AttributeError(name)
+        return getattr(self.loader, name)

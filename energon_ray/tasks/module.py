@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 from typing import Any, Callable, Iterable, Optional
@@ -64,47 +63,11 @@ class TaskModule(pl.LightningModule):
         self.log("test_loss", loss, batch_size=batch_size_of(batch))
         return loss
 
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Move the batch's tensors (Lightning's own transfer refuses batches that hold frozen
-        dataclasses, such as the samples' ``SourceInfo``)."""
-        return to_device(batch, device)
-
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer_factory(self.parameters())
         if self.scheduler_factory is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer), "interval": "step"}}
-
-
-def to_device(value: Any, device: torch.device) -> Any:
-    """``value`` with every tensor in it moved to ``device``: through lists, tuples, dicts and
-    dataclass instances (a shallow copy; frozen dataclasses, which hold no tensors, stay as they are).
-
-    Example:
-        >>> @dataclasses.dataclass
-        ... class B:
-        ...     keys: list
-        ...     x: torch.Tensor
-        >>> to_device(B(["a"], torch.zeros(1)), torch.device("cpu")).x.device.type
-        'cpu'
-    """
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if type(value).__dataclass_params__.frozen:
-            return value
-        out = copy.copy(value)
-        for field in dataclasses.fields(value):
-            if hasattr(value, field.name):
-                object.__setattr__(out, field.name, to_device(getattr(value, field.name), device))
-        return out
-    if isinstance(value, dict):
-        return {key: to_device(item, device) for key, item in value.items()}
-    if isinstance(value, list):
-        return [to_device(item, device) for item in value]
-    if type(value) is tuple:
-        return tuple(to_device(item, device) for item in value)
-    return value
 
 
 def batch_size_of(batch: Any) -> Optional[int]:

@@ -11,7 +11,6 @@ from omegaconf import OmegaConf
 
 from energon_ray.tasks.datamodule import EnergonDataModule
 from energon_ray.tasks.layers import document_causal_mask
-from energon_ray.tasks.module import to_device
 from energon_ray.tasks.tokenizer import ByteTokenizer, HFTokenizer
 from energon_ray.tasks.vision.igpt.encoder import PixelQuantizer
 from energon_ray.train import build, compose
@@ -138,16 +137,20 @@ def test_document_causal_mask_keeps_attention_inside_each_document():
     assert mask[0].int().tolist() == [[0, 1, 1, 1], [0, 0, 1, 1], [1, 1, 0, 1], [1, 1, 1, 0]]
 
 
-def test_to_device_copies_dataclass_batches_and_leaves_frozen_parts():
-    """Tensors move through dataclasses, lists and dicts; frozen dataclasses (SourceInfo) stay the same objects."""
+def test_lightning_moves_batches_that_hold_frozen_sources():
+    """Lightning's own transfer (no hook of ours) moves a task's batch: tensors through the dataclass,
+    the frozen SourceInfo kept as it is (its ``to`` is itself); without ``to`` Lightning refuses it."""
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+
     from energon_ray.samples import SourceInfo
     from energon_ray.tasks.vision.igpt.encoder import ImageGPTBatch
 
     source = SourceInfo(dataset_path="/d", index=3, shard_name="s.tar", file_names=("a.png",))
     batch = ImageGPTBatch(__key__=["a"], __restore_key__=(), __sources__=(source,), pixels=torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, dtype=torch.long))
-    moved = to_device(batch, torch.device("cpu"))
-    assert moved is not batch and moved.__sources__[0] is source and moved.__key__ == ["a"]
-    assert torch.equal(moved.pixels, batch.pixels)
+    moved = move_data_to_device(batch, torch.device("cpu"))
+    assert moved is not batch and moved.__sources__ == (source,) and moved.__sources__[0].to("cpu") is moved.__sources__[0]
+    assert moved.__key__ == ["a"] and torch.equal(moved.pixels, batch.pixels) and torch.equal(moved.labels, batch.labels)
+    assert move_data_to_device({"sources": [source], "x": torch.ones(2)}, torch.device("cpu"))["sources"] == [source]
 
 
 def test_datamodule_checks_its_arguments_and_keeps_states_for_later():
