@@ -201,7 +201,20 @@ def _import_stages() -> None:
     import energon_ray.pipeline.batch_stages  # noqa: F401 (and the stages it builds on)
 
 
-_warmed = False
+def connected() -> Tuple[str, str]:
+    """This process's connection to Ray: its job id and its node's id. A process that shuts Ray
+    down and starts it again is job 01000000 of the new cluster as it was of the old one (and a
+    driver's worker id is derived from its job id), but on a new node (a raylet's id is random);
+    joining the same cluster again gives a new job id. What is kept per connection (the feeder
+    actor, warm-up) is keyed by both."""
+    import ray
+
+    context = ray.get_runtime_context()
+    return context.get_job_id(), context.get_node_id()
+
+
+#: the connection ``warm_up`` last ran for
+_warmed: Optional[Tuple[str, str]] = None
 
 
 def warm_up(workers: Optional[int] = None) -> None:
@@ -211,13 +224,16 @@ def warm_up(workers: Optional[int] = None) -> None:
     otherwise delay the first batch. One task per CPU (``workers``: at most 16 by default), each
     holding a CPU as a segment task does, so the segment tasks reuse exactly these processes instead
     of starting more that import the same again (measured: 4 processes importing torch at once on 2
-    cores, first batch 8.3 s). Runs once per process, in the background; failures are ignored (it is
-    only a head start). The loader's feeder actor starts Ray Data and its actors itself.
+    cores, first batch 8.3 s). Runs once per connection to Ray (``connected``), in the background;
+    failures are ignored (it is only a head start). The loader's feeder actor starts Ray Data and
+    its actors itself.
     """
     global _warmed
-    if _warmed:
+    connection = connected()
+    if _warmed == connection:
         return
-    _warmed = True
+    _warmed = connection
+    _warming.clear()  # an earlier connection's tasks: gone with its Ray
     import ray
 
     if workers is None:

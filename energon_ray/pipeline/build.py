@@ -32,7 +32,7 @@ import ray
 
 from energon_ray.errors import ExecutionLost
 from energon_ray.pipeline.shipped import ship, ship_each, unship
-from energon_ray.ray_env import deaf_to_cancel, import_task_modules, is_closed, mark_closed, verbose
+from energon_ray.ray_env import connected, deaf_to_cancel, import_task_modules, is_closed, mark_closed, verbose
 
 # Ray Data is imported where an execution is planned (the feeder), never by the training process.
 if TYPE_CHECKING:  # the feeder process never imports the stages (torch, the task encoder's module)
@@ -61,17 +61,12 @@ def _limit_torch_threads() -> None:
     _threads_limited = True
 
 
-_NODE: List[Optional[str]] = []
-
-
 def node() -> Optional[str]:
-    """This worker's Ray node id (looked up once per process)."""
-    if not _NODE:
-        try:
-            _NODE.append(ray.get_runtime_context().get_node_id())
-        except Exception:
-            _NODE.append(None)
-    return _NODE[0]
+    """This process's Ray node id (~4 µs; not kept: a process that restarts Ray is on another node)."""
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return None
 
 
 # The map_batches callables get the stage config ``Shipped`` and build their stage in the task.
@@ -331,16 +326,20 @@ _LOST = (
 
 
 def feeder() -> Any:
-    """This process's feeder actor (one per Ray job), started on this node on first use."""
-    job = ray.get_runtime_context().get_job_id()
-    handle = _FEEDER.get(job)
+    """This process's feeder actor (one per connection to Ray), started on this node on first use.
+
+    Kept per connection (``connected``), not per job id: a process that shuts Ray down and starts
+    it again (a notebook) is job 01000000 of the new cluster as it was of the old one, whose actor
+    is gone."""
+    connection = connected()
+    handle = _FEEDER.get(connection)
     if handle is None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         node = ray.get_runtime_context().get_node_id()
         handle = Feeder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)).remote(verbose())
         _FEEDER.clear()
-        _FEEDER[job] = handle
+        _FEEDER[connection] = handle
     return handle
 
 

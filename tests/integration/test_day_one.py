@@ -280,3 +280,41 @@ def test_pickled_parts_stop_loading_unless_trusted(tmp_path):
     clean = prepared(tmp_path / "clean", samples[1:], 3, sample_type="TextSample", field_map={"text": "pyd"})
     loader = er.get_loader(er.get_val_dataset(clean, split_part="train", batch_size=5, trust_dataset_code=True))
     assert sorted(t for b in loader for t in b.text) == [f"text {i}" for i in range(1, 6)]
+
+
+RESTART_SCRIPT = textwrap.dedent(
+    """
+    import sys
+
+    import ray
+
+    import energon_ray as er
+    from energon_ray import ray_env
+
+    def keys(executor):
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        ds = er.get_val_dataset(sys.argv[1], split_part="train", batch_size=4, worker_config=wc)
+        return [key for batch in er.get_loader(ds, executor=executor) for key in batch.__key__]
+
+    before = {executor: keys(executor) for executor in ("ray_data", "tasks")}
+    first = ray_env.connected()
+    ray.shutdown()
+    after = {executor: keys(executor) for executor in ("ray_data", "tasks")}
+    print(len(before["tasks"]), before == after, before["ray_data"] == before["tasks"])
+    print(ray_env.connected() != first, ray_env._warmed == ray_env.connected())
+    """
+)
+
+
+def test_a_process_that_restarts_ray_keeps_loading(ds, tmp_path):
+    """A notebook's `ray.shutdown()` and a new loader: the new private Ray gets its own feeder actor
+    and warm-up (both were kept per job id, which a fresh cluster gives again: the Ray Data executor
+    then called the old cluster's actor, "Can't find actor … from a different cluster"), and both
+    executors give the batches they gave before."""
+    (tmp_path / "restart.py").write_text(RESTART_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_DATA_", "RAY_ADDRESS"))}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, str(tmp_path / "restart.py"), str(ds)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["30 True True", "True True"], proc.stderr[-3000:]
