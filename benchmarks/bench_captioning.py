@@ -68,7 +68,7 @@ def _cpu_busy_seconds() -> float:
 
 
 def floor_iter(shards: List[str]):
-    """Decode floor: one process, tarfile + PIL, the same transforms, no loader."""
+    """Decode floor: one process, tarfile + PIL, the same decode and transforms, no loader."""
     import io
     import tarfile
 
@@ -87,7 +87,10 @@ def floor_iter(shards: List[str]):
                     parts[ext] = tar.extractfile(member).read()
                     if "jpg" in parts and "txt" in parts and "json" in parts:
                         img = np.asarray(Image.open(io.BytesIO(parts["jpg"])).convert("RGB"))
-                        t = torch.from_numpy(img).permute(2, 0, 1).float() / 255
+                        # C×H×W contiguous, as webdataset's (and every loader's) "torchrgb" gives it: a
+                        # permuted view of the H×W×C pixels would make the resize ~30 % cheaper (the
+                        # interpolation's channels-last kernel), a floor no loader here runs on
+                        t = torch.from_numpy(img.transpose(2, 0, 1).astype(np.float32, order="C") / np.float32(255))
                         images.append(resize(t))
                         captions.append(parts["txt"].decode())
                         parts = {}

@@ -14,7 +14,8 @@ What it does:
    ``.task_encoder.base``). Everything else (``EPath``, ``BaseWebdatasetFactory.prepare_dataset``,
    the ``energon`` CLI used to prepare test data)
    stays Energon's, so the test data is prepared by Energon and only the code under test changes;
-3. runs pytest on both copies (fresh processes, ``--junitxml``) and compares test by test.
+3. runs pytest on both copies (fresh processes, ``--junitxml``; Ray shut down after each test:
+   ``energon_suite_ray_reset.py``) and compares test by test.
 
 A test *uses only public names* when the body of its test method refers to no name that its module
 imported from a non-public Energon module (set-up and tear-down methods are not counted: they prepare
@@ -94,10 +95,10 @@ def public_only_tests(tests: Path) -> Set[str]:
 
 def run_pytest(tests: Path, junit: Path, extra: List[str], timeout: int, only: Set[str] = frozenset()) -> Dict[str, Tuple[str, str]]:
     """``id -> (outcome, first line of the message)`` of one pytest run in a fresh process."""
-    paths = [str(tests.parent), *EXTRA_PATHS, os.environ.get("PYTHONPATH", "")]
+    paths = [str(tests.parent), str(Path(__file__).resolve().parent), *EXTRA_PATHS, os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=os.pathsep.join(p for p in paths if p))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors", "--rootdir", str(tests.parent),
-           f"--junitxml={junit}", "-o", "faulthandler_timeout=" + str(timeout), *extra]
+           f"--junitxml={junit}", "-o", "faulthandler_timeout=" + str(timeout), "-p", "energon_suite_ray_reset", *extra]
     # ``only``: the modules that hold them (a test id in a module that fails to import, e.g. without
     # torchvision, would make pytest refuse the whole command line); results are filtered below
     cmd += sorted({f"{tests}/{t.split('::')[0]}.py" for t in only}) if only else [str(tests)]
