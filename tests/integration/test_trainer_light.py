@@ -638,7 +638,10 @@ def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_str
     it needs the block: the copy would then hold up that step). Same batches as unpinned."""
     from energon_ray.loader.pinning import PIN_AHEAD
 
-    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=128, workers=8)
+    # steps of 0.25 s (as below): with 0.1 s steps a loaded box once had Ray's blocks of the first
+    # round still coming at step 11, so no copy could begin ahead; a loader that copies only when
+    # asked is late at any step
+    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=128, workers=8, step_s=0.25)
     assert [b["keys"] for b in batches] == plain and len(plain) == 32
     assert all(b.get("pinned") for b in batches) and len(threads) == len(batches)
     assert PIN_AHEAD == 4 and max(ahead) == PIN_AHEAD  # 8 streams: one ahead per stream would be 8
