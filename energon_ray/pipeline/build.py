@@ -336,7 +336,7 @@ def feeder() -> Any:
     if handle is None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        node = ray.get_runtime_context().get_node_id()
+        node = connection[1]  # this process's node
         handle = Feeder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)).remote(verbose())
         _FEEDER.clear()
         _FEEDER[connection] = handle
