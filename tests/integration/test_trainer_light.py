@@ -657,10 +657,11 @@ def test_with_one_worker_stream_a_blocks_first_batch_is_pinned_ahead_too(tmp_pat
     trainer takes the last batch but one of the block before, so the block's first batch is copied
     by the pin thread during the step before it (read only at the last batch, the copy would begin
     at the step that needs it: every block's first late). Same batches as unpinned."""
-    # steps of 0.25 s: Ray has each block finished by the step before its first batch even on a busy
-    # box (with 0.1 s steps a loaded CI box once finished block 2 only as batch 4 was asked for);
-    # a block read at its last batch still makes its first batch late, whatever the step
-    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=48, workers=1, step_s=0.25)
+    # steps of 0.5 s: Ray has each block finished by the step before its first batch even on a busy
+    # box (a loaded CI box once finished block 2 only as batch 4 was asked for with 0.1 s steps, and
+    # blocks 2 and 4 late with 0.25 s); a block read at its last batch still makes its first batch
+    # late, whatever the step
+    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=48, workers=1, step_s=0.5)
     assert [b["keys"] for b in batches] == plain and len(plain) == 12 and max(ahead) <= 2
     # 6 blocks of 2 batches: the first block's batches are copied as it is read, as the pass starts
     late = [i for i in range(12) if threads[i] != "energon_ray_pin_0" or not before[i]]
