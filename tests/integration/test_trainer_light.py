@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from typing import Callable, Optional
 
 import pytest
 import ray
@@ -136,12 +137,12 @@ def test_batch_tensors_are_writable_views_that_outlive_the_loader(tmp_path):
     assert all(torch.isfinite(b.image).all() for b in batches[1:])
 
 
-def _pinned_pass(loader, monkeypatch, step_s: float = 0.03):
+def _pinned_pass(loader, monkeypatch, step_s: float = 0.03, settle: Optional[Callable[[], None]] = None):
     """A pass of ``loader`` with pinning on (what ``pin_memory=None`` chooses on CUDA, from its next
     pass on) and a recording copy in place of torch's (which needs CUDA), ``step_s`` per training
-    step: the batches, the thread that copied each (in the order handed out; each copied once),
-    after each step how many copies were made or begun of batches not handed out yet, and for each
-    batch whether its copy began before the trainer asked for it."""
+    step (then ``settle()``, if given): the batches, the thread that copied each (in the order
+    handed out; each copied once), after each step how many copies were made or begun of batches
+    not handed out yet, and for each batch whether its copy began before the trainer asked for it."""
     import energon_ray.loader.pinning as pinning
 
     copied_by, copied_at, copies = {}, {}, []
@@ -164,6 +165,8 @@ def _pinned_pass(loader, monkeypatch, step_s: float = 0.03):
             break
         batches.append(batch)
         time.sleep(step_s)  # a training step
+        if settle is not None:
+            settle()
         ahead.append(len(copies) - len(batches))
     assert sorted(copies) == sorted(b["keys"] for b in batches)  # each batch copied once
     keys = [tuple(b["keys"]) for b in batches]
@@ -621,13 +624,33 @@ def test_a_ray_workers_imports_are_frozen_out_of_the_garbage_collector():
 
 def _plain_then_pinned(tmp_path, monkeypatch, samples: int, workers: int, step_s: float = 0.1):
     """A validation pass of ``samples`` (batch 4, 8-sample segments) over ``workers`` streams,
-    unpinned, then pinned with a ``step_s`` step: the plain keys, then ``_pinned_pass``'s record."""
+    unpinned, then pinned with a ``step_s`` step: the plain keys, then ``_pinned_pass``'s record.
+
+    Each pinned step also lasts until every segment task submitted so far has finished: what is
+    asserted is when the loader reads a finished block and starts its copies, which must not hang
+    on how soon a busy box's Ray finishes a task (a fixed step alone once had a block of a 0.5 s step
+    pass still running two steps after its task was submitted)."""
+    from energon_ray.pipeline.streams import TaskStream
+
     path = captioning_dataset(tmp_path / "ds", n=samples, per_shard=8)
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=workers)
     ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=8)
     loader = er.get_loader(ds, pin_memory=False)
     plain = [b["keys"] for b in loader]
-    return (plain, *_pinned_pass(loader, monkeypatch, step_s=step_s))
+    submitted, remote = [], TaskStream._remote
+
+    def recorded(self, spec, mark=None):
+        ref = remote(self, spec, mark)
+        submitted.append(ref)
+        return ref
+
+    def settle():
+        assert submitted, "the pass submitted no segment task"
+        done, _ = ray.wait(list(submitted), num_returns=len(submitted), timeout=120, fetch_local=False)
+        assert len(done) == len(submitted), "segment tasks still running after 120 s"
+
+    monkeypatch.setattr(TaskStream, "_remote", recorded)
+    return (plain, *_pinned_pass(loader, monkeypatch, step_s=step_s, settle=settle))
 
 
 def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_stream(tmp_path, monkeypatch):
@@ -638,10 +661,9 @@ def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_str
     it needs the block: the copy would then hold up that step). Same batches as unpinned."""
     from energon_ray.loader.pinning import PIN_AHEAD
 
-    # steps of 0.25 s (as below): with 0.1 s steps a loaded box once had Ray's blocks of the first
-    # round still coming at step 11, so no copy could begin ahead; a loader that copies only when
-    # asked is late at any step
-    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=128, workers=8, step_s=0.25)
+    # each step lasts until Ray has finished every task submitted (``_plain_then_pinned``): a loader
+    # that copies only when asked is late however long the steps
+    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=128, workers=8)
     assert [b["keys"] for b in batches] == plain and len(plain) == 32
     assert all(b.get("pinned") for b in batches) and len(threads) == len(batches)
     assert PIN_AHEAD == 4 and max(ahead) == PIN_AHEAD  # 8 streams: one ahead per stream would be 8
@@ -657,11 +679,10 @@ def test_with_one_worker_stream_a_blocks_first_batch_is_pinned_ahead_too(tmp_pat
     trainer takes the last batch but one of the block before, so the block's first batch is copied
     by the pin thread during the step before it (read only at the last batch, the copy would begin
     at the step that needs it: every block's first late). Same batches as unpinned."""
-    # steps of 0.5 s: Ray has each block finished by the step before its first batch even on a busy
-    # box (a loaded CI box once finished block 2 only as batch 4 was asked for with 0.1 s steps, and
-    # blocks 2 and 4 late with 0.25 s); a block read at its last batch still makes its first batch
-    # late, whatever the step
-    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=48, workers=1, step_s=0.5)
+    # each step lasts until Ray has finished every task submitted (``_plain_then_pinned``; fixed
+    # steps of 0.1, 0.25 and 0.5 s each once had a block still running on a loaded box); a block
+    # read only at its last batch still makes its first batch late, however long the steps
+    plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=48, workers=1)
     assert [b["keys"] for b in batches] == plain and len(plain) == 12 and max(ahead) <= 2
     # 6 blocks of 2 batches: the first block's batches are copied as it is read, as the pass starts
     late = [i for i in range(12) if threads[i] != "energon_ray_pin_0" or not before[i]]
