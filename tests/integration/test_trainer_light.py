@@ -626,31 +626,44 @@ def _plain_then_pinned(tmp_path, monkeypatch, samples: int, workers: int, step_s
     """A validation pass of ``samples`` (batch 4, 8-sample segments) over ``workers`` streams,
     unpinned, then pinned with a ``step_s`` step: the plain keys, then ``_pinned_pass``'s record.
 
-    Each pinned step also lasts until every segment task submitted so far has finished: what is
-    asserted is when the loader reads a finished block and starts its copies, which must not hang
-    on how soon a busy box's Ray finishes a task (a fixed step alone once had a block of a 0.5 s step
-    pass still running two steps after its task was submitted)."""
-    from energon_ray.pipeline.streams import TaskStream
-
+    Each pinned step lasts until Ray has finished the tasks submitted so far (``_ray_settles``)."""
     path = captioning_dataset(tmp_path / "ds", n=samples, per_shard=8)
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=workers)
     ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=DictBatches(), samples_per_segment=8)
     loader = er.get_loader(ds, pin_memory=False)
     plain = [b["keys"] for b in loader]
-    submitted, remote = [], TaskStream._remote
+    return (plain, *_pinned_pass(loader, monkeypatch, step_s=step_s, settle=_ray_settles(monkeypatch)))
 
-    def recorded(self, spec, mark=None):
+
+def _ray_settles(monkeypatch) -> Callable[[], None]:
+    """From now on, record the segment and group tasks that loaders submit; the returned call waits
+    until all of them have finished. A pinned pass's step ends with it: what such tests assert is
+    when the loader reads a finished block or group and starts its copies, which must not hang on
+    how soon a busy box's Ray finishes a task (fixed steps of 0.1, 0.25 and 0.5 s each once had a
+    block still running two steps after its task was submitted)."""
+    from energon_ray.pipeline.seam_tasks import SeamTasks
+    from energon_ray.pipeline.streams import TaskStream
+
+    submitted, remote, submit = [], TaskStream._remote, SeamTasks.submit
+
+    def recorded_remote(self, spec, mark=None):
         ref = remote(self, spec, mark)
         submitted.append(ref)
         return ref
 
-    def settle():
-        assert submitted, "the pass submitted no segment task"
-        done, _ = ray.wait(list(submitted), num_returns=len(submitted), timeout=120, fetch_local=False)
-        assert len(done) == len(submitted), "segment tasks still running after 120 s"
+    def recorded_submit(self, *args, **kwargs):
+        result = submit(self, *args, **kwargs)
+        if getattr(result, "ref", None) is not None:  # a task's (one made in this process is done)
+            submitted.append(result.ref)
+        return result
 
-    monkeypatch.setattr(TaskStream, "_remote", recorded)
-    return (plain, *_pinned_pass(loader, monkeypatch, step_s=step_s, settle=settle))
+    def settle():
+        done, _ = ray.wait(list(submitted), num_returns=len(submitted), timeout=120, fetch_local=False)
+        assert len(done) == len(submitted), "Ray tasks still running after 120 s"
+
+    monkeypatch.setattr(TaskStream, "_remote", recorded_remote)
+    monkeypatch.setattr(SeamTasks, "submit", recorded_submit)
+    return settle
 
 
 def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_stream(tmp_path, monkeypatch):
@@ -661,7 +674,7 @@ def test_with_many_worker_streams_a_few_batches_are_pinned_ahead_not_one_per_str
     it needs the block: the copy would then hold up that step). Same batches as unpinned."""
     from energon_ray.loader.pinning import PIN_AHEAD
 
-    # each step lasts until Ray has finished every task submitted (``_plain_then_pinned``): a loader
+    # each step lasts until Ray has finished every task submitted (``_ray_settles``): a loader
     # that copies only when asked is late however long the steps
     plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=128, workers=8)
     assert [b["keys"] for b in batches] == plain and len(plain) == 32
@@ -679,8 +692,7 @@ def test_with_one_worker_stream_a_blocks_first_batch_is_pinned_ahead_too(tmp_pat
     trainer takes the last batch but one of the block before, so the block's first batch is copied
     by the pin thread during the step before it (read only at the last batch, the copy would begin
     at the step that needs it: every block's first late). Same batches as unpinned."""
-    # each step lasts until Ray has finished every task submitted (``_plain_then_pinned``; fixed
-    # steps of 0.1, 0.25 and 0.5 s each once had a block still running on a loaded box); a block
+    # each step lasts until Ray has finished every task submitted (``_ray_settles``); a block
     # read only at its last batch still makes its first batch late, however long the steps
     plain, batches, threads, ahead, before = _plain_then_pinned(tmp_path, monkeypatch, samples=48, workers=1)
     assert [b["keys"] for b in batches] == plain and len(plain) == 12 and max(ahead) <= 2
@@ -743,7 +755,8 @@ def test_a_sample_blends_batches_are_pinned_in_the_pin_thread_one_per_stream_ahe
         return loader
 
     plain = [b["keys"] for b in build()]
-    batches, threads, ahead, before = _pinned_pass(build(), monkeypatch, step_s=0.1)
+    loader = build()
+    batches, threads, ahead, before = _pinned_pass(loader, monkeypatch, step_s=0.1, settle=_ray_settles(monkeypatch))
     assert [b["keys"] for b in batches] == plain and len(plain) == 16
     assert all(b.get("pinned") for b in batches) and len(threads) == len(batches)
     assert set(threads) <= {"energon_ray_pin_0", "MainThread"} and max(ahead) <= workers
