@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import logging
 import weakref
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -25,6 +26,8 @@ from energon_ray.loader.savable import PassRun, adopt_layouts, check_fits, new_s
 from energon_ray.errors import log_exception
 from energon_ray.loader.state import LoaderState, StateError
 from energon_ray.ray_env import ensure_ray, warm_up
+
+logger = logging.getLogger("energon_ray")
 
 #: Bytes of finished blocks one execution may hold in the object store ahead of the trainer.
 DEFAULT_OBJECT_STORE_LIMIT = 1 << 30
@@ -81,6 +84,8 @@ class EnergonLoader:
         #: a pass whose streams start with another world size's unfinished epoch (see loader.elastic)
         self._redist: Optional[Redistribution] = None
         self._epoch_items = 0
+        #: where an endless stream that an exception ended stood (its last item handed out)
+        self._resume: Optional[LoaderState] = None
         self._started = False
         self._executions: Dict[str, Any] = {}
         self.object_store_limit = object_store_limit
@@ -123,7 +128,9 @@ class EnergonLoader:
         """``count`` (``None``: all) items of the loader's one endless stream. The stream outlives
         this iterator: a ``break`` or an abandoned ``iter()`` leaves it where it was, and the next
         ``iter()`` continues from there (as Energon's loaders do). ``next()`` rather than ``yield
-        from``, which would close the shared stream along with this iterator."""
+        from``, which would close the shared stream along with this iterator. An exception out of
+        the stream (a fatal sample error, Ctrl-C while waiting for a batch) ends it: it is raised,
+        and the next ``iter()`` continues after the last item handed out, as from a saved state."""
         produced = 0
         if self._restore is not None and count is not None:  # the restored iter() ends its epoch
             produced = self._restore.epoch_items
@@ -139,6 +146,12 @@ class EnergonLoader:
                 self._stream = None
                 self._epoch_items = 0
                 return
+            except BaseException:
+                self._stream = None  # finished by the exception: its next next() would end the loop
+                resume, self._resume = self._resume, None
+                if resume is not None:
+                    self._start_restore(dataclasses.replace(resume, epoch_items=0), self._redist)
+                raise
             produced += 1
             self._epoch_items = produced
             yield item
@@ -272,9 +285,9 @@ class EnergonLoader:
         while True:
             produced = False
             if restore is not None and restore.pass_index is not None:
-                items = self._one_pass(restore.pass_index, restore)
+                items = self._one_pass(restore.pass_index, restore, endless=True)
             else:
-                items = self._one_pass(self._next_pass())
+                items = self._one_pass(self._next_pass(), endless=True)
             restore = None
             for item in items:
                 produced = True
@@ -320,7 +333,16 @@ class EnergonLoader:
             plan_for=self._redist.plan if self._redist is not None and self._redist.pass_index == pass_index else None,
         )
 
-    def _one_pass(self, pass_index: int, restore: Optional[LoaderState] = None) -> Iterator[Any]:
+    def _state_at_failure(self) -> Optional[LoaderState]:
+        """The state after the last item handed out, as an exception ends the pass (``None``, logged,
+        if it cannot be taken: the next ``iter()`` then starts the next pass)."""
+        try:
+            return self.save_state_rank()
+        except Exception:
+            logger.warning("energon_ray: the interrupted pass cannot be continued; the next iter() starts a new one", exc_info=True)
+            return None
+
+    def _one_pass(self, pass_index: int, restore: Optional[LoaderState] = None, endless: bool = False) -> Iterator[Any]:
         multi = self._multi_feed(pass_index, restore)
         feeds = {id(leaf): feed for leaf, feed in zip(multi.leaves, multi.feeds)}
         ctx = PassContext(feeds, self.stats)
@@ -331,6 +353,12 @@ class EnergonLoader:
                 run.restore(restore)
             self._live = run
             yield from run.round_robin
+        except GeneratorExit:
+            raise
+        except BaseException:
+            if endless and self._live is run:
+                self._resume = self._state_at_failure()
+            raise
         finally:
             multi.close()
             if self._live is run:

@@ -32,9 +32,8 @@ def ds(tmp_path_factory):
 
 
 def _train(path, **kwargs):
-    return er.get_train_dataset(
-        path, batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=5, worker_config=WC, **kwargs
-    )
+    kwargs.setdefault("worker_config", WC)
+    return er.get_train_dataset(path, batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=5, **kwargs)
 
 
 def test_an_endless_loader_iterated_again_continues_where_it_stopped(ds):
@@ -54,6 +53,69 @@ def test_an_endless_loader_iterated_again_continues_where_it_stopped(ds):
     it = iter(reference)
     expected = [next(it).__key__ for _ in range(10)]
     reference.close()
+    assert got == expected
+
+
+class FailsWhileFlagged(er.DefaultTaskEncoder):
+    """Raises on one sample while a flag file exists (a fault that goes away)."""
+
+    def __init__(self, flag: str, key: str):
+        super().__init__()
+        self.flag, self.key = flag, key
+
+    def encode_sample(self, sample):
+        if sample.__key__ == self.key and os.path.exists(self.flag):
+            raise ValueError(f"flagged sample {self.key}")
+        return sample
+
+
+def _raise(exc, sample, sources):
+    raise exc
+
+
+@pytest.mark.parametrize("fault", ["sample_error", "interrupt"])
+def test_an_endless_loader_that_an_exception_stopped_continues_after_its_last_batch(ds, tmp_path, monkeypatch, fault):
+    """An exception out of an endless loader's ``next()`` (a sample error the error handler
+    raises; Ctrl-C while the trainer waits for a block) is raised, and the next ``iter()`` goes on
+    after the last batch handed out: the batches before and after are exactly those of one
+    uninterrupted iteration (not a loop that ends at once with no batch, nor the pass's rest lost)."""
+    import energon_ray.pipeline.build as build
+
+    reference = er.get_loader(_train(ds))
+    it = iter(reference)
+    expected = [next(it).__key__ for _ in range(12)]
+    reference.close()
+    flag = tmp_path / "flag"
+    if fault == "sample_error":
+        flag.touch()
+        culprit = expected[5][1]
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2, global_error_handler=_raise)
+        loader = er.get_loader(_train(ds, worker_config=wc, task_encoder=FailsWhileFlagged(str(flag), culprit)))
+    else:
+        culprit = None
+        loader = er.get_loader(_train(ds))
+        get, calls = build.get, [0]
+
+        def interrupted(ref):  # the second block the trainer waits for: Ctrl-C lands there
+            calls[0] += 1
+            if calls[0] == 2:
+                raise KeyboardInterrupt
+            return get(ref)
+
+        monkeypatch.setattr(build, "get", interrupted)
+    got = []
+    with pytest.raises(ValueError if culprit else KeyboardInterrupt) as raised:
+        for batch in loader:
+            got.append(batch.__key__)
+    assert 0 < len(got) < 12  # raised as the block holding the culprit (or the second block) is read
+    if culprit:
+        assert culprit in str(raised.value)
+        flag.unlink()
+    for batch in loader:
+        got.append(batch.__key__)
+        if len(got) == 12:
+            break
+    loader.close()
     assert got == expected
 
 
