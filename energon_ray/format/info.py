@@ -104,7 +104,7 @@ def read_info(path: Path | str) -> Dict[str, int]:
                 data = loader(file.read_text())
             except Exception as exc:
                 raise DatasetConfigError(f"{file}: cannot parse: {exc}") from None
-            counts = (data or {}).get("shard_counts")
+            counts = data.get("shard_counts") if isinstance(data, dict) else None
             if not isinstance(counts, dict):
                 raise DatasetConfigError(f"{file}: has no 'shard_counts' mapping")
             return {str(k): _count(file, str(k), v) for k, v in counts.items()}

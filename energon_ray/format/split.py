@@ -43,9 +43,27 @@ def read_split_file(path: Path | str, split_config: str = "split.yaml") -> Dict:
         raise DatasetConfigError(f"{file}: cannot parse: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("split_parts"), dict):
         raise DatasetConfigError(f"{file}: has no 'split_parts' mapping")
+    for name, patterns in data["split_parts"].items():
+        _check_patterns(file, f"split_parts[{name!r}]", patterns)
+    _check_patterns(file, "exclude", data.get("exclude"))
     data.setdefault("exclude", [])
     data["__file__"] = str(file)
     return data
+
+
+def _check_patterns(file: Path, where: str, patterns: object) -> None:
+    """``patterns`` must be a list of shard names or brace patterns (or empty): a plain string would
+    be read letter by letter, an exclude silently not applied."""
+    if patterns is None:
+        return
+    if not isinstance(patterns, list):
+        hint = f"; write it as a YAML list: [{patterns}]" if isinstance(patterns, str) else ""
+        raise DatasetConfigError(
+            f"{file}: {where} must be a list of shard names or patterns, got {type(patterns).__name__} {patterns!r}{hint}"
+        )
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise DatasetConfigError(f"{file}: {where} holds {pattern!r} ({type(pattern).__name__}); every entry must be a string")
 
 
 def resolve_split_part(

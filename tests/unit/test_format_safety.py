@@ -229,6 +229,41 @@ def test_a_shard_count_that_is_not_a_count_is_a_config_error_naming_file_and_sha
         read_info(tmp_path)
 
 
+@pytest.mark.parametrize("file_name", [".info.json", ".info.yaml"])
+def test_an_info_file_that_is_not_a_mapping_is_a_config_error_naming_it(tmp_path, file_name):
+    meta = tmp_path / ".nv-meta"
+    meta.mkdir()
+    (meta / file_name).write_text('["shards/shard_0000.tar", 3]')  # JSON, and YAML too
+    with pytest.raises(DatasetConfigError, match=rf"{file_name}: has no 'shard_counts' mapping"):
+        read_info(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.update(exclude="shards/shard_0001.tar"), r"exclude must be a list .* got str .*write it as a YAML list"),
+        (lambda d: d["split_parts"].update(train="shards/shard_0000.tar"), r"split_parts\['train'\] must be a list .* got str"),
+        (lambda d: d["split_parts"].update(train=5), r"split_parts\['train'\] must be a list .* got int 5"),
+        (lambda d: d.update(exclude=[3]), r"exclude holds 3 \(int\); every entry must be a string"),
+    ],
+)
+def test_split_file_entries_that_are_not_lists_of_names_are_config_errors(tmp_path, edit, message):
+    """A split part or exclude written as a plain string (or a number) is refused naming the file
+    and the entry: read as a list, a string was taken letter by letter (an exclude silently not
+    applied, a split part of one-letter shard names)."""
+    from energon_ray.format.split import resolve_split_part
+
+    root = prepared_text(tmp_path / "ds")
+    split = root / ".nv-meta" / "split.yaml"
+    data = yaml.safe_load(split.read_text())
+    edit(data)
+    split.write_text(yaml.safe_dump(data))
+    with pytest.raises(DatasetConfigError, match=rf"split.yaml: {message}"):
+        resolve_split_part(root, "train", read_info(root))
+    with pytest.raises(DatasetConfigError, match=message):
+        PreparedDataset.open(root, split_part="train")
+
+
 def test_split_and_dataset_yaml_writers_refuse_symlinked_targets(tmp_path):
     """write_split_file and write_dataset_yaml (also used outside prepare) refuse a symlinked target
     and leave what it points to untouched."""
