@@ -15,7 +15,7 @@ import tarfile
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from tqdm import tqdm
 
@@ -114,6 +114,7 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
     keys: List[str] = []
     parts: List[Tuple[int, str, int, int]] = []
     first_seen: Dict[str, int] = {}
+    sample_parts: Set[str] = set()  # the parts of the sample being read
     with path.open("rb") as file:
         if file.read(2) == b"\x1f\x8b":
             raise DatasetConfigError(
@@ -142,6 +143,13 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
                         first_seen[key] = len(keys)
                         offsets.append(member.offset)
                         keys.append(key)
+                        sample_parts = set()
+                    if part in sample_parts:
+                        raise DatasetConfigError(
+                            f"{path}: sample {key!r} (#{len(keys) - 1}) holds part {part!r} twice (member "
+                            f"{member.name!r} at byte {member.offset}); a reader would keep only one of them"
+                        )
+                    sample_parts.add(part)
                     parts.append((len(keys) - 1, part, member.offset_data, member.size))
                 end = tar.offset
         except tarfile.TarError as exc:

@@ -130,6 +130,11 @@ class _Sample:
         return part if self.part_filter is None or self.part_filter(part) else None
 
     def put(self, name: str, part: str, value: bytes) -> None:
+        if part in self.parts:
+            raise ShardReadError(
+                f"{self.shard}: sample #{self.index} ({self.key!r}) holds part {part!r} twice (member {name!r}); "
+                "which one is meant is unclear: remove one from the shard"
+            )
         self.parts[part] = value
         self.names.append(name)
 

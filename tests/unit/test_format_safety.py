@@ -218,6 +218,37 @@ def test_reading_a_member_name_that_is_not_utf8_is_a_named_error(tmp_path):
     assert "b'\\xff\\xfe0001.txt' is not valid UTF-8" in data.runs[0].messages[0]
 
 
+def test_prepare_refuses_a_sample_that_holds_a_part_twice_naming_shard_key_and_member(tmp_path):
+    """Two ``000001.txt`` members in a row: a reader would keep one caption and drop the other
+    silently (webdataset refuses such a sample too)."""
+    root = tmp_path / "ds"
+    text_shards(root)
+    write_tar(root / "shards" / "shard_0001.tar", [("000003.txt", b"3"), ("000004.txt", b"4"), ("000004.txt", b"4b")])
+    with pytest.raises(DatasetConfigError, match=r"shard_0001\.tar: sample '000004' \(#1\) holds part 'txt' twice \(member '000004.txt' at byte 2048\)"):
+        prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+
+
+def test_reading_a_sample_that_holds_a_part_twice_is_a_counted_skip_naming_it(tmp_path):
+    """A shard indexed elsewhere (no check at prepare): the sample is skipped and counted, its
+    shard, key and member named; the other samples are read."""
+    from energon_ray.format.tar_index import write_tar_index
+
+    root = prepared_text(tmp_path / "ds")
+    shard = root / "shards" / "shard_0000.tar"
+    write_tar(shard, [("000000.txt", b"0"), ("000001.txt", b"1"), ("000001.txt", b"one"), ("000002.txt", b"2")])
+    with tarfile.open(shard) as tar:
+        offsets = [m.offset for m in tar.getmembers()]
+        end = tar.offset
+    write_tar_index(shard, [offsets[0], offsets[1], offsets[3], end], root)
+    (index, chunk), = ShardReader(str(shard), "shards/shard_0000.tar", read_tar_index(shard)).read_run(1, 1)
+    with pytest.raises(ShardReadError, match=r"shard_0000\.tar: sample #1 \('000001'\) holds part 'txt' twice \(member '000001.txt'\)"):
+        parse_sample(chunk, str(shard), index)
+    data = read_all(root)
+    assert data.fatal is None and data.runs[0].failures == 1
+    assert [raw["__key__"] for _, _, raw in data.raw] == ["000000", "000002", "000003", "000004", "000005"]
+    assert "sample #1 ('000001') holds part 'txt' twice" in data.runs[0].messages[0]
+
+
 @pytest.mark.parametrize("value", ["abc", -1, 2.5, True, None])
 @pytest.mark.parametrize("file_name", [".info.json", ".info.yaml"])
 def test_a_shard_count_that_is_not_a_count_is_a_config_error_naming_file_and_shard(tmp_path, value, file_name):
