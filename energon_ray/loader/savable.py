@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from numbers import Integral
 from typing import Any, Dict, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, PassContext
@@ -231,9 +232,8 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     if not keys:
         raise StateError(f"restore key {restore_key!r} names no sample")
     leaves = dataset.leaves()
+    _check_keys(leaves, keys)
     named = {k[2] for k in keys}
-    if not all(0 <= source < len(leaves) for source in named):
-        raise StateError(f"restore key names dataset(s) {sorted(named)}, this loader has {len(leaves)}")
     if any(leaves[source].options.blend_samples for source in named):
         return _rebuild_blended(dataset, leaves, keys, remote_args)
     source, worker, seed = _one_origin(keys, "a batch")
@@ -243,6 +243,24 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     if leaf.stage_config().chained:
         return rebuild_chained_batch(leaf, source, worker, seed, keys, remote_args)
     return rebuild_batch(leaf, source, worker, seed, keys, remote_args)
+
+
+def _check_keys(leaves: List[Any], keys: List[tuple]) -> None:
+    """Each sample key names a dataset, worker stream and sample this loader has (a key of another
+    loader's would otherwise fail deep inside a Ray task, reading past a shard table)."""
+    for key in keys:
+        _, index, source, worker, position = key[:5]
+        if not isinstance(source, Integral) or not 0 <= source < len(leaves):
+            raise StateError(f"restore key {key!r} names dataset {source!r}; this loader has {len(leaves)} (0 to {len(leaves) - 1})")
+        leaf = leaves[source]
+        total = getattr(leaf.dataset, "total", None)
+        if not isinstance(index, Integral) or index < 0 or (total is not None and index >= total):
+            raise StateError(
+                f"restore key {key!r} names sample {index!r} of {leaf!r}, which has {total} samples: a key of another "
+                "dataset or split"
+            )
+        if not isinstance(worker, Integral) or worker < 0 or not isinstance(position, Integral) or position < 0:
+            raise StateError(f"restore key {key!r} names worker stream {worker!r}, position {position!r}: not a plan position")
 
 
 def _one_origin(keys: List[tuple], what: str) -> Tuple[int, int, int]:
@@ -259,9 +277,8 @@ def _one_origin(keys: List[tuple], what: str) -> Tuple[int, int, int]:
 def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple]]], remote_args: Optional[dict]) -> Any:
     keys = [k for _, _, members in packs for k in members]
     leaves = dataset.leaves()
+    _check_keys(leaves, keys)
     source, worker, seed = _one_origin(keys, "packed batches")
-    if not 0 <= source < len(leaves):
-        raise StateError(f"restore key names dataset {source}, this loader has {len(leaves)}")
     leaf = leaves[source]
     if leaf.options.blend_samples:
         raise StateError("restore_sample cannot rebuild the packed batches of a sample blend (packs mix datasets)")

@@ -599,6 +599,16 @@ def test_restore_sample_rebuilds_batches_exactly(roots):
         assert list(again.__key__) == list(batch.__key__) and list(again.text) == list(batch.text)
     with pytest.raises(er.StateError, match="no plan position"):
         loader.restore_sample(("Webdataset", 3))
+    # a key of a larger dataset's loader (its index past this one's samples), of another blend's
+    # dataset, or not a plan position: a StateError naming it, never an error from inside a Ray task
+    own = first[0].__restore_key__[0]
+    for key, message in (
+        ((own[0], 10**6, *own[2:]), r"names sample 1000000 of .*, which has \d+ samples: a key of another dataset"),
+        ((own[0], own[1], 2, *own[3:]), r"names dataset 2; this loader has 1"),
+        ((own[0], own[1], own[2], own[3], -1, *own[5:]), r"names worker stream .*, position -1: not a plan position"),
+    ):
+        with pytest.raises(er.StateError, match=message):
+            loader.restore_sample([key])
     loader.close()
 
     class KeyedGroups(Keyed):
