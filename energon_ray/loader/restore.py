@@ -12,9 +12,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from energon_ray.errors import unwrap_error
+from energon_ray.errors import reraise_exception, unwrap_error
 from energon_ray.loader.state import StateError, StreamState
 from energon_ray.pipeline import rows, serde
+from energon_ray.pipeline.policy import DeferredHandler
 from energon_ray.plan.stream import SegmentPlan, SegmentSpec
 
 
@@ -74,6 +75,10 @@ def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -
     """Run restore reads (``spec.keep``) in one small Ray execution: ``(leaf, worker, position, sub)``
     → the serialized sample or pack.
 
+    A hook that fails on a sample being made again goes to the dataset's
+    ``WorkerConfig.restore_error_handler`` (called here, with the exception, the sample and its
+    sources, as Energon calls it), which by default raises that exception.
+
     Raises:
         StateError: a read failed, or a kept sample was not made again.
     """
@@ -83,6 +88,9 @@ def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -
 
     wanted = {(spec.source, spec.worker, p, s) for spec in specs for p, s in spec.keep}
     found: Dict[Tuple[int, int, int, int], Any] = {}
+    # every failure travels back with its exception, for the restore handler
+    configs = {source: dataclasses.replace(config, error_handler=DeferredHandler()) for source, config in configs.items()}
+    failures: List[str] = []
     stream = BlockStream(specs, readers, configs, 2, name="EnergonRestore", ray_remote_args=remote_args)
     try:
         for block in stream:
@@ -92,8 +100,14 @@ def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -
                     for _, _, items in value:
                         for position, sub, sample in items:
                             found[(source, worker, position, sub)] = sample
-                elif kind == rows.REPORT and value.fatal is not None:
-                    raise StateError(f"restoring: re-reading samples failed: {value.fatal[1]}")
+                elif kind == rows.REPORT:
+                    handler = getattr(leaves[source].worker_config, "restore_error_handler", reraise_exception)
+                    for run in value.runs:
+                        failures.extend(run.messages)
+                        for exc, item, sources in run.deferred:
+                            handler(exc, item, sources)
+                    if value.fatal is not None:
+                        raise StateError(f"restoring: re-reading samples failed: {value.fatal[1]}")
     except StateError:
         raise
     except Exception as exc:
@@ -108,8 +122,9 @@ def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -
         source, worker, position, sub = missing[0]
         raise StateError(
             f"restoring: {len(missing)} sample(s) could not be made again, e.g. position {position} (sub {sub}) of "
-            f"worker stream {worker} of {leaves[source]!r}; the dataset, its task encoder or the error policy changed "
-            "since they were saved"
+            f"worker stream {worker} of {leaves[source]!r}"
+            + (f" ({failures[0]})" if failures else "")
+            + "; the dataset, its task encoder or the error policy changed since they were saved"
         )
     return found
 

@@ -528,6 +528,49 @@ class Keyed(er.DefaultTaskEncoder):
         return sample
 
 
+class KeyedFailsWhileFlagged(Keyed):
+    """``Keyed``, but ``encode_sample`` raises on one sample while a flag file exists."""
+
+    def __init__(self, flag: str, key: str):
+        super().__init__()
+        self.flag, self.key = flag, key
+
+    @er.stateless(restore_seeds=True)
+    def encode_sample(self, sample):
+        if sample.__key__ == self.key and os.path.exists(self.flag):
+            raise ValueError(f"now failing on {self.key}")
+        return super().encode_sample(sample)
+
+
+def test_a_hook_failing_while_restore_sample_makes_a_batch_again_goes_to_the_restore_error_handler(roots, tmp_path):
+    """As in Energon: the failure goes to ``WorkerConfig.restore_error_handler`` with the exception,
+    the sample and its sources; the default handler raises that very exception (not an error that
+    only says a sample was not made again). A handler that returns leaves a StateError naming the
+    failure."""
+    flag = tmp_path / "flag"
+    calls = []
+    wcs = (WC, er.WorkerConfig(rank=0, world_size=1, num_workers=2, restore_error_handler=lambda *args: calls.append(args)))
+    for wc in wcs:
+        loader = er.get_savable_loader(er.get_val_dataset(roots["b"], split_part="train", batch_size=4, worker_config=wc,
+                                                          task_encoder=KeyedFailsWhileFlagged(str(flag), "b_000005")))  # fmt: skip
+        batch = next(b for b in loader if "b_000005" in b.__key__)
+        flag.touch()
+        try:
+            if wc is WC:
+                with pytest.raises(ValueError, match="^now failing on b_000005$"):
+                    loader.restore_sample(batch.__restore_key__)
+            else:
+                with pytest.raises(er.StateError, match=r"could not be made again.*sample 'b_000005': ValueError: now failing on b_000005"):
+                    loader.restore_sample(batch.__restore_key__)
+                (exc, sample, sources), = calls
+                assert isinstance(exc, ValueError) and sample.__key__ == "b_000005"
+                assert [s.shard_name for s in sources] == [sample.__sources__[0].shard_name]
+        finally:
+            flag.unlink()
+        assert list(loader.restore_sample(batch.__restore_key__).__key__) == list(batch.__key__)
+        loader.close()
+
+
 def test_restore_sample_keeps_the_indices_of_a_validation_metadataset(roots):
     """A validation metadataset batched across its datasets: every batch of one dataset (short ones
     too) is made again with the sample and batch indices it had (they count on from the dataset
