@@ -28,6 +28,7 @@ from energon_ray.storage import RemotePath, as_path, is_remote
 _REF_KEYS = {"path", "split_part", "subflavors", "subflavor", "subset", "shuffle_over_epochs_multiplier",
              "dataset_config", "split_config", "weight", "repetitions", "aux"}  # fmt: skip
 _NODE_KEYS = _REF_KEYS | {"blend", "blend_epochized", "join", "joiner"}
+_TOP_KEYS = {"__module__", "__class__", "splits"}
 _URL = re.compile(r"^(?P<protocol>[a-z][a-z0-9+.-]*)://(?P<rest>.*)", re.IGNORECASE)
 
 
@@ -312,6 +313,9 @@ def parse(data: Any, file: str, base: Path | RemotePath, split_part: str, *, sta
     """Flatten the node of ``split_part`` of a parsed metadataset (``check=False``: missing paths are leaves)."""
     if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):
         raise _err(file, "top level", "a metadataset needs a 'splits' mapping")
+    unknown = set(data) - _TOP_KEYS
+    if unknown:  # Energon refuses them too ("Unexpected arguments"): a misspelled key did nothing
+        raise _err(file, "top level", f"unknown keys {sorted(map(str, unknown))}; a metadataset has {sorted(_TOP_KEYS)}")
     cls = data.get("__class__")
     if cls in (None, "Metadataset"):
         data = _v1_to_v2(data, file)

@@ -125,6 +125,14 @@ def test_bad_metadatasets_name_file_node_and_value(tree, body, message):
     assert "bad.yaml" in str(info.value)
 
 
+def test_an_unknown_top_level_key_is_refused_as_energon_refuses_it(tree):
+    """``subflavours:`` beside ``splits:`` (misspelled) would do nothing: named, with the keys a
+    metadataset has (Energon: "Unexpected arguments")."""
+    f = _write(tree / "top.yaml", "__module__: megatron.energon\n__class__: MetadatasetV2\nsubflavours: {x: 1}\nsplits:\n  train: {path: coco}\n")
+    with pytest.raises(DatasetConfigError, match=r"top.yaml.*top level.*unknown keys \['subflavours'\]; a metadataset has \['__class__', '__module__', 'splits'\]"):
+        parse_file(f, "train")
+
+
 def test_unknown_split_and_detection(tree):
     """Unknown split parts are named; YAML files and dicts count as metadatasets, folders do not."""
     f = _write(tree / "m.yaml", "__class__: MetadatasetV2\nsplits:\n  train: {path: coco}\n")
