@@ -70,8 +70,10 @@ def _what(sample: Any) -> str:
     else:
         key, sources = getattr(sample, "__key__", None), getattr(sample, "__sources__", None)
     first = sources[0] if sources else None  # a SourceInfo, or its dict after dataclasses.asdict
-    shard = (first.get("shard_name") if isinstance(first, dict) else getattr(first, "shard_name", None)) or "?"
-    return f"{shard}: sample {key!r}"
+    field = first.get if isinstance(first, dict) else lambda name: getattr(first, name, None)
+    shard, root = field("shard_name") or "?", field("dataset_path")
+    # the dataset too: a blend's datasets often share shard names and keys
+    return f"dataset {root}: {shard}: sample {key!r}" if root else f"{shard}: sample {key!r}"
 
 
 def _configs(config: Union[StageConfig, Mapping[int, StageConfig]]) -> Dict[int, StageConfig]:
