@@ -49,6 +49,8 @@ def _sample_type(path: Path | RemotePath, dataset_config: str) -> str:
         data = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as exc:
         raise click.ClickException(f"{file}: cannot parse: {exc}") from None
+    if not isinstance(data, dict):
+        raise click.ClickException(f"{file}: expected a mapping of keys (sample_type, field_map, ...), got a {type(data).__name__}")
     spec = data.get("sample_type") if isinstance(data.get("sample_type"), dict) else data
     if not isinstance(spec, dict) or "__class__" not in spec:
         return f"unknown ({file} has no sample_type)"

@@ -90,6 +90,7 @@ def resolve_class(spec: Any, file: str, what: str, trusted: bool = False) -> typ
         module, name = "energon_ray", spec
     elif isinstance(spec, dict) and "__class__" in spec:
         module, name = spec.get("__module__", "energon_ray"), spec["__class__"]
+        _check_names(file, what, module, name)
     else:
         raise DatasetConfigError(f"{file}: {what} must be a class name or {{__module__, __class__}}, got {spec!r}")
     if module in _COMPATIBLE_MODULES or module.startswith("megatron.energon"):
@@ -106,6 +107,13 @@ def resolve_class(spec: Any, file: str, what: str, trusted: bool = False) -> typ
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise DatasetConfigError(f"{file}: cannot import {what} {module}.{name}: {exc}") from None
+
+
+def _check_names(file: str, what: str, module: Any, name: Any) -> None:
+    """A config's ``__module__`` and ``__class__`` are names (strings)."""
+    for key, value in (("__module__", module), ("__class__", name)):
+        if not isinstance(value, str) or not value:
+            raise DatasetConfigError(f"{file}: {what} {key} must be a name, got {type(value).__name__} {value!r}")
 
 
 def _factory_sample_type(module: str, name: str, file: str, trusted: bool) -> type:
@@ -208,6 +216,11 @@ def _check_field_map(field_map: Dict[str, str], sample_type: type, file: str) ->
         )
     parsed = {}
     for name, spec in field_map.items():
+        if not isinstance(spec, str):
+            raise DatasetConfigError(
+                f"{file}: field_map[{name!r}] must be a part name (or access path) as a string, got "
+                f"{type(spec).__name__} {spec!r}" + ("; alternatives are written 'jpg,png'" if isinstance(spec, list) else "")
+            )
         try:
             parsed[name] = parse_field_access(str(spec))
         except ValueError as exc:
@@ -242,6 +255,8 @@ def read_dataset_spec(
     data = _read_yaml(file, files if remote else None)
     fname = str(file)
     subflavors = data.pop("subflavors", None) or {}
+    if not isinstance(subflavors, dict):
+        raise DatasetConfigError(f"{fname}: subflavors must be a mapping of names to values, got {type(subflavors).__name__} {subflavors!r}")
     sample_type = _sample_type(data, fname, trusted)
     field_map = data.pop("field_map", None)
     loader_ref = data.pop("sample_loader", None)
@@ -286,6 +301,7 @@ def _sample_type(data: Dict[str, Any], fname: str, trusted: bool) -> type:
     if "__class__" in data:
         cls_name = data.pop("__class__")
         module = data.pop("__module__", None)
+        _check_names(fname, "dataset", "megatron.energon" if module is None else module, cls_name)
         if module is not None and module not in _COMPATIBLE_MODULES and not module.startswith(_COMPATIBLE_MODULES):
             return _factory_sample_type(module, cls_name, fname, trusted)
         if cls_name == "CrudeWebdataset":

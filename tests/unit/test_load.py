@@ -366,6 +366,30 @@ def test_field_map_with_an_unknown_field_names_file_field_and_type(tmp_path):
     assert "'colour'" in message and "CaptioningSample" in message
 
 
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("sample_type: CaptioningSample\nfield_map: {image: 5, caption: txt}", r"field_map\['image'\] must be a part name .* got int 5$"),
+        ("sample_type: CaptioningSample\nfield_map: {image: null, caption: txt}", r"field_map\['image'\] must be a part name .* got NoneType None$"),
+        ("sample_type: CaptioningSample\nfield_map: {image: [jpg, png], caption: txt}", r"got list \['jpg', 'png'\]; alternatives are written 'jpg,png'"),
+        ("sample_type: {__module__: 5, __class__: CaptioningSample}\nfield_map: {image: jpg, caption: txt}", r"sample_type __module__ must be a name, got int 5"),
+        ("sample_type: {__class__: [1]}\nfield_map: {image: jpg, caption: txt}", r"sample_type __class__ must be a name, got list \[1\]"),
+        ("__class__: 5\nfield_map: {image: jpg, caption: txt}", r"dataset __class__ must be a name, got int 5"),
+        ("__module__: 5\n__class__: CaptioningWebdataset\nfield_map: {image: jpg, caption: txt}", r"dataset __module__ must be a name, got int 5"),
+        ("sample_type: CaptioningSample\nsubflavors: [1, 2]\nfield_map: {image: jpg, caption: txt}", r"subflavors must be a mapping .* got list \[1, 2\]"),
+        ("sample_type: CaptioningSample\nsubflavors: abc\nfield_map: {image: jpg, caption: txt}", r"subflavors must be a mapping .* got str 'abc'"),
+    ],
+)
+def test_dataset_yaml_values_of_the_wrong_type_are_errors_naming_file_and_key(tmp_path, text, message):
+    """Hand-written configs: a value of the wrong type is a DatasetConfigError naming the file and
+    key (it was a bare AttributeError/TypeError, or a field mapped to a part named '5' or 'None')."""
+    (tmp_path / ".nv-meta").mkdir()
+    (tmp_path / ".nv-meta" / "dataset.yaml").write_text(text + "\n")
+    with pytest.raises(DatasetConfigError, match=message) as info:
+        read_dataset_spec(tmp_path)
+    assert str(info.value).startswith(str(tmp_path / ".nv-meta" / "dataset.yaml") + ": ")
+
+
 def test_field_map_may_not_set_meta_fields(tmp_path):
     """A field_map entry for __key__ is rejected like any field the type does not offer."""
     write_dataset_yaml(tmp_path, "CaptioningSample", field_map={"image": "jpg", "caption": "txt", "__key__": "json"})

@@ -398,6 +398,15 @@ def test_info_prints_counts_size_sample_type_splits_and_version(tmp_path):
     assert "energon version: 7.4.1+energonray." in res.output
 
 
+def test_info_on_a_dataset_yaml_that_is_not_a_mapping_fails_naming_it(tmp_path):
+    make_dataset(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    (tmp_path / ".nv-meta" / "dataset.yaml").write_text("- a list\n")
+    res = run_cli("info", tmp_path)
+    assert res.exit_code == 1 and "dataset.yaml: expected a mapping of keys (sample_type, field_map, ...), got a list" in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
 def test_info_on_an_unprepared_folder_fails_with_exit_code_1(tmp_path):
     res = run_cli("info", tmp_path)
     assert res.exit_code == 1 and "not a prepared dataset" in res.output
