@@ -295,10 +295,22 @@ def _warnings(
     return out
 
 
+def _check_config_name(name: str, taken: List[str]) -> None:
+    """The dataset config's name: a ``.yaml`` file of its own in ``.nv-meta`` (not one that prepare
+    writes besides it, which it would overwrite, nor one in a sub-folder)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or not name.endswith((".yaml", ".yml")):
+        raise ValueError(f"the dataset config name must be a .yaml file name, got {name!r}")
+    if name in taken:
+        raise ValueError(f"the dataset config name {name!r} is a file prepare writes itself; choose another (e.g. dataset.yaml)")
+    if "/" in name.replace("\\", "/"):
+        raise ValueError(f"the dataset config name must be a file name in .nv-meta, not a path: {name!r}")
+
+
 def _check_meta_targets(root: Path, dataset_config: Optional[str]) -> None:
     """Refuse before anything is written when a ``.nv-meta`` file that prepare writes leads outside ``root``."""
     names = [INFO_JSON, INFO_YAML, INDEX_SQLITE, INDEX_SQLITE + ".tmp", INDEX_UUID, SPLIT_FILE]
     if dataset_config is not None:
+        _check_config_name(dataset_config, names + [SAMPLE_LOADER_FILE, "split.json"])
         names += [dataset_config, SAMPLE_LOADER_FILE]
     meta = check_write_target(root, meta_dir(root))
     for name in names:

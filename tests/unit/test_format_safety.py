@@ -103,9 +103,29 @@ def test_prepare_refuses_a_dangling_symlinked_sample_loader(tmp_path):
 def test_dataset_config_name_may_not_leave_the_nv_meta_folder(tmp_path):
     root = tmp_path / "ds"
     text_shards(root)
-    with pytest.raises(DatasetConfigError, match="refuses to write through a symlink outside the dataset"):
+    with pytest.raises(ValueError, match=r"must be a file name in .nv-meta, not a path: '../../escaped.yaml'"):
         prepare_dataset(root, split_ratio=[1, 0, 0], dataset_config="../../escaped.yaml", **TEXT)
-    assert not (tmp_path / "escaped.yaml").exists()
+    assert not (tmp_path / "escaped.yaml").exists() and not (root / ".nv-meta").exists()
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        (".info.json", r"must be a .yaml file name, got '.info.json'"),
+        ("split.yaml", r"'split.yaml' is a file prepare writes itself"),
+        (".info.yaml", r"'.info.yaml' is a file prepare writes itself"),
+        ("sub/x.yaml", r"must be a file name in .nv-meta, not a path: 'sub/x.yaml'"),
+        ("", r"must be a .yaml file name, got ''"),
+    ],
+)
+def test_a_dataset_config_name_prepare_would_overwrite_or_cannot_write_is_refused_first(tmp_path, name, message):
+    """Refused before anything is written (it overwrote prepare's own .info.json or split.yaml,
+    leaving a dataset nobody could read, or failed after writing them)."""
+    root = tmp_path / "ds"
+    text_shards(root)
+    with pytest.raises(ValueError, match=message):
+        prepare_dataset(root, split_ratio=[1, 0, 0], dataset_config=name, **TEXT)
+    assert not (root / ".nv-meta").exists()
 
 
 def test_prepare_refuses_a_symlinked_tar_idx(tmp_path):
