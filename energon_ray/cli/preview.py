@@ -141,6 +141,8 @@ def preview_command(
     """
     if out is not None and out.suffix.lower() not in (".png", ".html", ".htm"):
         raise click.BadParameter(f"expected a .png or .html file, got {out}", param_hint="--out")
+    if out is not None and not out.resolve().parent.is_dir():  # found now, not after reading every sample
+        raise click.BadParameter(f"folder {out.resolve().parent} does not exist", param_hint="--out")
     if path.is_file() and path.suffix != ".jsonl":
         raise click.UsageError(f"{path}: PATH must be a prepared dataset folder or a .jsonl file")
     trusted = resolve_trust(True if trust_dataset_code else None)

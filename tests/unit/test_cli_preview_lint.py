@@ -94,6 +94,14 @@ def test_preview_out_png_is_a_grid_of_the_samples_images(dataset, tmp_path):
         assert grid.convert("RGB").crop((x, y, x + 32, y + 24)).tobytes() == expected.tobytes()
 
 
+@pytest.mark.parametrize("name", ["grid.png", "page.html"])
+def test_preview_out_in_a_folder_that_does_not_exist_is_a_usage_error_before_reading(dataset, tmp_path, name):
+    out = tmp_path / "no" / "such" / name
+    res = run_cli("preview", dataset, "-n", 2, "--out", out)
+    assert res.exit_code == 2 and f"folder {out.parent} does not exist" in res.output
+    assert "sample" not in res.stdout  # nothing read (it was a bare FileNotFoundError after reading)
+
+
 def test_preview_out_html_holds_each_caption_and_an_inline_png_per_sample(dataset, tmp_path):
     out = tmp_path / "page.html"
     res = run_cli("preview", dataset, "-n", 3, "--out", out)
