@@ -17,6 +17,7 @@ from energon_ray.format.prepare import (
     CRUDE,
     PrepareResult,
     already_prepared,
+    check_ratio,
     check_sample_config,
     prepare_dataset,
     write_dataset_config,
@@ -52,10 +53,15 @@ def user_errors() -> Iterator[None]:
 
 
 def _ratio_value(value: str) -> List[float]:
+    """A ``train,val,test`` ratio, checked whole (the prompt asks again for any bad one)."""
     try:
-        return [float(x) for x in value.split(",")]
+        numbers = [float(x) for x in value.split(",")]
     except ValueError:
         raise click.BadParameter(f"expected numbers like '8,1,1' or '0.8,0.1,0.1', got {value!r}") from None
+    try:
+        return list(check_ratio(numbers))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _parse_ratio(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[List[float]]:

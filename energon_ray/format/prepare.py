@@ -155,7 +155,8 @@ def collapse_names(names: Sequence[str]) -> List[str]:
     return out
 
 
-def _check_ratio(split_ratio: Sequence[float]) -> Tuple[float, ...]:
+def check_ratio(split_ratio: Sequence[float]) -> Tuple[float, ...]:
+    """``split_ratio`` as 3 finite numbers >= 0 with a positive sum (ValueError otherwise)."""
     try:
         values = tuple(float(v) for v in split_ratio)
     except (TypeError, ValueError):
@@ -408,7 +409,7 @@ def prepare_dataset(
         return _reindex(root, num_workers, progress, conflicts, shard_indexer)
     if (split_ratio is None) == (split_parts is None):
         raise ValueError("give exactly one of split_ratio (e.g. [8, 1, 1]) or split_parts ({'train': [regex]})")
-    ratio = _check_ratio(split_ratio) if split_ratio is not None else None
+    ratio = check_ratio(split_ratio) if split_ratio is not None else None
     patterns = _check_split_parts(split_parts) if split_parts is not None else None
     if shuffle_tars and ratio is None:
         raise ValueError("shuffle_tars only applies to split_ratio, not to split_parts")

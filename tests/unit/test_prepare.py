@@ -304,9 +304,12 @@ def test_crude_webdataset_gets_a_top_level_class(tmp_path):
 
 def test_interactive_cli_prompts_for_ratio_sample_type_and_field_map(tmp_path):
     make_dataset(tmp_path)
-    answers = "\n".join(["8,1,1", "y", "CaptioningSample", "y", "png", "jpg", "txt"]) + "\n"
+    # a ratio of two numbers, then one of no weight, are asked again (the first ended the command)
+    answers = "\n".join(["8,1", "0,0,0", "8,1,1", "y", "CaptioningSample", "y", "png", "jpg", "txt"]) + "\n"
     res = run_cli("prepare", tmp_path, "--no-progress", input=answers)
     assert res.exit_code == 0, res.output
+    assert "Error: split_ratio must have 3 entries (train, val, test), got [8.0, 1.0]" in res.output
+    assert "Error: split_ratio entries must be >= 0 with a positive sum, got [0.0, 0.0, 0.0]" in res.output
     assert "No such part" in res.output
     assert meta(tmp_path, "dataset.yaml")["field_map"] == FIELD_MAP
     res = run_cli("prepare", tmp_path, "--no-progress", input="n\n")
