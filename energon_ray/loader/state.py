@@ -181,7 +181,11 @@ class LoaderState:
                 raise StateError(f"loader state version {state.version!r} is not supported (expected {STATE_VERSION})")
             return state
         if isinstance(state, (str, bytes)):
-            state = json.loads(state)
+            try:
+                state = json.loads(state)
+            except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+                text = state[:60]
+                raise StateError(f"not a loader state: the text is not JSON ({exc}): {text!r}…") from None
         return cls.from_dict(state)
 
 

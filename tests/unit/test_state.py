@@ -161,6 +161,11 @@ def test_state_errors_are_clear():
         LoaderState.from_dict({**_state().to_dict(), "version": 99})
     with pytest.raises(StateError, match="not an energon_ray loader state"):
         LoaderState.coerce({"passes": 1})
+    # garbage or a cut-off save: a StateError naming it, not json's own error
+    text = _state().to_json()
+    for bad in ("checkpoint.pt", text[: len(text) // 2], text.encode()[:10] + b"\xff"):
+        with pytest.raises(StateError, match="not a loader state: the text is not JSON"):
+            LoaderState.coerce(bad)
     cp = QueueCheckpoint(event="feed", segment=0, pools=[(object(), 2, [])], held=[], waiting=False, done=False)
     with pytest.raises(StateError, match="bucket keys of batch_group_criterion must be"):
         _state(streams=[[StreamState(cp, 0)]]).to_json()
