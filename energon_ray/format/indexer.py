@@ -79,6 +79,25 @@ def find_shards(path: Path | str, exclude: Sequence[str] = ()) -> List[str]:
     return names
 
 
+def linked_shard_folders(path: Path | str) -> List[Tuple[str, int]]:
+    """Folders under a local ``path`` that are links to folders holding shards: ``find_shards`` does
+    not follow them (as Energon's prepare does not), so their shards are not part of the dataset.
+    ``(relative folder name, shards behind it)``; hidden ones left out, as ``find_shards`` does."""
+    root = as_path(path)
+    if isinstance(root, RemotePath):
+        return []
+    out = []
+    for folder, dirs, _ in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in dirs:
+            link = Path(folder) / name
+            if link.is_symlink():
+                count = sum(1 for pattern in ("**/*.tar", "**/*.tgz") for p in link.glob(pattern) if p.is_file())
+                if count:
+                    out.append((link.relative_to(root).as_posix(), count))
+    return sorted(out)
+
+
 def _check_tar_end(file, path: Path | RemotePath, end: int) -> None:
     # tarfile silently stops at a corrupt header, which would hide the rest of the shard.
     raw = getattr(file, "raw", None)

@@ -23,7 +23,7 @@ from energon_ray.format.info import (
     INFO_JSON, INFO_YAML, check_write_target, meta_dir, read_info, write_file, write_info,
 )  # fmt: skip
 from energon_ray.format.split import write_split_file
-from energon_ray.format.indexer import INDEX_SQLITE, INDEX_UUID, ShardIndex, find_shards, index_dataset, index_shard  # noqa: F401
+from energon_ray.format.indexer import INDEX_SQLITE, INDEX_UUID, ShardIndex, find_shards, index_dataset, index_shard, linked_shard_folders  # noqa: F401
 from energon_ray.format.indexer import ShardIndexer
 from energon_ray.format.media_index import MediaFilter, write_media_metadata
 from energon_ray.samples import SAMPLE_TYPES
@@ -419,9 +419,14 @@ def prepare_dataset(
         raise DatasetConfigError(f"{existing}: the dataset is already prepared; pass force_overwrite=True to redo it")
     _check_meta_targets(root, dataset_config if sample_type is not None else None)
     names = find_shards(root, exclude)
+    linked = [
+        f"{folder}/ is a link to a folder, which prepare does not follow: its {count} shard(s) are not part of the "
+        "dataset (link the shard files, or move the folder in)"
+        for folder, count in linked_shard_folders(root)
+    ]
     if not names:
         excluded = f" after excluding {exclude}" if exclude else ""
-        raise DatasetConfigError(f"{root}: no .tar/.tgz shards found{excluded}")
+        raise DatasetConfigError(f"{root}: no .tar/.tgz shards found{excluded}" + "".join(f"; {w}" for w in linked))
     counts, part_types = index_dataset(
         root, names, num_workers=num_workers, progress=progress, shard_indexer=shard_indexer
     )
@@ -431,7 +436,7 @@ def prepare_dataset(
     write_info(root, counts, energon_version_string())
     splits = split_by_ratio(names, ratio, shuffle_tars) if ratio else split_by_patterns(names, patterns or {})
     write_split_file(root, {part: collapse_names(shards) for part, shards in splits.items()}, split_config=SPLIT_FILE)
-    warnings = _warnings(splits, names, parsed_map, part_types)
+    warnings = linked + _warnings(splits, names, parsed_map, part_types)
     yaml_path = loader = None
     if sample_type is not None:
         yaml_path, loader = write_dataset_config(root, sample_type, field_map, part_types, dataset_config)

@@ -139,6 +139,23 @@ def test_prepare_refuses_a_symlinked_tar_idx(tmp_path):
     assert target.read_text() == "precious"
 
 
+def test_prepare_names_shard_folders_it_does_not_follow_as_links(tmp_path):
+    """Shards behind a linked folder are not indexed (as with Energon's prepare): said in a warning,
+    or in the error when no shard is left, not left out silently."""
+    root, outside = tmp_path / "ds", outside_dir(tmp_path)
+    text_shards(root)
+    write_shards(outside / "more", text_samples(4), 2, prefix="more")
+    (root / "linked").symlink_to(outside / "more", target_is_directory=True)
+    result = prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    assert sorted(result.shard_counts) == ["shards/shard_0000.tar", "shards/shard_0001.tar"]
+    assert result.warnings[0].startswith("linked/ is a link to a folder, which prepare does not follow: its 2 shard(s)")
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "shards").symlink_to(outside / "more", target_is_directory=True)
+    with pytest.raises(DatasetConfigError, match=r"no .tar/.tgz shards found; shards/ is a link to a folder"):
+        prepare_dataset(only, split_ratio=[1, 0, 0], **TEXT)
+
+
 def test_reindexing_refuses_shards_whose_folder_links_outside_the_dataset(tmp_path):
     root, outside = tmp_path / "ds", outside_dir(tmp_path)
     text_shards(root)
