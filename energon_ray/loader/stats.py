@@ -12,6 +12,10 @@ from energon_ray.pipeline.policy import FailureChain
 
 logger = logging.getLogger("energon_ray")
 
+#: samples read in a row, none of them encoded (all failed or skipped), before a warning says so
+#: (then again at 10x, 100x, ...): an endless loader over such data would otherwise wait silently
+DRY_WARNING_SAMPLES = 1000
+
 
 class LoaderStats:
     """Counters the user can read while iterating (``loader.stats``)."""
@@ -36,6 +40,9 @@ class LoaderStats:
         self.read_retries = 0
         #: the user's error handler, called here for the failures Ray tasks deferred to it
         self.error_handler: Any = None
+        #: samples read since the last one encoded, and when to warn about them
+        self._dry = 0
+        self._dry_warn_at = DRY_WARNING_SAMPLES
 
     @property
     def total_skipped(self) -> int:
@@ -67,6 +74,20 @@ class LoaderStats:
         # a handler that raises aborts loading with its own exception, as in Energon
         self.error_handler(exc, item, sources)
 
+    def _note_dry(self, report: rows.Report) -> None:
+        """Warn when many samples in a row were read and none was encoded."""
+        if report.samples_encoded:
+            self._dry, self._dry_warn_at = 0, DRY_WARNING_SAMPLES
+            return
+        self._dry += report.samples_read
+        if report.samples_read and self._dry >= self._dry_warn_at:
+            logger.warning(
+                "none of the last %d samples read was encoded (skipped so far: %s; ignored, e.g. SkipSample: %s): "
+                "a batch waits for a sample that gets through the task encoder, and an endless loader waits forever",
+                self._dry, self.skipped, self.ignored,
+            )  # fmt: skip
+            self._dry_warn_at *= 10
+
     def add_report(self, report: rows.Report, chain: FailureChain) -> None:
         """Count a segment's report, log its skips, and raise its fatal error (in plan order)."""
         self.samples_read += report.samples_read
@@ -91,6 +112,7 @@ class LoaderStats:
             if run.ignored:
                 self.ignored[run.stage] = self.ignored.get(run.stage, 0) + run.ignored
             chain.add(report.worker, run)
+        self._note_dry(report)
         if report.fatal is not None:
             kind, message = report.fatal
             raise (ShardReadError if kind == "ShardReadError" else FatalSampleError)(message)

@@ -63,6 +63,28 @@ def test_hook_errors_are_skipped_and_ignores_are_silent(good):
     assert loader.stats.ignored == {"encode_sample": 2}
 
 
+class SkipsAll(er.DefaultTaskEncoder):
+    def encode_sample(self, sample):
+        raise er.SkipSample()
+
+
+def test_many_samples_in_a_row_none_encoded_is_said_in_a_warning(good, caplog, monkeypatch):
+    """Every sample skipped (SkipSample is never a failure, so no tolerance ends it): a warning says
+    so once that many samples were read, where an endless loader would otherwise wait silently
+    forever (Energon's does); not repeated until ten times as many. (1000 samples by default.)"""
+    import energon_ray.loader.stats as stats
+
+    monkeypatch.setattr(stats, "DRY_WARNING_SAMPLES", 8)
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    loader = _val(good, task_encoder=SkipsAll())
+    assert list(loader) == [] and loader.stats.samples_read == 20 and loader.stats.ignored == {"encode_sample": 20}
+    warned = [r.getMessage() for r in caplog.records if "was encoded" in r.getMessage()]
+    assert len(warned) == 1 and "an endless loader waits forever" in warned[0], warned
+    assert warned[0].startswith("none of the last ") and "ignored, e.g. SkipSample: {'encode_sample': " in warned[0]
+    caplog.clear()
+    assert len(list(_val(good))) == 6 and not [r for r in caplog.records if "was encoded" in r.getMessage()]
+
+
 class AlwaysFail(er.DefaultTaskEncoder):
     def encode_sample(self, sample):
         raise ValueError("broken augmentation")
