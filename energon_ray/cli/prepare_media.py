@@ -4,13 +4,13 @@ folder (Energon's ``energon prepare-media``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import click
 
 from energon_ray.cli.prepare import DatasetLocation, user_errors
 from energon_ray.format.media_index import MediaFilter, write_folder_media_metadata, write_media_metadata
-from energon_ray.format.prepare import already_prepared
+from energon_ray.format.prepare import already_prepared, unreadable_media
 
 
 @click.command(name="prepare-media")
@@ -34,9 +34,12 @@ def prepare_media_command(
         media_filter = MediaFilter.parse(media_metadata_by_glob, media_metadata_by_header, media_metadata_by_extension)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    unreadable: List[str] = []
     with user_errors():
         if already_prepared(path) is not None:
-            count = write_media_metadata(path, media_filter, progress=progress)
+            count = write_media_metadata(path, media_filter, progress=progress, skipped=unreadable)
         else:
-            count = write_folder_media_metadata(path, media_filter)
-    click.echo(f"Done. Stored media metadata of {count:,} files.")
+            count = write_folder_media_metadata(path, media_filter, skipped=unreadable)
+    for warning in unreadable_media(unreadable):
+        click.echo(f"Warning: {warning}", err=True)
+    click.echo(f"Done. Stored media metadata of {count:,} files" + (f"; {len(unreadable):,} unreadable, left out." if unreadable else "."))

@@ -141,10 +141,13 @@ def _type_by_header(data: bytes) -> Optional[MediaMetadataType]:
     return None
 
 
-def read_media_metadata(kind: MediaMetadataType, name: str, data: bytes) -> Optional[MediaMetadataBase]:
+def read_media_metadata(
+    kind: MediaMetadataType, name: str, data: bytes, skipped: Optional[List[str]] = None
+) -> Optional[MediaMetadataBase]:
     """Image size/format/mode (PIL) or audio/video stream facts (PyAV) of ``data``; ``None`` if unreadable.
 
-    Unreadable media are logged at debug level and left out, as Energon leaves them out.
+    Unreadable media are left out, as Energon leaves them out: logged at debug level, and named in
+    ``skipped`` (``"name: reason"``) when given, so a caller can count and report them.
     """
     try:
         if kind is MediaMetadataType.IMAGE:
@@ -158,13 +161,18 @@ def read_media_metadata(kind: MediaMetadataType, name: str, data: bytes) -> Opti
         from energon_ray.decode.av import AVDecoder  # PyAV and torch load only when a dataset has AV media
 
         return AVDecoder(data, key=name).get_metadata(get_audio_num_samples=True)
-    except Exception:
+    except Exception as exc:
         logger.debug("%s: cannot read %s metadata; no row stored", name, kind.value, exc_info=True)
+        if skipped is not None:
+            skipped.append(f"{name}: {type(exc).__name__}: {exc}")
         return None
 
 
-def shard_media_rows(root: Path | str | RemotePath, shard: str, media_filter: MediaFilter) -> Iterator[Tuple[str, str, str]]:
-    """``(entry_key, metadata_type, metadata_json)`` for each media member of one shard, in tar order.
+def shard_media_rows(
+    root: Path | str | RemotePath, shard: str, media_filter: MediaFilter, skipped: Optional[List[str]] = None
+) -> Iterator[Tuple[str, str, str]]:
+    """``(entry_key, metadata_type, metadata_json)`` for each media member of one shard, in tar order
+    (unreadable media named in ``skipped``, see ``read_media_metadata``).
 
     Raises:
         DatasetConfigError: the shard cannot be read as a tar file.
@@ -182,7 +190,10 @@ def shard_media_rows(root: Path | str | RemotePath, shard: str, media_filter: Me
                 handle = tar.extractfile(member)
                 data = handle.read() if handle is not None else b""
                 kind = media_filter.media_type(entry_key, data)
-                metadata = read_media_metadata(kind, entry_key, data) if kind is not None else None
+                missed: List[str] = []
+                metadata = read_media_metadata(kind, entry_key, data, missed) if kind is not None else None
+                if skipped is not None:
+                    skipped.extend(f"{shard}: {entry}" for entry in missed)
                 if metadata is not None:
                     stored_type, text = serialize_media_metadata(metadata)
                     yield entry_key, stored_type.value, text
@@ -216,7 +227,8 @@ def _fill_tables(db: sqlite3.Connection, rows: Iterator[Tuple[str, str, str]], m
 
 
 def write_media_metadata(
-    path: Path | str, media_filter: MediaFilter, *, shards: Optional[Sequence[str]] = None, progress: bool = False
+    path: Path | str, media_filter: MediaFilter, *, shards: Optional[Sequence[str]] = None, progress: bool = False,
+    skipped: Optional[List[str]] = None,
 ) -> int:
     """Store the metadata of every media member of a prepared dataset in its ``index.sqlite``.
 
@@ -228,6 +240,7 @@ def write_media_metadata(
         media_filter: which members are media (:meth:`MediaFilter.parse`).
         shards: shard names to scan; default: those of ``.nv-meta/.info.json``.
         progress: show a progress bar over shards.
+        skipped: a list to which each unreadable media member is added (``"shard: entry: reason"``).
 
     Returns:
         The number of rows stored.
@@ -241,11 +254,11 @@ def write_media_metadata(
     if not final.exists():
         raise DatasetConfigError(f"{root}: no .nv-meta/{INDEX_SQLITE}; run `energon-ray prepare {root}` first")
     rows = (row for name in tqdm(names, desc="Media metadata", unit="shard", disable=not progress)
-            for row in shard_media_rows(root, name, media_filter))  # fmt: skip
+            for row in shard_media_rows(root, name, media_filter, skipped))  # fmt: skip
     return _store(root, final, rows, media_filter)
 
 
-def folder_media_rows(root: Path, media_filter: MediaFilter) -> Iterator[Tuple[str, str, str]]:
+def folder_media_rows(root: Path, media_filter: MediaFilter, skipped: Optional[List[str]] = None) -> Iterator[Tuple[str, str, str]]:
     """``(relative path, metadata_type, metadata_json)`` for the media files under a plain folder
     (sorted; ``.nv-meta`` left out), the ``entry_key`` Energon's ``SystemFileStore`` looks up."""
     for file in sorted(p for p in root.rglob("*") if p.is_file()):
@@ -254,13 +267,13 @@ def folder_media_rows(root: Path, media_filter: MediaFilter) -> Iterator[Tuple[s
             continue
         data = file.read_bytes()
         kind = media_filter.media_type(file.name, data)
-        metadata = read_media_metadata(kind, relative.as_posix(), data) if kind is not None else None
+        metadata = read_media_metadata(kind, relative.as_posix(), data, skipped) if kind is not None else None
         if metadata is not None:
             stored_type, text = serialize_media_metadata(metadata)
             yield relative.as_posix(), stored_type.value, text
 
 
-def write_folder_media_metadata(path: Path | str, media_filter: MediaFilter) -> int:
+def write_folder_media_metadata(path: Path | str, media_filter: MediaFilter, skipped: Optional[List[str]] = None) -> int:
     """Store the metadata of the media files of a plain local folder in its ``.nv-meta/index.sqlite``
     (Energon's ``energon prepare-media`` on a filesystem dataset; read by ``SystemFileStore``).
 
@@ -275,7 +288,7 @@ def write_folder_media_metadata(path: Path | str, media_filter: MediaFilter) -> 
         raise DatasetConfigError(f"{root}: not a local folder; media metadata of plain folders is stored locally only")
     final = check_write_target(root, meta_dir(root) / INDEX_SQLITE)
     final.parent.mkdir(exist_ok=True)
-    return _store(root, final, folder_media_rows(root, media_filter), media_filter)
+    return _store(root, final, folder_media_rows(root, media_filter, skipped), media_filter)
 
 
 def _store(root, final, rows: Iterator[Tuple[str, str, str]], media_filter: MediaFilter) -> int:

@@ -296,6 +296,13 @@ def _warnings(
     return out
 
 
+def unreadable_media(unreadable: List[str]) -> List[str]:
+    """A warning for the media files whose metadata could not be read (none when all could)."""
+    if not unreadable:
+        return []
+    return [f"{len(unreadable)} media file(s) could not be read and have no metadata row, e.g. {unreadable[0]}"]
+
+
 def _check_config_name(name: str, taken: List[str]) -> None:
     """The dataset config's name: a ``.yaml`` file of its own in ``.nv-meta`` (not one that prepare
     writes besides it, which it would overwrite, nor one in a sub-folder)."""
@@ -430,13 +437,13 @@ def prepare_dataset(
     counts, part_types = index_dataset(
         root, names, num_workers=num_workers, progress=progress, shard_indexer=shard_indexer
     )
-    media_rows = None
+    media_rows, unreadable = None, []
     if media_filter is not None:
-        media_rows = write_media_metadata(root, media_filter, shards=names, progress=progress)
+        media_rows = write_media_metadata(root, media_filter, shards=names, progress=progress, skipped=unreadable)
     write_info(root, counts, energon_version_string())
     splits = split_by_ratio(names, ratio, shuffle_tars) if ratio else split_by_patterns(names, patterns or {})
     write_split_file(root, {part: collapse_names(shards) for part, shards in splits.items()}, split_config=SPLIT_FILE)
-    warnings = linked + _warnings(splits, names, parsed_map, part_types)
+    warnings = linked + _warnings(splits, names, parsed_map, part_types) + unreadable_media(unreadable)
     yaml_path = loader = None
     if sample_type is not None:
         yaml_path, loader = write_dataset_config(root, sample_type, field_map, part_types, dataset_config)

@@ -286,7 +286,7 @@ def test_folder_media_metadata_matches_energons_prepare_media(tmp_path, members)
 
     ours, theirs = _folder(tmp_path / "ours", members), _folder(tmp_path / "theirs", members)
     result = CliRunner().invoke(main, ["prepare-media", str(ours), "--media-metadata-by-extension", "--no-progress"])
-    assert result.exit_code == 0 and "Stored media metadata of 4 files." in result.output, result.output
+    assert result.exit_code == 0 and "Stored media metadata of 4 files; 1 unreadable, left out." in result.output, result.output
     prepare_filesystem_dataset(EPath(theirs), MediaFilterConfig.parse(None, False, True), progress=False, workers=1)
     expected = {f"sub/{k}": v for k, v in EXPECTED.items()}
     _assert_table(_table(ours), expected)
@@ -308,6 +308,24 @@ def test_prepare_media_adds_the_table_to_a_prepared_dataset(tmp_path, members):
     _assert_table(_table(root), BY_HEADER)
     assert DatasetFileStore(root)["s0.txt"][0] == b"hello"
     assert CliRunner().invoke(main, ["prepare-media", str(root)]).exit_code == 2
+
+
+def test_unreadable_media_are_left_out_counted_and_named(tmp_path, members):
+    """s3.png is not an image: no row (as Energon stores none), and prepare's warnings and
+    prepare-media's output count and name it (they said nothing)."""
+    root = _write(tmp_path / "ds", members)
+    result = prepare_dataset(root, split_ratio=[1, 0, 0], progress=False, media_filter=MediaFilter.parse(extension=True))
+    assert "s3.png" not in _table(root)
+    assert [w for w in result.warnings if "media" in w] == [
+        "1 media file(s) could not be read and have no metadata row, e.g. data.tar: s3.png: UnidentifiedImageError: "
+        + next(w for w in result.warnings if "media" in w).split("UnidentifiedImageError: ", 1)[1]
+    ]
+    for path in (root, _folder(tmp_path / "fs", members)):
+        res = CliRunner().invoke(main, ["prepare-media", str(path), "--media-metadata-by-extension", "--no-progress"])
+        assert res.exit_code == 0, res.output
+        assert "Warning: 1 media file(s) could not be read and have no metadata row, e.g. " in res.output
+        assert ("data.tar: s3.png: " if path == root else "sub/s3.png: ") in res.output
+        assert res.output.rstrip().endswith("Stored media metadata of 4 files; 1 unreadable, left out.")
 
 
 def test_aux_folder_with_only_media_metadata_is_a_plain_folder(tmp_path, members):
