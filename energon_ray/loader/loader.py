@@ -149,8 +149,8 @@ class EnergonLoader:
             except BaseException:
                 self._stream = None  # finished by the exception: its next next() would end the loop
                 resume, self._resume = self._resume, None
-                if resume is not None:
-                    self._start_restore(dataclasses.replace(resume, epoch_items=0), self._redist)
+                if resume is not None:  # the next _forever() starts there (nothing here that could fail)
+                    self._restore = dataclasses.replace(resume, epoch_items=0)
                 raise
             produced += 1
             self._epoch_items = produced

@@ -111,6 +111,13 @@ def test_an_endless_loader_that_an_exception_stopped_continues_after_its_last_ba
     if culprit:
         assert culprit in str(raised.value)
         flag.unlink()
+    else:  # a state saved now continues there too, in another loader
+        monkeypatch.setattr(build, "get", get)
+        other = er.get_loader(_train(ds))
+        other.restore_state_rank(loader.save_state_rank().to_json())
+        it = iter(other)
+        assert [next(it).__key__ for _ in range(12 - len(got))] == expected[len(got):]
+        other.close()
     for batch in loader:
         got.append(batch.__key__)
         if len(got) == 12:
