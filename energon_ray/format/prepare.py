@@ -306,7 +306,7 @@ def unreadable_media(unreadable: List[str]) -> List[str]:
 def _check_config_name(name: str, taken: List[str]) -> None:
     """The dataset config's name: a ``.yaml`` file of its own in ``.nv-meta`` (not one that prepare
     writes besides it, which it would overwrite, nor one in a sub-folder)."""
-    if not isinstance(name, str) or name in ("", ".", "..") or not name.endswith((".yaml", ".yml")):
+    if not isinstance(name, str) or not name.endswith((".yaml", ".yml")):
         raise ValueError(f"the dataset config name must be a .yaml file name, got {name!r}")
     if name in taken:
         raise ValueError(f"the dataset config name {name!r} is a file prepare writes itself; choose another (e.g. dataset.yaml)")

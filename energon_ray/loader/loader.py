@@ -84,8 +84,6 @@ class EnergonLoader:
         #: a pass whose streams start with another world size's unfinished epoch (see loader.elastic)
         self._redist: Optional[Redistribution] = None
         self._epoch_items = 0
-        #: where an endless stream that an exception ended stood (its last item handed out)
-        self._resume: Optional[LoaderState] = None
         self._started = False
         self._executions: Dict[str, Any] = {}
         self.object_store_limit = object_store_limit
@@ -146,11 +144,8 @@ class EnergonLoader:
                 self._stream = None
                 self._epoch_items = 0
                 return
-            except BaseException:
+            except BaseException:  # _one_pass left where it stood in _restore: the next iter() goes on there
                 self._stream = None  # finished by the exception: its next next() would end the loop
-                resume, self._resume = self._resume, None
-                if resume is not None:  # the next _forever() starts there (nothing here that could fail)
-                    self._restore = dataclasses.replace(resume, epoch_items=0)
                 raise
             produced += 1
             self._epoch_items = produced
@@ -334,10 +329,11 @@ class EnergonLoader:
         )
 
     def _state_at_failure(self) -> Optional[LoaderState]:
-        """The state after the last item handed out, as an exception ends the pass (``None``, logged,
-        if it cannot be taken: the next ``iter()`` then starts the next pass)."""
+        """The state after the last item handed out, as an exception ends the pass, for the next
+        ``iter()`` (a new epoch of an epochized loader, as after a ``break``); ``None``, logged, if it
+        cannot be taken: the next ``iter()`` then starts the next pass."""
         try:
-            return self.save_state_rank()
+            return dataclasses.replace(self.save_state_rank(), epoch_items=0)
         except Exception:
             logger.warning("energon_ray: the interrupted pass cannot be continued; the next iter() starts a new one", exc_info=True)
             return None
@@ -357,7 +353,7 @@ class EnergonLoader:
             raise
         except BaseException:
             if endless and self._live is run:
-                self._resume = self._state_at_failure()
+                self._restore = self._state_at_failure()
             raise
         finally:
             multi.close()

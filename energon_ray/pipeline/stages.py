@@ -70,10 +70,12 @@ def _what(sample: Any) -> str:
     else:
         key, sources = getattr(sample, "__key__", None), getattr(sample, "__sources__", None)
     first = sources[0] if sources else None  # a SourceInfo, or its dict after dataclasses.asdict
-    field = first.get if isinstance(first, dict) else lambda name: getattr(first, name, None)
-    shard, root = field("shard_name") or "?", field("dataset_path")
+    if isinstance(first, dict):
+        shard, root = first.get("shard_name"), first.get("dataset_path")
+    else:
+        shard, root = getattr(first, "shard_name", None), getattr(first, "dataset_path", None)
     # the dataset too: a blend's datasets often share shard names and keys
-    return f"dataset {root}: {shard}: sample {key!r}" if root else f"{shard}: sample {key!r}"
+    return f"dataset {root}: {shard or '?'}: sample {key!r}" if root else f"{shard or '?'}: sample {key!r}"
 
 
 def _configs(config: Union[StageConfig, Mapping[int, StageConfig]]) -> Dict[int, StageConfig]:
