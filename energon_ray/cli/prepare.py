@@ -17,11 +17,11 @@ from energon_ray.format.prepare import (
     CRUDE,
     PrepareResult,
     already_prepared,
-    check_ratio,
     check_sample_config,
     prepare_dataset,
     write_dataset_config,
 )
+from energon_ray.format.split import check_ratio
 from energon_ray.samples import SAMPLE_TYPES
 from energon_ray.storage import as_path, is_remote
 

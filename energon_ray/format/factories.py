@@ -24,8 +24,8 @@ from energon_ray.format.dataset_yaml import DatasetSpec, _check_field_map, _load
 from energon_ray.format.info import meta_dir, write_info
 from energon_ray.format.indexer import index_dataset
 from energon_ray.format.media_index import MediaFilter, write_media_metadata
-from energon_ray.format.prepare import collapse_names, energon_version_string, split_by_patterns, split_by_ratio
-from energon_ray.format.split import write_split_file
+from energon_ray.format.prepare import energon_version_string
+from energon_ray.format.split import collapse_names, split_by_patterns, split_by_ratio, write_split_file
 from energon_ray.samples import CrudeSample, Sample
 from energon_ray.storage import as_path
 from energon_ray.task_encoder.base import DefaultTaskEncoder

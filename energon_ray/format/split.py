@@ -1,11 +1,15 @@
-"""``.nv-meta/split.yaml``: which shards form each split part, and what is excluded."""
+"""``.nv-meta/split.yaml``: which shards form each split part, and what is excluded; how prepare
+assigns shards to parts (by ratio or by patterns) and writes their names compactly."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import random
+import re
 from pathlib import Path
-from typing import Dict, FrozenSet, List, Tuple
+from typing import Dict, FrozenSet, List, Mapping, Sequence, Tuple
 
 import braceexpand
 import yaml
@@ -107,3 +111,113 @@ def write_split_file(
     meta.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump({"split_parts": split_parts, "exclude": list(exclude or [])}, sort_keys=False)
     return write_file(path, meta / split_config, text.encode())
+
+
+#: the parts a ratio split assigns shards to, in order
+RATIO_PARTS = ("train", "val", "test")
+_NUMBER_RE = re.compile(r"^(.*?)(\d+)(\D*)$")
+
+
+def split_by_ratio(
+    names: Sequence[str], ratio: Sequence[float], shuffle: bool = False, parts: Sequence[str] = RATIO_PARTS, seed: int = 42
+) -> Dict[str, List[str]]:
+    """Whole shards to train/val/test (or ``parts``): cut points ``int(n * cumulative normalised ratio)``;
+    ``shuffle`` shuffles the shards first with ``random.Random(seed)``.
+
+    As in Energon, except that the last part always ends at ``n``: Energon's float sum can end
+    just below 1 (e.g. ratio ``0.1,0.2,0.3``) and then silently drops the last shard.
+
+    Example:
+        >>> split_by_ratio(["a.tar", "b.tar", "c.tar"], [8, 1, 1])
+        {'train': ['a.tar', 'b.tar'], 'val': [], 'test': ['c.tar']}
+    """
+    order = list(names)
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    total = float(sum(ratio))
+    out, start, cumulative = {}, 0, 0.0
+    for i, (part, value) in enumerate(zip(parts, ratio)):
+        cumulative += value / total
+        end = len(order) if i == len(parts) - 1 else int(len(order) * cumulative)
+        out[part] = order[start:end]
+        start = end
+    return out
+
+
+def split_by_patterns(names: Sequence[str], patterns: Mapping[str, Sequence[str]]) -> Dict[str, List[str]]:
+    """Each part gets the shards (in ``names`` order) that a brace-expanded regex ``re.match``-es.
+
+    Example:
+        >>> split_by_patterns(["tr_0.tar", "tr_1.tar", "va_0.tar"], {"train": ["tr_.*"], "val": ["va_{0,9}"]})
+        {'train': ['tr_0.tar', 'tr_1.tar'], 'val': ['va_0.tar']}
+    """
+    out = {}
+    for part, part_patterns in patterns.items():
+        regexes = [re.compile(e) for p in part_patterns for e in braceexpand.braceexpand(p)]
+        out[part] = [n for n in names if any(r.match(n) for r in regexes)]
+    return out
+
+
+def collapse_names(names: Sequence[str]) -> List[str]:
+    """Brace-collapse runs of consecutively numbered names, keeping order.
+
+    Example:
+        >>> collapse_names(["s/a_00.tar", "s/a_01.tar", "s/a_02.tar", "s/b.tar"])
+        ['s/a_{00..02}.tar', 's/b.tar']
+    """
+    out: List[str] = []
+    run: List[Tuple[str, str, str]] = []  # (prefix, digits, suffix) of the current run
+
+    def flush() -> None:
+        if len(run) > 1:
+            out.append(f"{run[0][0]}{{{run[0][1]}..{run[-1][1]}}}{run[0][2]}")
+        else:
+            out.extend(p + d + s for p, d, s in run)
+        run.clear()
+
+    for name in names:
+        match = _NUMBER_RE.match(name)
+        if match is None or any(c in name for c in "{},"):
+            flush()
+            out.append(name)
+            continue
+        prefix, digits, suffix = match.groups()
+        last = run[-1] if run else None
+        if not (last and last[0] == prefix and last[2] == suffix and len(last[1]) == len(digits)
+                and int(last[1]) + 1 == int(digits)):  # fmt: skip
+            flush()
+        run.append((prefix, digits, suffix))
+    flush()
+    return out
+
+
+def check_ratio(split_ratio: Sequence[float]) -> Tuple[float, ...]:
+    """``split_ratio`` as 3 finite numbers >= 0 with a positive sum (ValueError otherwise)."""
+    try:
+        values = tuple(float(v) for v in split_ratio)
+    except (TypeError, ValueError):
+        raise ValueError(f"split_ratio must be 3 numbers (train, val, test), got {split_ratio!r}") from None
+    if len(values) != len(RATIO_PARTS):
+        raise ValueError(f"split_ratio must have 3 entries (train, val, test), got {list(values)}")
+    if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
+        raise ValueError(f"split_ratio entries must be >= 0 with a positive sum, got {list(values)}")
+    return values
+
+
+def check_split_parts(split_parts: Mapping[str, Sequence[str]]) -> Dict[str, List[str]]:
+    """``{part: [regex, ...]}`` checked (names, at least one valid brace-expanded regex each)."""
+    if not isinstance(split_parts, Mapping) or not split_parts:
+        raise ValueError(f"split_parts must map part names to regex lists, got {split_parts!r}")
+    out = {}
+    for part, patterns in split_parts.items():
+        patterns = [patterns] if isinstance(patterns, str) else list(patterns or [])
+        if not isinstance(part, str) or not part or not patterns:
+            raise ValueError(f"split_parts[{part!r}]: needs a non-empty name and at least one pattern")
+        for pattern in patterns:
+            for expanded in braceexpand.braceexpand(str(pattern)):
+                try:
+                    re.compile(expanded)
+                except re.error as exc:
+                    raise ValueError(f"split_parts[{part!r}]: {pattern!r} is not a valid regex: {exc}") from None
+        out[part] = [str(p) for p in patterns]
+    return out

@@ -22,7 +22,8 @@ from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_yaml import read_dataset_spec
 from energon_ray.format.pool import process_pool
-from energon_ray.format.prepare import collapse_names, prepare_dataset, split_by_ratio
+from energon_ray.format.prepare import prepare_dataset
+from energon_ray.format.split import collapse_names, split_by_ratio
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.format.tar_reader import ShardReader, parse_sample
 from energon_ray.synthetic import add_member, captioning_samples, write_shards
