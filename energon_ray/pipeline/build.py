@@ -103,8 +103,18 @@ def batch_samples(batch, config):
     return stage(batch)
 
 
+def _ray_data_stage(batch, fn, config):
+    """``fn``'s block with each payload in one buffer: Ray Data's block serialization takes no
+    ``binary_view`` columns (``rows.contiguous``)."""
+    from energon_ray.pipeline.rows import contiguous
+
+    return contiguous(fn(batch, config))
+
+
 def _map(ds: "ray.data.Dataset", fn, stage, remote: Dict[str, Any]) -> "ray.data.Dataset":
-    return ds.map_batches(fn, fn_args=(stage,), batch_size=None, batch_format="pyarrow", zero_copy_batch=True, **remote)
+    return ds.map_batches(
+        _ray_data_stage, fn_args=(fn, stage), batch_size=None, batch_format="pyarrow", zero_copy_batch=True, **remote
+    )
 
 
 def build_dataset(

@@ -6,6 +6,13 @@ and a closing ``REPORT`` row. A ``LEFTOVER`` row holds ``(bucket key, batch size
 sample payload)])`` groups whose samples stay serialized: the trainer pools them without decoding and
 a Ray task (``seam_batches``) batches them. An ``ITEM`` row lists the stream positions of the
 samples it holds (``positions``): a saved state records what was consumed by position.
+
+A payload is serialized in parts (``serde.dumps_parts``): the pickle stream in ``payload``, and,
+when a row holds large tensors, their buffers in ``buffers`` as they lie in the task's memory (a
+``list<binary_view>`` column over the tensors' own memory, no copy); Ray copies them into its object
+store once, and the trainer maps them there. Only blocks that a plain Ray task returns (``parts``)
+or that stay in the process have that column: Ray Data's own block serialization does not take
+``binary_view`` columns, so its stages return ``contiguous`` blocks (each payload in one buffer).
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ SCHEMA = pa.schema(
         ("positions", pa.list_(pa.int64())),
     ]
 )
+#: ``SCHEMA`` and each row's out-of-band buffers (a block with a row that has any)
+SPLIT_SCHEMA = SCHEMA.append(pa.field("buffers", pa.list_(pa.binary_view())))
+#: a ``binary_view`` value: its size, its first 4 bytes, the variadic buffer it lies in, its offset there
+_VIEW = np.dtype([("size", "<i4"), ("prefix", "V4"), ("buffer", "<i4"), ("offset", "<i4")])
+#: the largest buffer a view can name (int32 sizes); a row with a larger one is joined
+_VIEW_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass
@@ -97,9 +110,10 @@ _KIND_NAMES = {SEGMENT: "segment", ITEM: "batch/sample", LEFTOVER: "leftover sam
 
 class Dumped(NamedTuple):
     """A payload serialized already (``table`` takes it as is): a batch made while its segment was
-    still being encoded, serialized at once so its tensors and samples are freed."""
+    still being encoded, serialized at once so its samples are freed (its tensors stay, as the
+    payload's buffers)."""
 
-    buffer: pa.Buffer
+    parts: serde.Parts
 
 
 def dumped(row: Tuple[int, int, int, int, Any]) -> Dumped:
@@ -107,12 +121,12 @@ def dumped(row: Tuple[int, int, int, int, Any]) -> Dumped:
     return Dumped(_dump(row))
 
 
-def _dump(row: Tuple[int, int, int, int, Any]) -> pa.Buffer:
+def _dump(row: Tuple[int, int, int, int, Any], dumps: Callable[[Any], Any] = serde.dumps_parts) -> Any:
     kind, worker, segment, seq, payload = row
     if isinstance(payload, Dumped):
-        return payload.buffer
+        return payload.parts
     try:
-        return serde.dumps(payload)
+        return dumps(payload)
     except Exception as exc:
         keys = getattr(payload, "__key__", None) or getattr(payload, "__keys__", None)
         raise FatalSampleError(
@@ -126,7 +140,7 @@ def _dump(row: Tuple[int, int, int, int, Any]) -> pa.Buffer:
 def pack_leftovers(groups: List[Tuple[Any, int, List[Tuple[int, int, Any]]]], worker: int, segment: int) -> List[Any]:
     """Serialize each leftover sample on its own, so the trainer can pool them without decoding."""
     return [
-        (key, size, [(position, sub, _dump((LEFTOVER, worker, segment, position, sample))) for position, sub, sample in items])
+        (key, size, [(position, sub, _dump((LEFTOVER, worker, segment, position, sample), serde.dumps)) for position, sub, sample in items])
         for key, size, items in groups
     ]
 
@@ -223,24 +237,57 @@ def table(
     """Build a table from ``(kind, worker, segment, seq, payload object)`` tuples of one segment.
 
     ``source`` is the leaf dataset the segment belongs to; ``positions``, per row, the stream positions
-    of an item's samples (``None``: none). Each payload is serialized straight into an Arrow buffer
-    and wrapped without a copy.
+    of an item's samples (``None``: none). Each payload is serialized in parts and wrapped without a
+    copy: its large tensors stay where they are (the ``buffers`` column, when a row has any).
     """
     kinds, workers, segments, seqs, payloads = zip(*rows) if rows else ((), (), (), (), ())
-    chunks = [_binary_chunk(_dump(row)) for row in rows]
+    dumped = [_dump(row) for row in rows]
+    for i, parts in enumerate(dumped):
+        if any(b.size > _VIEW_MAX for b in parts.buffers):  # a view cannot name it: one buffer
+            dumped[i] = serde.Parts(serde.join(parts), [])
     n = len(rows)
-    return pa.Table.from_arrays(
-        [
-            _numbers(kinds, pa.int8(), np.int8),
-            _numbers(workers, pa.int32(), np.int32),
-            _numbers(segments, pa.int64(), np.int64),
-            _numbers(seqs, pa.int32(), np.int32),
-            _numbers([source] * n, pa.int32(), np.int32),
-            pa.chunked_array(chunks, pa.large_binary()),
-            _lists(positions if positions is not None else [None] * n),
-        ],
-        schema=SCHEMA,
-    )
+    columns = [
+        _numbers(kinds, pa.int8(), np.int8),
+        _numbers(workers, pa.int32(), np.int32),
+        _numbers(segments, pa.int64(), np.int64),
+        _numbers(seqs, pa.int32(), np.int32),
+        _numbers([source] * n, pa.int32(), np.int32),
+        pa.chunked_array([_binary_chunk(parts.head) for parts in dumped], pa.large_binary()),
+        _lists(positions if positions is not None else [None] * n),
+    ]
+    if not any(parts.buffers for parts in dumped):
+        return pa.Table.from_arrays(columns, schema=SCHEMA)
+    columns.append(pa.chunked_array([_views_chunk(parts.buffers) for parts in dumped], SPLIT_SCHEMA.field("buffers").type))
+    return pa.Table.from_arrays(columns, schema=SPLIT_SCHEMA)
+
+
+def contiguous(block: pa.Table) -> pa.Table:
+    """``block`` with each payload in one buffer and no ``buffers`` column (a copy of the payloads
+    that have buffers): what Ray Data's stages return, as its serialization takes no views."""
+    if "buffers" not in block.schema.names:
+        return block
+    payloads = [serde.join(p) if type(p) is serde.Parts else p for *_, p in iter_rows(block)]
+    joined = pa.chunked_array([_binary_chunk(p) for p in payloads], pa.large_binary())
+    return block.drop_columns(["buffers"]).set_column(SCHEMA.get_field_index("payload"), SCHEMA.field("payload"), joined)
+
+
+def _views_chunk(buffers: List[pa.Buffer]) -> pa.Array:
+    """One row of the ``buffers`` column: the list of ``buffers``, each a ``binary_view`` value over
+    the buffer itself (values of up to 12 bytes are held in their view, as Arrow requires)."""
+    views = np.zeros(len(buffers), dtype=_VIEW)
+    raw = views.view(np.uint8).reshape(len(buffers), _VIEW.itemsize)
+    variadic: List[pa.Buffer] = []
+    for i, buffer in enumerate(buffers):
+        size = buffer.size
+        head = memoryview(buffer)[: min(size, 12)].cast("B")
+        raw[i, :4] = np.frombuffer(np.int32(size).tobytes(), np.uint8)
+        raw[i, 4 : 4 + len(head)] = np.frombuffer(head, np.uint8)
+        if size > 12:
+            views["buffer"][i], views["offset"][i] = len(variadic), 0
+            variadic.append(buffer)
+    child = pa.Array.from_buffers(pa.binary_view(), len(buffers), [None, pa.py_buffer(views)] + variadic)
+    offsets = pa.py_buffer(np.array([0, len(buffers)], dtype=np.int32))
+    return pa.ListArray.from_buffers(SPLIT_SCHEMA.field("buffers").type, 1, [None, offsets], children=[child])
 
 
 # Columns are built from numpy buffers: ``pa.array`` of Python values imports pandas (0.2-0.9 s in a
@@ -301,13 +348,17 @@ def positions(batch: pa.Table) -> List[Optional[List[int]]]:
 
 
 def iter_rows(batch: pa.Table) -> Iterator[Tuple[int, int, int, int, Any]]:
-    """Yield ``(kind, worker, segment, seq, payload buffer)``; decode payloads with ``serde.loads``."""
+    """Yield ``(kind, worker, segment, seq, payload)``: a buffer, or ``serde.Parts`` where the row
+    has out-of-band buffers; decode payloads with ``serde.loads``."""
     kinds = batch.column("kind").to_pylist()
     workers = batch.column("worker").to_pylist()
     segments = batch.column("segment").to_pylist()
     seqs = batch.column("seq").to_pylist()
+    heads = _payload_buffers(batch.column("payload"))
+    if "buffers" in batch.schema.names:
+        heads = (serde.Parts(head, buffers) if buffers else head for head, buffers in zip(heads, _row_buffers(batch.column("buffers"))))
     i = 0
-    for payload in _payload_buffers(batch.column("payload")):
+    for payload in heads:
         yield kinds[i], workers[i], segments[i], seqs[i], payload
         i += 1
 
@@ -321,3 +372,26 @@ def _payload_buffers(column: pa.ChunkedArray) -> Iterator[pa.Buffer]:
         offsets = np.frombuffer(offsets_buf, dtype=np.int64, count=len(chunk) + 1, offset=chunk.offset * 8)
         for j in range(len(chunk)):
             yield data.slice(int(offsets[j]), int(offsets[j + 1] - offsets[j]))
+
+
+def _row_buffers(column: pa.ChunkedArray) -> Iterator[List[pa.Buffer]]:
+    """Each row's out-of-band buffers, each where its view points (no copy)."""
+    for chunk in column.chunks:
+        offsets = chunk.offsets.to_numpy()
+        values = chunk.values
+        if len(values) == 0:
+            for _ in range(len(chunk)):
+                yield []
+            continue
+        _, views_buf, *variadic = values.buffers()
+        views = np.frombuffer(views_buf, dtype=_VIEW, count=values.offset + len(values))[values.offset :]
+        raw = views.view(np.uint8).reshape(len(views), _VIEW.itemsize)
+        for j in range(len(chunk)):
+            out = []
+            for v in range(int(offsets[j]), int(offsets[j + 1])):
+                size = int(views["size"][v])
+                if size <= 12:
+                    out.append(pa.py_buffer(raw[v, 4 : 4 + size].tobytes()))
+                else:
+                    out.append(variadic[int(views["buffer"][v])].slice(int(views["offset"][v]), size))
+            yield out

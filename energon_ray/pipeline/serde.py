@@ -16,7 +16,7 @@ import struct
 import sys
 import types
 import warnings
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, NamedTuple, Tuple
 
 import cloudpickle
 import numpy as np
@@ -166,8 +166,40 @@ def _refresh_dispatch_table() -> None:
 _refresh_dispatch_table()
 
 
+class Parts(NamedTuple):
+    """A payload in parts (``dumps_parts``): the header and pickle stream, and the out-of-band
+    buffers, each where it lies (a tensor's own memory, or a view of Ray's object store)."""
+
+    head: pa.Buffer
+    buffers: List[pa.Buffer]
+
+
+def dumps_parts(obj: Any) -> Parts:
+    """Serialize ``obj`` without copying its large tensors: the pickle stream (with a header naming
+    each buffer's size) in one Arrow buffer, and each out-of-band buffer as an Arrow buffer that
+    wraps the tensor's memory (it keeps the tensor alive; writing to the tensor changes the payload).
+
+    Example:
+        >>> loads(dumps_parts({"x": torch.zeros(8192)}))["x"].shape
+        torch.Size([8192])
+    """
+    stream, buffers = _pickle(obj)
+    if not buffers:  # the header written ahead holds: only its body length to fill in
+        view = stream.getbuffer()
+        struct.pack_into("<I", view, 4, len(view) - len(_NO_BUFFERS_HEADER))
+        return Parts(pa.py_buffer(view), [])
+    raws = [b.raw() for b in buffers]
+    body = stream.getbuffer()[len(_NO_BUFFERS_HEADER) :]
+    header = _header(raws, len(body))
+    head = pa.allocate_buffer(len(header) + len(body))
+    view = memoryview(head).cast("B")
+    view[: len(header)] = header
+    view[len(header) :] = body
+    return Parts(head, [pa.py_buffer(raw) for raw in raws])
+
+
 def dumps(obj: Any) -> pa.Buffer:
-    """Serialize ``obj`` into an Arrow buffer; array buffers follow the pickle, 64-byte aligned.
+    """Serialize ``obj`` into one Arrow buffer; array buffers follow the pickle, 64-byte aligned.
 
     The buffer comes from Arrow's memory pool, which recycles memory: no page faults per payload,
     and Arrow tables can wrap it without a copy.
@@ -176,6 +208,28 @@ def dumps(obj: Any) -> pa.Buffer:
         >>> loads(dumps({"x": torch.arange(3)}))["x"].tolist()
         [0, 1, 2]
     """
+    stream, buffers = _pickle(obj)
+    if not buffers:
+        view = stream.getbuffer()
+        struct.pack_into("<I", view, 4, len(view) - len(_NO_BUFFERS_HEADER))
+        return pa.py_buffer(view)
+    raws = [b.raw() for b in buffers]
+    body = stream.getbuffer()[len(_NO_BUFFERS_HEADER) :]
+    return _joined(_header(raws, len(body)), body, raws)
+
+
+def join(parts: Parts) -> pa.Buffer:
+    """The one-buffer payload of ``parts`` (what ``dumps`` makes of the same object)."""
+    if not parts.buffers:
+        return parts.head
+    head = memoryview(parts.head).cast("B")
+    _, body_len, count = struct.unpack_from("<4sII", head, 0)
+    start = 12 + 8 * count
+    return _joined(head[:start], head[start : start + body_len], [memoryview(b).cast("B") for b in parts.buffers])
+
+
+def _pickle(obj: Any) -> Tuple[io.BytesIO, List[pickle.PickleBuffer]]:
+    """The pickle stream (after room for a header without buffers) and the out-of-band buffers."""
     modules = _by_value_modules()
     if modules != _BY_REFERENCE_UNDER[0]:  # cloudpickle.register_pickle_by_value since: decide again
         _BY_REFERENCE.clear()
@@ -186,13 +240,15 @@ def dumps(obj: Any) -> pa.Buffer:
     stream = io.BytesIO()
     stream.write(_NO_BUFFERS_HEADER)
     _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
-    if not buffers:  # the header written ahead holds: only its body length to fill in
-        view = stream.getbuffer()
-        struct.pack_into("<I", view, 4, len(view) - len(_NO_BUFFERS_HEADER))
-        return pa.py_buffer(view)
-    body = stream.getbuffer()[len(_NO_BUFFERS_HEADER) :]
-    raws = [b.raw() for b in buffers]
-    header = struct.pack(f"<4sII{len(raws)}Q", _MAGIC, len(body), len(raws), *[r.nbytes for r in raws])
+    return stream, buffers
+
+
+def _header(raws: List[memoryview], body_len: int = 0) -> bytes:
+    return struct.pack(f"<4sII{len(raws)}Q", _MAGIC, body_len, len(raws), *[r.nbytes for r in raws])
+
+
+def _joined(header: Any, body: Any, raws: List[memoryview]) -> pa.Buffer:
+    """Header, body and buffers in one Arrow buffer, each buffer at a 64-byte aligned offset."""
     positions = []
     total = len(header) + len(body)
     for raw in raws:
@@ -213,7 +269,8 @@ def dumps(obj: Any) -> pa.Buffer:
 
 
 def loads(data: Any, copy: bool = True) -> Any:
-    """Inverse of :func:`dumps`; accepts bytes, memoryview or a ``pyarrow.Buffer``.
+    """Inverse of :func:`dumps` and :func:`dumps_parts`; accepts bytes, memoryview, a
+    ``pyarrow.Buffer`` or ``Parts``.
 
     Args:
         data: the payload.
@@ -221,6 +278,18 @@ def loads(data: Any, copy: bool = True) -> Any:
             independent. ``False``: tensors and nested buffers are views of ``data`` and keep it
             alive (no copy at all); numpy arrays are then read-only when ``data`` is.
     """
+    if type(data) is Parts:
+        if copy or not data.buffers:
+            return loads(join(data), copy)
+        view = memoryview(data.head).cast("B")
+        body_len, sizes = _read_header(view)
+        start = 12 + 8 * len(sizes)
+        parts = [memoryview(b).cast("B") for b in data.buffers]
+        if [p.nbytes for p in parts] != list(sizes):
+            raise ValueError(
+                f"payload parts do not match their header: buffers of {[p.nbytes for p in parts]} bytes, header {list(sizes)}"
+            )
+        return pickle.loads(view[start : start + body_len], buffers=parts)
     source = memoryview(data).cast("B")
     if copy:
         buf = pa.allocate_buffer(source.nbytes)
@@ -228,11 +297,8 @@ def loads(data: Any, copy: bool = True) -> Any:
         view[:] = source
     else:
         view = source
-    magic, body_len, count = struct.unpack_from("<4sII", view, 0)
-    if magic != _MAGIC:
-        raise ValueError("payload was not written by energon_ray.pipeline.serde.dumps")
-    sizes = struct.unpack_from(f"<{count}Q", view, 12)
-    pos = 12 + 8 * count
+    body_len, sizes = _read_header(view)
+    pos = 12 + 8 * len(sizes)
     body = view[pos : pos + body_len]
     pos += body_len
     parts = []
@@ -241,3 +307,11 @@ def loads(data: Any, copy: bool = True) -> Any:
         parts.append(view[pos : pos + size])
         pos += size
     return pickle.loads(body, buffers=parts)
+
+
+def _read_header(view: memoryview) -> Tuple[int, Tuple[int, ...]]:
+    """The body length and the out-of-band buffers' sizes of a payload's header."""
+    magic, body_len, count = struct.unpack_from("<4sII", view, 0)
+    if magic != _MAGIC:
+        raise ValueError("payload was not written by energon_ray.pipeline.serde.dumps")
+    return body_len, struct.unpack_from(f"<{count}Q", view, 12)

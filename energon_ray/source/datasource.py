@@ -26,9 +26,10 @@ if TYPE_CHECKING:
 def _read(spec: "SegmentSpec", reader: Any) -> List[pa.Table]:
     """A read task's body (in the Ray task, never in the feeder)."""
     import_task_modules()
+    from energon_ray.pipeline.rows import contiguous
     from energon_ray.source.reader import read_segment
 
-    return [read_segment(spec, reader)]
+    return [contiguous(read_segment(spec, reader))]  # Ray Data's block serialization takes no views
 
 
 class SegmentDatasource(Datasource):

@@ -137,6 +137,31 @@ def test_batch_tensors_are_writable_views_that_outlive_the_loader(tmp_path):
     assert all(torch.isfinite(b.image).all() for b in batches[1:])
 
 
+def test_a_batchs_tensors_cross_rays_store_as_views_of_their_own_buffers(tmp_path):
+    """A segment task's block carries each batch's images as out-of-band buffers of their own (the
+    ``buffers`` column: never copied into the payload), and the tensor the trainer loads is a view
+    of that buffer where Ray's store mapped it; the batches equal those of a contiguous block."""
+    from energon_ray.pipeline import rows, serde
+    from energon_ray.pipeline.streams import TaskStream
+
+    path = captioning_dataset(tmp_path / "ds", n=8, per_shard=4)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    leaf = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, samples_per_segment=4).leaves()[0]
+    plan = leaf.plan()
+    stream = TaskStream(iter([plan.segment(0, i) for i in range(2)]), leaf.reader(), leaf.stage_config(), local_start="off")
+    blocks = list(stream)
+    assert len(blocks) == 2 and all(block.schema == rows.SPLIT_SCHEMA for block in blocks)
+    for block in blocks:
+        (item,) = [row[4] for row in rows.iter_rows(block) if row[0] == rows.ITEM]
+        assert type(item) is serde.Parts
+        image = serde.loads(item, copy=False).image
+        assert image.shape[0] == 4 and image.nbytes > serde.INBAND_BYTES
+        (buffer,) = [b for b in item.buffers if b.size == image.nbytes]
+        assert image.data_ptr() == buffer.address  # the trainer maps it: no copy
+        (joined,) = [row[4] for row in rows.iter_rows(rows.contiguous(block)) if row[0] == rows.ITEM]
+        assert torch.equal(serde.loads(joined).image, image)
+
+
 def _pinned_pass(loader, monkeypatch, step_s: float = 0.03, settle: Optional[Callable[[], None]] = None):
     """A pass of ``loader`` with pinning on (what ``pin_memory=None`` chooses on CUDA, from its next
     pass on) and a recording copy in place of torch's (which needs CUDA), ``step_s`` per training
@@ -410,9 +435,12 @@ def test_our_tasks_finish_their_work_when_ray_cancels_them(tmp_path):
 
 
 def _block_rows(table):
-    from energon_ray.pipeline import rows
+    from energon_ray.pipeline import rows, serde
 
-    return [(kind, worker, segment, seq, bytes(payload)) for kind, worker, segment, seq, payload in rows.iter_rows(table)]
+    def joined(payload):  # a payload in parts (large tensors out of band) as its bytes in one buffer
+        return bytes(serde.join(payload) if type(payload) is serde.Parts else payload)
+
+    return [(kind, worker, segment, seq, joined(payload)) for kind, worker, segment, seq, payload in rows.iter_rows(table)]
 
 
 def test_a_cold_first_block_is_made_in_the_loader_process_with_the_same_bytes(tmp_path, monkeypatch):

@@ -61,13 +61,73 @@ def test_table_parts_pickle_every_buffer_out_of_band_and_unpickle_to_the_table()
     table = rows.table(_sample_rows(), source=1, positions=[[1, 2], None, None])
     buffers = []
     data = pickle.dumps(rows.parts(table), protocol=5, buffer_callback=buffers.append)
-    payload_bytes = table.column("payload").nbytes
-    assert len(data) < 4096 < payload_bytes  # the payloads are not in the pickle stream
+    assert len(data) < 4096 < table.nbytes  # the payloads and tensors are not in the pickle stream
     views = [memoryview(bytearray(b.raw())) for b in buffers]
     restored = pickle.loads(data, buffers=views)
     assert isinstance(restored, pa.Table) and restored.equals(table)
-    # zero copy: the payload bytes are read where the buffers lie (Ray's object store in a task)
-    address = restored.column("payload").chunk(0).buffers()[2].address
+    # zero copy: the payload bytes and the tensors are read where the buffers lie (Ray's object store)
     starts = [np.frombuffer(v, dtype=np.uint8).ctypes.data for v in views]
-    assert any(start <= address < start + len(v) for start, v in zip(starts, views))
+
+    def mapped(address):
+        return any(start <= address < start + len(v) for start, v in zip(starts, views))
+
+    assert mapped(restored.column("payload").chunk(0).buffers()[2].address)
+    image = serde.loads(next(rows.iter_rows(restored))[4], copy=False)["image"]
+    assert mapped(image.data_ptr()) and torch.equal(image, _sample_rows()[0][4]["image"])
     assert rows.parts(None) is None
+
+
+def test_a_rows_large_tensors_stay_in_their_own_memory_until_ray_copies_them():
+    image = torch.rand(3, 64, 64)
+    table = rows.table([(rows.ITEM, 0, 0, 0, {"image": image, "small": torch.arange(4)}), (rows.REPORT, 0, 0, 1, None)])
+    table.validate(full=True)
+    assert table.schema == rows.SPLIT_SCHEMA
+    (_, buffer), = [(0, b) for b in table.column("buffers").chunk(0).values.buffers()[2:]]
+    assert buffer.address == image.data_ptr()  # wrapped, not copied
+    first, second = (row[4] for row in rows.iter_rows(table))
+    assert type(first) is serde.Parts and type(second) is pa.Buffer
+    loaded = serde.loads(first, copy=False)
+    assert loaded["image"].data_ptr() == image.data_ptr() and loaded["small"].tolist() == [0, 1, 2, 3]
+    copied = serde.loads(first)
+    assert copied["image"].data_ptr() != image.data_ptr() and torch.equal(copied["image"], image)
+
+
+def test_a_block_without_large_tensors_keeps_the_plain_schema():
+    table = rows.table([(rows.ITEM, 0, 0, 0, {"ids": torch.arange(8)}), (rows.REPORT, 0, 0, 1, {"done": True})])
+    assert table.schema == rows.SCHEMA and rows.contiguous(table) is table
+
+
+def test_contiguous_puts_each_payload_in_one_buffer_with_the_same_values():
+    table = rows.table(_sample_rows(), source=2, positions=[[5, 6], None, None])
+    joined = rows.contiguous(table)
+    joined.validate(full=True)
+    assert joined.schema == rows.SCHEMA
+    assert [r[:4] for r in rows.iter_rows(joined)] == [r[:4] for r in rows.iter_rows(table)]
+    assert all(type(r[4]) is pa.Buffer for r in rows.iter_rows(joined))
+    loaded = [serde.loads(r[4]) for r in rows.iter_rows(joined)]
+    assert torch.equal(loaded[0]["image"], _sample_rows()[0][4]["image"]) and loaded[1:] == [[b"x"], {"done": True}]
+    assert rows.positions(joined) == [[5, 6], None, None] and rows.sources(joined) == [2, 2, 2]
+
+
+def test_buffers_of_every_size_and_sliced_blocks_read_back():
+    # nested payloads travel out of band too: sizes of 0 and up to 12 bytes are held in their view
+    nested = [serde.dumps(b"") , pa.py_buffer(b""), pa.py_buffer(b"abc"), pa.py_buffer(bytes(range(12))), pa.py_buffer(bytes(range(13)))]
+    items = [(rows.ITEM, 0, 0, i, {"t": torch.full((5000,), float(i)), "nested": nested[i]}) for i in range(5)]
+    table = rows.table(items + [(rows.REPORT, 0, 0, 5, None)])
+    table.validate(full=True)
+    for start in range(4):
+        part = table.slice(start, 3)
+        for kind, _, _, seq, payload in rows.iter_rows(part):
+            value = serde.loads(payload, copy=False)
+            if kind == rows.ITEM:
+                assert value["t"].tolist() == [float(seq)] * 5000
+                assert bytes(value["nested"]) == bytes(nested[seq])
+
+
+def test_a_buffer_too_large_for_a_view_is_joined_into_its_payload(monkeypatch):
+    monkeypatch.setattr(rows, "_VIEW_MAX", 30000)
+    table = rows.table([(rows.ITEM, 0, 0, 0, {"a": torch.zeros(5000)}), (rows.ITEM, 0, 0, 1, {"a": torch.ones(10000)})])
+    first, second = (row[4] for row in rows.iter_rows(table))
+    assert type(first) is serde.Parts and type(second) is pa.Buffer
+    assert serde.loads(second)["a"].tolist() == [1.0] * 10000
+

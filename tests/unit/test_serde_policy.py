@@ -546,3 +546,14 @@ def test_small_tensors_travel_in_the_stream_and_load_writable_and_independent():
     assert not start <= out["small"].data_ptr() < end
     out["small"].add_(1)
     assert torch.equal(serde.loads(payload, copy=False)["small"], small)
+
+
+def test_dumps_parts_joined_is_dumps_and_loads_checks_its_parts():
+    obj = {"big": torch.rand(70, 70), "bf16": torch.ones(9000, dtype=torch.bfloat16), "small": torch.arange(3), "s": "v"}
+    parts = serde.dumps_parts(obj)
+    assert len(parts.buffers) == 2 and parts.buffers[0].address == obj["big"].data_ptr()
+    assert serde.join(parts).to_pybytes() == serde.dumps(obj).to_pybytes()
+    _assert_same(serde.loads(parts, copy=False), obj)
+    with pytest.raises(ValueError, match="do not match their header"):
+        serde.loads(serde.Parts(parts.head, parts.buffers[:1]), copy=False)
+    assert serde.loads(serde.dumps_parts([1, "x"])) == [1, "x"]
