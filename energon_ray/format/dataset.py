@@ -95,7 +95,7 @@ class PreparedDataset:
         )
         if check:
             def check_one(shard: ShardInfo) -> None:
-                check_tar_index(shard.path, read_tar_index(shard.path), shard.count)
+                check_tar_index(shard.path, read_tar_index(shard.path, root), shard.count)
 
             if isinstance(root, RemotePath):  # two requests per shard: overlap them
                 with ThreadPoolExecutor(max_workers=16) as pool:

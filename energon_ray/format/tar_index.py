@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from energon_ray.errors import DatasetConfigError
-from energon_ray.format.info import write_file
+from energon_ray.format.info import META_DIR, write_file
 from energon_ray.storage import RemotePath, as_path, is_remote, settings_of
 
 INDEX_SUFFIX = ".idx"
@@ -20,8 +20,22 @@ def index_path(shard_path: Path | str | RemotePath) -> Path | RemotePath:
     return as_path(str(shard_path) + INDEX_SUFFIX, settings_of(shard_path))
 
 
-def read_tar_index(shard_path: Path | str) -> np.ndarray:
-    """Read the ``count + 1`` offsets of a shard's index.
+def rebuild_command(shard_path: Path | str | RemotePath, root: Optional[Path | str] = None) -> str:
+    """The command that rewrites a shard's lost or broken index.
+
+    A ``.jsonl`` file is prepared on its own; a tar shard's index is rebuilt with ``--tar-index-only``,
+    because plain ``prepare`` refuses a dataset that already has ``.nv-meta``. ``root`` (the dataset
+    folder) is looked up above a local shard when not given.
+    """
+    if str(shard_path).endswith(".jsonl"):
+        return f"energon-ray prepare {shard_path}"
+    if root is None and not is_remote(shard_path):
+        root = next((p for p in Path(shard_path).absolute().parents if (p / META_DIR).is_dir()), None)
+    return f"energon-ray prepare --tar-index-only {root if root is not None else '<dataset root>'}"
+
+
+def read_tar_index(shard_path: Path | str, root: Optional[Path | str] = None) -> np.ndarray:
+    """Read the ``count + 1`` offsets of a shard's index (``root``, the dataset folder, only goes into messages).
 
     Raises:
         DatasetConfigError: if the index is missing or not a whole number of uint64 values.
@@ -31,7 +45,7 @@ def read_tar_index(shard_path: Path | str) -> np.ndarray:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise DatasetConfigError(
-            f"{path}: missing tar index for shard {shard_path}; run `energon-ray prepare` on the dataset"
+            f"{path}: missing index of {shard_path}; run `{rebuild_command(shard_path, root)}` to rebuild it"
         ) from None
     if len(raw) % 8 != 0 or len(raw) < 8:
         raise DatasetConfigError(f"{path}: {len(raw)} bytes is not a valid .tar.idx (count+1 uint64 offsets)")

@@ -196,6 +196,41 @@ def test_lint_reports_a_truncated_shard_and_its_cut_off_sample(dataset):
     assert res.stdout.splitlines()[-1] == "10 samples checked, 1 bad, 1 index problems"
 
 
+def suggested_command(message: str) -> list:
+    """The arguments of the `energon-ray …` command an error message suggests."""
+    (command,) = re.findall(r"`energon-ray ([^`]*)`", message)
+    return command.split()
+
+
+def test_lint_names_a_lost_index_and_the_command_that_rebuilds_it(dataset):
+    """A shard without .tar.idx: lint names it and suggests `prepare --tar-index-only ROOT`; running that makes lint clean."""
+    (dataset / "shards" / "shard_0001.tar.idx").unlink()
+    res = run_cli("lint", dataset)
+    assert res.exit_code == 1, res.output
+    shard, key, field, reason = columns(res.stdout.splitlines()[0])
+    assert (shard, key, field) == ("shards/shard_0001.tar", "-", "index")
+    assert f"missing index of {dataset / 'shards' / 'shard_0001.tar'}" in reason
+    assert suggested_command(reason) == ["prepare", "--tar-index-only", str(dataset)]
+    preview = run_cli("preview", dataset, "-n", 10)
+    assert preview.exit_code == 1 and f"`energon-ray prepare --tar-index-only {dataset}`" in preview.output
+    fix = run_cli(*suggested_command(reason), "--no-progress")
+    assert fix.exit_code == 0, fix.output
+    res = run_cli("lint", dataset)
+    assert res.exit_code == 0 and res.stdout.splitlines() == ["10 samples checked, 0 bad"], res.output
+
+
+def test_a_lost_jsonl_index_suggests_preparing_the_file(tmp_path):
+    """A .jsonl without its .jsonl.idx: the error suggests `prepare FILE`, which restores it."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"text": "hello"}) + "\n")
+    prepare_jsonl(corpus, progress=False)
+    (tmp_path / "corpus.jsonl.idx").unlink()
+    res = run_cli("lint", corpus)
+    assert res.exit_code == 1 and suggested_command(res.output) == ["prepare", str(corpus)], res.output
+    assert run_cli(*suggested_command(res.output), "--no-progress").exit_code == 0
+    assert run_cli("lint", corpus).stdout.splitlines() == ["1 samples checked, 0 bad"]
+
+
 def test_preview_and_lint_read_a_jsonl_file(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join([json.dumps({"text": "hello"}), "{not json", json.dumps({"text": "bye", "n": [1, 2]})]) + "\n")
