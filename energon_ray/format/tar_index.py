@@ -13,6 +13,8 @@ from energon_ray.format.info import META_DIR, write_file
 from energon_ray.storage import RemotePath, as_path, is_remote, settings_of
 
 INDEX_SUFFIX = ".idx"
+#: Offsets are stored as uint64 but used as int64 (numpy, ``os.pread``): larger values are corrupt.
+MAX_OFFSET = 2**63
 
 
 def index_path(shard_path: Path | str | RemotePath) -> Path | RemotePath:
@@ -38,7 +40,8 @@ def read_tar_index(shard_path: Path | str, root: Optional[Path | str] = None) ->
     """Read the ``count + 1`` offsets of a shard's index (``root``, the dataset folder, only goes into messages).
 
     Raises:
-        DatasetConfigError: if the index is missing or not a whole number of uint64 values.
+        DatasetConfigError: if the index is missing, not a whole number of uint64 values, or holds a
+            value of 2**63 or more (no file is that large: a corrupt index, which int64 would wrap).
     """
     path = index_path(shard_path)
     try:
@@ -49,7 +52,15 @@ def read_tar_index(shard_path: Path | str, root: Optional[Path | str] = None) ->
         ) from None
     if len(raw) % 8 != 0 or len(raw) < 8:
         raise DatasetConfigError(f"{path}: {len(raw)} bytes is not a valid .tar.idx (count+1 uint64 offsets)")
-    return np.frombuffer(raw, dtype=np.uint64).astype(np.int64)
+    values = np.frombuffer(raw, dtype=np.uint64)
+    too_large = np.flatnonzero(values >= np.uint64(MAX_OFFSET))
+    if too_large.size:
+        entry = int(too_large[0])
+        raise DatasetConfigError(
+            f"{path}: entry #{entry} of {len(values)} is {int(values[entry])}, not a byte offset (offsets are below "
+            f"2**63); the index is corrupt: run `{rebuild_command(shard_path, root)}` to rebuild it"
+        )
+    return values.astype(np.int64)
 
 
 def write_tar_index(shard_path: Path | str, offsets: Sequence[int], root: Optional[Path | str] = None) -> Path:

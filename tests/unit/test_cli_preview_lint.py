@@ -9,6 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import PIL.Image
 import PIL.ImageOps
 import pytest
@@ -230,6 +231,22 @@ def test_a_lost_jsonl_index_suggests_preparing_the_file(tmp_path):
     assert run_cli(*suggested_command(res.output), "--no-progress").exit_code == 0
     assert run_cli("lint", corpus).stdout.splitlines() == ["1 samples checked, 0 bad"]
 
+
+def test_lint_and_preview_refuse_an_index_offset_of_2_63_as_an_index_problem(dataset):
+    """An end offset of exactly 2**63 (negative as int64): an index problem naming file, entry and value, no crash."""
+    idx = dataset / "shards" / "shard_0001.tar.idx"
+    offsets = np.frombuffer(idx.read_bytes(), dtype=np.uint64).copy()
+    offsets[-1] = np.uint64(2**63)
+    idx.write_bytes(offsets.tobytes())
+    expected = f"{idx}: entry #4 of 5 is {2**63}, not a byte offset"
+    res = run_cli("lint", dataset)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    shard, key, field, reason = columns(res.stdout.splitlines()[0])
+    assert (shard, key, field) == ("shards/shard_0001.tar", "-", "index") and reason.startswith(expected)
+    assert res.stdout.splitlines()[1:] == ["6 samples checked, 0 bad, 1 index problems"]
+    res = run_cli("preview", dataset, "-n", 10)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert f"Error: {expected}" in res.output
 
 def test_preview_and_lint_read_a_jsonl_file(tmp_path):
     corpus = tmp_path / "corpus.jsonl"

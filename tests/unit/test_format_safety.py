@@ -211,6 +211,22 @@ def test_misaligned_first_offset_is_an_error_even_when_read_alone(tmp_path):
     assert re.search(expected, data.fatal[1])
 
 
+@pytest.mark.parametrize("entry, value", [(3, 2**63), (0, 2**64 - 1)])
+def test_an_index_value_of_2_63_or_more_is_refused_naming_file_entry_and_value(tmp_path, entry, value):
+    """uint64 offsets that int64 would wrap to negative: DatasetConfigError naming the .idx, entry and value."""
+    root = prepared_text(tmp_path / "ds")
+    shard = root / "shards" / "shard_0001.tar"
+    offsets = read_tar_index(shard).astype(np.uint64)
+    offsets[entry] = np.uint64(value)
+    Path(str(shard) + ".idx").write_bytes(offsets.tobytes())
+    with pytest.raises(DatasetConfigError) as err:
+        read_tar_index(shard)
+    assert str(err.value).startswith(f"{shard}.idx: entry #{entry} of 4 is {value}, not a byte offset")
+    assert f"energon-ray prepare --tar-index-only {root}" in str(err.value)
+    with pytest.raises(DatasetConfigError, match=rf"entry #{entry} of 4 is {value}"):
+        PreparedDataset.open(root, "train")
+
+
 def test_a_corrupt_header_at_a_correct_offset_stays_a_counted_skip(tmp_path):
     root = prepared_text(tmp_path / "ds")
     shard = root / "shards" / "shard_0001.tar"
