@@ -45,6 +45,8 @@ class ShardIndex:
     keys: Tuple[str, ...]
     #: ``(sample_index, part_name, content_byte_offset, content_byte_size)`` per member.
     parts: Tuple[Tuple[int, str, int, int], ...]
+    #: Members left out though they are no folder nor ``__meta__``-like: ``"'name' (why)"``, in tar order.
+    skipped: Tuple[str, ...] = ()
 
     @property
     def count(self) -> int:
@@ -112,6 +114,20 @@ def _check_tar_end(file, path: Path | RemotePath, end: int) -> None:
         raise DatasetConfigError(f"{path}: invalid tar header at byte {end}; the shard is corrupt after that point")
 
 
+def _skip_reason(member: tarfile.TarInfo, split: Optional[Tuple[str, str]]) -> Optional[str]:
+    """Why a member is no sample part (``""``: a folder or ``__meta__``-like, left out as a matter of course),
+    or None for a sample part."""
+    if member.isdir() or SKIP_META_RE.match(member.name):
+        return ""
+    if not member.isreg():
+        return "not a regular file"
+    if split is None:
+        if "." in member.name.rsplit("/", 1)[-1]:
+            return "no sample key: the file name starts with a dot"
+        return "no extension: a part is named by what follows the first dot of the file name"
+    return None
+
+
 def index_shard(root: Path | str, name: str) -> ShardIndex:
     """Index one tar shard and write its ``.tar.idx``.
 
@@ -122,7 +138,8 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
         name: the shard's path relative to ``root``.
 
     Returns:
-        The shard's offsets, keys and part locations.
+        The shard's offsets, keys and part locations, and the members left out as no sample part
+        (named in ``skipped``: e.g. ``000001`` without an extension, a symlink).
 
     Raises:
         DatasetConfigError: unreadable, compressed, corrupt or empty tar, a member name that is not
@@ -134,6 +151,7 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
     parts: List[Tuple[int, str, int, int]] = []
     first_seen: Dict[str, int] = {}
     sample_parts: Set[str] = set()  # the parts of the sample being read
+    skipped: List[str] = []
     with path.open("rb") as file:
         if file.read(2) == b"\x1f\x8b":
             raise DatasetConfigError(
@@ -150,7 +168,10 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
                             f"names must be UTF-8 text)"
                         )
                     split = split_member_name(member.name)
-                    if not member.isreg() or SKIP_META_RE.match(member.name) or split is None:
+                    reason = _skip_reason(member, split)
+                    if reason is not None:
+                        if reason:
+                            skipped.append(f"{member.name!r} ({reason})")
                         continue
                     key, part = split
                     if not keys or keys[-1] != key:
@@ -180,7 +201,7 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
     write_tar_index(path, offsets, root)
     if path.suffix == ".tgz" and not path.with_suffix(".tar").exists():
         write_tar_index(path.with_suffix(".tar"), offsets, root)  # megatron-energon names it x.tar.idx
-    return ShardIndex(name=name, offsets=tuple(offsets), keys=tuple(keys), parts=tuple(parts))
+    return ShardIndex(name=name, offsets=tuple(offsets), keys=tuple(keys), parts=tuple(parts), skipped=tuple(skipped))
 
 
 def _index_shards(root: Path, names: List[str], num_workers: int, progress: bool) -> Iterator[ShardIndex]:
@@ -255,12 +276,14 @@ def _finish_index_db(db: sqlite3.Connection, tmp: Path, final: Path | RemotePath
 
 def index_dataset(
     root: Path, names: List[str], *, num_workers: int = 1, progress: bool = True,
-    shard_indexer: Optional[ShardIndexer] = None,
+    shard_indexer: Optional[ShardIndexer] = None, skipped: Optional[List[str]] = None,
 ) -> Tuple[Dict[str, int], Tuple[str, ...]]:
     """Index every shard (``.tar.idx``) and write ``.nv-meta/index.sqlite`` and ``index.uuid``.
 
     ``shard_indexer`` replaces the local process pool (``num_workers``, ``progress``): e.g. Ray tasks
     (``jobs/prepare_job.py``); the files written are the same, since only the per-shard work moves.
+    ``skipped``, when given, receives each member left out as no sample part (``"shard: 'member' (why)"``),
+    so a caller can count and report them.
 
     Returns:
         ``({shard name: sample count} in ``names`` order, sorted part names)``.
@@ -286,6 +309,8 @@ def index_dataset(
                 raise RuntimeError(f"the shard indexer yielded {shard.name!r} as shard #{shard_id} of {names}")
             _insert_shard(db, shard_id, shard, names)
             counts[shard.name] = shard.count
+            if skipped is not None:
+                skipped.extend(f"{shard.name}: {entry}" for entry in shard.skipped)
             if len(part_types) < 1000:
                 part_types.update(p[1] for p in shard.parts)
         if len(counts) != len(names):

@@ -193,6 +193,13 @@ def unreadable_media(unreadable: List[str]) -> List[str]:
     return [f"{len(unreadable)} media file(s) could not be read and have no metadata row, e.g. {unreadable[0]}"]
 
 
+def skipped_members(skipped: List[str]) -> List[str]:
+    """A warning for the tar members left out as no sample part (none when there are none)."""
+    if not skipped:
+        return []
+    return [f"{len(skipped)} tar member(s) are no sample part and were left out, e.g. {skipped[0]}"]
+
+
 def _check_config_name(name: str, taken: List[str]) -> None:
     """The dataset config's name: a ``.yaml`` file of its own in ``.nv-meta`` (not one that prepare
     writes besides it, which it would overwrite, nor one in a sub-folder)."""
@@ -224,10 +231,11 @@ def _reindex(
             f"tar_index_only only rebuilds the indexes of the shards listed in .nv-meta/.info.json; drop {given}"
         )
     old = read_info(root)
+    skipped: List[str] = []
     counts, part_types = index_dataset(
-        root, list(old), num_workers=num_workers, progress=progress, shard_indexer=shard_indexer
+        root, list(old), num_workers=num_workers, progress=progress, shard_indexer=shard_indexer, skipped=skipped
     )
-    warnings = []
+    warnings = skipped_members(skipped)
     if counts != old:
         write_info(root, counts, energon_version_string())
         changed = [n for n in counts if counts[n] != old[n]]
@@ -324,8 +332,9 @@ def prepare_dataset(
     if not names:
         excluded = f" after excluding {exclude}" if exclude else ""
         raise DatasetConfigError(f"{root}: no .tar/.tgz shards found{excluded}" + "".join(f"; {w}" for w in linked))
+    skipped: List[str] = []
     counts, part_types = index_dataset(
-        root, names, num_workers=num_workers, progress=progress, shard_indexer=shard_indexer
+        root, names, num_workers=num_workers, progress=progress, shard_indexer=shard_indexer, skipped=skipped
     )
     media_rows, unreadable = None, []
     if media_filter is not None:
@@ -333,7 +342,8 @@ def prepare_dataset(
     write_info(root, counts, energon_version_string())
     splits = split_by_ratio(names, ratio, shuffle_tars) if ratio else split_by_patterns(names, patterns or {})
     write_split_file(root, {part: collapse_names(shards) for part, shards in splits.items()}, split_config=SPLIT_FILE)
-    warnings = linked + _warnings(splits, names, parsed_map, part_types) + unreadable_media(unreadable)
+    warnings = linked + skipped_members(skipped) + _warnings(splits, names, parsed_map, part_types)
+    warnings += unreadable_media(unreadable)
     yaml_path = loader = None
     if sample_type is not None:
         yaml_path, loader = write_dataset_config(root, sample_type, field_map, part_types, dataset_config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -14,6 +15,7 @@ import yaml
 
 from energon_ray.errors import DatasetConfigError, ShardReadError
 from energon_ray.format.dataset import PreparedDataset
+from energon_ray.format.indexer import index_dataset
 from energon_ray.format.info import read_info
 from energon_ray.format.prepare import prepare_dataset
 from energon_ray.format.tar_index import read_tar_index
@@ -269,6 +271,35 @@ def test_reading_a_member_name_that_is_not_utf8_is_a_named_error(tmp_path):
     data = read_all(root, tolerance=1000)
     assert data.fatal is None and len(data.raw) == 5
     assert "b'\\xff\\xfe0001.txt' is not valid UTF-8" in data.runs[0].messages[0]
+
+
+def test_members_that_are_no_sample_part_are_left_out_counted_and_named_by_prepare(tmp_path):
+    """``000003`` (no extension), ``.hidden`` and a symlink: left out of every sample, as webdataset leaves them,
+    but a prepare warning counts them and names shard and member; folders and ``__meta__`` stay silent."""
+    root = tmp_path / "ds"
+    text_shards(root)
+    shard = root / "shards" / "shard_0001.tar"
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, kind in (("sub", tarfile.DIRTYPE), ("__meta__", tarfile.REGTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            tar.addfile(info, io.BytesIO(b""))
+        for name, data in (("000003.txt", b"3"), ("000003", b"no part"), ("000004.txt", b"4"), (".hidden", b"")):
+            add_member(tar, name, data, mtime=0)
+        link = tarfile.TarInfo("000004.json")
+        link.type, link.linkname = tarfile.SYMTYPE, "000003.txt"
+        tar.addfile(link)
+    no_ext = "'000003' (no extension: a part is named by what follows the first dot of the file name)"
+    expected = f"3 tar member(s) are no sample part and were left out, e.g. shards/shard_0001.tar: {no_ext}"
+    result = prepare_dataset(root, split_ratio=[1, 0, 0], **TEXT)
+    assert result.shard_counts["shards/shard_0001.tar"] == 2 and expected in result.warnings, result.warnings
+    skipped = []
+    index_dataset(root, ["shards/shard_0001.tar"], progress=False, skipped=skipped)
+    assert skipped[1:] == ["shards/shard_0001.tar: '.hidden' (no sample key: the file name starts with a dot)",
+                           "shards/shard_0001.tar: '000004.json' (not a regular file)"]
+    assert expected in prepare_dataset(root, tar_index_only=True, progress=False).warnings
+    data = read_all(root)
+    assert data.fatal is None and [sorted(p for p in raw if not p.startswith("__")) for *_, raw in data.raw] == [["txt"]] * 5
 
 
 def test_prepare_refuses_a_sample_that_holds_a_part_twice_naming_shard_key_and_member(tmp_path):
