@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from energon_ray.loader.savable import fingerprints, new_state, warn_other_encoders
+from energon_ray.loader.savable import fingerprints, new_state, warn_other_encoders, what_differs
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, expand_ranges
 from energon_ray.plan.stream import SegmentLayout
 from energon_ray.worker import WorkerConfig
@@ -93,6 +93,12 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
     ours = accepted[0]
     for s in states:
         if s.version != STATE_VERSION or s.order_fingerprint not in accepted:
+            named = what_differs(s, dataset, order_only=True)
+            if named:
+                raise StateError(
+                    f"the states were saved for another dataset or sample order: {named}; only the world size, "
+                    "worker count, batch size and task encoders may change"
+                )
             raise StateError(
                 "the states were saved for another dataset or sample order (datasets, split, seeds, shuffle or weights "
                 f"differ: order fingerprint {s.order_fingerprint or 'none'} vs {ours}); only the world size, "

@@ -14,6 +14,7 @@ from numbers import Integral
 from typing import Any, Dict, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, PassContext
+from energon_ray.loader.config_summary import differences, explain, summarize
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.restore import rebuild_batch, rebuild_chained_batch, rebuild_blended_batch, rebuild_packed_batch, restore_streams
@@ -110,6 +111,18 @@ def describe(dataset: Composition, order_only: bool = False, encoders: bool = Fa
     return out
 
 
+#: the description's names that ``order_only`` leaves out or replaces (another world size changes them)
+ORDER_FREE = ("batch_size", "rotation")
+
+
+def what_differs(state: LoaderState, dataset: Composition, order_only: bool = False) -> str:
+    """The configuration ``state`` was saved for against ``dataset``'s, as ``config_summary.explain``
+    words it (``""``: nothing to name, as for a state saved before summaries); ``order_only``: only
+    what changes the sample order."""
+    current = summarize(describe(dataset), max_chars=None)
+    return explain(differences(state.config_summary, current, ignore=ORDER_FREE if order_only else ()))
+
+
 def encoder_name(leaf: Any) -> str:
     """A leaf's task encoder class, as a state records it."""
     return type(leaf.task_encoder).__qualname__
@@ -134,17 +147,19 @@ def warn_other_encoders(saved: List[str], dataset: Composition) -> None:
 
 def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderState:
     wc = dataset.worker_config
+    description = describe(dataset)
     return LoaderState(
         version=STATE_VERSION,
         rank=wc.rank,
         world_size=wc.world_size,
         num_workers=dataset.num_workers,
-        fingerprint=fingerprint(describe(dataset)),
+        fingerprint=fingerprint(description),
         passes=passes,
         epoch_items=epoch_items,
         segment_lengths=[leaf.segment_layout.to_list() for leaf in dataset.leaves()],
         order_fingerprint=fingerprint(describe(dataset, order_only=True)),
         task_encoders=[encoder_name(leaf) for leaf in dataset.leaves()],
+        config_summary=summarize(description),
     )
 
 
@@ -158,6 +173,12 @@ def check_fits(state: LoaderState, dataset: Composition) -> None:
                 "restore each rank's own state into a loader with the same WorkerConfig (rank, world_size, num_workers)"
             )
     if state.fingerprint not in fingerprints(dataset):
+        named = what_differs(state, dataset)
+        if named:
+            raise StateError(
+                f"the state was saved for another dataset configuration: {named}; build the loader with the "
+                "arguments it was saved with"
+            )
         raise StateError(
             "the state was saved for another dataset configuration (datasets, split, options or weights "
             f"differ: fingerprint {state.fingerprint} vs {expected.fingerprint}); build the loader with the "

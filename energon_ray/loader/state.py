@@ -127,6 +127,9 @@ class LoaderState:
     elastic: Optional[Dict[str, Any]] = None
     #: each leaf's task encoder class (a restore under other ones is allowed, and logged)
     task_encoders: List[str] = dataclasses.field(default_factory=list)
+    #: ``config_summary.summarize`` of what ``fingerprint`` digests: names what differs when a
+    #: restore is refused (empty in states saved before it was recorded)
+    config_summary: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -171,6 +174,7 @@ class LoaderState:
             order_fingerprint=data.get("order_fingerprint", ""),
             elastic=data.get("elastic"),
             task_encoders=list(data.get("task_encoders", [])),
+            config_summary=dict(data.get("config_summary", {})),
         )
 
     @classmethod

@@ -187,8 +187,10 @@ def test_what_cannot_move_says_so(roots, tmp_path):
         new.restore_state_rank(states[0])
     with pytest.raises(er.StateError, match="states of all 2 ranks"):
         new.restore_state_global([states[1]])
-    other = er.get_savable_loader(train(roots["a"], wc(0, 1, 2), 4, repeat=False, shuffle_over_epochs_multiplier=2))
-    with pytest.raises(er.StateError, match="another dataset or sample order"):
+    # the global batch size kept (8 on one rank): only the option that changes the order is named
+    other = er.get_savable_loader(train(roots["a"], wc(0, 1, 2), 8, repeat=False, shuffle_over_epochs_multiplier=2))
+    named = "options.shuffle_over_epochs was 1, is now 2"
+    with pytest.raises(er.StateError, match=f"another dataset or sample order: {named}; only the world size, worker count"):
         other.restore_state_global(states)
     new.close()
     other.close()

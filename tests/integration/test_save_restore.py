@@ -358,6 +358,44 @@ def test_save_before_iterating_and_mismatched_restores(roots):
     three.close()
 
 
+def test_a_state_of_another_batch_size_or_weight_is_refused_naming_it(roots):
+    """The StateError names the option or weight that differs with the saved and the current value; a
+    state saved before summaries (no ``config_summary``) still restores, and a mismatch names fingerprints."""
+
+    def blend(batch_size=3, weight=1):
+        return er.get_savable_loader(er.BlendDataset(
+            (er.get_train_dataset(roots["a"], batch_size=batch_size, worker_config=WC), 1),
+            (er.get_train_dataset(roots["b"], batch_size=3, worker_config=WC), weight),
+        ))  # fmt: skip
+
+    saved = blend()
+    it = iter(saved)
+    for _ in range(3):
+        next(it)
+    state = saved.save_state_rank().to_dict()
+    rest = [describe(next(it)) for _ in range(4)]
+    saved.close()
+    assert state["config_summary"]["parts[0].options.batch_size"] == 3
+    for other, named in [
+        (blend(batch_size=4), r"parts\[0\]\.options\.batch_size was 3, is now 4"),
+        (blend(weight=3), r"weights was \[0\.5, 0\.5\], is now \[0\.25, 0\.75\]"),
+    ]:
+        with pytest.raises(er.StateError, match=f"another dataset configuration: {named}; build the loader with the arguments"):
+            other.restore_state_rank(state)
+        other.close()
+
+    old = {k: v for k, v in state.items() if k != "config_summary"}
+    other = blend(batch_size=4)
+    with pytest.raises(er.StateError, match=r"options or weights differ: fingerprint \w+ vs \w+\); build the loader"):
+        other.restore_state_rank(old)
+    other.close()
+    same = blend()
+    same.restore_state_rank(old)
+    it = iter(same)
+    assert [describe(next(it)) for _ in range(4)] == rest
+    same.close()
+
+
 class Upper(Augmented):
     """Another task encoder class: the same samples, texts upper-cased in the batch."""
 
