@@ -279,8 +279,10 @@ def loads(data: Any, copy: bool = True) -> Any:
             alive (no copy at all); numpy arrays are then read-only when ``data`` is.
     """
     if type(data) is Parts:
-        if copy or not data.buffers:
-            return loads(join(data), copy)
+        if not data.buffers:
+            return loads(data.head, copy)
+        if copy:  # joining copies every part once: the tensors are views of that private buffer
+            return loads(join(data), copy=False)
         view = memoryview(data.head).cast("B")
         body_len, sizes = _read_header(view)
         start = 12 + 8 * len(sizes)

@@ -44,13 +44,15 @@ def test_empty_table_has_the_schema():
     assert table.num_rows == 0 and table.schema == rows.SCHEMA
 
 
-def test_building_a_table_never_imports_pandas():
+def test_building_and_reading_a_table_never_imports_pandas():
     # pa.array of Python values imports pandas: 0.2-0.9 s at a fresh Ray worker's first segment
     code = (
         "import sys, torch\n"
         "import energon_ray.pipeline.stages\n"
         "from energon_ray.pipeline import rows\n"
-        "rows.table([(rows.ITEM, 0, 0, 0, {'x': torch.zeros(4)}), (rows.REPORT, 0, 0, 1, None)], positions=[[1], None])\n"
+        "t = rows.table([(rows.ITEM, 0, 0, 0, {'x': torch.zeros(9000)}), (rows.REPORT, 0, 0, 1, None)], positions=[[1], None])\n"
+        "from energon_ray.pipeline import serde\n"
+        "assert t.schema == rows.SPLIT_SCHEMA and serde.loads(next(rows.iter_rows(t))[4], copy=False)['x'].shape == (9000,)\n"
         "print('pandas' in sys.modules, 'pyarrow.compute' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
@@ -90,6 +92,9 @@ def test_a_rows_large_tensors_stay_in_their_own_memory_until_ray_copies_them():
     assert loaded["image"].data_ptr() == image.data_ptr() and loaded["small"].tolist() == [0, 1, 2, 3]
     copied = serde.loads(first)
     assert copied["image"].data_ptr() != image.data_ptr() and torch.equal(copied["image"], image)
+    before = image.clone()
+    copied["image"].add_(1)  # a copied load owns its memory: writable, and the source stays as it was
+    assert torch.equal(image, before) and torch.equal(copied["image"], before + 1)
 
 
 def test_a_block_without_large_tensors_keeps_the_plain_schema():
