@@ -18,6 +18,7 @@ or that stay in the process have that column: Ray Data's own block serialization
 from __future__ import annotations
 
 import dataclasses
+import struct
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -45,6 +46,7 @@ SCHEMA = pa.schema(
 SPLIT_SCHEMA = SCHEMA.append(pa.field("buffers", pa.list_(pa.binary_view())))
 #: a ``binary_view`` value: its size, its first 4 bytes, the variadic buffer it lies in, its offset there
 _VIEW = np.dtype([("size", "<i4"), ("prefix", "V4"), ("buffer", "<i4"), ("offset", "<i4")])
+_VIEW_STRUCT = struct.Struct("<i4sii")
 #: the largest buffer a view can name (int32 sizes); a row with a larger one is joined
 _VIEW_MAX = 2**31 - 1
 
@@ -382,21 +384,20 @@ def _int32s(array: pa.Array) -> np.ndarray:
 def _row_buffers(column: pa.ChunkedArray) -> Iterator[List[pa.Buffer]]:
     """Each row's out-of-band buffers, each where its view points (no copy)."""
     for chunk in column.chunks:
-        offsets = _int32s(chunk.offsets)
+        offsets = _int32s(chunk.offsets).tolist()
         values = chunk.values
         if len(values) == 0:
-            for _ in range(len(chunk)):
-                yield []
+            yield from ([] for _ in range(len(chunk)))
             continue
         _, views_buf, *variadic = values.buffers()
-        views = np.frombuffer(views_buf, dtype=_VIEW, count=values.offset + len(values))[values.offset :]
-        raw = views.view(np.uint8).reshape(len(views), _VIEW.itemsize)
+        views = memoryview(views_buf).cast("B")
+        base = values.offset
         for j in range(len(chunk)):
             out = []
-            for v in range(int(offsets[j]), int(offsets[j + 1])):
-                size = int(views["size"][v])
-                if size <= 12:
-                    out.append(pa.py_buffer(raw[v, 4 : 4 + size].tobytes()))
-                else:
-                    out.append(variadic[int(views["buffer"][v])].slice(int(views["offset"][v]), size))
+            for v in range(base + offsets[j], base + offsets[j + 1]):
+                size, _, where, at = _VIEW_STRUCT.unpack_from(views, v * _VIEW_STRUCT.size)
+                if size > 12:
+                    out.append(variadic[where].slice(at, size))
+                else:  # held in the view itself
+                    out.append(pa.py_buffer(bytes(views[v * _VIEW_STRUCT.size + 4 : v * _VIEW_STRUCT.size + 4 + size])))
             yield out
