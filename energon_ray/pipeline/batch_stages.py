@@ -270,7 +270,15 @@ class EncodeAndBatch:
             if kind != rows.SEGMENT:
                 out.append((kind, worker, segment, seq, data, None))
                 continue
-            eager = self.batch.eager(data)
-            self.encode.encode(data, eager)
-            out.extend(self.batch.explode(data, eager))
+            out.extend(self._rows(data))
         return output_table(out, source)
+
+    def segment(self, data: rows.SegmentData) -> pa.Table:
+        """The block of a segment read in this process (``ReadSegment``'s output as it is: never
+        serialized between reading and encoding, ~6 ms of a 128-sample captioning segment)."""
+        return output_table(self._rows(data), data.spec.source)
+
+    def _rows(self, data: rows.SegmentData) -> list:
+        eager = self.batch.eager(data)
+        self.encode.encode(data, eager)
+        return list(self.batch.explode(data, eager))

@@ -74,13 +74,15 @@ def node() -> Optional[str]:
 
 @deaf_to_cancel
 def encode_and_batch(batch, config):
+    """``batch``: a block of ``SEGMENT`` rows, or a ``SegmentData`` read in this task."""
     import_task_modules()
     from energon_ray.pipeline.batch_stages import EncodeAndBatch
+    from energon_ray.pipeline.rows import SegmentData
 
     _limit_torch_threads()
     stage = EncodeAndBatch(unship(config))
     stage.batch.node = node()
-    return stage(batch)
+    return stage.segment(batch) if isinstance(batch, SegmentData) else stage(batch)
 
 
 @deaf_to_cancel
@@ -421,10 +423,9 @@ def _segment_task(
     from energon_ray.pipeline.rows import parts
     from energon_ray.source.reader import read_segment
 
-    table = read_segment(spec, reader)
-    if fuse_stages:
-        return parts(encode_and_batch(table, config))
-    return parts(batch_samples(encode_samples(table, config), config))
+    if fuse_stages:  # read and encoded here: the segment's samples as read, never serialized
+        return parts(encode_and_batch(unship(reader)(spec), config))
+    return parts(batch_samples(encode_samples(read_segment(spec, reader), config), config))
 
 
 @ray.remote(num_cpus=1, max_retries=3, num_returns=2)

@@ -96,14 +96,13 @@ def local_block(spec: Any, reader: Any, config: Any, fuse_stages: bool, node: Op
     from energon_ray.source.reader import read_segment
 
     with as_in_a_task():
-        table = read_segment(spec, reader)
-        if fuse_stages:
+        if fuse_stages:  # as the task does: the samples as read, never serialized
             stage = EncodeAndBatch(unship(config))
             stage.batch.node = node
-            return stage(table)
+            return stage.segment(unship(reader)(spec))
         batching = BatchSamples(unship(config))
         batching.node = node
-        return batching(EncodeSamples(unship(config))(table))
+        return batching(EncodeSamples(unship(config))(read_segment(spec, reader)))
 
 
 def local_chained_block(spec: Any, reader: Any, config: Any, node: Optional[str]) -> pa.Table:

@@ -60,6 +60,8 @@ def test_batches_made_while_encoding_equal_batches_made_after(tmp_path):
         fused = _decoded(EncodeAndBatch(config)(read_segment(spec, reader)))
         apart = _decoded(BatchSamples(config)(EncodeSamples(config)(read_segment(spec, reader))))
         _same(fused, apart)
+        # a segment read in the same process goes to the stage as read (never serialized): same block
+        _same(_decoded(EncodeAndBatch(config).segment(reader(spec))), fused)
         kinds = [row[0] for row in fused]
         assert kinds[-1] == rows.REPORT and rows.ITEM in kinds
         # the encode stage's runs come first in the report, as Energon's pipeline order
