@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from typing import Any, Callable, Deque, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 logger = logging.getLogger("energon_ray")
 
@@ -62,6 +62,40 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
         ray.init(address="local", _system_config=system, **init_kwargs)
     finally:
         auth_log.setLevel(level)
+    _private.add(connected())
+
+
+#: the connections (``connected()``) of the private local Rays ``ensure_ray`` started: no autoscaler
+#: adds a node to them, so a task that no node can hold would wait forever
+_private: set = set()
+
+
+def check_resources(needs: Dict[str, float], what: str, count: int = 1) -> None:
+    """Refuse ``count`` tasks or workers that each need ``needs`` (``{"CPU": 1, "GPU": 1}``) where
+    they could never all run: no live node has ``needs``, or the nodes together hold fewer than
+    ``count`` of them. On the private local Ray that is an error (Ray would wait forever); on a
+    cluster a warning (its autoscaler may add such nodes).
+
+    Raises:
+        ValueError: on a private local Ray, naming ``what``, ``needs`` and the nodes' resources.
+    """
+    import ray
+
+    needs = {k: v for k, v in needs.items() if v > 0}
+    nodes = [node.get("Resources") or {} for node in ray.nodes() if node.get("Alive")]
+    if not nodes or not needs:
+        return
+    room = [min(int(node.get(k, 0) // v) for k, v in needs.items()) for node in nodes]
+    if max(room) >= 1 and sum(room) >= count:
+        return
+    shown = ", ".join(f"{k} {v:g}" for k, v in needs.items())
+    have = "; ".join(", ".join(f"{k} {node.get(k, 0):g}" for k in needs) for node in nodes)
+    problem = f"{what} asks for {shown}, " + (
+        "which no node of this Ray has" if max(room) < 1 else f"{count} at once, and its nodes hold {sum(room)}"
+    ) + f" (nodes: {have})"
+    if connected() in _private:
+        raise ValueError(f"{problem}; this private local Ray has no autoscaler to add a node, so it would wait forever")
+    logger.warning("energon_ray: %s; they wait until the cluster's autoscaler adds such nodes", problem)
 
 
 def deaf_to_cancel(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -350,6 +384,7 @@ def run_torch_trainer(loop: Any, config: dict, *, num_workers: int, use_gpu: boo
     from ray.train.torch import TorchTrainer
 
     ensure_ray()
+    check_resources({"CPU": cpus_per_worker, **({"GPU": 1.0} if use_gpu else {})}, "a ray.train worker", count=num_workers)
     trainer = TorchTrainer(
         loop,
         train_loop_config=config,

@@ -25,7 +25,8 @@ from energon_ray.loader.stats import LoaderStats
 from energon_ray.loader.savable import PassRun, adopt_layouts, check_fits, new_state, restore_sample, starts_of
 from energon_ray.errors import log_exception
 from energon_ray.loader.state import LoaderState, StateError
-from energon_ray.ray_env import ensure_ray, warm_up
+from energon_ray.pipeline.remote_args import check_remote_args, task_needs
+from energon_ray.ray_env import check_resources, ensure_ray, warm_up
 
 logger = logging.getLogger("energon_ray")
 
@@ -70,7 +71,7 @@ class EnergonLoader:
             )
         self.dataset = dataset
         self.prefetch_batches = prefetch_batches
-        self.ray_remote_args = ray_remote_args
+        self.ray_remote_args = check_remote_args(ray_remote_args)
         self.pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.stats = LoaderStats()
         handler = getattr(dataset.worker_config, "global_error_handler", log_exception)
@@ -93,6 +94,7 @@ class EnergonLoader:
             raise ValueError("a dataset object appears twice in this composition; build each source separately")
         self._training = any(leaf.options.training for leaf in leaves)
         ensure_ray()
+        check_resources(task_needs(self.ray_remote_args), "ray_remote_args: a segment task")
         warm_up()  # the workers' imports (torch, the stages): the first batch's critical path
         self._early: Optional[MultiFeed] = None
         # The first pass starts now, while the caller builds its model: by the first next() the

@@ -31,6 +31,7 @@ import pyarrow as pa
 import ray
 
 from energon_ray.errors import ExecutionLost
+from energon_ray.pipeline.remote_args import GROUP_TASK_OPTIONS, TASK_OPTIONS
 from energon_ray.pipeline.shipped import ship, ship_each, unship
 from energon_ray.ray_env import connected, deaf_to_cancel, import_task_modules, is_closed, mark_closed, verbose
 
@@ -459,7 +460,7 @@ def _rebuild_chained_task(spec: "SegmentSpec", reader: Any, config: Any, outputs
 
 def rebuild_chained(spec: "SegmentSpec", reader: Any, config: Any, outputs: List[Tuple[int, int, int]], remote_args=None) -> List[Any]:
     """``chained.rebuild_chained_batch`` in a Ray task (where the segment tasks read): the batches."""
-    task = _with_options(_rebuild_chained_task, remote_args, _TASK_OPTIONS)
+    task = _with_options(_rebuild_chained_task, remote_args, TASK_OPTIONS)
     return ray.get(task.remote(spec, ship_each({spec.source: reader})[spec.source], ship({spec.source: config}), outputs))
 
 
@@ -480,10 +481,6 @@ def task_segments(window: int) -> int:
     return max(0, min(32, window // 2))
 
 
-#: ``ray_remote_args`` that a plain task takes as Ray Data's read/map tasks do.
-_TASK_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "scheduling_strategy", "label_selector")
-#: the ``ray_remote_args`` that batching and packing tasks take (resources only: they run where Ray puts them)
-_GROUP_TASK_OPTIONS = ("num_cpus", "memory", "resources")
 
 
 def _options(remote_args: Optional[Dict[str, Any]], keys: Sequence[str]) -> Dict[str, Any]:
@@ -501,7 +498,7 @@ def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, 
     """The segment tasks with the task options of ``ray_remote_args`` (spread over the nodes as Ray
     Data spreads its own, unless it names a scheduling strategy): the plain one, the chained one
     (block and carry) and the CPUs a task takes."""
-    options = _options(ray_remote_args, _TASK_OPTIONS)
+    options = _options(ray_remote_args, TASK_OPTIONS)
     options.setdefault("scheduling_strategy", "SPREAD")
     return _segment_task.options(**options), _chained_segment_task.options(num_returns=2, **options), float(options.get("num_cpus", 1) or 0)
 
@@ -532,7 +529,7 @@ def _repack_task(config: Any, worker: int, seed: int, packs, batch_size: Optiona
 
 def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: Optional[int], remote_args=None) -> pa.Table:
     """Make packed batches again in a Ray task (``seam_stages.repacked_batches``); waits for its table."""
-    task = _with_options(_repack_task, remote_args, _GROUP_TASK_OPTIONS)
+    task = _with_options(_repack_task, remote_args, GROUP_TASK_OPTIONS)
     return ray.get(task.remote(ray.put(ship(config)), worker, seed, packs, batch_size, source))
 
 
@@ -553,5 +550,5 @@ _pack_task = ray.remote(num_cpus=1, max_retries=3, num_returns=2)(_pack_chunk)
 
 def group_tasks(remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any]:
     """The tasks that batch pooled samples and pack a chunk of them, with the resources of ``remote_args``."""
-    return _with_options(_seam_task, remote_args, _GROUP_TASK_OPTIONS), _with_options(_pack_task, remote_args, _GROUP_TASK_OPTIONS)
+    return _with_options(_seam_task, remote_args, GROUP_TASK_OPTIONS), _with_options(_pack_task, remote_args, GROUP_TASK_OPTIONS)
 

@@ -387,3 +387,35 @@ def test_a_process_that_restarts_ray_keeps_loading(ds, tmp_path):
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == ["30 True True", "True True"], proc.stderr[-3000:]
+
+
+def test_ray_remote_args_no_task_takes_are_refused_before_any_task_runs(ds):
+    """A misspelt option (``num_cpu``) was dropped silently: the tasks ran with Ray's one CPU."""
+    dataset = er.get_val_dataset(ds, split_part="train", batch_size=2)
+    with pytest.raises(ValueError, match=r"unknown key 'num_cpu' \(did you mean 'num_cpus'\?\)"):
+        er.get_loader(dataset, ray_remote_args={"num_cpu": 1})
+
+
+def test_tasks_no_node_of_the_private_ray_can_hold_are_refused_not_left_waiting(ds, caplog):
+    """``{"num_cpus": 100}`` on a 2-CPU private Ray gave one batch (made in the trainer), then waited
+    forever for tasks Ray could never place; ray.train workers asking for more than the Ray has
+    (a GPU on a CPU-only box) waited forever too. On a cluster (its autoscaler may add nodes) a
+    warning says so instead."""
+    from energon_ray import ray_env
+
+    dataset = er.get_val_dataset(ds, split_part="train", batch_size=2)
+    with pytest.raises(ValueError, match=r"ray_remote_args: a segment task asks for CPU 100, which no node of this Ray has \(nodes: CPU 2\); this private local Ray"):
+        er.get_loader(dataset, ray_remote_args={"num_cpus": 100})
+    with pytest.raises(ValueError, match=r"a ray.train worker asks for CPU 1, 3 at once, and its nodes hold 2 \(nodes: CPU 2\)"):
+        ray_env.run_torch_trainer(lambda config: None, {}, num_workers=3, use_gpu=False, cpus_per_worker=1, name=None, storage_path="/tmp", max_failures=0)
+    with pytest.raises(ValueError, match=r"a ray.train worker asks for CPU 3, which no node of this Ray has"):
+        ray_env.run_torch_trainer(lambda config: None, {}, num_workers=1, use_gpu=False, cpus_per_worker=3, name=None, storage_path="/tmp", max_failures=0)
+    ray_env.check_resources({"CPU": 2}, "fits", count=1)  # what the nodes hold passes
+    ray_env._private.discard(ray_env.connected())  # as if joined to a cluster
+    try:
+        with caplog.at_level(logging.WARNING, logger="energon_ray"):
+            ray_env.check_resources({"CPU": 100}, "a segment task")
+    finally:
+        ray_env._private.add(ray_env.connected())
+    assert "a segment task asks for CPU 100, which no node of this Ray has (nodes: CPU 2); they wait until the cluster's autoscaler" in caplog.text
+    assert len(list(er.get_loader(dataset, ray_remote_args={"num_cpus": 1}))) == len(dataset)  # what fits runs
