@@ -32,5 +32,9 @@ def make_trainer(cfg: DictConfig, callbacks: Sequence[Any] = (), **overrides: An
     options = OmegaConf.to_container(cfg.trainer, resolve=True)
     options.pop("ray", None)
     configured: List[Any] = [instantiate(c) for c in options.pop("callbacks", None) or []]
+    if options.get("enable_checkpointing") is False:  # Lightning refuses a ModelCheckpoint then
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        configured = [c for c in configured if not isinstance(c, ModelCheckpoint)]
     options.update(overrides)
     return instantiate(options, callbacks=[*configured, *callbacks], _convert_="all")

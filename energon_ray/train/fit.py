@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import lightning.pytorch as pl
@@ -63,6 +64,30 @@ def fit(cfg: DictConfig) -> TrainResult:
     return fit_here(cfg)
 
 
+#: what a checkpoint folder that ``ckpt_path`` names holds: ray.train's report (``RayTrainReportCallback``)
+#: and Lightning's latest (``ModelCheckpoint(save_last=True)``)
+CHECKPOINT_FILES = ("checkpoint.ckpt", "last.ckpt")
+
+
+def checkpoint_file(path: Optional[str]) -> Optional[str]:
+    """``ckpt_path`` as Lightning takes it: a file, or the checkpoint file inside a folder (the
+    ``checkpoint: …/checkpoint_<time>`` folder a ray.train run prints).
+
+    Raises:
+        FileNotFoundError: a folder with none of ``CHECKPOINT_FILES`` (naming its ``.ckpt`` files).
+    """
+    if not path or not os.path.isdir(str(path)):
+        return path
+    for name in CHECKPOINT_FILES:
+        if os.path.isfile(os.path.join(str(path), name)):
+            return os.path.join(str(path), name)
+    found = sorted(f for f in os.listdir(str(path)) if f.endswith(".ckpt"))[:5]
+    raise FileNotFoundError(
+        f"ckpt_path={path} is a folder without {' or '.join(CHECKPOINT_FILES)}"
+        + (f"; name one of its checkpoints: {', '.join(found)}" if found else " (and no .ckpt file)")
+    )
+
+
 def fit_here(
     cfg: DictConfig,
     callbacks: Sequence[Any] = (),
@@ -78,7 +103,7 @@ def fit_here(
     trainer = make_trainer(cfg, callbacks=[history, *callbacks], **trainer_overrides)
     if prepare_trainer is not None:
         trainer = prepare_trainer(trainer)
-    trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path or cfg.get("ckpt_path"))
+    trainer.fit(task, datamodule=datamodule, ckpt_path=checkpoint_file(ckpt_path or cfg.get("ckpt_path")))
     if cfg.get("test"):
         trainer.test(task, datamodule=datamodule)
     checkpoint = getattr(trainer.checkpoint_callback, "last_model_path", None) or getattr(trainer.checkpoint_callback, "best_model_path", None)

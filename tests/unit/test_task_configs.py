@@ -169,3 +169,34 @@ def test_datamodule_checks_its_arguments_and_keeps_states_for_later():
     assert data._pending_states == [{"version": 1}]
     data.setup()
     assert (data.worker_config.rank, data.worker_config.world_size, data.worker_config.num_workers) == (0, 1, 3)
+
+
+def test_checkpointing_turned_off_drops_the_configured_model_checkpoint(tmp_path):
+    """``trainer.enable_checkpointing=false`` failed in Lightning (a ModelCheckpoint in the default
+    callbacks); the ray part of the trainer config names every option ray_launch reads."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from energon_ray.train.build import make_trainer
+
+    on = make_trainer(_task("vision/captioning", f"work_dir={tmp_path}"))
+    off = make_trainer(_task("vision/captioning", f"work_dir={tmp_path}", "trainer.enable_checkpointing=false"))
+    assert any(isinstance(c, ModelCheckpoint) for c in on.callbacks)
+    assert not any(isinstance(c, ModelCheckpoint) for c in off.callbacks) and off.checkpoint_callback is None
+    ray_part = OmegaConf.to_container(_task("vision/captioning").trainer.ray, resolve=True)
+    assert (ray_part["name"], ray_part["max_failures"]) == (None, 0)
+
+
+def test_ckpt_path_may_name_a_checkpoint_folder(tmp_path):
+    """A ray.train run prints its checkpoint as a folder; Lightning wants the file inside."""
+    from energon_ray.train.fit import checkpoint_file
+
+    ray_folder, lightning_folder, other = tmp_path / "checkpoint_2026", tmp_path / "lightning", tmp_path / "other"
+    for folder, name in ((ray_folder, "checkpoint.ckpt"), (lightning_folder, "last.ckpt"), (other, "epoch=0-step=5.ckpt")):
+        folder.mkdir()
+        (folder / name).write_bytes(b"x")
+    assert checkpoint_file(str(ray_folder)) == str(ray_folder / "checkpoint.ckpt")
+    assert checkpoint_file(str(lightning_folder)) == str(lightning_folder / "last.ckpt")
+    assert checkpoint_file(str(other / "epoch=0-step=5.ckpt")) == str(other / "epoch=0-step=5.ckpt")
+    assert checkpoint_file(None) is None and checkpoint_file(str(tmp_path / "missing.ckpt")) == str(tmp_path / "missing.ckpt")
+    with pytest.raises(FileNotFoundError, match=r"ckpt_path=.*other is a folder without checkpoint.ckpt or last.ckpt; name one of its checkpoints: epoch=0-step=5.ckpt"):
+        checkpoint_file(str(other))
