@@ -106,7 +106,7 @@ class EnergonDataModule(pl.LightningDataModule):
         self.packing_buffer_size = packing_buffer_size
         self.val_limit = val_limit
         self.seed_offset = seed_offset
-        self.num_workers = int(loader.pop("num_workers", 2))
+        self.num_workers = _whole_number("loader.num_workers", loader.pop("num_workers", 2))
         self.loader_options = loader
         self.dataset_options = dict(dataset_options or {})
         self.prepare = prepare
@@ -257,3 +257,11 @@ class _RestoredByDataModule:
         if name == "loader":  # not set yet (a copy being made): no loader to ask
             raise AttributeError(name)
         return getattr(self.loader, name)
+
+
+def _whole_number(name: str, value: Any) -> int:
+    """``value`` as an int (a whole number, or its digits as text), else a ValueError naming ``name``
+    (``int()`` said only "invalid literal", and truncated 2.7 to 2)."""
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    return int(value)

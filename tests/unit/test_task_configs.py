@@ -161,6 +161,10 @@ def test_datamodule_checks_its_arguments_and_keeps_states_for_later():
         EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"prefetch": 2})
     with pytest.raises(TypeError, match="task_encoder must be a TaskEncoder, got str"):
         EnergonDataModule("/d", "captioning", 4)
+    for bad in ("abc", 2.7, True):  # int() said "invalid literal for int()" (no key), and truncated 2.7
+        with pytest.raises(ValueError, match=f"loader.num_workers must be a whole number, got {bad!r}"):
+            EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"num_workers": bad})
+    assert EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"num_workers": "3"}).num_workers == 3
     data = EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"num_workers": 3, "prefetch_batches": 2}, model_data_kwargs={"num_classes": 5})
     assert (data.num_workers, data.loader_options, data.model_data_kwargs) == (3, {"prefetch_batches": 2}, {"num_classes": 5})
     assert EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"executor": "ray_data"}).loader_options == {"executor": "ray_data"}
