@@ -208,14 +208,7 @@ def dumps(obj: Any) -> pa.Buffer:
         >>> loads(dumps({"x": torch.arange(3)}))["x"].tolist()
         [0, 1, 2]
     """
-    stream, buffers = _pickle(obj)
-    if not buffers:
-        view = stream.getbuffer()
-        struct.pack_into("<I", view, 4, len(view) - len(_NO_BUFFERS_HEADER))
-        return pa.py_buffer(view)
-    raws = [b.raw() for b in buffers]
-    body = stream.getbuffer()[len(_NO_BUFFERS_HEADER) :]
-    return _joined(_header(raws, len(body)), body, raws)
+    return join(dumps_parts(obj))
 
 
 def join(parts: Parts) -> pa.Buffer:
