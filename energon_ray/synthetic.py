@@ -1,7 +1,8 @@
 """Small synthetic datasets written as real WebDataset tar shards (for jobs, tests, benchmarks).
 
 Images are real JPEG/PNG files made with Pillow; every sample's pixels and text encode its index,
-so a test can tell exactly which sample it got.
+so a test can tell exactly which sample it got. :func:`write_synthetic_dataset` writes and prepares
+one only into a new or empty folder: a task config's ``dataset.path`` may name a user's own shards.
 """
 
 from __future__ import annotations
@@ -11,10 +12,17 @@ import json
 import tarfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image
+
+from energon_ray.errors import DatasetConfigError
+from energon_ray.format.prepare import already_prepared, prepare_dataset
+
+#: Written into the folder before anything else and removed once the dataset is prepared: a folder
+#: holding it is an unfinished synthetic write (interrupted), which the next call redoes.
+SYNTHETIC_MARKER = ".energon_ray_synthetic"
 
 _WORDS = (
     "a red bus parked near the station", "two dogs playing in the snow", "a bowl of fresh fruit",
@@ -132,3 +140,72 @@ def _write_captioning_shard(job) -> Path:
 def text_samples(num_samples: int, start: int = 0) -> List[Tuple[str, Dict[str, bytes]]]:
     """Text-only samples whose ``txt`` is the decimal index (keys ``{index:06d}``)."""
     return [(f"{i:06d}", {"txt": str(i).encode()}) for i in range(start, start + num_samples)]
+
+
+def synthetic_target(root: Path | str) -> str:
+    """What writing a synthetic dataset into ``root`` may do: ``"write"`` (a new or empty folder),
+    ``"redo"`` (it holds :data:`SYNTHETIC_MARKER`: an unfinished write of ours) or ``"prepared"``
+    (a dataset prepared by energon_ray or Energon, ``.nv-meta/.info.json`` or ``.info.yaml``: use as is).
+
+    Raises:
+        DatasetConfigError: ``root`` is not a folder, or holds anything else (named, with a few entries):
+            the synthetic data would overwrite or mix with the files there.
+
+    Example:
+        >>> import tempfile; synthetic_target(tempfile.mkdtemp() + "/new")
+        'write'
+    """
+    root = Path(root)
+    if not root.exists():
+        return "write"
+    if not root.is_dir():
+        raise DatasetConfigError(f"{root}: not a folder; a synthetic dataset is written into a new or empty folder")
+    if (root / SYNTHETIC_MARKER).is_file():
+        return "redo"
+    if already_prepared(root) is not None:
+        return "prepared"
+    entries = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in root.iterdir())
+    if not entries:
+        return "write"
+    shown = ", ".join(entries[:5]) + (f", … ({len(entries)} entries)" if len(entries) > 5 else "")
+    raise DatasetConfigError(
+        f"{root}: holds {shown} but no prepared dataset (.nv-meta/.info.json); the synthetic data is only "
+        "written into a new or empty folder, so nothing was written. To train on your own data, prepare it "
+        f"(`energon-ray prepare {root}`) and set dataset.prepare=null; or point dataset.path at a new folder"
+    )
+
+
+def write_synthetic_dataset(root: Path | str, write: Callable[[Path], Any], **prepare_options: Any) -> Path:
+    """Write a synthetic dataset with ``write(root)`` and prepare it (``prepare_dataset(root, **prepare_options)``),
+    unless ``root`` already holds a prepared dataset, which is used as is (see :func:`synthetic_target`).
+
+    Args:
+        root: the dataset folder; new, empty, prepared, or an unfinished write of this function.
+        write: writes the shards under the folder it is given (e.g. ``root/shards``).
+        prepare_options: :func:`energon_ray.format.prepare.prepare_dataset`'s keywords (not ``force_overwrite``).
+
+    Returns:
+        ``root``.
+
+    Raises:
+        DatasetConfigError: ``root`` holds files of its own (nothing is written), or from prepare.
+
+    Example:
+        >>> import tempfile; root = Path(tempfile.mkdtemp()) / "captions"
+        >>> write = lambda r: write_captioning_dataset(r, 4, 2, image_size=(8, 8))
+        >>> opts = dict(split_ratio=(1, 0, 0), sample_type="CaptioningSample", field_map={"image": "jpg", "caption": "txt"})
+        >>> write_synthetic_dataset(root, write, progress=False, **opts) == root, synthetic_target(root)
+        (True, 'prepared')
+    """
+    root = Path(root)
+    action = synthetic_target(root)
+    if action == "prepared":
+        return root
+    marker = root / SYNTHETIC_MARKER
+    root.mkdir(parents=True, exist_ok=True)
+    marker.write_text("an unfinished synthetic dataset of energon_ray: the next call writes it again\n")
+    write(root)
+    # an interrupted prepare may have left its .info.json: ours to overwrite (the marker says so)
+    prepare_dataset(root, force_overwrite=action == "redo", **prepare_options)
+    marker.unlink()
+    return root

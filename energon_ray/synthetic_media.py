@@ -19,9 +19,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from energon_ray.format.info import meta_dir
-from energon_ray.format.prepare import prepare_dataset
-from energon_ray.synthetic import write_shards
+from energon_ray.synthetic import write_shards, write_synthetic_dataset
 
 #: Field map of the video QA datasets written here (a ``VidQASample`` per mp4 + json pair).
 VIDEO_QA_FIELDS = {"video": "mp4", "context": "json[question]", "answers": "json[answers]"}
@@ -124,20 +122,20 @@ def audio_samples(num_samples: int, seconds: float = 1.0, rate: int = 8000) -> L
 def synthetic_video_qa(
     root: Path | str, num_samples: int, samples_per_shard: int = 4, num_frames: int = 20, size: Tuple[int, int] = (64, 48)
 ) -> Path:
-    """Write (once) and prepare a ``VidQASample`` dataset of mp4 videos under ``root`` (all in ``train``)."""
-    root = Path(root)
-    if not (meta_dir(root) / ".info.json").is_file():
-        write_shards(root / "shards", video_qa_samples(num_samples, num_frames, size), samples_per_shard)
-        prepare_dataset(root, split_ratio=(1, 0, 0), sample_type="VidQASample", field_map=VIDEO_QA_FIELDS, progress=False)
-    return root
+    """Write (once, into a new or empty folder) and prepare a ``VidQASample`` dataset of mp4 videos
+    under ``root`` (all in ``train``)."""
+    return write_synthetic_dataset(
+        root, lambda folder: write_shards(folder / "shards", video_qa_samples(num_samples, num_frames, size), samples_per_shard),
+        split_ratio=(1, 0, 0), sample_type="VidQASample", field_map=VIDEO_QA_FIELDS, progress=False,
+    )  # fmt: skip
 
 
 def synthetic_audio(
     root: Path | str, num_samples: int, samples_per_shard: int = 4, seconds: float = 1.0, rate: int = 8000
 ) -> Path:
-    """Write (once) and prepare a crude dataset of wav + txt samples under ``root`` (all in ``train``)."""
-    root = Path(root)
-    if not (meta_dir(root) / ".info.json").is_file():
-        write_shards(root / "shards", audio_samples(num_samples, seconds, rate), samples_per_shard)
-        prepare_dataset(root, split_ratio=(1, 0, 0), sample_type="CrudeWebdataset", progress=False)
-    return root
+    """Write (once, into a new or empty folder) and prepare a crude dataset of wav + txt samples
+    under ``root`` (all in ``train``)."""
+    return write_synthetic_dataset(
+        root, lambda folder: write_shards(folder / "shards", audio_samples(num_samples, seconds, rate), samples_per_shard),
+        split_ratio=(1, 0, 0), sample_type="CrudeWebdataset", progress=False,
+    )  # fmt: skip

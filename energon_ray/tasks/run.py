@@ -9,9 +9,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from tqdm import tqdm
 
-from energon_ray.format.info import meta_dir
-from energon_ray.format.prepare import prepare_dataset
-from energon_ray.synthetic import write_captioning_dataset
+from energon_ray.synthetic import write_captioning_dataset, write_synthetic_dataset
 
 
 def synthetic_captioning(
@@ -22,19 +20,16 @@ def synthetic_captioning(
     split_ratio: Tuple[float, ...] = (8, 1, 1),
     progress: bool = True,
 ) -> Path:
-    """Write (once) and prepare a captioning dataset of real JPEGs and captions under ``root``."""
-    root = Path(root)
-    if (meta_dir(root) / ".info.json").is_file():
-        return root
-    write_captioning_dataset(root, num_samples, samples_per_shard, image_size=image_size)
-    prepare_dataset(
+    """Write (once) and prepare a captioning dataset of real JPEGs and captions under ``root``: only
+    into a new or empty folder; a prepared one is used as is (see :func:`write_synthetic_dataset`)."""
+    return write_synthetic_dataset(
         root,
+        lambda folder: write_captioning_dataset(folder, num_samples, samples_per_shard, image_size=image_size),
         split_ratio=split_ratio,
         sample_type="CaptioningSample",
         field_map={"image": "jpg", "caption": "txt"},
         progress=progress,
     )
-    return root
 
 
 @dataclasses.dataclass

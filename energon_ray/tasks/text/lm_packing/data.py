@@ -7,9 +7,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from energon_ray.format.info import meta_dir
-from energon_ray.format.prepare import prepare_dataset
-from energon_ray.synthetic import write_shards
+from energon_ray.synthetic import write_shards, write_synthetic_dataset
 
 _SUBJECTS = ("the cat", "a dog", "the bird", "my friend", "the old man", "a child")
 _VERBS = ("sees", "likes", "follows", "finds", "hears")
@@ -39,15 +37,15 @@ def samples(num_samples: int) -> List[Tuple[str, Dict[str, bytes]]]:
 def synthetic(
     root: str | Path, num_samples: int = 192, samples_per_shard: int = 32, split_ratio: Sequence[float] = (4, 1, 1)
 ) -> Path:
-    """Write and prepare (unless ``root`` already holds a prepared dataset) a ``TextSample`` corpus
-    of ``num_samples`` documents, split into whole shards by ``split_ratio``.
+    """Write and prepare (only into a new or empty folder; a prepared ``root`` is used as is: see
+    :func:`energon_ray.synthetic.write_synthetic_dataset`) a ``TextSample`` corpus of ``num_samples``
+    documents, split into whole shards by ``split_ratio``.
 
     Example:
         >>> synthetic("/tmp/corpus", num_samples=64)  # doctest: +SKIP
         PosixPath('/tmp/corpus')
     """
-    root = Path(root)
-    if not (meta_dir(root) / ".info.json").is_file():
-        write_shards(root / "shards", samples(num_samples), samples_per_shard)
-        prepare_dataset(root, split_ratio=tuple(split_ratio), sample_type="TextSample", field_map={"text": "txt"}, progress=False)
-    return root
+    return write_synthetic_dataset(
+        root, lambda folder: write_shards(folder / "shards", samples(num_samples), samples_per_shard),
+        split_ratio=tuple(split_ratio), sample_type="TextSample", field_map={"text": "txt"}, progress=False,
+    )  # fmt: skip

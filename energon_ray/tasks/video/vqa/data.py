@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from energon_ray.format.info import meta_dir
-from energon_ray.format.prepare import prepare_dataset
-from energon_ray.synthetic import write_shards
+from energon_ray.synthetic import write_shards, write_synthetic_dataset
 from energon_ray.synthetic_media import VIDEO_QA_FIELDS, video_qa_samples
 
 
@@ -19,8 +17,9 @@ def synthetic(
     size: Sequence[int] = (32, 24),
     split_ratio: Sequence[float] = (4, 1, 1),
 ) -> Path:
-    """Write and prepare (unless ``root`` already holds a prepared dataset) ``num_samples``
-    ``VidQASample`` videos of ``size`` (width, height), split into whole shards by ``split_ratio``.
+    """Write and prepare (only into a new or empty folder; a prepared ``root`` is used as is: see
+    :func:`energon_ray.synthetic.write_synthetic_dataset`) ``num_samples`` ``VidQASample`` videos of
+    ``size`` (width, height), split into whole shards by ``split_ratio``.
 
     Each video shows a white square or disc (by the sample's parity) crossing a coloured background;
     its first answer names the shape (see :func:`energon_ray.synthetic_media.video_qa_samples`).
@@ -29,8 +28,7 @@ def synthetic(
         >>> synthetic("/tmp/videos", num_samples=16)  # doctest: +SKIP
         PosixPath('/tmp/videos')
     """
-    root = Path(root)
-    if not (meta_dir(root) / ".info.json").is_file():
-        write_shards(root / "shards", video_qa_samples(num_samples, num_frames, tuple(size)), samples_per_shard)
-        prepare_dataset(root, split_ratio=tuple(split_ratio), sample_type="VidQASample", field_map=VIDEO_QA_FIELDS, progress=False)
-    return root
+    return write_synthetic_dataset(
+        root, lambda folder: write_shards(folder / "shards", video_qa_samples(num_samples, num_frames, tuple(size)), samples_per_shard),
+        split_ratio=tuple(split_ratio), sample_type="VidQASample", field_map=VIDEO_QA_FIELDS, progress=False,
+    )  # fmt: skip

@@ -15,8 +15,9 @@ def synthetic(
     image_size: Sequence[int] = (48, 32),
     split_ratio: Sequence[float] = (4, 1, 1),
 ) -> Path:
-    """Write and prepare (unless ``root`` already holds a prepared dataset) ``num_samples`` captioned
-    images of ``image_size`` (width, height), split into whole shards by ``split_ratio`` (train/val/test).
+    """Write and prepare (only into a new or empty folder; a prepared ``root`` is used as is: see
+    :func:`energon_ray.synthetic.write_synthetic_dataset`) ``num_samples`` captioned images of
+    ``image_size`` (width, height), split into whole shards by ``split_ratio`` (train/val/test).
 
     Example:
         >>> synthetic("/tmp/captions", num_samples=32)  # doctest: +SKIP

@@ -8,9 +8,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-from energon_ray.format.info import meta_dir
-from energon_ray.format.prepare import prepare_dataset
-from energon_ray.synthetic import encode_image, write_shards
+from energon_ray.synthetic import encode_image, write_shards, write_synthetic_dataset
 
 #: The classes: what the pattern of an image is.
 PATTERNS = ("horizontal stripes", "vertical stripes", "checkerboard", "diagonal")
@@ -54,18 +52,16 @@ def synthetic(
     num_classes: int = 4,
     split_ratio: Sequence[float] = (4, 1, 1),
 ) -> Path:
-    """Write and prepare (unless ``root`` already holds a prepared dataset) an
-    ``ImageClassificationSample`` dataset of patterned ``image_size`` squared PNGs.
+    """Write and prepare (only into a new or empty folder; a prepared ``root`` is used as is: see
+    :func:`energon_ray.synthetic.write_synthetic_dataset`) an ``ImageClassificationSample`` dataset
+    of patterned ``image_size`` squared PNGs.
 
     Example:
         >>> synthetic("/tmp/patterns", num_samples=32)  # doctest: +SKIP
         PosixPath('/tmp/patterns')
     """
-    root = Path(root)
-    if not (meta_dir(root) / ".info.json").is_file():
-        write_shards(root / "shards", samples(num_samples, image_size, num_classes), samples_per_shard)
-        prepare_dataset(
-            root, split_ratio=tuple(split_ratio), sample_type="ImageClassificationSample",
-            field_map={"image": "png", "label": "cls"}, progress=False,
-        )  # fmt: skip
-    return root
+    return write_synthetic_dataset(
+        root, lambda folder: write_shards(folder / "shards", samples(num_samples, image_size, num_classes), samples_per_shard),
+        split_ratio=tuple(split_ratio), sample_type="ImageClassificationSample",
+        field_map={"image": "png", "label": "cls"}, progress=False,
+    )  # fmt: skip
