@@ -3,7 +3,8 @@
     python jobs/captioning_job.py [--config jobs/captioning.yaml] [--workdir DIR] [--max-batches N]
 
 Runs on a private local Ray started by energon_ray, or on the cluster named by RAY_ADDRESS
-(``ray job submit`` sets it).
+(``ray job submit`` sets it). The config is checked before Ray starts: a file that cannot be read,
+a missing section or key, an unknown (e.g. misspelt) key or a bad value is a usage error (exit 2).
 """
 
 from __future__ import annotations
@@ -12,21 +13,46 @@ import argparse
 import json
 import logging
 from pathlib import Path
-
-import yaml
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import energon_ray as er
 from energon_ray.tasks.captioning import CaptioningTaskEncoder, default_train_transform
+from energon_ray.tasks.job_args import (
+    JobConfigError, boolean, non_negative, optional, positive, positive_int, positive_pair, read_config, text,
+)  # fmt: skip
 from energon_ray.tasks.run import drive, synthetic_captioning
 
+#: Every key of the config (jobs/captioning.yaml holds them all), each with what its value must be.
+SCHEMA = {
+    "workdir": text,
+    "dataset": {"num_samples": positive, "samples_per_shard": positive, "image_size": positive_pair},
+    "loader": {
+        "split_part": text, "batch_size": positive, "shuffle_buffer_size": optional(non_negative),
+        "max_samples_per_sequence": optional(positive), "num_workers": positive, "repeat": boolean,
+        "max_batches": optional(positive),
+    },  # fmt: skip
+    "task": {"image_size": positive, "max_length": positive},
+}
 
-def main() -> None:
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> Tuple[argparse.Namespace, Dict[str, Any]]:
+    """The options and the checked config; a bad option or config exits with a usage error (2)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=str(Path(__file__).with_name("captioning.yaml")))
-    parser.add_argument("--workdir", default=None)
-    parser.add_argument("--max-batches", type=int, default=None)
-    args = parser.parse_args()
-    cfg = yaml.safe_load(Path(args.config).read_text())
+    parser.add_argument("--config", default=str(Path(__file__).with_name("captioning.yaml")),
+                        help="the job's YAML config (default: jobs/captioning.yaml, which shows every key)")  # fmt: skip
+    parser.add_argument("--workdir", default=None, help="where the dataset goes (default: the config's workdir)")
+    parser.add_argument("--max-batches", type=positive_int, default=None, metavar="N",
+                        help="stop after N >= 1 batches (default: the config's loader.max_batches; null there: the whole epoch)")  # fmt: skip
+    args = parser.parse_args(argv)
+    try:
+        cfg = read_config(args.config, SCHEMA)
+    except JobConfigError as exc:
+        parser.error(str(exc))
+    return args, cfg
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args, cfg = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     workdir = Path(args.workdir or cfg["workdir"])
@@ -57,7 +83,7 @@ def main() -> None:
 
     stats = drive(
         loader,
-        max_batches=args.max_batches or lc["max_batches"],
+        max_batches=args.max_batches if args.max_batches is not None else lc["max_batches"],
         batch_len=lambda b: len(b.__keys__),
         on_batch=show,
         total=len(loader),

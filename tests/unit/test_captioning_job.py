@@ -1,0 +1,80 @@
+"""``jobs/captioning_job.py``: a bad option or config stops it with a usage error (exit 2) naming the
+file, the key and the value, before Ray starts (this tier forbids ``ray.init``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = yaml.safe_load((ROOT / "jobs" / "captioning.yaml").read_text())
+
+
+def _job():
+    spec = importlib.util.spec_from_file_location("captioning_job", ROOT / "jobs" / "captioning_job.py")
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    return job
+
+
+def _usage_error(capsys, call, *args) -> str:
+    """``call(*args)`` exits with status 2; its message (stderr's last line onwards)."""
+    with pytest.raises(SystemExit) as caught:
+        call(*args)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    return err[err.index(": error: ") + len(": error: "):].strip()
+
+
+def _config(tmp_path: Path, text: str, name: str = "job.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_shipped_captioning_config_passes_its_checks():
+    """jobs/captioning.yaml, the default config, has every key the job knows and no other."""
+    args, cfg = _job().parse_args([])
+    assert cfg == GOOD and args.max_batches is None
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (None, "{dir}/nofile.yaml: cannot read the config: No such file or directory"),
+        ("", "{dir}/job.yaml: expected a mapping of workdir, dataset, loader, task, got an empty file"),
+        ("workdir: w\ndataset:\n  samples_per_shard: [10\nloader: {\n", "{dir}/job.yaml, line 4, column 7: not valid YAML: while parsing a flow sequence"),
+        (yaml.safe_dump({k: v for k, v in GOOD.items() if k != "task"}), "{dir}/job.yaml: section task (with image_size, max_length) is missing"),
+        (yaml.safe_dump({**GOOD, "loader": {**GOOD["loader"], "batch_sise": 2}}), "{dir}/job.yaml: unknown key loader.batch_sise (did you mean 'batch_size'?)"),
+        (yaml.safe_dump({**GOOD, "loader": {**GOOD["loader"], "num_wrokers": 9}}), "{dir}/job.yaml: unknown key loader.num_wrokers (did you mean 'num_workers'?)"),
+        (yaml.safe_dump({**GOOD, "loader": {**GOOD["loader"], "batch_size": "abc"}}), "{dir}/job.yaml: loader.batch_size must be an integer >= 1, got 'abc'"),
+        (yaml.safe_dump({**GOOD, "loader": {**GOOD["loader"], "max_batches": 0}}), "{dir}/job.yaml: loader.max_batches must be an integer >= 1 or null, got 0"),
+    ],
+)
+def test_captioning_job_refuses_a_bad_config_naming_file_key_and_value(tmp_path, capsys, content, expected):
+    """A missing, malformed, empty or incomplete config, a misspelt key or a bad value: usage error naming them."""
+    path = str(tmp_path / "nofile.yaml") if content is None else _config(tmp_path, content)
+    message = _usage_error(capsys, _job().parse_args, ["--config", path])
+    assert message.startswith(expected.format(dir=tmp_path)), message
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_captioning_job_refuses_max_batches_below_one(capsys, value):
+    """``--max-batches 0`` (it ran the whole epoch) and ``-2`` (it ran one batch) are usage errors."""
+    message = _usage_error(capsys, _job().parse_args, ["--max-batches", value])
+    assert message == f"argument --max-batches: expected an integer >= 1, got {value}"
+
+
+def test_captioning_job_with_a_bad_config_exits_2_without_a_traceback_or_ray(tmp_path):
+    """Run as a script (as ``ray job submit`` does): exit 2, the file and the key on stderr, no traceback, no Ray."""
+    path = _config(tmp_path, yaml.safe_dump({**GOOD, "loader": {**GOOD["loader"], "batch_sise": 2}}), "extra.yaml")
+    done = subprocess.run([sys.executable, str(ROOT / "jobs" / "captioning_job.py"), "--config", path],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert f"error: {path}: unknown key loader.batch_sise (did you mean 'batch_size'?)" in done.stderr
+    assert "Traceback" not in done.stderr and "Ray" not in done.stdout + done.stderr
