@@ -1,7 +1,7 @@
 """Train a small model with ``ray.train``'s ``TorchTrainer`` on energon_ray batches, with checkpoints
 that hold the loader's state, so a restarted worker group trains on exactly the batches it would have.
 
-    python jobs/train_captioning.py [--workdir DIR] [--steps 24] [--workers 2] [--fail-at STEP]
+    python jobs/train_captioning.py [--workdir DIR] [--name NAME] [--resume | --fresh] [--steps 24] [--workers 2] [--fail-at STEP]
 
 Each train worker builds its rank's loader (rank and world size come from the train context),
 moves batches to its device, and reports ``{loss}`` each step; every ``--checkpoint-every`` steps the
@@ -11,6 +11,12 @@ checkpoint folder gets the model (rank 0) and every rank's loader state
 ``WORKDIR/logs``) records the loss and the keys every rank trained on at every step. The model regresses each image's mean colour from a
 64x64 crop, so its loss goes down within a few dozen steps.
 
+The run's checkpoints go to ``WORKDIR/runs/NAME``. A run there that already has a checkpoint is never
+continued or overwritten silently: ``--resume`` continues it from its latest checkpoint (the same
+``--batch-size``, ``--samples`` and ``--workers``; a job that Ray may start again after a crash, e.g. a
+retried ``ray job submit``, passes ``--resume``, which starts afresh when there is no checkpoint yet),
+``--fresh`` deletes it and starts over, and without either the job stops with a usage error (exit 2).
+
 Runs on a private local Ray (2 CPUs unless ``--cpus``), or on the cluster named by RAY_ADDRESS.
 """
 
@@ -19,15 +25,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 import energon_ray as er
 from energon_ray.tasks.captioning import CaptioningTaskEncoder, default_train_transform
+from energon_ray.tasks.job_args import positive_int
 from energon_ray.tasks.run import synthetic_captioning
+
+#: Ray Train (v2) lists a run's checkpoints in this file of the run's folder, and a fit() with the same
+#: RunConfig(name, storage_path) restores the latest one listed (``ray.train.get_checkpoint()``).
+RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
+#: The options a run was started with (its folder); a resumed run must keep them, or its loaders cannot restore.
+RUN_OPTIONS = "job_options.json"
 
 
 def build_loader(config: dict, worker_config=None):
@@ -88,18 +103,126 @@ def train_loop(config: dict) -> None:
     loader.close()
 
 
-def main() -> None:
+class RunConflict(Exception):
+    """The run folder's checkpoint and the options disagree on what to do (a usage error)."""
+
+
+class RunPlan(NamedTuple):  # not a dataclass, which needs its module in sys.modules (tests load this file by path)
+    """What this invocation does with the run: train steps ``start``..steps-1, afresh or from ``checkpoint``."""
+
+    start: int
+    checkpoint: Optional[Path]
+    delete: bool  # --fresh over an existing checkpoint: the run folder goes first
+    message: str
+
+
+def latest_checkpoint(run_dir: Path) -> Optional[Tuple[int, Path]]:
+    """``(step, folder)`` of the checkpoint Ray Train would restore for the run in ``run_dir``, if any."""
+    snapshot = run_dir / RAY_SNAPSHOT
+    if not snapshot.is_file():
+        return None
+    try:
+        latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result")
+        return None if latest is None else (int(latest["metrics"]["step"]), run_dir / latest["checkpoint_dir_name"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RunConflict(f"{snapshot}: cannot tell the run's latest checkpoint ({type(exc).__name__}: {exc}); "
+                          "pass --fresh to delete the run, or another --name") from None  # fmt: skip
+
+
+def plan_run(run_dir: Path, name: str, steps: int, options: Dict[str, int], resume: bool = False, fresh: bool = False) -> RunPlan:
+    """Start run ``name`` afresh, or resume it from its latest checkpoint in ``run_dir`` (only with ``resume``).
+
+    Raises:
+        RunConflict: the run has a checkpoint and neither ``resume`` nor ``fresh`` is set; or resuming
+            it with other ``options`` than it was started with, or with no step left below ``steps``.
+    """
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        note = " (--resume: it has no checkpoint yet)" if resume else ""
+        return RunPlan(0, None, False, f"starting run {name!r} in {run_dir}{note}: training steps 0-{steps - 1}")
+    step, folder = latest
+    if fresh:
+        return RunPlan(0, None, True, f"starting run {name!r} afresh in {run_dir} (--fresh: deleting its checkpoint "
+                                      f"at step {step}): training steps 0-{steps - 1}")  # fmt: skip
+    if not resume:
+        raise RunConflict(f"{run_dir} already holds run {name!r}, with a checkpoint at step {step}: pass --resume to "
+                          "continue it, --fresh to delete it and start over, or another --name or --workdir")  # fmt: skip
+    saved = json.loads((run_dir / RUN_OPTIONS).read_text()) if (run_dir / RUN_OPTIONS).is_file() else {}
+    changed = [f"--{key.replace('_', '-')} {value} (the run has {saved[key]})" for key, value in options.items()
+               if key in saved and saved[key] != value]  # fmt: skip
+    if changed:
+        raise RunConflict(f"cannot resume run {name!r} from its checkpoint at step {step} ({folder}) with "
+                          f"{', '.join(changed)}: resume with the run's values, or pass --fresh")  # fmt: skip
+    if step + 1 >= steps:
+        raise RunConflict(f"run {name!r} has already trained steps 0-{step} (checkpoint {folder}): --steps {steps} "
+                          f"leaves nothing to train; pass --steps above {step + 1}, or --fresh")  # fmt: skip
+    return RunPlan(step + 1, folder, False, f"resuming run {name!r} from its checkpoint at step {step} ({folder}): "
+                                            f"training steps {step + 1}-{steps - 1}")  # fmt: skip
+
+
+def start_run(plan: RunPlan, run_dir: Path, log_dir: Path, options: Dict[str, int]) -> None:
+    """Apply ``plan`` to the folders: a fresh run deletes the old run and the old key logs and records
+    its options; every invocation may fail once again at ``--fail-at`` (the marker goes)."""
+    if plan.delete:
+        shutil.rmtree(run_dir)
+    (log_dir / "failed_once").unlink(missing_ok=True)
+    if plan.start == 0:
+        for old in log_dir.glob("keys_rank*.jsonl"):
+            old.unlink()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RUN_OPTIONS).write_text(json.dumps(options))
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "energon_ray_train_captioning"))
-    parser.add_argument("--samples", type=int, default=240)
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the private local Ray (ignored with RAY_ADDRESS)")
-    parser.add_argument("--checkpoint-every", type=int, default=4)
-    parser.add_argument("--fail-at", type=int, default=None)
-    parser.add_argument("--log-dir", default=None)
-    args = parser.parse_args()
+    add = parser.add_argument
+    add("--workdir", default=os.path.join(tempfile.gettempdir(), "energon_ray_train_captioning"),
+        help="the dataset, the logs and runs/NAME (default: %(default)s)")  # fmt: skip
+    add("--name", default="train_captioning", help="the run's name: its checkpoints go to WORKDIR/runs/NAME (default: %(default)s)")
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue the run from its latest checkpoint (start it if it has none)")
+    again.add_argument("--fresh", action="store_true", help="delete the run's checkpoints (WORKDIR/runs/NAME) and start over")
+    add("--samples", type=positive_int, default=240, help="samples of the generated dataset (made once per --workdir)")
+    add("--steps", type=positive_int, default=24, help="train steps 0..STEPS-1 (a resumed run trains those left)")
+    add("--batch-size", type=positive_int, default=8)
+    add("--workers", type=positive_int, default=2, help="train workers")
+    add("--cpus", type=positive_int, default=2, help="CPUs of the private local Ray (ignored with RAY_ADDRESS)")
+    add("--checkpoint-every", type=positive_int, default=4, metavar="N", help="a checkpoint after every N steps")
+    add("--fail-at", type=int, default=None, metavar="STEP", help="kill train worker 1 once at STEP (needs --workers 2 or more)")
+    add("--log-dir", default=None, help="loss and keys per rank and step (default: WORKDIR/logs; a fresh run replaces the key logs)")
+    return parser
+
+
+def _checked(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    if args.name in ("", ".", "..") or os.sep in args.name or "/" in args.name:
+        parser.error(f"--name must be a folder name (no '/'), got {args.name!r}")
+    if args.fail_at is not None:
+        if args.workers < 2:
+            parser.error(f"--fail-at {args.fail_at} kills train worker 1, so it needs --workers 2 or more, got --workers {args.workers}")
+        if not 0 <= args.fail_at < args.steps:
+            parser.error(f"--fail-at {args.fail_at} is never reached: --steps {args.steps} trains steps 0-{args.steps - 1}")
+    return args
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The job's options; a bad one, or one that would do nothing, exits with a usage error (2)."""
+    return _checked(_parser(), argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = _parser()
+    args = _checked(parser, argv)
+    workdir = Path(os.path.abspath(args.workdir))  # Ray Train takes an absolute storage path, and workers have other cwds
+    run_dir, log_dir = workdir / "runs" / args.name, Path(os.path.abspath(args.log_dir or workdir / "logs"))
+    options = {"samples": args.samples, "batch_size": args.batch_size, "workers": args.workers}
+    try:  # before Ray starts: a run that must not go on stops at once
+        plan = plan_run(run_dir, args.name, args.steps, options, resume=args.resume, fresh=args.fresh)
+    except RunConflict as exc:
+        parser.error(str(exc))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    start_run(plan, run_dir, log_dir, options)
+    print(plan.message, flush=True)
 
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -110,9 +233,6 @@ def main() -> None:
             ray.init(log_to_driver=False)
         else:
             ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
-    workdir = Path(args.workdir)
-    log_dir = Path(args.log_dir or workdir / "logs")
-    log_dir.mkdir(parents=True, exist_ok=True)
     path = synthetic_captioning(workdir / "dataset", args.samples, 40, (96, 72), split_ratio=(1, 0, 0), progress=False)
     config = {"path": str(path), "steps": args.steps, "batch_size": args.batch_size, "checkpoint_every": args.checkpoint_every,
               "fail_at": args.fail_at, "log_dir": str(log_dir)}  # fmt: skip
@@ -122,12 +242,14 @@ def main() -> None:
         # fractional CPUs: the train workers mostly wait for batches, the segment tasks need the cores
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=torch.cuda.is_available(), resources_per_worker={"CPU": 0.25}),
         run_config=RunConfig(
-            name="train_captioning", storage_path=str(workdir / "runs"),
+            name=args.name, storage_path=str(workdir / "runs"),
             failure_config=FailureConfig(max_failures=1), checkpoint_config=CheckpointConfig(num_to_keep=2),
         ),  # fmt: skip
     )
     result = trainer.fit()
-    print(f"trained {args.steps} steps on {args.workers} workers; final loss {result.metrics['loss']:.5f}")
+    trained = f"steps {plan.start}-{args.steps - 1} ({args.steps - plan.start} steps"
+    trained += f", resumed from the checkpoint at step {plan.start - 1})" if plan.start else ")"
+    print(f"trained {trained} on {args.workers} workers; final loss {result.metrics['loss']:.5f}")
     rank0 = log_dir / "keys_rank0.jsonl"
     if rank0.exists():  # on this machine (a local Ray; on a cluster rank 0 may run elsewhere)
         by_step = {e["step"]: e["loss"] for e in map(json.loads, rank0.read_text().splitlines())}

@@ -11,6 +11,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "train_captioning.py"
 
@@ -70,3 +72,29 @@ def test_torch_trainer_learns_and_a_dead_worker_resumes_on_the_same_batches(tmp_
     # resumed after the checkpoint of step 5, or of step 2 if Ray Train had not registered that one yet
     resumed = {step for (rank, step), (_, again) in got.items() if again}
     assert resumed in (set(range(6, 10)), set(range(3, 10)))
+
+
+def test_a_second_run_resumes_only_with_resume_and_counts_the_steps_it_trains(tmp_path, ray_session, capsys, monkeypatch):
+    """Re-running into a work dir with a checkpoint stops with a usage error; --resume trains the steps after the
+    checkpoint, on the batches an uninterrupted run takes there, and prints which steps it trained."""
+    job = _job()
+    argv = ["--workdir", str(tmp_path / "w"), "--workers", "1", "--samples", "80", "--checkpoint-every", "2"]
+    job.main([*argv, "--steps", "4"])
+    assert "trained steps 0-3 (4 steps) on 1 workers" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        job.main([*argv, "--steps", "6"])
+    assert refused.value.code == 2
+    assert "already holds run 'train_captioning', with a checkpoint at step 3: pass --resume" in capsys.readouterr().err
+    job.main([*argv, "--steps", "6", "--resume"])
+    out = capsys.readouterr().out
+    assert "resuming run 'train_captioning' from its checkpoint at step 3 (" in out, out
+    assert "trained steps 4-5 (2 steps, resumed from the checkpoint at step 3) on 1 workers" in out, out
+    import energon_ray as er
+
+    loader = job.build_loader({"path": str(tmp_path / "w" / "dataset"), "batch_size": 8}, er.WorkerConfig(rank=0, world_size=1, num_workers=2))
+    batches = iter(loader)
+    expected = [list(next(batches).__keys__) for _ in range(6)]
+    loader.close()
+    logged = [json.loads(line) for line in (tmp_path / "w" / "logs" / "keys_rank0.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["resumed"]) for e in logged] == [(0, False), (1, False), (2, False), (3, False), (4, True), (5, True)]
+    assert [e["keys"] for e in logged] == expected
