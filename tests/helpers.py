@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -122,3 +123,23 @@ def kill_batch_makers(iterator, count: int) -> Tuple[list, set]:
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     return got, killed
+
+
+def load_job(name: str):
+    """The module of ``jobs/<name>.py`` (the jobs are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "jobs" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    return job
+
+
+def usage_error(capsys, call, *args) -> str:
+    """``call(*args)`` exits with status 2 (argparse's usage error); its message after ``error: ``."""
+    import pytest
+
+    with pytest.raises(SystemExit) as caught:
+        call(*args)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    return err[err.index(": error: ") + len(": error: "):].strip()

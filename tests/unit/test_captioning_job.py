@@ -3,12 +3,13 @@ file, the key and the value, before Ray starts (this tier forbids ``ray.init``).
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import load_job, usage_error
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,19 +17,10 @@ GOOD = yaml.safe_load((ROOT / "jobs" / "captioning.yaml").read_text())
 
 
 def _job():
-    spec = importlib.util.spec_from_file_location("captioning_job", ROOT / "jobs" / "captioning_job.py")
-    job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job)
-    return job
+    return load_job("captioning_job")
 
 
-def _usage_error(capsys, call, *args) -> str:
-    """``call(*args)`` exits with status 2; its message (stderr's last line onwards)."""
-    with pytest.raises(SystemExit) as caught:
-        call(*args)
-    assert caught.value.code == 2
-    err = capsys.readouterr().err
-    return err[err.index(": error: ") + len(": error: "):].strip()
+_usage_error = usage_error
 
 
 def _config(tmp_path: Path, text: str, name: str = "job.yaml") -> str:

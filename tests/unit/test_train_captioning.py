@@ -4,29 +4,20 @@ before Ray starts (this tier forbids ``ray.init``), and a run with a checkpoint 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import load_job, usage_error
+
 
 
 def _job():
-    spec = importlib.util.spec_from_file_location("train_captioning", ROOT / "jobs" / "train_captioning.py")
-    job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job)
-    return job
+    return load_job("train_captioning")
 
 
-def _usage_error(capsys, call, *args) -> str:
-    """``call(*args)`` exits with status 2; its message (stderr's last line onwards)."""
-    with pytest.raises(SystemExit) as caught:
-        call(*args)
-    assert caught.value.code == 2
-    err = capsys.readouterr().err
-    return err[err.index(": error: ") + len(": error: "):].strip()
+_usage_error = usage_error
 
 
 @pytest.mark.parametrize(
