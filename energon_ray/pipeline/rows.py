@@ -49,6 +49,10 @@ _VIEW = np.dtype([("size", "<i4"), ("prefix", "V4"), ("buffer", "<i4"), ("offset
 _VIEW_STRUCT = struct.Struct("<i4sii")
 #: the largest buffer a view can name (int32 sizes); a row with a larger one is joined
 _VIEW_MAX = 2**31 - 1
+#: Arrow 19 is the first whose ``Array.from_buffers`` takes a ``binary_view`` array's own data
+#: buffers (16-18 refuse them): we require it, but where an older one is installed anyway (Ray 2.60
+#: takes ≥ 17; a machine's preinstalled pyarrow) each payload stays in one buffer, as before
+SPLIT_PAYLOADS = int(pa.__version__.split(".")[0]) >= 19
 
 
 @dataclasses.dataclass
@@ -245,8 +249,8 @@ def table(
     kinds, workers, segments, seqs, payloads = zip(*rows) if rows else ((), (), (), (), ())
     dumped = [_dump(row) for row in rows]
     for i, parts in enumerate(dumped):
-        if any(b.size > _VIEW_MAX for b in parts.buffers):  # a view cannot name it: one buffer
-            dumped[i] = serde.Parts(serde.join(parts), [])
+        if parts.buffers and (not SPLIT_PAYLOADS or any(b.size > _VIEW_MAX for b in parts.buffers)):
+            dumped[i] = serde.Parts(serde.join(parts), [])  # no views (an older Arrow, or too large): one buffer
     n = len(rows)
     columns = [
         _numbers(kinds, pa.int8(), np.int8),

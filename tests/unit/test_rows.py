@@ -136,3 +136,11 @@ def test_a_buffer_too_large_for_a_view_is_joined_into_its_payload(monkeypatch):
     assert type(first) is serde.Parts and type(second) is pa.Buffer
     assert serde.loads(second)["a"].tolist() == [1.0] * 10000
 
+
+
+def test_with_an_arrow_older_than_19_each_payload_stays_in_one_buffer(monkeypatch):
+    # pyarrow 16-18 refuse a binary_view array's data buffers in Array.from_buffers
+    monkeypatch.setattr(rows, "SPLIT_PAYLOADS", False)
+    table = rows.table(_sample_rows(), source=1)
+    assert table.schema == rows.SCHEMA and all(type(r[4]) is pa.Buffer for r in rows.iter_rows(table))
+    assert torch.equal(serde.loads(next(rows.iter_rows(table))[4])["image"], _sample_rows()[0][4]["image"])
