@@ -18,7 +18,6 @@ or that stay in the process have that column: Ray Data's own block serialization
 from __future__ import annotations
 
 import dataclasses
-import struct
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -27,6 +26,7 @@ import pyarrow as pa
 from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline import serde
 from energon_ray.pipeline.policy import StageRun
+from energon_ray.pipeline.views import BUFFERS_TYPE, buffers_chunk, row_buffers
 from energon_ray.plan.stream import SegmentSpec
 
 SEGMENT, ITEM, LEFTOVER, REPORT = 0, 1, 2, 3
@@ -43,10 +43,7 @@ SCHEMA = pa.schema(
     ]
 )
 #: ``SCHEMA`` and each row's out-of-band buffers (a block with a row that has any)
-SPLIT_SCHEMA = SCHEMA.append(pa.field("buffers", pa.list_(pa.binary_view())))
-#: a ``binary_view`` value: its size, its first 4 bytes, the variadic buffer it lies in, its offset there
-_VIEW = np.dtype([("size", "<i4"), ("prefix", "V4"), ("buffer", "<i4"), ("offset", "<i4")])
-_VIEW_STRUCT = struct.Struct("<i4sii")
+SPLIT_SCHEMA = SCHEMA.append(pa.field("buffers", BUFFERS_TYPE))
 #: the largest buffer a view can name (int32 sizes); a row with a larger one is joined
 _VIEW_MAX = 2**31 - 1
 #: Arrow 19 is the first whose ``Array.from_buffers`` takes a ``binary_view`` array's own data
@@ -263,7 +260,7 @@ def table(
     ]
     if not any(parts.buffers for parts in dumped):
         return pa.Table.from_arrays(columns, schema=SCHEMA)
-    columns.append(pa.chunked_array([_views_chunk(parts.buffers) for parts in dumped], SPLIT_SCHEMA.field("buffers").type))
+    columns.append(pa.chunked_array([buffers_chunk(parts.buffers) for parts in dumped], BUFFERS_TYPE))
     return pa.Table.from_arrays(columns, schema=SPLIT_SCHEMA)
 
 
@@ -275,25 +272,6 @@ def contiguous(block: pa.Table) -> pa.Table:
     payloads = [serde.join(p) if type(p) is serde.Parts else p for *_, p in iter_rows(block)]
     joined = pa.chunked_array([_binary_chunk(p) for p in payloads], pa.large_binary())
     return block.drop_columns(["buffers"]).set_column(SCHEMA.get_field_index("payload"), SCHEMA.field("payload"), joined)
-
-
-def _views_chunk(buffers: List[pa.Buffer]) -> pa.Array:
-    """One row of the ``buffers`` column: the list of ``buffers``, each a ``binary_view`` value over
-    the buffer itself (values of up to 12 bytes are held in their view, as Arrow requires)."""
-    views = np.zeros(len(buffers), dtype=_VIEW)
-    raw = views.view(np.uint8).reshape(len(buffers), _VIEW.itemsize)
-    variadic: List[pa.Buffer] = []
-    for i, buffer in enumerate(buffers):
-        size = buffer.size
-        head = memoryview(buffer)[: min(size, 12)].cast("B")
-        raw[i, :4] = np.frombuffer(np.int32(size).tobytes(), np.uint8)
-        raw[i, 4 : 4 + len(head)] = np.frombuffer(head, np.uint8)
-        if size > 12:
-            views["buffer"][i], views["offset"][i] = len(variadic), 0
-            variadic.append(buffer)
-    child = pa.Array.from_buffers(pa.binary_view(), len(buffers), [None, pa.py_buffer(views)] + variadic)
-    offsets = pa.py_buffer(np.array([0, len(buffers)], dtype=np.int32))
-    return pa.ListArray.from_buffers(SPLIT_SCHEMA.field("buffers").type, 1, [None, offsets], children=[child])
 
 
 # Columns are built from numpy buffers: ``pa.array`` of Python values imports pandas (0.2-0.9 s in a
@@ -362,7 +340,7 @@ def iter_rows(batch: pa.Table) -> Iterator[Tuple[int, int, int, int, Any]]:
     seqs = batch.column("seq").to_pylist()
     heads = _payload_buffers(batch.column("payload"))
     if "buffers" in batch.schema.names:
-        heads = (serde.Parts(head, buffers) if buffers else head for head, buffers in zip(heads, _row_buffers(batch.column("buffers"))))
+        heads = (serde.Parts(head, buffers) if buffers else head for head, buffers in zip(heads, row_buffers(batch.column("buffers"))))
     i = 0
     for payload in heads:
         yield kinds[i], workers[i], segments[i], seqs[i], payload
@@ -378,30 +356,3 @@ def _payload_buffers(column: pa.ChunkedArray) -> Iterator[pa.Buffer]:
         offsets = np.frombuffer(offsets_buf, dtype=np.int64, count=len(chunk) + 1, offset=chunk.offset * 8)
         for j in range(len(chunk)):
             yield data.slice(int(offsets[j]), int(offsets[j + 1] - offsets[j]))
-
-
-def _int32s(array: pa.Array) -> np.ndarray:
-    """An int32 array's values (``to_numpy`` would import pandas: ~0.5 s on the first batch's path)."""
-    return np.frombuffer(array.buffers()[1], dtype=np.int32, count=array.offset + len(array))[array.offset :]
-
-
-def _row_buffers(column: pa.ChunkedArray) -> Iterator[List[pa.Buffer]]:
-    """Each row's out-of-band buffers, each where its view points (no copy)."""
-    for chunk in column.chunks:
-        offsets = _int32s(chunk.offsets).tolist()
-        values = chunk.values
-        if len(values) == 0:
-            yield from ([] for _ in range(len(chunk)))
-            continue
-        _, views_buf, *variadic = values.buffers()
-        views = memoryview(views_buf).cast("B")
-        base = values.offset
-        for j in range(len(chunk)):
-            out = []
-            for v in range(base + offsets[j], base + offsets[j + 1]):
-                size, _, where, at = _VIEW_STRUCT.unpack_from(views, v * _VIEW_STRUCT.size)
-                if size > 12:
-                    out.append(variadic[where].slice(at, size))
-                else:  # held in the view itself
-                    out.append(pa.py_buffer(bytes(views[v * _VIEW_STRUCT.size + 4 : v * _VIEW_STRUCT.size + 4 + size])))
-            yield out

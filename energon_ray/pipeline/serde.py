@@ -271,6 +271,8 @@ def loads(data: Any, copy: bool = True) -> Any:
             independent. ``False``: tensors and nested buffers are views of ``data`` and keep it
             alive (no copy at all); numpy arrays are then read-only when ``data`` is.
     """
+    # Payloads are what our own stages wrote (``dumps``) inside this job's Ray tasks, never a
+    # dataset's files: a dataset's pickles load only under ``trust_dataset_code``.
     if type(data) is Parts:
         if not data.buffers:
             return loads(data.head, copy)
