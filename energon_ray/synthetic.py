@@ -23,6 +23,9 @@ from energon_ray.format.prepare import already_prepared, prepare_dataset
 #: Written into the folder before anything else and removed once the dataset is prepared: a folder
 #: holding it is an unfinished synthetic write (interrupted), which the next call redoes.
 SYNTHETIC_MARKER = ".energon_ray_synthetic"
+#: Written once a synthetic dataset is prepared: what it was written with (the writer's parameters and
+#: prepare's options), so a later call asking for other data says so instead of using the old data.
+SYNTHETIC_RECIPE = ".energon_ray_synthetic.json"
 
 _WORDS = (
     "a red bus parked near the station", "two dogs playing in the snow", "a bowl of fresh fruit",
@@ -175,20 +178,26 @@ def synthetic_target(root: Path | str) -> str:
     )
 
 
-def write_synthetic_dataset(root: Path | str, write: Callable[[Path], Any], **prepare_options: Any) -> Path:
+def write_synthetic_dataset(
+    root: Path | str, write: Callable[[Path], Any], recipe: Optional[Dict[str, Any]] = None, **prepare_options: Any
+) -> Path:
     """Write a synthetic dataset with ``write(root)`` and prepare it (``prepare_dataset(root, **prepare_options)``),
-    unless ``root`` already holds a prepared dataset, which is used as is (see :func:`synthetic_target`).
+    unless ``root`` already holds a prepared dataset, which is used as is (see :func:`synthetic_target`):
+    one this function wrote only if it was written with the same ``recipe`` and prepare options
+    (recorded in :data:`SYNTHETIC_RECIPE`).
 
     Args:
         root: the dataset folder; new, empty, prepared, or an unfinished write of this function.
         write: writes the shards under the folder it is given (e.g. ``root/shards``).
+        recipe: the parameters ``write`` writes with (JSON-able; e.g. ``{"num_samples": 96}``).
         prepare_options: :func:`energon_ray.format.prepare.prepare_dataset`'s keywords (not ``force_overwrite``).
 
     Returns:
         ``root``.
 
     Raises:
-        DatasetConfigError: ``root`` holds files of its own (nothing is written), or from prepare.
+        DatasetConfigError: ``root`` holds files of its own (nothing is written), or a synthetic dataset
+            written with another recipe (named: what was asked, what is there), or from prepare.
 
     Example:
         >>> import tempfile; root = Path(tempfile.mkdtemp()) / "captions"
@@ -198,8 +207,10 @@ def write_synthetic_dataset(root: Path | str, write: Callable[[Path], Any], **pr
         (True, 'prepared')
     """
     root = Path(root)
+    wanted = _recipe_record(recipe, prepare_options)
     action = synthetic_target(root)
     if action == "prepared":
+        _check_recipe(root, wanted)
         return root
     marker = root / SYNTHETIC_MARKER
     root.mkdir(parents=True, exist_ok=True)
@@ -207,5 +218,42 @@ def write_synthetic_dataset(root: Path | str, write: Callable[[Path], Any], **pr
     write(root)
     # an interrupted prepare may have left its .info.json: ours to overwrite (the marker says so)
     prepare_dataset(root, force_overwrite=action == "redo", **prepare_options)
+    (root / SYNTHETIC_RECIPE).write_text(json.dumps(wanted, indent=1, sort_keys=True) + "\n")
     marker.unlink()
     return root
+
+
+def _recipe_record(recipe: Optional[Dict[str, Any]], prepare_options: Dict[str, Any]) -> Dict[str, Any]:
+    """What a synthetic dataset is written with, as JSON reads it back (tuples as lists); prepare's
+    ``progress`` left out (it changes no byte)."""
+    options = {k: v for k, v in prepare_options.items() if k != "progress"}
+    return json.loads(json.dumps({"recipe": dict(recipe or {}), "prepare": options}, default=repr))
+
+
+def _check_recipe(root: Path, wanted: Dict[str, Any]) -> None:
+    """Refuse a prepared synthetic dataset written with other parameters than ``wanted`` (a prepared
+    folder without :data:`SYNTHETIC_RECIPE`, a user's own or written before it, is used as is)."""
+    path = root / SYNTHETIC_RECIPE
+    try:
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:
+        raise DatasetConfigError(f"{path}: unreadable ({exc}); delete it to use {root} as it is") from None
+    if found == wanted:
+        return
+    changed = []
+    for part in ("recipe", "prepare"):
+        had, asked = found.get(part, {}), wanted[part]
+        for key in sorted(set(had) | set(asked)):
+            if had.get(key) != asked.get(key):
+                changed.append(f"{key} was {_shown(had, key)}, is now {_shown(asked, key)}")
+    raise DatasetConfigError(
+        f"{root}: holds a synthetic dataset written with other parameters ({'; '.join(changed)}), so it "
+        "was not used. It holds only what energon_ray generated: delete the folder to write it again with "
+        "the new parameters, or point the dataset path at a new folder"
+    )
+
+
+def _shown(values: Dict[str, Any], key: str) -> str:
+    return json.dumps(values[key]) if key in values else "unset"

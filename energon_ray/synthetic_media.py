@@ -126,6 +126,7 @@ def synthetic_video_qa(
     under ``root`` (all in ``train``)."""
     return write_synthetic_dataset(
         root, lambda folder: write_shards(folder / "shards", video_qa_samples(num_samples, num_frames, size), samples_per_shard),
+        recipe=dict(num_samples=num_samples, samples_per_shard=samples_per_shard, num_frames=num_frames, size=size),
         split_ratio=(1, 0, 0), sample_type="VidQASample", field_map=VIDEO_QA_FIELDS, progress=False,
     )  # fmt: skip
 
@@ -137,5 +138,6 @@ def synthetic_audio(
     under ``root`` (all in ``train``)."""
     return write_synthetic_dataset(
         root, lambda folder: write_shards(folder / "shards", audio_samples(num_samples, seconds, rate), samples_per_shard),
+        recipe=dict(num_samples=num_samples, samples_per_shard=samples_per_shard, seconds=seconds, rate=rate),
         split_ratio=(1, 0, 0), sample_type="CrudeWebdataset", progress=False,
     )  # fmt: skip

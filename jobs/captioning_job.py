@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import energon_ray as er
+from energon_ray.errors import DatasetConfigError
 from energon_ray.tasks.captioning import CaptioningTaskEncoder, default_train_transform
 from energon_ray.tasks.job_args import (
     JobConfigError, boolean, non_negative, optional, positive, positive_int, positive_pair, read_config, text,
@@ -57,7 +59,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     workdir = Path(args.workdir or cfg["workdir"])
     d, lc, tc = cfg["dataset"], cfg["loader"], cfg["task"]
-    path = synthetic_captioning(workdir / "dataset", d["num_samples"], d["samples_per_shard"], tuple(d["image_size"]))
+    try:
+        path = synthetic_captioning(workdir / "dataset", d["num_samples"], d["samples_per_shard"], tuple(d["image_size"]))
+    except DatasetConfigError as exc:  # e.g. the folder holds the dataset of another config's num_samples
+        sys.exit(f"captioning_job: {exc}")
     print(f"dataset: {path}")
 
     encoder = CaptioningTaskEncoder(image_transform=default_train_transform(tc["image_size"]), max_length=tc["max_length"])

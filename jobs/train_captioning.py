@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 import energon_ray as er
+from energon_ray.errors import DatasetConfigError
 from energon_ray.tasks.captioning import CaptioningTaskEncoder, default_train_transform
 from energon_ray.tasks.job_args import positive_int
 from energon_ray.tasks.run import synthetic_captioning
@@ -182,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
     again = parser.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue the run from its latest checkpoint (start it if it has none)")
     again.add_argument("--fresh", action="store_true", help="delete the run's checkpoints (WORKDIR/runs/NAME) and start over")
-    add("--samples", type=positive_int, default=240, help="samples of the generated dataset (made once per --workdir)")
+    add("--samples", type=positive_int, default=240, help="samples of the generated dataset (made once per --workdir: another count needs another --workdir, or WORKDIR/dataset deleted)")
     add("--steps", type=positive_int, default=24, help="train steps 0..STEPS-1 (a resumed run trains those left)")
     add("--batch-size", type=positive_int, default=8)
     add("--workers", type=positive_int, default=2, help="train workers")
@@ -220,6 +221,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         plan = plan_run(run_dir, args.name, args.steps, options, resume=args.resume, fresh=args.fresh)
     except RunConflict as exc:
         parser.error(str(exc))
+    try:  # the dataset, written once per --workdir: one of other --samples stops the job here
+        path = synthetic_captioning(workdir / "dataset", args.samples, 40, (96, 72), split_ratio=(1, 0, 0), progress=False)
+    except DatasetConfigError as exc:
+        parser.error(str(exc))
     log_dir.mkdir(parents=True, exist_ok=True)
     start_run(plan, run_dir, log_dir, options)
     print(plan.message, flush=True)
@@ -233,7 +238,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             ray.init(log_to_driver=False)
         else:
             ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
-    path = synthetic_captioning(workdir / "dataset", args.samples, 40, (96, 72), split_ratio=(1, 0, 0), progress=False)
     config = {"path": str(path), "steps": args.steps, "batch_size": args.batch_size, "checkpoint_every": args.checkpoint_every,
               "fail_at": args.fail_at, "log_dir": str(log_dir)}  # fmt: skip
     trainer = TorchTrainer(

@@ -25,6 +25,7 @@ def synthetic_captioning(
     return write_synthetic_dataset(
         root,
         lambda folder: write_captioning_dataset(folder, num_samples, samples_per_shard, image_size=image_size),
+        recipe=dict(num_samples=num_samples, samples_per_shard=samples_per_shard, image_size=image_size),
         split_ratio=split_ratio,
         sample_type="CaptioningSample",
         field_map={"image": "jpg", "caption": "txt"},

@@ -70,3 +70,18 @@ def test_captioning_job_with_a_bad_config_exits_2_without_a_traceback_or_ray(tmp
     assert done.returncode == 2
     assert f"error: {path}: unknown key loader.batch_sise (did you mean 'batch_size'?)" in done.stderr
     assert "Traceback" not in done.stderr and "Ray" not in done.stdout + done.stderr
+
+
+def test_captioning_job_refuses_a_workdir_dataset_of_another_config(tmp_path, capsys):
+    """The workdir's dataset was generated with 8 samples of 32x24, the config asks for 1200 of 320x240:
+    the job exits naming the folder and both values (it ran on the old 8 samples silently), before Ray."""
+    from energon_ray.tasks.run import synthetic_captioning
+
+    synthetic_captioning(tmp_path / "dataset", 8, 100, image_size=(32, 24))
+    path = _config(tmp_path, yaml.safe_dump({**GOOD, "workdir": str(tmp_path)}))
+    with pytest.raises(SystemExit) as caught:
+        _job().main(["--config", path])
+    assert str(caught.value.code).startswith(
+        f"captioning_job: {tmp_path / 'dataset'}: holds a synthetic dataset written with other parameters "
+        "(image_size was [32, 24], is now [320, 240]; num_samples was 8, is now 1200)"
+    )

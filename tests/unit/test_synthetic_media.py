@@ -56,7 +56,7 @@ def test_datasets_are_prepared_once(tmp_path):
     assert yaml.safe_load((audio / ".nv-meta" / "dataset.yaml").read_text())["__class__"] == "CrudeWebdataset"
     shards = sorted(p.name for p in (video / "shards").glob("*.tar"))
     before = {p: p.stat().st_mtime_ns for p in (video / "shards").iterdir()}
-    assert synthetic_video_qa(video, 3) == video and shards == ["shard_0000.tar", "shard_0001.tar"]
+    assert synthetic_video_qa(video, 3, samples_per_shard=2, num_frames=4, size=(32, 24)) == video and shards == ["shard_0000.tar", "shard_0001.tar"]
     assert {p: p.stat().st_mtime_ns for p in (video / "shards").iterdir()} == before
 
 

@@ -129,3 +129,19 @@ def test_captioning_task_writer_refuses_a_users_shards(tmp_path):
     with pytest.raises(DatasetConfigError, match=rf"{root}: holds shards/ .*dataset\.prepare=null"):
         synthetic(root, num_samples=4, samples_per_shard=2, image_size=(8, 8))
     assert _files(root) == before
+
+
+def test_synthetic_dataset_asked_for_with_other_parameters_is_refused(tmp_path):
+    """A synthetic dataset of 4 samples asked for again with 6 (a changed ``dataset.prepare.num_samples``)
+    raises, naming the folder and what changed; the same recipe again is used as is; nothing rewritten."""
+    from energon_ray.tasks.vision.captioning.data import synthetic
+
+    root = synthetic(tmp_path / "captions", num_samples=4, samples_per_shard=2, image_size=(8, 8), split_ratio=(1, 0, 0))
+    before = _files(root)
+    assert synthetic(root, num_samples=4, samples_per_shard=2, image_size=(8, 8), split_ratio=(1, 0, 0)) == root
+    with pytest.raises(DatasetConfigError) as raised:
+        synthetic(root, num_samples=6, samples_per_shard=2, image_size=(8, 8), split_ratio=(4, 1, 1))
+    message = str(raised.value)
+    assert message.startswith(f"{root}: holds a synthetic dataset written with other parameters (")
+    assert "num_samples was 4, is now 6; split_ratio was [1, 0, 0], is now [4, 1, 1])" in message
+    assert "delete the folder to write it again" in message and _files(root) == before

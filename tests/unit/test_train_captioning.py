@@ -103,3 +103,14 @@ def test_fresh_deletes_the_run_and_its_key_logs(tmp_path):
     job.start_run(plan, run_dir, log_dir, {**OPTIONS, "batch_size": 4})
     assert sorted(p.name for p in run_dir.iterdir()) == ["job_options.json"] and not any(log_dir.iterdir())
     assert json.loads((run_dir / "job_options.json").read_text())["batch_size"] == 4
+
+
+def test_train_captioning_refuses_a_dataset_of_other_samples(tmp_path, capsys):
+    """WORKDIR/dataset was generated with --samples 12; --samples 16 stops before Ray with a usage
+    error naming both counts (it trained on the 12 silently before), and no run folder is made."""
+    from energon_ray.tasks.run import synthetic_captioning
+
+    synthetic_captioning(tmp_path / "dataset", 12, 40, (96, 72), split_ratio=(1, 0, 0), progress=False)
+    message = _usage_error(capsys, _job().main, ["--workdir", str(tmp_path), "--samples", "16"])
+    assert message.startswith(f"{tmp_path / 'dataset'}: holds a synthetic dataset written with other parameters (num_samples was 12, is now 16)")
+    assert not (tmp_path / "runs").exists()

@@ -47,5 +47,6 @@ def synthetic(
     """
     return write_synthetic_dataset(
         root, lambda folder: write_shards(folder / "shards", samples(num_samples), samples_per_shard),
+        recipe=dict(num_samples=num_samples, samples_per_shard=samples_per_shard),
         split_ratio=tuple(split_ratio), sample_type="TextSample", field_map={"text": "txt"}, progress=False,
     )  # fmt: skip

@@ -30,5 +30,6 @@ def synthetic(
     """
     return write_synthetic_dataset(
         root, lambda folder: write_shards(folder / "shards", video_qa_samples(num_samples, num_frames, tuple(size)), samples_per_shard),
+        recipe=dict(num_samples=num_samples, samples_per_shard=samples_per_shard, num_frames=num_frames, size=tuple(size)),
         split_ratio=tuple(split_ratio), sample_type="VidQASample", field_map=VIDEO_QA_FIELDS, progress=False,
     )  # fmt: skip

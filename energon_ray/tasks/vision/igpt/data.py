@@ -62,6 +62,7 @@ def synthetic(
     """
     return write_synthetic_dataset(
         root, lambda folder: write_shards(folder / "shards", samples(num_samples, image_size, num_classes), samples_per_shard),
+        recipe=dict(num_samples=num_samples, samples_per_shard=samples_per_shard, image_size=image_size, num_classes=num_classes),
         split_ratio=tuple(split_ratio), sample_type="ImageClassificationSample",
         field_map={"image": "png", "label": "cls"}, progress=False,
     )  # fmt: skip
