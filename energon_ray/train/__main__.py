@@ -6,6 +6,8 @@ Hydra's command line: ``--cfg job`` prints the composed config, ``--help`` lists
 
 from __future__ import annotations
 
+import sys
+
 from energon_ray.train.config import quiet_foreign_config_sources
 
 quiet_foreign_config_sources()
@@ -16,9 +18,14 @@ from omegaconf import DictConfig  # noqa: E402
 
 @hydra.main(version_base="1.3", config_path="pkg://energon_ray.conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from energon_ray.errors import DatasetConfigError
+    from energon_ray.loader.state import StateError
     from energon_ray.train.fit import fit
 
-    result = fit(cfg)
+    try:
+        result = fit(cfg)
+    except (DatasetConfigError, StateError) as exc:  # the user's data or checkpoint: the message says what to change
+        sys.exit(f"error: {exc}")
     losses = result.losses
     print(f"trained {result.global_step} steps on {result.world_size} rank(s)")
     if losses:

@@ -204,3 +204,23 @@ def test_ckpt_path_may_name_a_checkpoint_folder(tmp_path):
     assert checkpoint_file(None) is None and checkpoint_file(str(tmp_path / "missing.ckpt")) == str(tmp_path / "missing.ckpt")
     with pytest.raises(FileNotFoundError, match=r"ckpt_path=.*other is a folder without checkpoint.ckpt or last.ckpt; name one of its checkpoints: epoch=0-step=5.ckpt"):
         checkpoint_file(str(other))
+
+
+def test_command_line_entry_point_names_a_changed_synthetic_parameter(monkeypatch, tmp_path):
+    """The igpt dataset in dataset.path was generated with 24 samples; `dataset.prepare.num_samples=32` exits
+    with "error: …" naming the folder and both counts (no traceback; before: the old 24 samples, silently)."""
+    from energon_ray.tasks.vision.igpt.data import synthetic
+    from energon_ray.train.__main__ import main
+
+    synthetic(tmp_path / "data", num_samples=24, samples_per_shard=8)
+    argv = ["energon_ray.train", "+task=vision/igpt", "+dataset=vision/igpt/synthetic", "trainer.max_steps=1",
+            f"dataset.path={tmp_path / 'data'}", "dataset.prepare.num_samples=32", "dataset.prepare.samples_per_shard=8",
+            f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == (
+        f"error: {tmp_path / 'data'}: holds a synthetic dataset written with other parameters (num_samples was 24, "
+        "is now 32), so it was not used. It holds only what energon_ray generated: delete the folder to write it "
+        "again with the new parameters, or point the dataset path at a new folder"
+    )
