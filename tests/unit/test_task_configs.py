@@ -224,3 +224,17 @@ def test_command_line_entry_point_names_a_changed_synthetic_parameter(monkeypatc
         "is now 32), so it was not used. It holds only what energon_ray generated: delete the folder to write it "
         "again with the new parameters, or point the dataset path at a new folder"
     )
+
+
+def test_command_line_help_lists_the_built_in_tasks(monkeypatch, capsys):
+    """`--help` names every built-in task with its dataset (Hydra's own listing showed only `task: default`)."""
+    from energon_ray.train.__main__ import main
+
+    monkeypatch.setattr(sys, "argv", ["energon_ray.train", "--help"])
+    with pytest.raises(SystemExit) as caught:
+        main()
+    out = capsys.readouterr().out
+    assert caught.value.code == 0 and out.startswith("python -m energon_ray.train +task=<modality>/<task> +dataset=")
+    listed = [line.strip() for line in out.splitlines() if line.startswith("  +task=")]
+    assert listed == [f"+task={task} +dataset={dataset}" for task, dataset in BUILTIN_TASKS.items()]
+    assert "tokenizer: autotokenizer, byte, hash" in out and "max_steps: 50" in out
