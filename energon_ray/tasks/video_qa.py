@@ -175,12 +175,18 @@ class VideoQATaskEncoder(DefaultTaskEncoder[VidQASample, VideoQAEncodedSample, V
         return torch.cat([pick_frames(clip, self.frames_per_clip) for clip in data.video_clips])
 
     def encode_sample(self, sample: VidQASample) -> VideoQAEncodedSample:
+        # Checked before decoding: a string of answers would train on its first letter, a question
+        # that is not a string would fail the tokenizer and with it the whole batch.
+        if not isinstance(sample.context, str):
+            raise SampleException(f"field 'context': the question must be a string, got {sample.context!r}")
+        answers = [] if sample.answers is None else sample.answers
+        if not isinstance(answers, (list, tuple)) or not all(isinstance(a, str) for a in answers):
+            raise SampleException(f"field 'answers': must be a list of strings, got {sample.answers!r}")
         try:
             frames = self.frames_of(sample.video)
         except SampleException as exc:
             # The decoder knows the part ('mp4') and the loader adds shard and key; name the field too.
             raise SampleException(f"field 'video': {exc}") from exc
-        answers = list(sample.answers or [])
         if not answers:
             answer = ""
         elif self.random_answer:

@@ -65,13 +65,15 @@ def _write_videos(media: Path) -> Dict[str, Path]:
     return files
 
 
-def _video_dataset(root: Path, files: Dict[str, Path], corrupt: Optional[int] = None) -> Path:
+def _video_dataset(
+    root: Path, files: Dict[str, Path], corrupt: Optional[int] = None, metas: Optional[Dict[int, dict]] = None
+) -> Path:
     samples = []
     for i, key in enumerate(VIDEO_KEYS):
         data = files[key].read_bytes()
         if i == corrupt:
             data = data[: len(data) // 2]  # mp4's index (moov) is written last: half a file cannot be opened
-        meta = json.dumps({"question": _question(i), "answers": _answers(i)}).encode()
+        meta = json.dumps((metas or {}).get(i, {"question": _question(i), "answers": _answers(i)})).encode()
         samples.append((key, {"mp4": data, "json": meta}))
     write_shards(root / "shards", samples, 4)
     prepare_dataset(root, split_ratio=(1, 0, 0), sample_type="VidQASample", field_map=VIDEO_FIELDS, progress=False)
@@ -91,6 +93,13 @@ def videos(tmp_path_factory) -> Tuple[Path, Dict[str, Path]]:
 def corrupt_videos(tmp_path_factory, videos) -> Path:
     """The same dataset with sample CORRUPT's mp4 cut in half."""
     return _video_dataset(tmp_path_factory.mktemp("av_pipeline_corrupt"), videos[1], corrupt=CORRUPT)
+
+
+@pytest.fixture(scope="module")
+def bad_text_videos(tmp_path_factory, videos) -> Path:
+    """The same dataset with sample 1's answers a string and sample 4's question null."""
+    metas = {1: {"question": _question(1), "answers": "yes"}, 4: {"question": None, "answers": _answers(4)}}
+    return _video_dataset(tmp_path_factory.mktemp("av_pipeline_bad_text"), videos[1], metas=metas)
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +289,17 @@ def test_corrupt_video_is_skipped_counted_and_named(corrupt_videos, caplog, av_d
     assert "shards/shard_0000.tar: sample 'vid_003'" in lines[0]
     assert ("field 'video'" if stage == "encode_sample" else "cannot decode part 'mp4'") in lines[0]
     assert "mp4: cannot open media" in lines[0]
+
+
+def test_video_qa_skips_answers_that_are_no_list_and_questions_that_are_no_string(bad_text_videos, caplog):
+    """A string of answers (it would train on its first letter) and a null question (it would fail the
+    tokenizer and the whole batch) drop only their own samples, counted and logged with their field."""
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    loader = _val(bad_text_videos, VideoQATaskEncoder(num_frames=2, frame_size=FRAME_SIZE))
+    batches = list(loader)
+    assert [k for b in batches for k in b.__key__] == [k for i, k in enumerate(VIDEO_KEYS) if i not in (1, 4)]
+    assert [a for b in batches for a in b.answers] == [_answers(i)[0] for i in (0, 2, 3, 5)]
+    assert loader.stats.skipped == {"encode_sample": 2}
+    log = caplog.text
+    assert "sample 'vid_001'" in log and "field 'answers': must be a list of strings, got 'yes'" in log
+    assert "sample 'vid_004'" in log and "field 'context': the question must be a string, got None" in log
