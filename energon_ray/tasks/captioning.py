@@ -7,6 +7,7 @@ from typing import Callable, List, Optional
 
 import torch
 
+from energon_ray.errors import SampleException
 from energon_ray.samples import CaptioningSample
 from energon_ray.task_encoder import DefaultTaskEncoder, batch_list, batch_stack
 from energon_ray.tasks.tokenizer import HashTokenizer
@@ -58,6 +59,10 @@ class CaptioningTaskEncoder(DefaultTaskEncoder[CaptioningSample, CaptioningSampl
         self.max_length = max_length
 
     def encode_sample(self, sample: CaptioningSample) -> CaptioningSample:
+        # A caption that is not a string (a JSON list of captions, null) would fail the tokenizer in
+        # encode_batch and drop the whole batch; here it drops its own sample, naming the field.
+        if not isinstance(sample.caption, str):
+            raise SampleException(f"field 'caption': must be a string, got {sample.caption!r}")
         sample.image = self.image_transform(sample.image)
         return sample
 

@@ -44,6 +44,28 @@ def test_corrupt_jpeg_and_missing_part_are_skipped_logged_and_counted(tmp_path, 
     assert "sample 'sample_000014'" in log and "field 'caption'" in log and "'txt'" in log
 
 
+def test_captioning_skips_a_caption_that_is_not_a_string_without_losing_its_batch(tmp_path, caplog):
+    """The ready captioning task drops a sample whose caption is a JSON list or null, counted under
+    encode_sample and logged with its field; the other samples of its batch stay."""
+    import json
+
+    from energon_ray.tasks.captioning import CaptioningTaskEncoder
+
+    samples = captioning_samples(12)
+    for key, parts in samples:
+        parts["json"] = json.dumps({"caption": parts["txt"].decode()}).encode()
+    samples[5][1]["json"] = json.dumps({"caption": ["a cat", "a dog"]}).encode()
+    samples[9][1]["json"] = json.dumps({"caption": None}).encode()
+    path = prepared(tmp_path / "ds", samples, 6, field_map={"image": "jpg", "caption": "json[caption]"})
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    loader = _val(path, task_encoder=CaptioningTaskEncoder(), batch_size=4)
+    keys = [k for b in loader for k in b.__keys__]
+    assert sorted(keys) == [f"sample_{i:06d}" for i in range(12) if i not in (5, 9)]
+    assert loader.stats.skipped == {"encode_sample": 2}
+    assert "sample 'sample_000005'" in caplog.text and "field 'caption': must be a string, got ['a cat', 'a dog']" in caplog.text
+    assert "sample 'sample_000009'" in caplog.text and "field 'caption': must be a string, got None" in caplog.text
+
+
 class FailSome(er.DefaultTaskEncoder):
     def encode_sample(self, sample):
         index = int(sample.__key__[-6:])
