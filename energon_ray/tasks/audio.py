@@ -138,7 +138,10 @@ class AudioTaskEncoder(DefaultTaskEncoder[AudioSample, AudioEncodedSample, Audio
         rate = audio.get_audio_samples_per_second()
         if rate != self.sample_rate:
             raise SampleException(f"{audio.key}: audio at {rate} Hz, the task expects {self.sample_rate} Hz")
-        total = round(audio.get_audio_duration() * rate)
+        duration = audio.get_audio_duration()
+        if duration is None:  # no duration in the header and no timestamped packet: nothing to decode
+            raise SampleException(f"{audio.key}: the audio stream holds no samples")
+        total = round(duration * rate)
         size = self.window_samples
         # The start is drawn in whole samples and the range given in samples, so every window holds
         # exactly `size` samples (seconds would be rounded at both ends).

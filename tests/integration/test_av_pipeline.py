@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import av
 import numpy as np
 import pytest
 import torch
@@ -230,6 +232,33 @@ def test_audio_windows_are_sample_exact_and_seeded(audio_ds):
     assert starts[-1] == 0 and len(set(starts[:-1])) == len(starts) - 1  # random starts, except the short file
     again = _audio_batches(audio_ds)
     assert all(torch.equal(a.starts, b.starts) and torch.equal(a.audio, b.audio) for a, b in zip(batches, again))
+
+
+def _empty_wav(rate: int) -> bytes:
+    """A wav file with its header and no sample (what a recorder that captured nothing writes)."""
+    out = io.BytesIO()
+    with av.open(out, "w", format="wav") as container:
+        container.add_stream("pcm_s16le", rate=rate)
+        container.start_encoding()
+    return out.getvalue()
+
+
+def test_audio_file_without_samples_is_skipped_counted_and_named(tmp_path, caplog):
+    """A wav that holds only its header drops only its sample, counted under encode_sample and logged
+    with shard, key and field, instead of a TypeError from the task's arithmetic."""
+    samples = []
+    for i, key in enumerate(AUDIO_KEYS[:3]):
+        data = _empty_wav(AUDIO_RATE) if i == 1 else write_audio(tmp_path / f"{key}.wav", codec="pcm_s16le", seconds=0.5).read_bytes()
+        samples.append((key, {"wav": data, "txt": f"label {i}".encode()}))
+    write_shards(tmp_path / "ds" / "shards", samples, 3)
+    prepare_dataset(tmp_path / "ds", split_ratio=(1, 0, 0), sample_type="CrudeWebdataset", progress=False)
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    loader = _val(tmp_path / "ds", AudioTaskEncoder(window_seconds=0.25, sample_rate=AUDIO_RATE), batch_size=3)
+    assert [k for b in loader for k in b.__key__] == [AUDIO_KEYS[0], AUDIO_KEYS[2]]
+    assert loader.stats.skipped == {"encode_sample": 1}
+    lines = [r.getMessage() for r in caplog.records if AUDIO_KEYS[1] in r.getMessage()]
+    assert len(lines) == 1 and "shards/shard_0000.tar: sample 'aud_001'" in lines[0]
+    assert "field 'audio': wav: the audio stream holds no samples" in lines[0]
 
 
 class ArrivalProbe(er.DefaultTaskEncoder):
