@@ -29,6 +29,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+import numbers
 import random
 from typing import Any, List, Optional, Tuple
 
@@ -109,8 +111,9 @@ class VideoQATaskEncoder(DefaultTaskEncoder[VidQASample, VideoQAEncodedSample, V
         normalize: return float32 frames in [0, 1] instead of uint8.
 
     Raises:
-        ValueError: unless exactly one of ``num_clips`` and ``num_frames`` is given, or for
-            non-positive counts.
+        ValueError: unless exactly one of ``num_clips`` and ``num_frames`` is given, for
+            non-positive counts, a negative or non-finite ``clip_duration_seconds`` or a
+            ``frame_size`` that is not two positive ints.
     """
 
     decoder = SampleDecoder(av_decode="AVDecoder")
@@ -137,11 +140,21 @@ class VideoQATaskEncoder(DefaultTaskEncoder[VidQASample, VideoQAEncodedSample, V
         for name, value in (("num_clips", num_clips), ("num_frames", num_frames), ("frames_per_clip", frames_per_clip)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"VideoQATaskEncoder: {name} must be an int >= 1, got {value!r}")
+        # checked here: each sample would otherwise fail with it, skipped one by one
+        duration = clip_duration_seconds
+        if isinstance(duration, bool) or not isinstance(duration, numbers.Real) or not 0 <= duration < math.inf:
+            raise ValueError(f"VideoQATaskEncoder: clip_duration_seconds must be a finite number >= 0, got {duration!r}")
+        try:
+            width, height = frame_size
+        except (TypeError, ValueError):
+            width = height = None
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in (width, height)):
+            raise ValueError(f"VideoQATaskEncoder: frame_size must be (width, height), two ints >= 1, got {frame_size!r}")
         self.num_clips = num_clips
         self.clip_duration_seconds = clip_duration_seconds
         self.frames_per_clip = frames_per_clip
         self.num_frames = num_frames
-        self.frame_size = tuple(frame_size)
+        self.frame_size = (int(width), int(height))
         self.tokenizer = tokenizer or HashTokenizer(max_length=max_length)
         self.random_answer = random_answer
         self.normalize = normalize

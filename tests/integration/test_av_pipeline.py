@@ -183,6 +183,28 @@ def test_video_qa_batches_hold_the_exact_frames(videos, mode):
         assert [s.shard_name for s in batch.__sources__] == shards
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_clips=2, clip_duration_seconds=-1), r"clip_duration_seconds must be a finite number >= 0, got -1"),
+        (dict(num_clips=2, clip_duration_seconds=float("nan")), r"clip_duration_seconds must be .* got nan"),
+        (dict(num_clips=2, clip_duration_seconds="1"), r"clip_duration_seconds must be .* got '1'"),
+        (dict(num_frames=2, frame_size=(0, 24)), r"frame_size must be \(width, height\), two ints >= 1, got \(0, 24\)"),
+        (dict(num_frames=2, frame_size=224), r"frame_size must be .* got 224"),
+        (dict(num_frames=2, frame_size=(32.0, 24)), r"frame_size must be .* got \(32.0, 24\)"),
+    ],
+)
+def test_video_qa_refuses_a_bad_clip_duration_or_frame_size_when_built(kwargs, message):
+    """A clip duration or frame size no video can satisfy is refused by the constructor, not by every sample."""
+    with pytest.raises(ValueError, match="VideoQATaskEncoder: " + message):
+        VideoQATaskEncoder(**kwargs)
+
+
+def test_video_qa_takes_frame_size_as_any_pair_of_ints():
+    """A list (as YAML gives it) is kept as a (width, height) tuple."""
+    assert VideoQATaskEncoder(num_frames=2, frame_size=[32, 24]).frame_size == (32, 24)
+
+
 def _train_run(path: Path) -> List[tuple]:
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
     encoder = VideoQATaskEncoder(num_frames=3, frame_size=FRAME_SIZE, random_answer=True)
