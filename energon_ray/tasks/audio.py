@@ -17,6 +17,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+import numbers
 import random
 from typing import Any, List, Optional, Tuple
 
@@ -115,6 +117,8 @@ class AudioTaskEncoder(DefaultTaskEncoder[AudioSample, AudioEncodedSample, Audio
         super().__init__()
         if not isinstance(sample_rate, int) or isinstance(sample_rate, bool) or sample_rate < 1:
             raise ValueError(f"AudioTaskEncoder: sample_rate must be an int >= 1, got {sample_rate!r}")
+        if isinstance(window_seconds, bool) or not isinstance(window_seconds, numbers.Real) or not math.isfinite(window_seconds):
+            raise ValueError(f"AudioTaskEncoder: window_seconds must be a finite number of seconds, got {window_seconds!r}")
         self.window_samples = round(window_seconds * sample_rate)
         if self.window_samples < 1:
             raise ValueError(f"AudioTaskEncoder: window_seconds={window_seconds!r} holds no sample at {sample_rate} Hz")

@@ -109,3 +109,14 @@ def test_audio_and_video_clips_in_one_call(media_dir):
     )
     assert data.video_clips[0].shape[0] == 14 and data.audio_clips[0].shape == (1, 8000)
     assert data.video_timestamps == [(0.48, 1.04)] and data.audio_timestamps == [(0.5, 1.0)]
+
+
+@pytest.mark.parametrize("window", [float("nan"), float("inf"), "1", True, 0.00001])
+def test_audio_task_encoder_refuses_a_window_that_is_no_finite_length(window):
+    """window_seconds nan, inf, "1" or True (before: "cannot convert float NaN to integer", OverflowError,
+    TypeError from round) or too short for one sample: a ValueError naming window_seconds and the value."""
+    from energon_ray.tasks.audio import AudioTaskEncoder
+
+    with pytest.raises(ValueError, match=r"^AudioTaskEncoder: window_seconds") as raised:
+        AudioTaskEncoder(window_seconds=window, sample_rate=8000)
+    assert repr(window) in str(raised.value)
