@@ -139,6 +139,10 @@ class _ImageHandler:
         how = "raise it with SampleDecoder(max_image_pixels=...) or PIL.Image.MAX_IMAGE_PIXELS"
         try:
             image = PIL.Image.open(stream)
+        except PIL.UnidentifiedImageError:
+            # Pillow names its in-memory stream ("<_io.BytesIO object at 0x…>"); the bytes say more
+            head = stream.getvalue()[:16]
+            raise PIL.UnidentifiedImageError(f"{part}: not an image Pillow can identify (its first bytes: {head!r})") from None
         except PIL.Image.DecompressionBombError as exc:
             raise MediaTooLargeError(
                 f"{part}: image refused before decoding, PIL says: {exc} (PIL refuses twice its "

@@ -349,3 +349,12 @@ def test_av_handler_checks_limits_and_stays_lazy_for_unreadable_media():
         lazy.get_video()
     with pytest.raises(ValueError, match="max_av_duration_s"):
         AVHandler(max_av_duration_s=0)
+
+
+@pytest.mark.parametrize("spec", ["torchrgb", "pil", "rgb8"])
+def test_bytes_that_are_no_image_are_named_by_their_first_bytes(spec):
+    """A .jpg that holds text: Pillow's UnidentifiedImageError named its stream ("<_io.BytesIO object at
+    0x…>"); it names the part and the bytes it starts with, same exception type for every spec."""
+    with pytest.raises(PIL.UnidentifiedImageError) as raised:
+        SampleDecoder(image_decode=spec).decode_part("jpg", b"caption text, not a JPEG")
+    assert str(raised.value) == "jpg: not an image Pillow can identify (its first bytes: b'caption text, no')"
