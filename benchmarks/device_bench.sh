@@ -33,6 +33,9 @@ step gpu_feed 200 python3 bench_gpu_feed.py --samples "$N" --runs 2 --cpus "$CPU
 step captioning_${CPUS}cpu 200 python3 bench_captioning.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W --only energon,webloader,energon_ray
 # memory vs throughput at 16 workers: 64-sample segments (a worker's transient block halves) instead of 64-then-128
 step captioning_${CPUS}cpu_seg64 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --samples-per-segment 64
+# and one batch per block (on 2 cores oversubscribed to 16 workers: peak PSS 6709 -> 5783 (64) -> 5258 MiB (32),
+# Energon 4192; what it costs in trainer CPU per batch and steady rate only a 16-core machine says)
+step captioning_${CPUS}cpu_seg32 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --samples-per-segment 32
 BENCH_PYSPY=$OUT/trainer_pyspy.txt step first_batch_after_setup 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --setup-delay 10
 # where a Ray worker's memory lies (heap, anonymous, object store, torch's relocated libraries)
 step worker_memory 60 python3 probe_worker_memory.py --samples 6000 --cpus "$CPUS" --workdir $W
