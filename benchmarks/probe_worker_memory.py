@@ -8,7 +8,9 @@ and of every Ray worker every 20th batch. Prints, for the trainer and the larges
 PSS split into: the heap (glibc's main arena), anonymous mappings (other malloc arenas, Arrow's
 allocator, torch's large buffers), the object store (shared memory, divided among the processes that
 touched a page) and the five largest shared libraries (relocated pages of torch's libraries are
-private to each process that imports torch; a DataLoader worker forked from the trainer shares them).
+private to each process that imports torch; a DataLoader worker forked from the trainer shares them);
+then the whole process tree (Ray's own processes too) at its largest sample: private memory, the
+object store and mapped files.
 Memory, not time: it may run beside anything.
 """
 
@@ -72,18 +74,25 @@ def main() -> None:
     cap._ER_OPTIONS["num_workers"] = args.cpus
     me = os.getpid()
     peaks: dict = {}
+    tree_peak: Counter[str] = collections.Counter()  # the whole tree's largest sample, by kind of mapping
     batches = 0
     for batches, _batch in enumerate(cap.energon_ray_iter(str(root)), 1):
         if batches % 20 != 5:
             continue
+        tree: Counter[str] = collections.Counter()
         for pid in cap.tree_pids(me):
             kind = cap._kind(pid, me)
+            usage = by_mapping(pid)
+            for name, kib in usage.items():
+                tree["object store" if name == "[shm]" else "private" if name.startswith("[") else "files"] += kib
             if kind in ("trainer", "ray worker"):
-                usage = by_mapping(pid)
                 if sum(usage.values()) > sum(peaks.get(pid, (None, {}))[1].values()):
                     peaks[pid] = (kind, usage)
+        if sum(tree.values()) > sum(tree_peak.values()):
+            tree_peak = tree
     workers = sorted((sum(u.values()), pid) for pid, (kind, u) in peaks.items() if kind == "ray worker")
     print(f"{batches} batches, {args.cpus} CPUs; Ray workers' peak PSS, MiB: {[size >> 10 for size, _ in workers]}")
+    print(f"whole tree at its largest sample: {sum(tree_peak.values()) >> 10} MiB (" + ", ".join(f"{k} {v >> 10}" for k, v in sorted(tree_peak.items())) + ")")
     print(describe("trainer", peaks[me][1]))
     if workers:
         print(describe(f"largest Ray worker (pid {workers[-1][1]})", peaks[workers[-1][1]][1]))
