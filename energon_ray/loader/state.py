@@ -153,8 +153,9 @@ class LoaderState:
                 f"loader state version {data['version']!r} is not supported (this energon_ray reads version "
                 f"{STATE_VERSION}); save the state again with the energon_ray version that restores it"
             )
+        _check_fields(data)
         data = _unjson(data)
-        rr = data.get("round_robin")
+        rr = data["round_robin"]
         return cls(
             version=data["version"],
             rank=data["rank"],
@@ -162,14 +163,14 @@ class LoaderState:
             num_workers=data["num_workers"],
             fingerprint=data["fingerprint"],
             passes=data["passes"],
-            pass_index=data.get("pass_index"),
-            epoch_items=data.get("epoch_items", 0),
-            round_robin=None if rr is None else RoundRobinState(**rr),
-            nodes=data.get("nodes", []),
-            streams=[
+            pass_index=data["pass_index"],
+            epoch_items=data["epoch_items"],
+            round_robin=None if rr is None else _part("round_robin", lambda: RoundRobinState(**rr)),
+            nodes=data["nodes"],
+            streams=_part("streams", lambda: [
                 [StreamState(QueueCheckpoint(**s["checkpoint"]), s["consumed"], s.get("positions", [])) for s in workers]
-                for workers in data.get("streams", [])
-            ],
+                for workers in data["streams"]
+            ]),
             segment_lengths=list(data.get("segment_lengths", [])),
             order_fingerprint=data.get("order_fingerprint", ""),
             elastic=data.get("elastic"),
@@ -191,6 +192,35 @@ class LoaderState:
                 text = state[:60]
                 raise StateError(f"not a loader state: the text is not JSON ({exc}): {text!r}…") from None
         return cls.from_dict(state)
+
+
+#: Fields every version-2 state has (``to_dict`` writes them all): without one, a restore would start
+#: elsewhere than the save (no ``streams``: at the start of the pass). Later fields have defaults.
+_REQUIRED = {
+    "rank": (int,), "world_size": (int,), "num_workers": (int,), "fingerprint": (str,), "passes": (int,),
+    "pass_index": (int, type(None)), "epoch_items": (int,), "round_robin": (dict, type(None)), "nodes": (list,),
+    "streams": (list,),
+}  # fmt: skip
+
+
+def _check_fields(data: Dict[str, Any]) -> None:
+    """Raises ``StateError`` naming a field a cut-off or edited state lacks, or holds a wrong type in."""
+    missing = [name for name in _REQUIRED if name not in data]
+    if missing:
+        raise StateError(f"not a complete loader state: it has no {missing} (a cut-off or edited state?)")
+    for name, types in _REQUIRED.items():
+        value = data[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            wanted = " or ".join("None" if t is type(None) else t.__name__ for t in types)
+            raise StateError(f"loader state field {name!r} must be {wanted}, got {value!r}"[:300])
+
+
+def _part(name: str, build: Any) -> Any:
+    """``build()``, a malformed nested field raising ``StateError`` naming it."""
+    try:
+        return build()
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise StateError(f"loader state field {name!r} is malformed ({type(exc).__name__}: {exc})") from None
 
 
 def fingerprint(description: Any) -> str:

@@ -171,6 +171,22 @@ def test_state_errors_are_clear():
         _state(streams=[[StreamState(cp, 0)]]).to_json()
 
 
+def test_a_cut_off_or_edited_state_dict_is_refused_naming_the_field():
+    """A state dict without ``streams`` (its pass would restart) or with a field of the wrong type or
+    shape is a StateError naming that field, not a silent restart or a KeyError/TypeError."""
+    full = _state().to_dict()
+    for name in ("streams", "pass_index", "round_robin", "rank"):
+        cut = {k: v for k, v in full.items() if k != name}
+        with pytest.raises(StateError, match=rf"not a complete loader state: it has no \['{name}'\]"):
+            LoaderState.coerce(cut)
+    with pytest.raises(StateError, match=r"field 'rank' must be int, got '0'"):
+        LoaderState.coerce({**full, "rank": "0"})
+    with pytest.raises(StateError, match=r"field 'streams' is malformed \(KeyError: 'checkpoint'\)"):
+        LoaderState.coerce({**full, "streams": [[{"consumed": 1}]]})
+    with pytest.raises(StateError, match=r"field 'round_robin' is malformed \(TypeError"):
+        LoaderState.coerce({**full, "round_robin": {"next": 1}})
+
+
 def test_numpy_seeded_draw_count_matches_pcg_advance():
     """``skip_to`` relies on PCG64 taking one 64-bit output per double; check it directly."""
     a = np.random.default_rng([1, 2, 3])
