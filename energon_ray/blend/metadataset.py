@@ -188,7 +188,10 @@ class _Parser:
         return self.blend(node, kinds[0], where, ctx)
 
     def _descend(self, node: dict, where: str, ctx: _Ctx) -> _Ctx:
-        subflavors = dict(node.get("subflavors") or {})
+        subflavors = node.get("subflavors") or {}
+        if not isinstance(subflavors, dict):
+            raise _err(self.file, where, f"subflavors must be a mapping of names to values, got {subflavors!r}")
+        subflavors = dict(subflavors)
         if "subflavor" in node:
             subflavors.setdefault("__subflavor__", node["subflavor"])
         ratio, absolute = _subset(node, self.file, where)

@@ -114,6 +114,8 @@ splits:
         ("blend: []", r"splits.train.blend: must be a non-empty list"),
         ("{path: coco, subset: {range: [0%, 10]}}", r"mixes percentages and sample indices"),
         ("{path: coco, colour: red}", r"unknown keys \['colour'\]"),
+        ("{path: coco, subflavors: small}", r"splits.train: subflavors must be a mapping of names to values, got 'small'"),
+        ("blend: [{path: coco, subflavors: [aug, small]}]", r"splits.train.blend\[0\]: subflavors must be a mapping.*got \['aug', 'small'\]"),
     ],
 )
 def test_bad_metadatasets_name_file_node_and_value(tree, body, message):
