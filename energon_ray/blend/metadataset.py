@@ -132,6 +132,15 @@ def _compose_ratio(inner: Optional[Tuple[float, float]], outer: Optional[Tuple[f
     return (inner[0] + outer[0] * span, inner[0] + outer[1] * span)
 
 
+#: What ``shuffle_over_epochs_multiplier`` may be, in a YAML node or as ``get_train_dataset``'s argument.
+MULTIPLIER_VALUES = "a positive int, -1 (slices drawn with replacement) or None (no shuffling)"
+
+
+def is_multiplier(value: Any) -> bool:
+    """Whether ``value`` is a ``shuffle_over_epochs_multiplier`` (see ``MULTIPLIER_VALUES``)."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or value == -1))
+
+
 def _multiplier(a: Optional[int], b: Optional[int]) -> Optional[int]:
     if a is None or b is None:
         return None
@@ -198,6 +207,8 @@ class _Parser:
         if absolute is not None and "path" not in node:
             raise absolute_subset_error(self.file, where, absolute)
         mult = node.get("shuffle_over_epochs_multiplier", 1)
+        if not is_multiplier(mult):
+            raise _err(self.file, where, f"shuffle_over_epochs_multiplier must be {MULTIPLIER_VALUES}, got {mult!r}")
         return dataclasses.replace(
             ctx,
             split_part=node.get("split_part") or ctx.split_part,

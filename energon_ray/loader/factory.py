@@ -11,7 +11,7 @@ from energon_ray.errors import resolve_trust
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.storage import is_remote
 from energon_ray.blend.base import Composition
-from energon_ray.blend.metadataset import is_metadataset_path
+from energon_ray.blend.metadataset import MULTIPLIER_VALUES, is_metadataset_path, is_multiplier
 from energon_ray.loader.dataset import EnergonDataset, PlanOptions
 from energon_ray.loader.metadataset_leaves import check_parts, metadataset_composition
 from energon_ray.task_encoder.base import DefaultTaskEncoder, TaskEncoder
@@ -154,7 +154,8 @@ def get_train_dataset(
         shuffle_buffer_size: sample shuffle buffer size.
         max_samples_per_sequence: longest run of consecutive samples of a shard.
         virtual_epoch_length: batches per ``iter()`` of the loader (0: one pass / endless).
-        shuffle_over_epochs_multiplier: slices are shuffled over this many passes (``None``: no shuffle).
+        shuffle_over_epochs_multiplier: slices are shuffled over this many passes (``None``: no shuffle,
+            ``-1``: slices drawn with replacement).
         task_encoder: the user's hooks.
         repeat: endless stream of epochs (``False``: one epoch per ``iter()``).
         trust_dataset_code: run the code a dataset brings (its ``sample_loader.py`` and ``part_filter``,
@@ -179,6 +180,8 @@ def get_train_dataset(
     if batch_size is _UNSET:
         raise TypeError("get_train_dataset() needs batch_size= (an int, or None for no batching)")
     _check_positive("packing_buffer_size", packing_buffer_size)
+    if not is_multiplier(shuffle_over_epochs_multiplier):  # 0 or -2 would shuffle as 1 does, 2.5 fail in the plan
+        raise ValueError(f"shuffle_over_epochs_multiplier must be {MULTIPLIER_VALUES}, got {shuffle_over_epochs_multiplier!r}")
     options = PlanOptions(
         packing_buffer_size=packing_buffer_size,
         training=True,

@@ -183,6 +183,13 @@ def test_bad_batch_size(good):
         er.get_val_dataset(good, split_part="train", batch_size=0)
 
 
+@pytest.mark.parametrize("value", [0, -2, 2.5, "2"])
+def test_bad_shuffle_over_epochs_multiplier(good, value):
+    """A multiplier other than a positive int, -1 or None is rejected with its value (0 and -2 shuffled as 1 did)."""
+    with pytest.raises(ValueError, match=rf"shuffle_over_epochs_multiplier must be a positive int, -1 .*, got {value!r}"):
+        er.get_train_dataset(good, batch_size=2, shuffle_over_epochs_multiplier=value)
+
+
 def test_unknown_sample_type_and_bad_field_map(tmp_path, good):
     """dataset.yaml errors name the file, the value and the valid choices."""
     path = tmp_path / "copy"

@@ -114,6 +114,8 @@ splits:
         ("blend: []", r"splits.train.blend: must be a non-empty list"),
         ("{path: coco, subset: {range: [0%, 10]}}", r"mixes percentages and sample indices"),
         ("{path: coco, colour: red}", r"unknown keys \['colour'\]"),
+        ("{path: coco, shuffle_over_epochs_multiplier: 0}", r"splits.train: shuffle_over_epochs_multiplier must be a positive int, -1 .* got 0"),
+        ("blend: [{path: coco, shuffle_over_epochs_multiplier: 1.5}]", r"splits.train.blend\[0\]: shuffle_over_epochs_multiplier .* got 1.5"),
         ("{path: coco, subflavors: small}", r"splits.train: subflavors must be a mapping of names to values, got 'small'"),
         ("blend: [{path: coco, subflavors: [aug, small]}]", r"splits.train.blend\[0\]: subflavors must be a mapping.*got \['aug', 'small'\]"),
     ],
