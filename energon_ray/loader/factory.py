@@ -80,8 +80,9 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
     _check_positive("batch_size", options.batch_size)
     _check_positive("shuffle_buffer_size", options.shuffle_buffer_size) if options.shuffle_buffer_size else None
     _check_positive("max_samples_per_sequence", options.max_samples_per_sequence)
-    if options.virtual_epoch_length < 0:
-        raise ValueError(f"virtual_epoch_length must be >= 0, got {options.virtual_epoch_length}")
+    length = options.virtual_epoch_length
+    if not isinstance(length, int) or isinstance(length, bool) or length < 0:  # 2.5 gave 3 batches per iter()
+        raise ValueError(f"virtual_epoch_length must be an int >= 0 (0: one pass / endless), got {length!r}")
     if options.limit is not None:
         _check_positive("limit", options.limit)
     decoder = _decoder(task_encoder, kwargs)
@@ -89,6 +90,7 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
         decoder = decoder.with_trust(True)
     subflavors = kwargs.pop("subflavors", None)
     options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
+    _check_positive("parallel_shard_iters", options.parallel_shard_iters)  # 0 read as the default 16, -1 as 1
     samples_per_segment = kwargs.pop("samples_per_segment", None)
     if samples_per_segment is not None:
         options.segment_samples = _segment_samples(samples_per_segment)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 
 import pytest
@@ -188,6 +189,23 @@ def test_bad_shuffle_over_epochs_multiplier(good, value):
     """A multiplier other than a positive int, -1 or None is rejected with its value (0 and -2 shuffled as 1 did)."""
     with pytest.raises(ValueError, match=rf"shuffle_over_epochs_multiplier must be a positive int, -1 .*, got {value!r}"):
         er.get_train_dataset(good, batch_size=2, shuffle_over_epochs_multiplier=value)
+
+
+@pytest.mark.parametrize(
+    "name,value,message",
+    [
+        ("virtual_epoch_length", 2.5, "virtual_epoch_length must be an int >= 0 (0: one pass / endless), got 2.5"),
+        ("virtual_epoch_length", "3", "virtual_epoch_length must be an int >= 0 (0: one pass / endless), got '3'"),
+        ("virtual_epoch_length", None, "virtual_epoch_length must be an int >= 0 (0: one pass / endless), got None"),
+        ("parallel_shard_iters", 0, "parallel_shard_iters must be a positive int or None, got 0"),
+        ("parallel_shard_iters", -1, "parallel_shard_iters must be a positive int or None, got -1"),
+        ("parallel_shard_iters", 2.5, "parallel_shard_iters must be a positive int or None, got 2.5"),
+    ],
+)
+def test_bad_virtual_epoch_length_and_parallel_shard_iters(good, name, value, message):
+    """Non-int or out-of-range values are rejected with their value (2.5 batches per epoch gave 3; 0 iters gave 16)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        er.get_train_dataset(good, batch_size=2, **{name: value})
 
 
 def test_unknown_sample_type_and_bad_field_map(tmp_path, good):
