@@ -54,8 +54,9 @@ class Packer:
         self.buffer_size = buffer_size
         tol = te.__default_failure_tolerance__
         self.select = HookRunner("select_samples_to_pack", te.select_samples_to_pack, get_failure_tolerance(te.select_samples_to_pack, tol), handler)
-        self.pack = HookRunner("pack_selected_samples", te.pack_selected_samples, get_failure_tolerance(te.pack_selected_samples, tol), handler)
-        self.post = HookRunner("postencode_sample", te.postencode_sample, get_failure_tolerance(te.postencode_sample, tol), handler)
+        pack, post = te.pack_selected_samples, te.postencode_sample
+        self.pack = HookRunner("pack_selected_samples", pack, get_failure_tolerance(pack, tol), handler, refuse_none=True)
+        self.post = HookRunner("postencode_sample", post, get_failure_tolerance(post, tol), handler, refuse_none=True)
         self.do_post = is_overridden(te, "postencode_sample")
         self.tolerance = tol
 

@@ -139,16 +139,21 @@ class HookRunner:
         fn: the hook.
         tolerance: consecutive failures before ``FatalSampleError`` (0 = unlimited).
         handler: ``(exception, item, sources) -> None``; may raise to abort.
+        refuse_none: a ``None`` result is the hook's failure (a forgotten ``return``), not an
+            item handed on to the next hook, which would fail there or reach the trainer.
     """
 
     FAILED = object()
     IGNORED = object()
 
-    def __init__(self, stage: str, fn: Callable[[Any], Any], tolerance: int, handler: Callable[..., None]):
+    def __init__(
+        self, stage: str, fn: Callable[[Any], Any], tolerance: int, handler: Callable[..., None], refuse_none: bool = False
+    ):
         self.stage = stage
         self.fn = fn
         self.tolerance = tolerance
         self.handler = handler
+        self.refuse_none = refuse_none
         self.is_generator = inspect.isgeneratorfunction(getattr(fn, "__func__", fn))
 
     def new_run(self) -> StageRun:
@@ -175,6 +180,8 @@ class HookRunner:
         partial: List[Any] = []
         try:
             result = self.fn(item)
+            if result is None and self.refuse_none:
+                raise TypeError(f"{self.stage} returned None (a missing `return`?)")
             if many:
                 if self.is_generator or inspect.isgenerator(result):
                     result = _drain(result, before_each, partial)

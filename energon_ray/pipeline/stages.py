@@ -61,7 +61,7 @@ class StageConfig:
 
 def _runner(te: TaskEncoder, name: str, stage: str, handler: Any) -> HookRunner:
     fn = getattr(te, name)
-    return HookRunner(stage, fn, get_failure_tolerance(fn, te.__default_failure_tolerance__), handler)
+    return HookRunner(stage, fn, get_failure_tolerance(fn, te.__default_failure_tolerance__), handler, refuse_none=True)
 
 
 def _what(sample: Any) -> str:

@@ -86,6 +86,31 @@ def test_hook_errors_are_skipped_and_ignores_are_silent(good):
     assert loader.stats.ignored == {"encode_sample": 2}
 
 
+class ForgetsReturn(er.DefaultTaskEncoder):
+    """encode_sample gives None for sample 3, batch for the batch holding sample 8 (no ``return``)."""
+
+    def encode_sample(self, sample):
+        if sample.__key__ != "sample_000003":
+            return sample
+
+    def batch(self, samples):
+        if "sample_000008" not in [s.__key__ for s in samples]:
+            return super().batch(samples)
+
+
+def test_a_hook_returning_none_is_its_own_items_failure_naming_the_hook(good, caplog):
+    """encode_sample returning None skips that sample only (counted and logged under encode_sample,
+    its batch-mate stays); batch returning None skips that batch: no None reaches the trainer."""
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    loader = _val(good, task_encoder=ForgetsReturn(), batch_size=2)
+    batches = list(loader)
+    assert None not in batches and loader.stats.skipped == {"encode_sample": 1, "batch": 1}
+    keys = sorted(k for b in keys_of(batches) for k in b)
+    assert keys == [f"sample_{i:06d}" for i in range(20) if i not in (3, 7, 8)]
+    assert "sample 'sample_000003': TypeError: encode_sample returned None (a missing `return`?)" in caplog.text
+    assert "batch of 2 starting at " in caplog.text and "sample 'sample_000007': TypeError: batch returned None" in caplog.text
+
+
 class SkipsAll(er.DefaultTaskEncoder):
     def encode_sample(self, sample):
         raise er.SkipSample()

@@ -257,6 +257,18 @@ def test_hook_runner_returns_failed_and_counts_a_value_error():
     assert "sample k1" in run.last_error and "ValueError" in run.last_error and "bad item 1" in run.last_error
 
 
+def test_a_hook_runner_refusing_none_counts_a_none_result_as_the_hooks_failure():
+    """With refuse_none, a hook returning None gives FAILED and a failure naming the stage and the
+    item (call and call_many); without it, None is an ordinary result."""
+    refusing = HookRunner("pack_selected_samples", lambda x: None, tolerance=10, handler=log_exception, refuse_none=True)
+    run = refusing.new_run()
+    assert refusing.call(run, 1, "sample k1") is HookRunner.FAILED
+    assert refusing.call_many(run, 2, "sample k2") is HookRunner.FAILED
+    assert run.failures == 2 and "sample k2: TypeError: pack_selected_samples returned None (a missing `return`?)" in run.last_error
+    plain = HookRunner("load", lambda x: None, tolerance=10, handler=log_exception)
+    assert plain.call(plain.new_run(), 1, "sample k1") is None
+
+
 def test_hook_runner_returns_ignored_on_skip_sample_without_counting_a_failure():
     """SkipSample gives IGNORED, counts it as ignored, and does not count a failure."""
     runner = HookRunner("encode_sample", _fails_on({1}, SkipSample), tolerance=1, handler=log_exception)
