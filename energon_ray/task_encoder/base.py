@@ -133,16 +133,26 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
             default_action: batcher for the other fields.
 
         Raises:
-            TypeError: if samples or ``result_type`` are not dataclasses, NamedTuples or dicts.
+            TypeError: if samples or ``result_type`` are not dataclasses, NamedTuples or dicts, or a
+                sample lacks a field of the first sample.
         """
         if not samples:
             raise ValueError("_batch needs at least one sample")
         if dataclasses.is_dataclass(result_type) and hasattr(result_type, "from_samples"):
             return result_type.from_samples(samples)  # type: ignore[attr-defined]
-        columns: Dict[str, List[Any]] = {}
+        # the first sample's fields make the columns (as Energon's): each column has one value per sample
+        columns: Dict[str, List[Any]] = {key: [] for key in _as_fields(samples[0])}
         for sample in samples:
-            for key, value in _as_fields(sample).items():
-                columns.setdefault(key, []).append(value)
+            fields = _as_fields(sample)
+            missing = [key for key in columns if key not in fields]
+            if missing:
+                raise TypeError(
+                    f"_batch: sample {fields.get('__key__')!r} ({type(sample).__name__}) has no field "
+                    f"{missing[0]!r}, which the batch's first sample ({type(samples[0]).__name__}) has; "
+                    "the samples of a batch need the same fields"
+                )
+            for key, values in columns.items():
+                values.append(fields[key])
         declared = None if issubclass(result_type, dict) else _declared_fields(result_type)
         if declared is None and not issubclass(result_type, dict):
             raise TypeError(f"_batch: result_type {result_type!r} is not a dataclass, NamedTuple or dict")

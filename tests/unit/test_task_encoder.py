@@ -335,6 +335,18 @@ def test_batch_uses_from_samples_of_the_result_type():
     assert out.__sources__ == (_src(0), _src(1))
 
 
+def test_batch_of_samples_without_a_field_of_the_first_raises_naming_sample_and_field():
+    """A sample lacking a field of the batch's first sample (another type, a dict without a key) is
+    an error naming its key and the field, not a shorter, misaligned column; extra fields of later
+    samples are left out, as in Energon."""
+    with pytest.raises(TypeError, match=r"sample 'k1' \(dict\) has no field '__restore_key__', which the batch's first sample \(CaptioningSample\) has"):
+        DefaultTaskEncoder().batch([_cap(0), {"__key__": "k1", "caption": "c"}])
+    with pytest.raises(TypeError, match=r"sample 'b' \(dict\) has no field 'mask'"):
+        TaskEncoder()._batch([{"__key__": "a", "mask": 1}, {"__key__": "b"}], result_type=dict)
+    out = TaskEncoder()._batch([{"__key__": "a"}, {"__key__": "b", "mask": 1}], result_type=dict)
+    assert out == {"__key__": ["a", "b"]}
+
+
 def test_batch_of_no_samples_raises():
     """_batch with an empty list raises ValueError."""
     with pytest.raises(ValueError):
