@@ -9,6 +9,7 @@ its own segment, so packing restarts at segment boundaries (``samples_per_segmen
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, List, Tuple
 
 from energon_ray.errors import FatalSampleError
@@ -27,6 +28,24 @@ PACKED = "Packed"
 def _key(sample: Any) -> Any:
     key = item_key(sample)
     return "?" if key is None else key
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _listed(value: Any, what: str, expected: str) -> List[Any]:
+    """What ``select_samples_to_pack`` returned where ``expected`` (a list) belongs, as a list.
+
+    Raises:
+        FatalSampleError: naming the hook's call and what it returned instead (``None``, a sample).
+    """
+    key = item_key(value)
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, dict)) and key is None:
+        return list(value)
+    got = f"a {type(value).__name__} ({key!r})" if key is not None else f"{_short(value)} ({type(value).__name__})"
+    raise FatalSampleError(f"{what}: must return {expected}, got {got}")
 
 
 def restore_key_of(sample: Any) -> Any:
@@ -72,11 +91,17 @@ class Packer:
         if groups is HookRunner.FAILED or groups is HookRunner.IGNORED:
             return []
         out, seen = [], set()
-        for group in groups:
+        for group in _listed(groups, what, "a list of packs (each a list of samples from the buffer)"):
+            group = _listed(group, what, "a pack (a list of samples from the buffer)")
             if not group:
                 raise FatalSampleError(f"{what}: returned an empty group")
             entries = []
             for sample in group:
+                if id(sample) not in by_id and item_key(sample) is None:
+                    raise FatalSampleError(
+                        f"{what}: returned {_short(sample)} ({type(sample).__name__}), which is not a sample from "
+                        "the buffer (return the samples themselves, not their indexes)"
+                    )
                 if id(sample) not in by_id:
                     raise FatalSampleError(f"{what}: returned sample {_key(sample)!r}, which is not from the buffer")
                 if id(sample) in seen:
