@@ -63,6 +63,13 @@ class Grouper:
             if not (isinstance(result, tuple) and len(result) == 2):
                 raise FatalSampleError(f"{what}: batch_group_criterion must return (key, batch_size or None), got {result!r}")
             key, size = result
+            try:
+                hash(key)
+            except TypeError:
+                raise FatalSampleError(
+                    f"{what}: batch_group_criterion returned bucket key {key!r} ({type(key).__name__}), which is "
+                    "not hashable; return a hashable key (a tuple, not a list)"
+                ) from None
             if key not in sizes:
                 sizes[key] = bucket_size(key, size, self.batch_size, what)
             keyed.append((key, sizes[key], [entry]))

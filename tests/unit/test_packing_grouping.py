@@ -66,6 +66,19 @@ def test_grouper_keys_each_sample_in_stream_order():
     assert run.ignored == 1
 
 
+def test_an_unhashable_bucket_key_is_a_fatal_error_naming_sample_and_key():
+    """A criterion returning a list as its bucket key fails naming the sample, the key and its type
+    (not a bare TypeError from the segment task)."""
+
+    class ListKey(DefaultTaskEncoder):
+        def batch_group_criterion(self, sample):
+            return [len(sample.text)], None
+
+    grouper = Grouper(ListKey(), 2, log_exception)
+    with pytest.raises(FatalSampleError, match=r"sample 's0': batch_group_criterion returned bucket key \[1\] \(list\), which is not hashable"):
+        grouper(_items(2), grouper.new_run())
+
+
 def test_bucket_size_rules():
     """Exactly one of the criterion's size and batch_size must be set."""
     assert bucket_size("k", None, 4, "x") == 4 and bucket_size("k", 3, None, "x") == 3
