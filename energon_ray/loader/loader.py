@@ -346,11 +346,16 @@ class EnergonLoader:
         ctx = PassContext(feeds, self.stats)
         provider = self.dataset.provider(ctx, pass_index)
         run = PassRun(pass_index, multi, ctx, RoundRobin(self.dataset.num_workers, provider, caps=self.dataset.caps(), stats=self.stats))
+        read_before, yielded = self.stats.samples_read, 0
         try:
             if restore is not None and restore.streams:
                 run.restore(restore)
             self._live = run
-            yield from run.round_robin
+            for item in run.round_robin:
+                yielded += 1
+                yield item
+            if not yielded and self.stats.samples_read > read_before:
+                self.stats.warn_no_batch(pass_index, self.stats.samples_read - read_before)
         except GeneratorExit:
             raise
         except BaseException:

@@ -88,6 +88,14 @@ class LoaderStats:
             )  # fmt: skip
             self._dry_warn_at *= 10
 
+    def warn_no_batch(self, pass_index: int, read: int) -> None:
+        """A pass that read ``read`` samples ended without an item: say so (it would end silently)."""
+        logger.warning(
+            "pass %d gave no batch although it read %d samples (skipped so far: %s; ignored so far, e.g. SkipSample "
+            "or a generator hook that yielded nothing: %s; encoded in all: %d)",
+            pass_index, read, self.skipped, self.ignored, self.samples_encoded,
+        )  # fmt: skip
+
     def add_report(self, report: rows.Report, chain: FailureChain) -> None:
         """Count a segment's report, log its skips, and raise its fatal error (in plan order)."""
         self.samples_read += report.samples_read

@@ -133,6 +133,20 @@ def test_many_samples_in_a_row_none_encoded_is_said_in_a_warning(good, caplog, m
     assert len(list(_val(good))) == 6 and not [r for r in caplog.records if "was encoded" in r.getMessage()]
 
 
+def test_a_pass_that_reads_samples_and_gives_no_batch_says_so(good, caplog):
+    """20 samples read, each skipped by SkipSample (fewer than the dry-run warning's 1000): the pass
+    ended with no batch and no word; one warning now says so with the counts. A good pass says nothing."""
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    assert list(_val(good, task_encoder=SkipsAll())) == []
+    warned = [r.getMessage() for r in caplog.records if "gave no batch" in r.getMessage()]
+    assert warned == [
+        "pass 0 gave no batch although it read 20 samples (skipped so far: {}; ignored so far, e.g. SkipSample or a "
+        "generator hook that yielded nothing: {'encode_sample': 20}; encoded in all: 0)"
+    ]
+    caplog.clear()
+    assert len(list(_val(good))) == 6 and "gave no batch" not in caplog.text
+
+
 class AlwaysFail(er.DefaultTaskEncoder):
     def encode_sample(self, sample):
         raise ValueError("broken augmentation")
