@@ -43,6 +43,7 @@ class LoaderStats:
         #: samples read since the last one encoded, and when to warn about them
         self._dry = 0
         self._dry_warn_at = DRY_WARNING_SAMPLES
+        self._said_no_batch = False
 
     @property
     def total_skipped(self) -> int:
@@ -89,7 +90,11 @@ class LoaderStats:
             self._dry_warn_at *= 10
 
     def warn_no_batch(self, pass_index: int, read: int) -> None:
-        """A pass that read ``read`` samples ended without an item: say so (it would end silently)."""
+        """A pass that read ``read`` samples ended without an item: say so (it would end silently);
+        once per loader (an endless loader over such data would say it every pass)."""
+        if self._said_no_batch:
+            return
+        self._said_no_batch = True
         logger.warning(
             "pass %d gave no batch although it read %d samples (skipped so far: %s; ignored so far, e.g. SkipSample "
             "or a generator hook that yielded nothing: %s; encoded in all: %d)",
