@@ -57,7 +57,7 @@ def read_split_file(path: Path | str, split_config: str = "split.yaml") -> Dict:
 
 def _check_patterns(file: Path, where: str, patterns: object) -> None:
     """``patterns`` must be a list of shard names or brace patterns (or empty): a plain string would
-    be read letter by letter, an exclude silently not applied."""
+    be read letter by letter, an exclude silently not applied; unbalanced braces fail when expanded."""
     if patterns is None:
         return
     if not isinstance(patterns, list):
@@ -68,6 +68,13 @@ def _check_patterns(file: Path, where: str, patterns: object) -> None:
     for pattern in patterns:
         if not isinstance(pattern, str):
             raise DatasetConfigError(f"{file}: {where} holds {pattern!r} ({type(pattern).__name__}); every entry must be a string")
+        try:
+            braceexpand.braceexpand(pattern)  # parses at once; names are only generated when iterated
+        except braceexpand.UnbalancedBracesError:
+            raise DatasetConfigError(
+                f"{file}: {where} holds {pattern!r}, whose braces do not balance; write a range as "
+                "{0000..0009} and a literal brace or backslash in a shard name as \\{, \\} or \\\\"
+            ) from None
 
 
 def resolve_split_part(

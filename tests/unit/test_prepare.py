@@ -411,6 +411,18 @@ def test_info_on_a_dataset_yaml_that_is_not_a_mapping_fails_naming_it(tmp_path):
     assert res.exception is None or isinstance(res.exception, SystemExit)
 
 
+@pytest.mark.parametrize("command", ["info", "lint", "preview"])
+def test_a_split_pattern_with_unbalanced_braces_fails_naming_split_yaml_and_the_pattern(tmp_path, command):
+    """A typo in a hand-edited range was a bare braceexpand traceback (info) or an error naming no file."""
+    make_dataset(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    split = tmp_path / ".nv-meta" / "split.yaml"
+    split.write_text(split.read_text().replace("shard_{0000..0001}.tar", "shard_{0000..0001.tar"))
+    res = run_cli(command, tmp_path)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output  # no traceback
+    assert f"Error: {split}: split_parts['train'] holds 'shards/shard_{{0000..0001.tar', whose braces do not balance" in res.output
+
+
 def test_info_on_an_unprepared_folder_fails_with_exit_code_1(tmp_path):
     res = run_cli("info", tmp_path)
     assert res.exit_code == 1 and "not a prepared dataset" in res.output
