@@ -18,6 +18,7 @@ from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import DatasetConfigError, SampleException, UntrustedCodeError
 from energon_ray.format.dataset import PreparedDataset, ShardInfo
 from energon_ray.format.dataset_yaml import DatasetSpec
+from energon_ray.format.info import read_info
 from energon_ray.format.split import read_split_file
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.format.tar_reader import TAR_ENCODING, ShardReader, split_member_name
@@ -73,6 +74,7 @@ def with_cli_hint(exc: UntrustedCodeError) -> UntrustedCodeError:
 def _parts_to_open(path: Path, split_part: str) -> List[str]:
     if split_part != ALL_PARTS:
         return [split_part]
+    read_info(path)  # an unprepared folder is named as one (with the command to run), not as a missing split.yaml
     parts = read_split_file(path)["split_parts"]
     names = sorted(parts, key=lambda p: (_PART_ORDER.index(p) if p in _PART_ORDER else 3, p))
     return [name for name in names if parts[name]]  # prepare writes empty lists for empty parts

@@ -220,6 +220,16 @@ def test_lint_names_a_lost_index_and_the_command_that_rebuilds_it(dataset):
     assert res.exit_code == 0 and res.stdout.splitlines() == ["10 samples checked, 0 bad"], res.output
 
 
+def test_lint_on_the_shard_folder_instead_of_the_dataset_says_it_is_not_prepared(dataset):
+    """lint of a folder without .nv-meta (here the shards' folder) names it and the command to run, as
+    preview does; it said only `.../shards/.nv-meta/split.yaml: split file not found`."""
+    shards = dataset / "shards"
+    for command in ("lint", "preview"):
+        res = run_cli(command, shards)
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+        assert res.output == f"Error: {shards}: not a prepared dataset (missing .nv-meta/); run `energon-ray prepare {shards}`\n"
+
+
 def test_a_lost_jsonl_index_suggests_preparing_the_file(tmp_path):
     """A .jsonl without its .jsonl.idx: the error suggests `prepare FILE`, which restores it."""
     corpus = tmp_path / "corpus.jsonl"
