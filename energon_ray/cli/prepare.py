@@ -163,6 +163,25 @@ def _check_overwrite(path: Path, force_overwrite: bool, interactive: bool) -> Op
     return True if click.confirm(f"{existing} exists. Prepare the dataset again?", default=False) else None
 
 
+def _check_combinations(
+    tar_index_only: bool, split_ratio: Optional[List[float]], split_parts: Optional[Dict[str, List[str]]],
+    exclude: Tuple[str, ...], shuffle_tars: bool, sample_type: Optional[str], field_map: Optional[dict],
+) -> None:  # fmt: skip
+    """Options that do not go together are usage errors (exit code 2) naming the flags."""
+    if tar_index_only:
+        flags = {"--split-ratio": split_ratio, "--split-parts": split_parts, "--exclude": exclude or None,
+                 "--shuffle-tars": shuffle_tars or None, "--sample-type": sample_type, "--field-map": field_map}  # fmt: skip
+        given = [flag for flag, value in flags.items() if value is not None]
+        if given:
+            raise click.UsageError(
+                f"--tar-index-only only rebuilds the indexes of the shards in .nv-meta/.info.json; drop {', '.join(given)}"
+            )
+    if split_ratio is not None and split_parts is not None:
+        raise click.UsageError("give --split-ratio or --split-parts, not both")
+    if shuffle_tars and split_parts is not None:
+        raise click.UsageError("--shuffle-tars only applies to --split-ratio, not to --split-parts")
+
+
 def _report(result: PrepareResult) -> None:
     names = list(result.shard_counts)
     click.echo(f"Indexed {result.total_samples:,} samples in {len(names)} shards ({names[0]} … {names[-1]}).")
@@ -182,7 +201,7 @@ def _report(result: PrepareResult) -> None:
 @click.argument("path", type=DatasetLocation())
 @click.option("--split-ratio", callback=_parse_ratio, help="train,val,test shard ratio, e.g. '8,1,1'.")
 @click.option("--split-parts", multiple=True, callback=_parse_split_parts,
-              help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Replaces --split-ratio.")
+              help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Instead of --split-ratio.")
 @click.option("--exclude", multiple=True, help="Regex of shard paths to leave out (searched anywhere); repeatable.")
 @click.option("--shuffle-tars", is_flag=True, help="Shuffle shards (seed 42) before the ratio split.")
 @click.option("--sample-type", help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
@@ -223,6 +242,7 @@ def prepare_command(
             count = prepare_jsonl(path, progress=progress)
         click.echo(f"Indexed {count} samples into {path}.idx")
         return
+    _check_combinations(tar_index_only, split_ratio, split_parts, exclude, shuffle_tars, sample_type, field_map)
     media_filter = None
     if media_metadata_by_glob is not None or media_metadata_by_header or media_metadata_by_extension:
         if tar_index_only:

@@ -226,6 +226,24 @@ def test_bad_sample_config_fails_before_anything_is_written(tmp_path, args, code
 
 
 @pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--split-ratio", "8,1,1", "--split-parts", "train:.*"], "give --split-ratio or --split-parts, not both"),
+        (["--split-parts", "train:.*", "--shuffle-tars"], "--shuffle-tars only applies to --split-ratio, not to --split-parts"),
+        (["--tar-index-only", "--split-ratio", "8,1,1", "--exclude", "x", "--sample-type", "TextSample"],
+         "--tar-index-only only rebuilds the indexes of the shards in .nv-meta/.info.json; drop --split-ratio, --exclude, --sample-type"),
+    ],
+)  # fmt: skip
+def test_cli_options_that_do_not_go_together_are_usage_errors_naming_the_flags(tmp_path, args, message):
+    """Exit code 2 and the flags' names before anything is read or written (was exit code 1 naming
+    prepare_dataset's arguments: 'give exactly one of split_ratio ...', 'drop ['split_ratio', ...]')."""
+    make_dataset(tmp_path)
+    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", *args)
+    assert res.exit_code == 2 and f"Error: {message}\n" in res.output, res.output
+    assert not (tmp_path / ".nv-meta").exists()
+
+
+@pytest.mark.parametrize(
     "kwargs, message",
     [
         (dict(split_ratio=[1, -1, 1]), ">= 0"),
