@@ -34,6 +34,8 @@ def open_index_readonly(file: Path, *, any_thread: bool = False) -> sqlite3.Conn
     return sqlite3.connect(f"{Path(file).resolve().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=not any_thread)
 INDEX_UUID = "index.uuid"
 _BLOCK = 512
+#: bytes read at a time when checking that only zero padding follows a tar's end-of-archive marker
+_TAIL_CHUNK = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +114,16 @@ def _check_tar_end(file, path: Path | RemotePath, end: int) -> None:
         raise DatasetConfigError(f"{path}: truncated tar: the file ends inside the header at byte {end}")
     if block.strip(b"\0"):
         raise DatasetConfigError(f"{path}: invalid tar header at byte {end}; the shard is corrupt after that point")
+    # tarfile also stops at the end-of-archive marker: a second tar appended with `cat` would be left out unsaid
+    position = end + len(block)
+    while chunk := file.read(_TAIL_CHUNK):
+        if chunk.strip(b"\0"):
+            found = position + len(chunk) - len(chunk.lstrip(b"\0"))
+            raise DatasetConfigError(
+                f"{path}: data at byte {found} follows the tar's end-of-archive marker (byte {end}), which tar "
+                "readers stop at (tars joined with `cat`?); rebuild the shard as one tar, e.g. with `tar --concatenate`"
+            )
+        position += len(chunk)
 
 
 def _skip_reason(member: tarfile.TarInfo, split: Optional[Tuple[str, str]]) -> Optional[str]:

@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import random
+import shutil
 import sqlite3
 import tarfile
 import threading
@@ -279,6 +280,25 @@ def test_no_shards_and_empty_or_corrupt_shards_are_errors_naming_the_file(tmp_pa
     (tmp_path / "shards/empty.tar").write_bytes(data[:1536] + b"garbage".ljust(512, b"x") + data[2048:])
     with pytest.raises(DatasetConfigError, match="empty.tar: invalid tar header at byte 1536"):
         prepare_dataset(tmp_path, split_ratio=[1, 0, 0], progress=False)
+
+
+def test_two_tars_joined_with_cat_are_refused_instead_of_indexing_only_the_first(tmp_path):
+    """tarfile stops at the first tar's end-of-archive marker: the joined shard was indexed with the
+    first tar's 3 samples, the second's 2 left out without a word (and lint then found nothing)."""
+    make_dataset(tmp_path / "parts", num=5, per_shard=3)
+    first, second = (tmp_path / f"parts/shards/shard_000{i}.tar" for i in (0, 1))
+    marker, size = tarfile_offsets(first)[-1], first.stat().st_size
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards/joined.tar").write_bytes(first.read_bytes() + second.read_bytes())
+    shutil.rmtree(tmp_path / "parts")
+    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", "--split-ratio", "1,0,0")
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert res.output == (
+        f"Error: {tmp_path / 'shards/joined.tar'}: data at byte {size} follows the tar's end-of-archive marker "
+        f"(byte {marker}), which tar readers stop at (tars joined with `cat`?); rebuild the shard as one tar, "
+        "e.g. with `tar --concatenate`\n"
+    )
+    assert not (tmp_path / ".nv-meta/.info.json").exists()
 
 
 def test_gzip_compressed_shards_are_refused_because_offsets_would_not_be_readable(tmp_path):
