@@ -256,6 +256,11 @@ class EnergonLoader:
             state = box[0]
         if state is None:
             raise StateError("restore_state_global needs the list of states (or src_rank to broadcast it from)")
+        if not isinstance(state, (list, tuple)):
+            raise StateError(
+                f"restore_state_global wants one state per rank (a list, as save_state_global returns), got a "
+                f"{type(state).__name__}; for one rank's state alone use restore_state_rank(state)"
+            )
         states = [LoaderState.coerce(s) for s in state if s is not None]
         if not states:  # saved before any iteration
             return

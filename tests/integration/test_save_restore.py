@@ -491,6 +491,18 @@ def test_global_save_and_restore_without_distributed(roots):
     fresh.close()
 
 
+def test_restore_state_global_refuses_one_state_naming_what_it_got(roots):
+    """One state (the object, its dict or its JSON text) is not the list of one state per rank."""
+    loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=2, worker_config=WC))
+    next(iter(loader))
+    state = loader.save_state_rank()
+    for one, name in ((state, "LoaderState"), (state.to_dict(), "dict"), (state.to_json(), "str")):
+        with pytest.raises(er.StateError, match=rf"wants one state per rank \(a list.*got a {name}; .*restore_state_rank"):
+            loader.restore_state_global(one)
+    loader.restore_state_global([state.to_json()])
+    loader.close()
+
+
 _ELASTIC = textwrap.dedent(
     """
     import json, sys
