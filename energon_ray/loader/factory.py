@@ -47,6 +47,11 @@ def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
         raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
 
 
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):  # "no" or 0.0 read as a flag would silently mean True or False
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
 def _segment_samples(value: Any) -> Any:
     """``samples_per_segment``: a positive int, or ``(first, later)`` positive ints (as a tuple)."""
     if isinstance(value, (tuple, list)):
@@ -77,6 +82,8 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
         task_encoder = DefaultTaskEncoder()
     if not isinstance(task_encoder, TaskEncoder):
         raise TypeError(f"task_encoder must be a TaskEncoder, got {type(task_encoder).__name__}")
+    _check_bool("repeat", options.repeat)
+    _check_bool("batch_drop_last", options.drop_last)
     _check_positive("batch_size", options.batch_size)
     _check_positive("shuffle_buffer_size", options.shuffle_buffer_size) if options.shuffle_buffer_size else None
     _check_positive("max_samples_per_sequence", options.max_samples_per_sequence)

@@ -65,6 +65,8 @@ class EnergonLoader:
                 "get_loader expects the result of get_train_dataset/get_val_dataset (or a blend of them), "
                 f"got {type(dataset).__name__}"
             )
+        if pin_memory is not None and not isinstance(pin_memory, bool):
+            raise TypeError(f"pin_memory must be a bool or None, got {pin_memory!r}")
         if pin_memory and not torch.cuda.is_available():
             raise ValueError(
                 "pin_memory=True needs CUDA, and this torch has no CUDA device; leave it unset to pin only when CUDA is available"

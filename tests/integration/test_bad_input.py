@@ -247,6 +247,22 @@ def test_bad_virtual_epoch_length_and_parallel_shard_iters(good, name, value, me
         er.get_train_dataset(good, batch_size=2, **{name: value})
 
 
+@pytest.mark.parametrize(
+    "build,message",
+    [
+        (lambda good: er.get_train_dataset(good, batch_size=2, repeat="no"), "repeat must be a bool, got 'no'"),
+        (lambda good: er.get_train_dataset(good, batch_size=2, batch_drop_last="yes"), "batch_drop_last must be a bool, got 'yes'"),
+        (lambda good: er.get_val_dataset(good, split_part="train", batch_size=2, batch_drop_last=1), "batch_drop_last must be a bool, got 1"),
+        (lambda good: er.get_loader(er.get_val_dataset(good, split_part="train", batch_size=2), pin_memory="no"), "pin_memory must be a bool or None, got 'no'"),
+        (lambda good: er.get_savable_loader(er.get_val_dataset(good, split_part="train", batch_size=2), pin_memory=0), "pin_memory must be a bool or None, got 0"),
+    ],
+)
+def test_bool_options_refuse_other_values(good, build, message):
+    """A flag given as a string or number is refused with its name and value ("no" was read as True)."""
+    with pytest.raises(TypeError, match=re.escape(message)):
+        build(good)
+
+
 def test_unknown_sample_type_and_bad_field_map(tmp_path, good):
     """dataset.yaml errors name the file, the value and the valid choices."""
     path = tmp_path / "copy"
