@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder
 from energon_ray.errors import resolve_trust
@@ -52,6 +52,14 @@ def _check_bool(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be a bool, got {value!r}")
 
 
+def _pop_subflavors(kwargs: dict) -> Optional[Mapping[str, Any]]:
+    """``subflavors`` of ``kwargs``: a mapping of names to values (a list gave a bare "not a mapping")."""
+    subflavors = kwargs.pop("subflavors", None)
+    if subflavors is not None and not isinstance(subflavors, Mapping):
+        raise TypeError(f"subflavors must be a mapping of names to values or None, got {subflavors!r}")
+    return subflavors
+
+
 def _segment_samples(value: Any) -> Any:
     """``samples_per_segment``: a positive int, or ``(first, later)`` positive ints (as a tuple)."""
     if isinstance(value, (tuple, list)):
@@ -95,7 +103,7 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
     decoder = _decoder(task_encoder, kwargs)
     if decoder is not None and trusted:
         decoder = decoder.with_trust(True)
-    subflavors = kwargs.pop("subflavors", None)
+    subflavors = _pop_subflavors(kwargs)
     options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
     _check_positive("parallel_shard_iters", options.parallel_shard_iters)  # 0 read as the default 16, -1 as 1
     samples_per_segment = kwargs.pop("samples_per_segment", None)

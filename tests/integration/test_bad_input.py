@@ -263,6 +263,14 @@ def test_bool_options_refuse_other_values(good, build, message):
         build(good)
 
 
+@pytest.mark.parametrize("get", [er.get_train_dataset, er.get_val_dataset, er.get_val_datasets])
+@pytest.mark.parametrize("value", [[1, 2], "aug"])
+def test_subflavors_that_are_not_a_mapping_are_refused(good, get, value):
+    """subflavors=[1, 2] gave a bare "'list' object is not a mapping"; now the argument and value are named."""
+    with pytest.raises(TypeError, match=re.escape(f"subflavors must be a mapping of names to values or None, got {value!r}")):
+        get(good, split_part="train", batch_size=2, subflavors=value)
+
+
 def test_unknown_sample_type_and_bad_field_map(tmp_path, good):
     """dataset.yaml errors name the file, the value and the valid choices."""
     path = tmp_path / "copy"
