@@ -85,7 +85,10 @@ def _number(value: Any, file: str, where: str, name: str, allow_zero: bool = Tru
 
 def _parse_bound(value: Any, file: str, where: str) -> Tuple[str, float]:
     if isinstance(value, str) and value.strip().endswith("%"):
-        return "ratio", float(value.strip()[:-1]) / 100
+        try:
+            return "ratio", float(value.strip()[:-1]) / 100
+        except ValueError:  # 'a%': not a percentage (the error below)
+            pass
     if isinstance(value, str) and value.strip() == "end":
         return "end", math.nan
     if isinstance(value, int) and not isinstance(value, bool):

@@ -113,6 +113,7 @@ splits:
         ("blend_epochized: [{repetitions: 0, path: coco}]", r"repetitions must be a finite number > 0"),
         ("blend: []", r"splits.train.blend: must be a non-empty list"),
         ("{path: coco, subset: {range: [0%, 10]}}", r"mixes percentages and sample indices"),
+        ("{path: coco, subset: {range: [a%, 50%]}}", r"splits.train: subset bounds are 'N%', sample indices or 'end', got 'a%'"),
         ("{path: coco, colour: red}", r"unknown keys \['colour'\]"),
         ("{path: coco, shuffle_over_epochs_multiplier: 0}", r"splits.train: shuffle_over_epochs_multiplier must be a positive int, -1 .* got 0"),
         ("blend: [{path: coco, shuffle_over_epochs_multiplier: 1.5}]", r"splits.train.blend\[0\]: shuffle_over_epochs_multiplier .* got 1.5"),
