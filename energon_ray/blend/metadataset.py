@@ -318,9 +318,9 @@ class _Parser:
 def _v1_to_v2(data: dict, file: str) -> dict:
     splits = {}
     for name, split in (data.get("splits") or {}).items():
-        datasets = (split or {}).get("datasets")
+        datasets = split.get("datasets") if isinstance(split, dict) else None  # a list here gave AttributeError
         if not isinstance(datasets, list) or not datasets:
-            raise _err(file, f"splits.{name}", "a V1 split needs a non-empty 'datasets' list")
+            raise _err(file, f"splits.{name}", f"a V1 split needs a mapping with a non-empty 'datasets' list, got {split!r}")
         splits[name] = {"blend": datasets}
     return {"splits": splits}
 

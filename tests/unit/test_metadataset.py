@@ -102,6 +102,18 @@ splits:
 
 
 @pytest.mark.parametrize(
+    "split,got",
+    [("[{path: coco}]", "[{'path': 'coco'}]"), ("{datasets: []}", "{'datasets': []}"), ("coco", "'coco'"), ("", "None")],
+)
+def test_a_bad_v1_split_names_file_node_and_value(tree, split, got):
+    """A V1 split that is a list (not ``{datasets: [...]}``) raised AttributeError; now file, node and value are named."""
+    f = _write(tree / "v1bad.yaml", f"splits:\n  train: {split}\n")
+    with pytest.raises(DatasetConfigError) as info:
+        parse_file(f, "train")
+    assert str(info.value) == f"{f}: splits.train: a V1 split needs a mapping with a non-empty 'datasets' list, got {got}"
+
+
+@pytest.mark.parametrize(
     "body,message",
     [
         ("blend: [{weight: -1, path: coco}]", r"splits.train.blend\[0\]: weight must be a finite number >= 0, got -1"),
