@@ -136,7 +136,8 @@ class BlendDataset(OfSeveral):
         worker_config: accepted for Energon compatibility; must match the datasets'.
 
     Raises:
-        ValueError: negative, NaN or all-zero weights, or datasets with different worker configs.
+        ValueError: negative, NaN or all-zero weights, weights whose sum overflows, or datasets with
+            different worker configs.
 
     Example:
         >>> loader = get_loader(BlendDataset((images, 0.6), (captions, 0.4)))  # doctest: +SKIP
@@ -151,7 +152,10 @@ class BlendDataset(OfSeveral):
                 raise TypeError(f"BlendDataset: argument {i} must be a (dataset, weight) pair, got {entry!r}")
             parts.append(entry[0])
             weights.append(_check_weight(entry[1], f"BlendDataset source {i}"))
-        if sum(weights) <= 0:
+        total = sum(weights)
+        if math.isinf(total):  # each weight / inf is 0: the blend would be empty or "all zero"
+            raise ValueError(f"BlendDataset: weights {weights} sum to {total} (too large for a float); scale them down")
+        if total <= 0:
             raise ValueError(f"BlendDataset: weights {weights} are all zero")
         self.worker_config = check_same_workers(parts, "BlendDataset")
         if worker_config is not None and worker_config != self.worker_config:

@@ -248,9 +248,11 @@ class _Parser:
         out = []
         if kind == "blend":
             weights = [_number(e.get("weight", 1.0) if isinstance(e, dict) else 1.0, self.file, f"{where}.blend[{i}]", "weight") for i, e in enumerate(entries)]
-            if sum(weights) <= 0:
-                raise _err(self.file, f"{where}.blend", f"weights {weights} are all zero")
             total = sum(weights)
+            if math.isinf(total):  # each weight / inf is 0: "all zero" further on, naming no file
+                raise _err(self.file, f"{where}.blend", f"weights {weights} sum to {total} (too large for a float); scale them down")
+            if total <= 0:
+                raise _err(self.file, f"{where}.blend", f"weights {weights} are all zero")
             for i, (entry, w) in enumerate(zip(entries, weights)):
                 for leaf in self.node(entry, f"{where}.blend[{i}]", ctx):
                     out.append(dataclasses.replace(leaf, weight=leaf.weight * w / total))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import re
 from dataclasses import dataclass
 from typing import List
 
@@ -321,6 +322,8 @@ def test_bad_blends_fail_clearly(sources):
         er.BlendDataset((a, 1.0), (_train(sources["b"]), -1))
     with pytest.raises(ValueError, match=r"weights \[0.0, 0.0\] are all zero"):
         er.BlendDataset((a, 0), (_train(sources["b"]), 0))
+    with pytest.raises(ValueError, match=re.escape("BlendDataset: weights [1e+308, 1e+308] sum to inf (too large for a float); scale them down")):
+        er.BlendDataset((a, 1e308), (_train(sources["b"]), 1e308))  # was a blend of nothing
     other = _train(sources["b"], er.WorkerConfig(rank=0, world_size=1, num_workers=3))
     with pytest.raises(ValueError, match="all datasets need the same WorkerConfig"):
         er.BlendDataset((a, 1), (other, 1))

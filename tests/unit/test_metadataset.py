@@ -119,6 +119,7 @@ def test_a_bad_v1_split_names_file_node_and_value(tree, split, got):
         ("blend: [{weight: -1, path: coco}]", r"splits.train.blend\[0\]: weight must be a finite number >= 0, got -1"),
         ("blend: [{weight: .nan, path: coco}]", r"weight must be a finite number >= 0, got nan"),
         ("blend: [{weight: 0, path: coco}, {weight: 0, path: coyo}]", r"splits.train.blend: weights \[0.0, 0.0\] are all zero"),
+        ("blend: [{weight: 1e308, path: coco}, {weight: 1e308, path: coyo}]", r"splits.train.blend: weights \[1e\+308, 1e\+308\] sum to inf \(too large for a float\); scale them down"),
         ("blend: [{weight: 1, path: missing}]", r"splits.train.blend\[0\]: path 'missing' does not exist"),
         ("blend: [{weight: 1, path: coco, blend_epochized: []}]", r"exactly one of path, blend, blend_epochized"),
         ("blend: [{weight: 1, blend_epochized: [{path: coco}]}]", r"cannot combine 'blend' and 'blend_epochized'"),
