@@ -9,6 +9,7 @@ stream gives each worker's next item; ``round_robin`` interleaves the workers li
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import weakref
@@ -88,6 +89,8 @@ class EnergonLoader:
         self._redist: Optional[Redistribution] = None
         self._epoch_items = 0
         self._started = False
+        #: restores so far: an iterator opened before the latest one refuses to go on (``_check_restores``)
+        self._restores = 0
         self._executions: Dict[str, Any] = {}
         self.object_store_limit = object_store_limit
         self.executor = check_executor(executor)
@@ -115,24 +118,39 @@ class EnergonLoader:
     def __iter__(self) -> Iterator[Any]:
         epoch_len = self.dataset.virtual_epoch_length()
         if epoch_len or self.dataset.is_endless():
-            return self._continue(epoch_len or None)
-        return self._pass()
+            return self._continue(epoch_len or None, self._restores)
+        return self._pass(self._restores)
 
-    def _pass(self) -> Iterator[Any]:
+    def _check_restores(self, restores: int) -> None:
+        """An iterator opened before a restore would go on with its old pass (or take the restored
+        items from the new ``iter()`` of an endless loader): it raises instead."""
+        if restores != self._restores:
+            raise RuntimeError(
+                "this iterator was opened before the loader was restored (restore_state_rank/restore_state_global); "
+                "call iter(loader) again to continue from the restored state"
+            )
+
+    def _pass(self, restores: int) -> Iterator[Any]:
+        self._check_restores(restores)
         restore, self._restore = self._restore, None
         self._started = True
         if restore is not None and restore.pass_index is not None:
-            yield from self._one_pass(restore.pass_index, restore)
+            items = self._one_pass(restore.pass_index, restore)
         else:
-            yield from self._one_pass(self._next_pass())
+            items = self._one_pass(self._next_pass())
+        with contextlib.closing(items):
+            for item in items:
+                yield item
+                self._check_restores(restores)
 
-    def _continue(self, count: Optional[int]) -> Iterator[Any]:
+    def _continue(self, count: Optional[int], restores: int) -> Iterator[Any]:
         """``count`` (``None``: all) items of the loader's one endless stream. The stream outlives
         this iterator: a ``break`` or an abandoned ``iter()`` leaves it where it was, and the next
         ``iter()`` continues from there (as Energon's loaders do). ``next()`` rather than ``yield
         from``, which would close the shared stream along with this iterator. An exception out of
         the stream (a fatal sample error, Ctrl-C while waiting for a batch) ends it: it is raised,
         and the next ``iter()`` continues after the last item handed out, as from a saved state."""
+        self._check_restores(restores)
         produced = 0
         if self._restore is not None and count is not None:  # the restored iter() ends its epoch
             produced = self._restore.epoch_items
@@ -140,6 +158,7 @@ class EnergonLoader:
         self._epoch_items = produced
         self._started = True
         while count is None or produced < count:
+            self._check_restores(restores)
             if self._stream is None:
                 self._stream = self._forever()
             try:
@@ -188,7 +207,8 @@ class EnergonLoader:
 
     def restore_state_rank(self, state: Any) -> None:
         """Continue from a state of ``save_state_rank`` (the object, its ``to_dict()`` or ``to_json()``);
-        ``None`` does nothing. The next ``iter()`` yields what the saved loader would have yielded next.
+        ``None`` does nothing. The next ``iter()`` yields what the saved loader would have yielded next;
+        an iterator opened before the restore raises ``RuntimeError`` on its next ``next()``.
 
         Raises:
             StateError: another state version, dataset configuration or WorkerConfig (for another world
@@ -214,6 +234,7 @@ class EnergonLoader:
 
     def _start_restore(self, state: LoaderState, redist: Optional[Redistribution]) -> None:
         self.close()
+        self._restores += 1
         self._passes = state.passes
         self._epoch_items = state.epoch_items
         self._restore = state

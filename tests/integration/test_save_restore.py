@@ -12,6 +12,7 @@ import json
 from collections import Counter
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -500,6 +501,27 @@ def test_restore_state_global_refuses_one_state_naming_what_it_got(roots):
         with pytest.raises(er.StateError, match=rf"wants one state per rank \(a list.*got a {name}; .*restore_state_rank"):
             loader.restore_state_global(one)
     loader.restore_state_global([state.to_json()])
+    loader.close()
+
+
+@pytest.mark.parametrize("repeat", [False, True])
+def test_an_iterator_opened_before_a_restore_refuses_to_go_on(roots, repeat):
+    """After a restore only a new iter() continues from the state: an iterator opened before it (started
+    or not) raises instead of yielding the rest of its old pass (repeat=False) or taking the restored
+    batches from the new iter() (an endless loader)."""
+    loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=2, worker_config=WC, repeat=repeat))
+    it = iter(loader)
+    next(it)
+    state = loader.save_state_rank()
+    expected = [next(it).__key__ for _ in range(3)]
+    unstarted = iter(loader)
+    loader.restore_state_rank(state)
+    message = "this iterator was opened before the loader was restored (restore_state_rank/restore_state_global); call iter(loader) again"
+    for old in (it, unstarted):
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            next(old)
+    again = iter(loader)
+    assert [next(again).__key__ for _ in range(3)] == expected
     loader.close()
 
 
