@@ -123,6 +123,7 @@ def write_split_file(
 #: the parts a ratio split assigns shards to, in order
 RATIO_PARTS = ("train", "val", "test")
 _NUMBER_RE = re.compile(r"^(.*?)(\d+)(\D*)$")
+_BRACE_SPECIAL_RE = re.compile(r"([{}\\])")
 
 
 def split_by_ratio(
@@ -165,8 +166,14 @@ def split_by_patterns(names: Sequence[str], patterns: Mapping[str, Sequence[str]
     return out
 
 
+def escape_name(name: str) -> str:
+    """``name`` as a brace pattern that expands to itself: ``{``, ``}`` and ``\\`` backslash-escaped."""
+    return _BRACE_SPECIAL_RE.sub(r"\\\1", name)
+
+
 def collapse_names(names: Sequence[str]) -> List[str]:
-    """Brace-collapse runs of consecutively numbered names, keeping order.
+    """Brace-collapse runs of consecutively numbered names, keeping order; ``{``, ``}`` and ``\\`` in
+    names are escaped, so every pattern expands (as :func:`read_split_file`'s reader does) to the names.
 
     Example:
         >>> collapse_names(["s/a_00.tar", "s/a_01.tar", "s/a_02.tar", "s/b.tar"])
@@ -177,16 +184,17 @@ def collapse_names(names: Sequence[str]) -> List[str]:
 
     def flush() -> None:
         if len(run) > 1:
-            out.append(f"{run[0][0]}{{{run[0][1]}..{run[-1][1]}}}{run[0][2]}")
+            prefix, suffix = escape_name(run[0][0]), escape_name(run[0][2])
+            out.append(f"{prefix}{{{run[0][1]}..{run[-1][1]}}}{suffix}")
         else:
-            out.extend(p + d + s for p, d, s in run)
+            out.extend(escape_name(p + d + s) for p, d, s in run)
         run.clear()
 
     for name in names:
         match = _NUMBER_RE.match(name)
-        if match is None or any(c in name for c in "{},"):
+        if match is None:
             flush()
-            out.append(name)
+            out.append(escape_name(name))
             continue
         prefix, digits, suffix = match.groups()
         last = run[-1] if run else None

@@ -426,6 +426,25 @@ def test_collapse_names_only_joins_consecutive_equal_width_numbers():
     assert collapse_names(names) == ["a_{08..10}.tar", "a_12.tar", "b9.tar", "b10.tar", "c.tar"]
 
 
+def test_shard_names_with_braces_or_backslashes_are_escaped_in_split_yaml_and_read_back(tmp_path):
+    """split.yaml held such names verbatim; brace expansion read 'x{a,b}.tar' as xa.tar, xb.tar and
+    'a\\b.tar' as ab.tar, so every read failed with "names shard 'shards/xa.tar', which ... does not list"."""
+    make_dataset(tmp_path, num=8, per_shard=2, prefix="b{x}")
+    shards = tmp_path / "shards"
+    (shards / "b{x}_0000.tar").rename(shards / "a\\b.tar")
+    (shards / "b{x}_0003.tar").rename(shards / "x{a,b}.tar")
+    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", "--split-ratio", "1,0,0",
+                  "--sample-type", "CaptioningSample", "--field-map", json.dumps(FIELD_MAP))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert meta(tmp_path, "split.yaml")["split_parts"]["train"] == [
+        "shards/a\\\\b.tar", "shards/b\\{x\\}_{0001..0002}.tar", "shards/x\\{a,b\\}.tar"]  # fmt: skip
+    ds = PreparedDataset.open(tmp_path, "train")
+    assert [s.name for s in ds.shards] == ["shards/a\\b.tar", "shards/b{x}_0001.tar", "shards/b{x}_0002.tar", "shards/x{a,b}.tar"]
+    assert ds.total == 8
+    res = run_cli("info", tmp_path)
+    assert res.exit_code == 0 and "train: 100.0%, 8 samples in 4 shards" in res.output, res.output
+
+
 def test_info_prints_counts_size_sample_type_splits_and_version(tmp_path):
     make_dataset(tmp_path)
     prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
