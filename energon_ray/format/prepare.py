@@ -179,6 +179,14 @@ def _warnings(
     unused = [n for n in names if n not in used]
     if unused:
         out.append(f"{len(unused)} shard(s) are in no split part, e.g. {unused[0]}")
+    parts_of: Dict[str, List[str]] = {}
+    for part, shards in splits.items():
+        for name in shards:
+            parts_of.setdefault(name, []).append(part)
+    shared = [n for n in names if len(parts_of.get(n, ())) > 1]
+    if shared:  # allowed, as in Energon (e.g. an 'all' part), but usually a pattern that matches too much
+        parts = " and ".join(repr(p) for p in parts_of[shared[0]])
+        out.append(f"{len(shared)} shard(s) are in more than one split part, e.g. {shared[0]} in {parts}")
     for field, options in (parsed_map or {}).items():
         if not any(opt[0] in part_types for opt in options):
             used_parts = [o[0] for o in options]

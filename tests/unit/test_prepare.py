@@ -149,6 +149,17 @@ def test_cli_split_parts_are_repeatable_and_accumulate_per_name(tmp_path):
         "train": ["shards/shard_0000.tar", "shards/shard_0002.tar"], "test": ["shards/shard_0001.tar"]}  # fmt: skip
 
 
+def test_a_shard_in_two_split_parts_is_kept_as_in_energon_with_a_warning_naming_it_and_the_parts(tmp_path):
+    """Overlapping --split-parts put shard_0002 in train and val without a word."""
+    make_dataset(tmp_path)
+    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress",
+                  "--split-parts", "train:.*", "--split-parts", "val:.*0002")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "Warning: 1 shard(s) are in more than one split part, e.g. shards/shard_0002.tar in 'train' and 'val'\n" in res.output
+    assert meta(tmp_path, "split.yaml")["split_parts"] == {
+        "train": ["shards/shard_{0000..0002}.tar"], "val": ["shards/shard_0002.tar"]}  # fmt: skip
+
+
 def test_exclude_drops_matching_shards_everywhere(tmp_path):
     make_dataset(tmp_path)
     result = prepare_dataset(tmp_path, split_ratio=[1, 0, 0], exclude=["shard_0001"], **CAPTIONING)
