@@ -7,8 +7,10 @@ Either ``sample_type`` + ``field_map``, or ``sample_type`` + ``sample_loader: fi
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
@@ -22,8 +24,19 @@ from energon_ray.format.info import check_write_target, meta_dir, write_file
 from energon_ray.storage import RemotePath, as_path, is_remote, read_optional
 from energon_ray.samples import SAMPLE_TYPES, CrudeSample
 
+logger = logging.getLogger("energon_ray")
+
 #: Modules whose sample classes we provide under the same names.
 _COMPATIBLE_MODULES = ("megatron.energon", "energon_ray")
+#: The top-level keys Energon's dataset.yaml knows: the dataset class and the arguments of Energon's
+#: dataset factories (``StandardWebdatasetFactory`` and its bases); energon_ray reads the first seven.
+DATASET_YAML_KEYS = (
+    "sample_type", "field_map", "sample_loader", "part_filter", "subflavors", "__module__", "__class__",
+    "decoder", "shuffle_over_epochs", "parallel_shard_iters", "max_samples_per_sequence", "subset",
+    "split_part", "split_config", "training", "worker_config", "path",
+)  # fmt: skip
+#: Dataset config files whose unknown keys were warned about in this process.
+_WARNED_FILES: set = set()
 
 
 @dataclasses.dataclass
@@ -75,6 +88,21 @@ class DatasetSpec:
         if self.part_filter is not None:
             return bool(self.part_filter(part))
         return True
+
+
+def warn_unknown_keys(spec: DatasetSpec) -> None:
+    """Log a warning naming each top-level key of ``spec``'s file that Energon does not know (a typo such
+    as ``subflavours``: read by nothing) with a close match, once per file and process. A warning, not an
+    error: a newer Energon may add keys. Called where the driver opens a dataset, not where a Ray
+    worker rebuilds the spec."""
+    unknown = [key for key in spec.extra if key not in DATASET_YAML_KEYS]
+    if not unknown or spec.file in _WARNED_FILES:
+        return
+    _WARNED_FILES.add(spec.file)
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), DATASET_YAML_KEYS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        logger.warning("%s: unknown key %r%s; it is ignored", spec.file, key, hint)
 
 
 def resolve_class(spec: Any, file: str, what: str, trusted: bool = False) -> type:

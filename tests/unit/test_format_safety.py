@@ -398,3 +398,27 @@ def test_split_and_dataset_yaml_writers_refuse_symlinked_targets(tmp_path):
         with pytest.raises(DatasetConfigError, match="refuses to write through a symlink"):
             write()
         assert outside.read_text() == "keep: me\n"
+
+
+def test_an_unknown_dataset_yaml_key_is_warned_about_once_naming_file_key_and_close_match(tmp_path, caplog):
+    """A typo like 'subflavours' was silently kept in DatasetSpec.extra and read by nothing. Keys of
+    Energon's dataset factories are not warned about; nor is rebuilding the spec (as Ray workers do)."""
+    import logging
+    import pickle
+
+    from energon_ray.format.dataset_yaml import read_dataset_spec
+
+    root = prepared_text(tmp_path / "ds")
+    config = root / ".nv-meta" / "dataset.yaml"
+    data = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**data, "subflavours": {"a": 1}, "max_samples_per_sequence": 2, "zzz": 1}))
+    with caplog.at_level(logging.WARNING, logger="energon_ray"):
+        first = PreparedDataset.open(root, "train")
+        PreparedDataset.open(root, "train", check=False)
+        pickle.loads(pickle.dumps(first.spec))
+        read_dataset_spec(root)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{config}: unknown key 'subflavours' (did you mean 'subflavors'?); it is ignored",
+        f"{config}: unknown key 'zzz'; it is ignored",
+    ]
+    assert first.spec.subflavors == {}
