@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import json
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import click
+from click.core import ParameterSource
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.field_access import parse_field_access
@@ -80,6 +82,15 @@ def _parse_split_parts(
             raise click.BadParameter(f"expected 'name:regex' like 'train:shards/train_.*', got {value!r}")
         parts.setdefault(name, []).append(pattern)
     return parts
+
+
+def _parse_sample_type(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    names = sorted(SAMPLE_TYPES) + [CRUDE]
+    if value is None or value in names:
+        return value
+    close = difflib.get_close_matches(value, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise click.BadParameter(f"unknown sample type {value!r}{hint}; known: {', '.join(names)}")
 
 
 def field_map_value(value: str) -> dict:
@@ -182,6 +193,24 @@ def _check_combinations(
         raise click.UsageError("--shuffle-tars only applies to --split-ratio, not to --split-parts")
 
 
+#: The options that apply to a .jsonl file, which prepare only indexes.
+_JSONL_OPTIONS = ("path", "progress", "non_interactive", "force_overwrite")
+
+
+def _check_jsonl_options(path: Path) -> None:
+    """Options for tar datasets given with a .jsonl file are a usage error (exit code 2) naming them."""
+    ctx = click.get_current_context()
+    given = [
+        param.opts[0] for param in ctx.command.params
+        if param.name not in _JSONL_OPTIONS and ctx.get_parameter_source(param.name)
+        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    ]  # fmt: skip
+    if given:
+        raise click.UsageError(
+            f"{path}: a .jsonl file is only indexed (no splits, dataset.yaml or media metadata); drop {', '.join(given)}"
+        )
+
+
 def _report(result: PrepareResult) -> None:
     names = list(result.shard_counts)
     click.echo(f"Indexed {result.total_samples:,} samples in {len(names)} shards ({names[0]} … {names[-1]}).")
@@ -204,7 +233,7 @@ def _report(result: PrepareResult) -> None:
               help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Instead of --split-ratio.")
 @click.option("--exclude", multiple=True, help="Regex of shard paths to leave out (searched anywhere); repeatable.")
 @click.option("--shuffle-tars", is_flag=True, help="Shuffle shards (seed 42) before the ratio split.")
-@click.option("--sample-type", help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
+@click.option("--sample-type", callback=_parse_sample_type, help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
 @click.option("--field-map", callback=_parse_field_map, help='JSON, e.g. \'{"image": "jpg", "caption": "txt"}\'.')
 @click.option("--dataset-yaml-name", default="dataset.yaml", show_default=True, help="Dataset config file name.")
 @click.option("--skip-dataset-yaml", is_flag=True, help="Write no dataset.yaml.")
@@ -238,6 +267,7 @@ def prepare_command(
             raise click.UsageError(f"{path}: PATH must be a dataset folder or a .jsonl file")
         from energon_ray.format.jsonl import prepare_jsonl
 
+        _check_jsonl_options(path)
         with user_errors():
             count = prepare_jsonl(path, progress=progress)
         click.echo(f"Indexed {count} samples into {path}.idx")

@@ -225,7 +225,10 @@ def test_force_overwrite_rewrites_splits_and_regenerates_the_uuid(tmp_path):
         (["--sample-type", "CaptioningSample", "--field-map", '{"image": "jpg"}'], 1, "required field"),
         (["--sample-type", "CaptioningSample", "--field-map", "{image: jpg}"], 2, "not valid JSON"),
         (["--sample-type", "CaptioningSample", "--field-map", '{"image": "a[", "caption": "txt"}'], 1, "invalid field"),
-        (["--sample-type", "NoSuchSample"], 1, "unknown sample_type 'NoSuchSample'"),
+        (["--sample-type", "CaptionSample"], 2,
+         "Invalid value for '--sample-type': unknown sample type 'CaptionSample' (did you mean 'CaptioningSample'?); "
+         "known: CaptioningSample, "),
+        (["--sample-type", "Foo"], 2, "Invalid value for '--sample-type': unknown sample type 'Foo'; known: "),
         (["--sample-type", "CrudeWebdataset", "--field-map", '{"a": "b"}'], 1, "CrudeWebdataset takes no field_map"),
         (["--field-map", '{"image": "jpg"}'], 1, "field_map needs a sample_type"),
     ],
@@ -253,6 +256,20 @@ def test_cli_options_that_do_not_go_together_are_usage_errors_naming_the_flags(t
     res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", *args)
     assert res.exit_code == 2 and f"Error: {message}\n" in res.output, res.output
     assert not (tmp_path / ".nv-meta").exists()
+
+
+def test_options_for_tar_datasets_given_with_a_jsonl_file_are_a_usage_error_naming_them(tmp_path):
+    """They were ignored without a word (the file indexed, no split or dataset.yaml written)."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "a"}\n{"text": "b"}\n')
+    res = run_cli("prepare", corpus, "--non-interactive", "--no-progress", "--split-ratio", "8,1,1",
+                  "--sample-type", "TextSample", "--dataset-yaml-name", "d.yaml", "--num-workers", "1")  # fmt: skip
+    assert res.exit_code == 2, res.output
+    assert (f"Error: {corpus}: a .jsonl file is only indexed (no splits, dataset.yaml or media metadata); "
+            "drop --split-ratio, --sample-type, --dataset-yaml-name, --num-workers\n") in res.output  # fmt: skip
+    assert not (tmp_path / "corpus.jsonl.idx").exists()
+    res = run_cli("prepare", corpus, "--non-interactive", "--no-progress", "--force-overwrite")
+    assert res.exit_code == 0 and f"Indexed 2 samples into {corpus}.idx" in res.output, res.output
 
 
 @pytest.mark.parametrize(
