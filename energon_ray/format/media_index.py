@@ -31,7 +31,7 @@ from energon_ray.decode.media_metadata import (
     serialize_media_metadata,
 )
 from energon_ray.errors import DatasetConfigError
-from energon_ray.format.indexer import INDEX_SQLITE
+from energon_ray.format.indexer import INDEX_SQLITE, find_shards
 from energon_ray.format.info import check_write_target, meta_dir, read_info
 from energon_ray.format.tar_reader import SKIP_META_RE, TAR_ENCODING, split_member_name
 from energon_ray.storage import RemotePath, as_path
@@ -281,11 +281,18 @@ def write_folder_media_metadata(path: Path | str, media_filter: MediaFilter, ski
         The number of rows stored.
 
     Raises:
-        DatasetConfigError: the folder does not exist or is remote.
+        DatasetConfigError: the folder does not exist or is remote, or holds tar shards (a dataset
+            not prepared yet: its tars are no media files, nothing would be stored).
     """
     root = as_path(path)
     if isinstance(root, RemotePath) or not root.is_dir():
         raise DatasetConfigError(f"{root}: not a local folder; media metadata of plain folders is stored locally only")
+    shards = find_shards(root)
+    if shards:
+        raise DatasetConfigError(
+            f"{root}: not a prepared dataset (it holds tar shards, e.g. {shards[0]}, but no .nv-meta/.info.json); "
+            f"run `energon-ray prepare {root}` first"
+        )
     final = check_write_target(root, meta_dir(root) / INDEX_SQLITE)
     final.parent.mkdir(exist_ok=True)
     return _store(root, final, folder_media_rows(root, media_filter, skipped), media_filter)

@@ -513,6 +513,16 @@ def test_info_on_an_unprepared_folder_fails_with_exit_code_1(tmp_path):
     assert res.exit_code == 1 and "not a prepared dataset" in res.output
 
 
+def test_prepare_media_on_an_unprepared_folder_of_tars_fails_naming_the_prepare_command(tmp_path):
+    """It said "Stored media metadata of 0 files" (tars are no media files) and wrote .nv-meta/index.sqlite."""
+    make_dataset(tmp_path)
+    res = run_cli("prepare-media", tmp_path, "--media-metadata-by-extension", "--no-progress")
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert (f"Error: {tmp_path}: not a prepared dataset (it holds tar shards, e.g. shards/shard_0000.tar, but no "
+            f".nv-meta/.info.json); run `energon-ray prepare {tmp_path}` first\n") in res.output  # fmt: skip
+    assert not (tmp_path / ".nv-meta").exists()
+
+
 def test_version_option_prints_the_package_and_format_version():
     res = run_cli("-V")
     assert res.exit_code == 0 and res.output.startswith("energon-ray ") and "7.4.1" in res.output
