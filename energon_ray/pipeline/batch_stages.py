@@ -134,10 +134,16 @@ class BatchSamples:
             encoded -= len(data.carry.tail or ())  # the previous segment's tail was counted there
             if data.fatal is None:
                 items, leftovers = self._chain_on(data, eager, items, leftovers, encoded)
+        try:  # serialized here, not in the block: one that does not pickle fails the segment's report
+            items = [(rows.dumped((rows.ITEM, spec.worker, spec.index, seq, item)), pos) for seq, (item, pos) in enumerate(items)]
+            leftovers = rows.pack_leftovers(leftovers, spec.worker, spec.index) if leftovers else None
+        except FatalSampleError as exc:  # a Ray task error would leave the other tasks' to Ray's "Unhandled error" log
+            data.fatal = data.fatal or ("FatalSampleError", str(exc))
+            items, leftovers = [], None
         for seq, (item, positions) in enumerate(items):
             yield rows.ITEM, spec.worker, spec.index, seq, item, positions
         if leftovers:
-            yield rows.LEFTOVER, spec.worker, spec.index, len(items), rows.pack_leftovers(leftovers, spec.worker, spec.index), None
+            yield rows.LEFTOVER, spec.worker, spec.index, len(items), leftovers, None
         report = rows.Report(
             worker=spec.worker,
             segment=spec.index,

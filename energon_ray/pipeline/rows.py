@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline import serde
-from energon_ray.pipeline.policy import StageRun
+from energon_ray.pipeline.policy import StageRun, item_key
 from energon_ray.pipeline.views import BUFFERS_TYPE, buffers_chunk, row_buffers
 from energon_ray.plan.stream import SegmentSpec
 
@@ -131,13 +131,47 @@ def _dump(row: Tuple[int, int, int, int, Any], dumps: Callable[[Any], Any] = ser
     try:
         return dumps(payload)
     except Exception as exc:
-        keys = getattr(payload, "__key__", None) or getattr(payload, "__keys__", None)
+        where = f"segment {segment}" if kind == SEGMENT else f"{_KIND_NAMES.get(kind, kind)} {seq} of segment {segment}"
+        culprit, field = _unpicklable(payload, dumps)
+        named = _named(culprit)
         raise FatalSampleError(
-            f"a hook returned a {type(payload).__name__} ({_KIND_NAMES.get(kind, kind)} {seq} of segment {segment} "
-            f"of worker stream {worker}{f', keys {keys}' if keys is not None else ''}) that cannot be sent to the "
-            f"driver: {type(exc).__name__}: {exc}. Return tensors and plain Python objects, not open files, "
+            f"a hook returned a {type(culprit).__name__} ({f'{named}, ' if named else ''}{where} of worker stream "
+            f"{worker}) that cannot be sent to the driver: {f'field {field!r}: ' if field is not None else ''}"
+            f"{type(exc).__name__}: {exc}. Return tensors and plain Python objects, not open files, "
             "containers or decoders"
         ) from exc
+
+
+def _named(item: Any) -> Optional[str]:
+    """``sample 'key'``, or for a batch (a list of keys) ``batch of n starting at sample 'key'``."""
+    key = item_key(item)
+    if key is None:
+        key = item.get("__keys__") if isinstance(item, dict) else getattr(item, "__keys__", None)
+    if isinstance(key, (list, tuple)):
+        return f"batch of {len(key)} starting at sample {key[0]!r}" if key else None
+    return None if key is None else f"sample {key!r}"
+
+
+def _unpicklable(payload: Any, dumps: Callable[[Any], Any]) -> Tuple[Any, Optional[str]]:
+    """The item of ``payload`` that does not serialize (a segment's encoded sample, or ``payload``
+    itself) and its first top-level field that does not (``None``: none found alone)."""
+
+    def fails(value: Any) -> bool:
+        try:
+            dumps(value)
+        except Exception:
+            return True
+        return False
+
+    if isinstance(payload, SegmentData):
+        payload = next((sample for _, _, sample in payload.encoded if fails(sample)), payload)
+    if isinstance(payload, dict):
+        fields = payload.items()
+    elif dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+        fields = ((f.name, getattr(payload, f.name, None)) for f in dataclasses.fields(payload))
+    else:
+        fields = getattr(payload, "__dict__", {}).items()
+    return payload, next((name for name, value in fields if fails(value)), None)
 
 
 def pack_leftovers(groups: List[Tuple[Any, int, List[Tuple[int, int, Any]]]], worker: int, segment: int) -> List[Any]:

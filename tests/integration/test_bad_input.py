@@ -6,8 +6,10 @@ import logging
 import os
 import re
 import shutil
+import threading
 
 import pytest
+import ray
 
 import energon_ray as er
 from energon_ray.synthetic import captioning_samples
@@ -169,6 +171,26 @@ def test_system_errors_are_fatal_at_once(good):
     """An ImportError inside a hook aborts loading at once with FatalSampleError naming the sample."""
     with pytest.raises(er.FatalSampleError, match="ImportError|ModuleNotFoundError"):
         list(_val(good, task_encoder=SystemFail()))
+
+
+class HoldsALock(er.DefaultTaskEncoder):
+    def encode_sample(self, sample):
+        return {"__key__": sample.__key__, "caption": sample.caption, "lock": threading.Lock() if sample.__key__ == "sample_000007" else None}
+
+
+@pytest.mark.parametrize("batch_size, named", [(None, "sample 'sample_000007'"), (4, "batch of 4 starting at sample 'sample_000004'")])
+def test_a_hook_result_that_does_not_pickle_is_named_by_its_key_and_field(good, batch_size, named):
+    """A hook result that cannot be sent names the sample (a batch: its first sample) and the field,
+    and travels in its segment's report (a FatalSampleError of the loader, not a Ray task error,
+    which left Ray to log "Unhandled error" for the other tasks in flight)."""
+    with pytest.raises(er.FatalSampleError) as info:
+        list(_val(good, task_encoder=HoldsALock(), batch_size=batch_size))
+    assert not isinstance(info.value.__context__, ray.exceptions.RayTaskError)  # raised from the report
+    assert re.fullmatch(
+        rf"a hook returned a dict \({named}, batch/sample \d+ of segment \d+ of worker stream \d+\) that cannot be sent to the "
+        r"driver: field 'lock': TypeError: cannot pickle '_thread.lock' object\. Return tensors .*",
+        str(info.value),
+    )
 
 
 def _reraise(exc, sample, sources):

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 
+from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline import rows, serde
+from energon_ray.plan.stream import SegmentSpec
 
 
 def _sample_rows():
@@ -144,3 +149,32 @@ def test_with_an_arrow_older_than_19_each_payload_stays_in_one_buffer(monkeypatc
     table = rows.table(_sample_rows(), source=1)
     assert table.schema == rows.SCHEMA and all(type(r[4]) is pa.Buffer for r in rows.iter_rows(table))
     assert torch.equal(serde.loads(next(rows.iter_rows(table))[4])["image"], _sample_rows()[0][4]["image"])
+
+
+@dataclasses.dataclass
+class _Batch:
+    __key__: list
+    lock: list
+
+
+def test_a_payload_that_does_not_pickle_names_its_sample_key_and_field():
+    """A hook result that cannot be sent names the sample (a batch: its first sample) and the field."""
+    tail = "that cannot be sent to the driver: field 'lock': TypeError: cannot pickle '_thread.lock' object."
+    sample = {"__key__": "s_2", "text": "ok", "lock": threading.Lock()}
+    with pytest.raises(FatalSampleError) as info:
+        rows.table([(rows.ITEM, 0, 0, 2, sample)])
+    assert f"a hook returned a dict (sample 's_2', batch/sample 2 of segment 0 of worker stream 0) {tail}" in str(info.value)
+    batch = _Batch(["s_4", "s_5"], [None, threading.Lock()])
+    with pytest.raises(FatalSampleError) as info:
+        rows.table([(rows.ITEM, 1, 3, 1, batch)])
+    assert f"a hook returned a _Batch (batch of 2 starting at sample 's_4', batch/sample 1 of segment 3 of worker stream 1) {tail}" in str(
+        info.value
+    )
+    with pytest.raises(FatalSampleError) as info:  # a leftover sample
+        rows.pack_leftovers([(None, 4, [(9, 0, sample)])], 0, 5)
+    assert f"a hook returned a dict (sample 's_2', leftover samples 9 of segment 5 of worker stream 0) {tail}" in str(info.value)
+    spec = SegmentSpec(worker=1, global_worker=1, seed=0, index=7, start=0, samples=np.arange(2), last=True)
+    data = rows.SegmentData(spec, encoded=[(0, 0, {"__key__": "s_0"}), (1, 0, sample)])
+    with pytest.raises(FatalSampleError) as info:  # an encoded segment: the sample in it
+        rows.table([(rows.SEGMENT, 1, 7, 0, data)])
+    assert f"a hook returned a dict (sample 's_2', segment 7 of worker stream 1) {tail}" in str(info.value)
