@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 from energon_ray.errors import FatalSampleError
-from energon_ray.pipeline.policy import HookRunner, StageRun
+from energon_ray.pipeline.policy import HookRunner, StageRun, item_key
 from energon_ray.task_encoder.base import TaskEncoder
 from energon_ray.task_encoder.decorators import get_failure_tolerance
 
@@ -56,7 +56,8 @@ class Grouper:
         keyed: List[Leftover] = []
         for entry in encoded:
             sample = entry[2]
-            what = f"sample {getattr(sample, '__key__', '?')!r}"
+            key = item_key(sample)
+            what = f"sample {'?' if key is None else key!r}"
             result = self.criterion.call(run, sample, what)
             if result is HookRunner.FAILED or result is HookRunner.IGNORED:
                 continue

@@ -79,6 +79,19 @@ def test_an_unhashable_bucket_key_is_a_fatal_error_naming_sample_and_key():
         grouper(_items(2), grouper.new_run())
 
 
+def test_grouping_messages_name_a_dict_samples_key():
+    """A dict sample (encode_sample returning a dict) is named by its ``__key__``, not '?'."""
+
+    class NoTuple(DefaultTaskEncoder):
+        def batch_group_criterion(self, sample):
+            return sample["__key__"]
+
+    grouper = Grouper(NoTuple(), 2, log_exception)
+    items = [(i, 0, {"__key__": f"d{i}", "text": str(i)}) for i in range(2)]
+    with pytest.raises(FatalSampleError, match=r"^sample 'd0': batch_group_criterion must return \(key, batch_size or None\), got 'd0'$"):
+        grouper(items, grouper.new_run())
+
+
 def test_bucket_size_rules():
     """Exactly one of the criterion's size and batch_size must be set."""
     assert bucket_size("k", None, 4, "x") == 4 and bucket_size("k", 3, None, "x") == 3
