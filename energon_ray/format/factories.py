@@ -42,12 +42,18 @@ def _set_options(factory: Any, path: Any, *, split_part: str, training: bool, wo
                  shuffle_over_epochs: Optional[int], parallel_shard_iters: Optional[int],
                  max_samples_per_sequence: Optional[int], subset: Any, part_filter: Optional[Callable[[str], bool]],
                  trust_dataset_code: Optional[bool]) -> None:  # fmt: skip
-    """The attributes every factory keeps from Energon's common constructor arguments."""
+    """The attributes every factory keeps from Energon's common constructor arguments.
+
+    Raises:
+        TypeError: ``training`` is not a bool.
+    """
+    if not isinstance(training, bool):
+        raise TypeError(f"{type(factory).__name__}({path}): training must be True or False, got {training!r}")
     factory.path = path
     factory.paths = [path]
     factory.name = str(path)
     factory.split_part = split_part
-    factory.training = bool(training)
+    factory.training = training
     factory.worker_config = worker_config if worker_config is not None else WorkerConfig.default_worker_config()
     factory.shuffle_over_epochs = shuffle_over_epochs
     factory.parallel_shard_iters = parallel_shard_iters

@@ -99,6 +99,8 @@ class JoinedWebdatasetFactory(BaseCoreDatasetFactory[Any]):
         join_index: Any,
         joiner: Union[Type[Any], Callable[..., Any]],
     ):
+        if not isinstance(training, bool):
+            raise TypeError(f"JoinedWebdatasetFactory: training must be True or False, got {training!r}")
         if isinstance(inner_datasets, Mapping):
             self.inner_dataset_keys: Optional[List[str]] = [str(k) for k in inner_datasets]
             inner = list(inner_datasets.values())
@@ -117,7 +119,7 @@ class JoinedWebdatasetFactory(BaseCoreDatasetFactory[Any]):
             raise TypeError(f"JoinedWebdatasetFactory: joiner must be a sample type or a callable, got {joiner!r}")
         self.__sample_type__ = joiner
         self.inner_datasets = inner
-        self.training = bool(training)
+        self.training = training
         self.worker_config = worker_config
         self.shuffle_over_epochs = shuffle_over_epochs
         self.parallel_shard_iters = parallel_shard_iters

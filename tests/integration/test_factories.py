@@ -103,6 +103,20 @@ def test_standard_and_generic_factories(mixed):
         er.StandardWebdatasetFactory(mixed, split_part="train", training=False, sample_type=er.TextSample)
 
 
+@pytest.mark.parametrize("training", ["no", 0, None])
+def test_training_must_be_a_bool(mixed, tmp_path, training):
+    """``training`` is refused unless a bool, naming the factory (``"no"`` was truthy: a training pass)."""
+    with pytest.raises(TypeError) as info:
+        er.StandardWebdatasetFactory(mixed, split_part="train", training=training, sample_type=er.TextSample, field_map={"text": "txt"})
+    assert str(info.value) == f"StandardWebdatasetFactory({mixed}): training must be True or False, got {training!r}"
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"idx": 0}\n')
+    er.CrudeJsonlDatasetFactory.prepare_dataset(path)
+    with pytest.raises(TypeError) as info:
+        er.CrudeJsonlDatasetFactory(path, training=training)
+    assert str(info.value) == f"CrudeJsonlDatasetFactory({path}): training must be True or False, got {training!r}"
+
+
 @er.edataclass
 class ScoredText(er.Sample):
     text: str

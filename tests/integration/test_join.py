@@ -151,6 +151,20 @@ def test_joined_factory_reads_energons_join_index(ray_session, data):
     ]
 
 
+def test_joined_factory_refuses_a_training_that_is_not_a_bool(data):
+    """``training="no"`` was truthy (a training pass): refused, as by the other factories."""
+    inner = [
+        er.StandardWebdatasetFactory(data[name], split_part="train", training=False, worker_config=WC, sample_type=er.TextSample,
+                                     field_map={"text": "txt"})
+        for name in ("primary", "secondary")
+    ]  # fmt: skip
+    from tests.integration.join_types import join_pair
+
+    with pytest.raises(TypeError) as info:
+        er.JoinedWebdatasetFactory(inner, training="no", worker_config=WC, join_index=data["root"] / "none.bin", joiner=join_pair)
+    assert str(info.value) == "JoinedWebdatasetFactory: training must be True or False, got 'no'"
+
+
 def test_training_join_covers_the_joined_rows_each_epoch(ray_session, data):
     """Training (shuffled, endless): every epoch of 10 samples is the 10 joined keys, each with its own text."""
     ds = er.get_train_dataset(_list_join(data, "train", "skip"), worker_config=WC, batch_size=1,
