@@ -10,6 +10,7 @@ decoded and built by Ray tasks exactly as for a dataset opened by path.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import typing
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -59,6 +60,7 @@ def _set_options(factory: Any, path: Any, *, split_part: str, training: bool, wo
     factory.parallel_shard_iters = parallel_shard_iters
     factory.max_samples_per_sequence = max_samples_per_sequence
     factory.subset = subset
+    _subset_ranges(factory)  # a bad subset is refused here, not when the dataset is planned
     factory.part_filter = part_filter
     factory.trusted = resolve_trust(trust_dataset_code)
     if not hasattr(factory, "subflavors"):
@@ -70,7 +72,7 @@ def plan_options(factory: Any, batch_size: Optional[int], drop_last: bool, shuff
     """The ``PlanOptions`` of a factory's ``build()``: its common arguments plus the batching ones."""
     from energon_ray.loader.dataset import PlanOptions
 
-    absolute, ratio = _subset_ranges(factory.subset)
+    absolute, ratio = _subset_ranges(factory)
     return PlanOptions(
         training=factory.training, repeat=factory.training, batch_size=batch_size, drop_last=drop_last,
         shuffle_buffer_size=shuffle_buffer_size if factory.training else None,
@@ -147,12 +149,37 @@ class BaseCoreDatasetFactory(Generic[T_sample], ABC):
         raise NotImplementedError(f"{type(self).__name__}.as_file_store: energon_ray has no FileStore")
 
 
-def _subset_ranges(subset: Any) -> Tuple[Optional[tuple], Optional[tuple]]:
-    """``(absolute_range, range)`` of Energon's ``DatasetSubset`` (or any object with those attributes)."""
+def _subset_ranges(factory: Any) -> Tuple[Optional[tuple], Optional[tuple]]:
+    """``(absolute_range, range)`` of a factory's ``subset``: Energon's ``DatasetSubset`` (or any
+    object with those attributes).
+
+    Raises:
+        DatasetConfigError: naming the factory and the value, if ``subset`` has neither attribute or
+            a bound is not a number (``range``: ratios; ``absolute_range``: sample indices, the end
+            may be None), as Energon's ``DatasetSubset`` holds them.
+    """
+    subset = factory.subset
     if subset is None:
         return None, None
+    file = f"{type(factory).__name__}({', '.join(str(p) for p in getattr(factory, 'paths', ()))})"
+    if not (hasattr(subset, "range") or hasattr(subset, "absolute_range")):
+        raise DatasetConfigError(f"{file}: subset must be Energon's DatasetSubset (range, absolute_range), got {subset!r}")
     absolute, ratio = getattr(subset, "absolute_range", None), getattr(subset, "range", None)
+    if absolute is not None and not (_pair(absolute) and _is_int(absolute[0]) and (absolute[1] is None or _is_int(absolute[1]))):
+        raise DatasetConfigError(f"{file}: subset absolute_range must be (start, end or None) sample indices, got {absolute!r}")
+    if ratio is not None and not (_pair(ratio) and all(isinstance(b, numbers.Real) and not isinstance(b, bool) for b in ratio)):
+        raise DatasetConfigError(
+            f"{file}: subset range must be (start, end) ratios from 0 to 1 (not the metadataset YAML's 'N%'), got {ratio!r}"
+        )
     return (tuple(absolute) if absolute is not None else None, tuple(ratio) if ratio is not None else None)
+
+
+def _pair(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == 2
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):

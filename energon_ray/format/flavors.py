@@ -194,7 +194,7 @@ class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample]):
 
         if self._len == 0:
             raise DatasetConfigError(f"{self.path}: the part_filter refuses 'json', so the dataset is empty")
-        absolute, ratio = _subset_ranges(self.subset)
+        absolute, ratio = _subset_ranges(self)
         options = PlanOptions(
             training=self.training, repeat=self.training, batch_size=batch_size,
             max_samples_per_sequence=self.max_samples_per_sequence, shuffle_over_epochs=self.shuffle_over_epochs,

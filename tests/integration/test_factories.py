@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -115,6 +116,38 @@ def test_training_must_be_a_bool(mixed, tmp_path, training):
     with pytest.raises(TypeError) as info:
         er.CrudeJsonlDatasetFactory(path, training=training)
     assert str(info.value) == f"CrudeJsonlDatasetFactory({path}): training must be True or False, got {training!r}"
+
+
+def test_subset_bounds_that_are_not_numbers_are_refused_naming_factory_and_value(mixed, tmp_path):
+    """A subset whose bounds are not numbers (``'a%'``: a bare TypeError when planned) or that is no
+    ``DatasetSubset`` (a dict: silently ignored) is refused at construction, naming the factory and the
+    value; numeric ranges keep working."""
+    import types
+
+    from megatron.energon.flavors.webdataset.structs import DatasetSubset
+
+    def make(subset):
+        return er.StandardWebdatasetFactory(
+            mixed, split_part="train", training=False, worker_config=_wc(), sample_type=er.TextSample,
+            field_map={"text": "txt"}, subset=subset,
+        )  # fmt: skip
+
+    file = f"StandardWebdatasetFactory({mixed})"
+    for subset, message in (
+        (DatasetSubset(range=("a%", "50%")), "subset range must be (start, end) ratios from 0 to 1 (not the metadataset YAML's 'N%'), got ('a%', '50%')"),
+        (types.SimpleNamespace(range=None, absolute_range=("x", None)), "subset absolute_range must be (start, end or None) sample indices, got ('x', None)"),
+        ({"range": ["0%", "50%"]}, "subset must be Energon's DatasetSubset (range, absolute_range), got {'range': ['0%', '50%']}"),
+    ):
+        with pytest.raises(er.DatasetConfigError) as info:
+            make(subset)
+        assert str(info.value) == f"{file}: {message}"
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"idx": 0}\n')
+    er.CrudeJsonlDatasetFactory.prepare_dataset(path)
+    with pytest.raises(er.DatasetConfigError, match=rf"^CrudeJsonlDatasetFactory\({re.escape(str(path))}\): subset range must be"):
+        er.CrudeJsonlDatasetFactory(path, training=False, subset=DatasetSubset(range=("a%", 1)))
+    assert [s.text for s in _read(make(DatasetSubset(range=(0, 0.5))))] == ["caption 0", "caption 1", "caption 2"]
+    assert [s.text for s in _read(make(DatasetSubset(absolute_range=(4, None))))] == ["caption 4", "caption 5"]
 
 
 @er.edataclass

@@ -165,6 +165,27 @@ def test_joined_factory_refuses_a_training_that_is_not_a_bool(data):
     assert str(info.value) == "JoinedWebdatasetFactory: training must be True or False, got 'no'"
 
 
+def test_joined_factory_refuses_a_subset_bound_that_is_not_a_number(data):
+    """A ``DatasetSubset`` bound like ``'a%'`` is refused naming the factory's paths and the value (a bare
+    TypeError when planned before)."""
+    from megatron.energon.flavors.webdataset.structs import DatasetSubset
+
+    from tests.integration.join_types import join_pair
+
+    inner = [
+        er.StandardWebdatasetFactory(data[name], split_part="train", training=False, worker_config=WC, sample_type=er.TextSample,
+                                     field_map={"text": "txt"})
+        for name in ("primary", "secondary")
+    ]  # fmt: skip
+    with pytest.raises(er.DatasetConfigError) as info:
+        er.JoinedWebdatasetFactory(inner, training=False, worker_config=WC, subset=DatasetSubset(range=("a%", 1)),
+                                   join_index=data["root"] / "none.bin", joiner=join_pair)  # fmt: skip
+    assert str(info.value) == (
+        f"JoinedWebdatasetFactory({data['primary']}, {data['secondary']}): subset range must be (start, end) ratios "
+        "from 0 to 1 (not the metadataset YAML's 'N%'), got ('a%', 1)"
+    )
+
+
 def test_training_join_covers_the_joined_rows_each_epoch(ray_session, data):
     """Training (shuffled, endless): every epoch of 10 samples is the 10 joined keys, each with its own text."""
     ds = er.get_train_dataset(_list_join(data, "train", "skip"), worker_config=WC, batch_size=1,
