@@ -48,8 +48,7 @@ def _set_options(factory: Any, path: Any, *, split_part: str, training: bool, wo
     Raises:
         TypeError: ``training`` is not a bool.
     """
-    if not isinstance(training, bool):
-        raise TypeError(f"{type(factory).__name__}({path}): training must be True or False, got {training!r}")
+    check_training(f"{type(factory).__name__}({path})", training)
     factory.path = path
     factory.paths = [path]
     factory.name = str(path)
@@ -66,6 +65,16 @@ def _set_options(factory: Any, path: Any, *, split_part: str, training: bool, wo
     if not hasattr(factory, "subflavors"):
         factory.subflavors = {}
 
+
+
+def check_training(owner: str, training: Any) -> None:
+    """A factory's ``training`` must be a bool (``"no"`` read with ``bool()`` was a training pass).
+
+    Raises:
+        TypeError: naming ``owner`` (the factory) and the value.
+    """
+    if not isinstance(training, bool):
+        raise TypeError(f"{owner}: training must be True or False, got {training!r}")
 
 
 def plan_options(factory: Any, batch_size: Optional[int], drop_last: bool, shuffle_buffer_size: Optional[int]) -> Any:

@@ -15,7 +15,7 @@ import numpy as np
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
-from energon_ray.format.factories import BaseCoreDatasetFactory, BaseWebdatasetFactory, _subset_ranges, plan_options
+from energon_ray.format.factories import BaseCoreDatasetFactory, BaseWebdatasetFactory, _subset_ranges, check_training, plan_options
 from energon_ray.format.join_index import MISSING
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.samples import Sample
@@ -99,8 +99,7 @@ class JoinedWebdatasetFactory(BaseCoreDatasetFactory[Any]):
         join_index: Any,
         joiner: Union[Type[Any], Callable[..., Any]],
     ):
-        if not isinstance(training, bool):
-            raise TypeError(f"JoinedWebdatasetFactory: training must be True or False, got {training!r}")
+        check_training("JoinedWebdatasetFactory", training)
         if isinstance(inner_datasets, Mapping):
             self.inner_dataset_keys: Optional[List[str]] = [str(k) for k in inner_datasets]
             inner = list(inner_datasets.values())

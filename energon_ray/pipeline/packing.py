@@ -97,12 +97,12 @@ class Packer:
                 raise FatalSampleError(f"{what}: returned an empty group")
             entries = []
             for sample in group:
-                if id(sample) not in by_id and item_key(sample) is None:
-                    raise FatalSampleError(
-                        f"{what}: returned {_short(sample)} ({type(sample).__name__}), which is not a sample from "
-                        "the buffer (return the samples themselves, not their indexes)"
-                    )
                 if id(sample) not in by_id:
+                    if item_key(sample) is None:  # an index, a string: no sample at all
+                        raise FatalSampleError(
+                            f"{what}: returned {_short(sample)} ({type(sample).__name__}), which is not a sample from "
+                            "the buffer (return the samples themselves, not their indexes)"
+                        )
                     raise FatalSampleError(f"{what}: returned sample {_key(sample)!r}, which is not from the buffer")
                 if id(sample) in seen:
                     raise FatalSampleError(f"{what}: returned sample {_key(sample)!r} twice")
