@@ -10,7 +10,6 @@ decoded and built by Ray tasks exactly as for a dataset opened by path.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import typing
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -19,9 +18,10 @@ from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Tuple
 import braceexpand
 
 from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder
-from energon_ray.errors import DatasetConfigError, resolve_trust
+from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_yaml import DatasetSpec, _check_field_map, _load_function
+from energon_ray.format.factory_options import plan_options, set_options
 from energon_ray.format.info import meta_dir, write_info
 from energon_ray.format.indexer import index_dataset
 from energon_ray.format.media_index import MediaFilter, write_media_metadata
@@ -38,57 +38,6 @@ DEFAULT_DECODER = SampleDecoder()
 _FACTORY_CONFIG = "<factory>"
 
 
-
-def _set_options(factory: Any, path: Any, *, split_part: str, training: bool, worker_config: Optional[WorkerConfig],
-                 shuffle_over_epochs: Optional[int], parallel_shard_iters: Optional[int],
-                 max_samples_per_sequence: Optional[int], subset: Any, part_filter: Optional[Callable[[str], bool]],
-                 trust_dataset_code: Optional[bool]) -> None:  # fmt: skip
-    """The attributes every factory keeps from Energon's common constructor arguments.
-
-    Raises:
-        TypeError: ``training`` is not a bool.
-    """
-    check_training(f"{type(factory).__name__}({path})", training)
-    factory.path = path
-    factory.paths = [path]
-    factory.name = str(path)
-    factory.split_part = split_part
-    factory.training = training
-    factory.worker_config = worker_config if worker_config is not None else WorkerConfig.default_worker_config()
-    factory.shuffle_over_epochs = shuffle_over_epochs
-    factory.parallel_shard_iters = parallel_shard_iters
-    factory.max_samples_per_sequence = max_samples_per_sequence
-    factory.subset = subset
-    _subset_ranges(factory)  # a bad subset is refused here, not when the dataset is planned
-    factory.part_filter = part_filter
-    factory.trusted = resolve_trust(trust_dataset_code)
-    if not hasattr(factory, "subflavors"):
-        factory.subflavors = {}
-
-
-
-def check_training(owner: str, training: Any) -> None:
-    """A factory's ``training`` must be a bool (``"no"`` read with ``bool()`` was a training pass).
-
-    Raises:
-        TypeError: naming ``owner`` (the factory) and the value.
-    """
-    if not isinstance(training, bool):
-        raise TypeError(f"{owner}: training must be True or False, got {training!r}")
-
-
-def plan_options(factory: Any, batch_size: Optional[int], drop_last: bool, shuffle_buffer_size: Optional[int]) -> Any:
-    """The ``PlanOptions`` of a factory's ``build()``: its common arguments plus the batching ones."""
-    from energon_ray.loader.dataset import PlanOptions
-
-    absolute, ratio = _subset_ranges(factory)
-    return PlanOptions(
-        training=factory.training, repeat=factory.training, batch_size=batch_size, drop_last=drop_last,
-        shuffle_buffer_size=shuffle_buffer_size if factory.training else None,
-        max_samples_per_sequence=factory.max_samples_per_sequence,
-        shuffle_over_epochs=factory.shuffle_over_epochs, parallel_shard_iters=factory.parallel_shard_iters,
-        subset_absolute=absolute, subset_ratio=ratio,
-    )  # fmt: skip
 
 class _CrudePassThrough(DefaultTaskEncoder):
     """The task encoder of a built crude factory without one: crude samples come out as they are read."""
@@ -158,39 +107,6 @@ class BaseCoreDatasetFactory(Generic[T_sample], ABC):
         raise NotImplementedError(f"{type(self).__name__}.as_file_store: energon_ray has no FileStore")
 
 
-def _subset_ranges(factory: Any) -> Tuple[Optional[tuple], Optional[tuple]]:
-    """``(absolute_range, range)`` of a factory's ``subset``: Energon's ``DatasetSubset`` (or any
-    object with those attributes).
-
-    Raises:
-        DatasetConfigError: naming the factory and the value, if ``subset`` has neither attribute or
-            a bound is not a number (``range``: ratios; ``absolute_range``: sample indices, the end
-            may be None), as Energon's ``DatasetSubset`` holds them.
-    """
-    subset = factory.subset
-    if subset is None:
-        return None, None
-    file = f"{type(factory).__name__}({', '.join(str(p) for p in getattr(factory, 'paths', ()))})"
-    if not (hasattr(subset, "range") or hasattr(subset, "absolute_range")):
-        raise DatasetConfigError(f"{file}: subset must be Energon's DatasetSubset (range, absolute_range), got {subset!r}")
-    absolute, ratio = getattr(subset, "absolute_range", None), getattr(subset, "range", None)
-    if absolute is not None and not (_pair(absolute) and _is_int(absolute[0]) and (absolute[1] is None or _is_int(absolute[1]))):
-        raise DatasetConfigError(f"{file}: subset absolute_range must be (start, end or None) sample indices, got {absolute!r}")
-    if ratio is not None and not (_pair(ratio) and all(isinstance(b, numbers.Real) and not isinstance(b, bool) for b in ratio)):
-        raise DatasetConfigError(
-            f"{file}: subset range must be (start, end) ratios from 0 to 1 (not the metadataset YAML's 'N%'), got {ratio!r}"
-        )
-    return (tuple(absolute) if absolute is not None else None, tuple(ratio) if ratio is not None else None)
-
-
-def _pair(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and len(value) == 2
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
     """One split part of a prepared WebDataset, with Energon's constructor arguments.
 
@@ -229,7 +145,7 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
     ):
         if self.__sample_type__ is None:
             raise DatasetConfigError(f"{type(self).__name__}: set __sample_type__ (or declare it as {type(self).__name__}[MySample])")
-        _set_options(
+        set_options(
             self, as_path(path) if "://" in str(path) else Path(str(path)), split_part=split_part, training=training,
             worker_config=worker_config, shuffle_over_epochs=shuffle_over_epochs, parallel_shard_iters=parallel_shard_iters,
             max_samples_per_sequence=max_samples_per_sequence, subset=subset, part_filter=part_filter,

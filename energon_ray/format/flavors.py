@@ -13,7 +13,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
-from energon_ray.format.factories import BaseCoreDatasetFactory, DefaultDecoderWebdatasetFactory, _set_options, _subset_ranges
+from energon_ray.format.factories import BaseCoreDatasetFactory, DefaultDecoderWebdatasetFactory
+from energon_ray.format.factory_options import set_options, subset_ranges
 from energon_ray.format.jsonl import prepare_jsonl
 from energon_ray.samples import (
     CaptioningSample, CrudeSample, ImageClassificationSample, ImageSample, InterleavedSample, MultiChoiceVQASample,
@@ -167,7 +168,7 @@ class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample]):
         split_part: str = "train",
         trust_dataset_code: Optional[bool] = None,
     ):
-        _set_options(
+        set_options(
             self, Path(str(path)), split_part=split_part, training=training, worker_config=worker_config,
             shuffle_over_epochs=shuffle_over_epochs, parallel_shard_iters=parallel_shard_iters,
             max_samples_per_sequence=max_samples_per_sequence, subset=subset, part_filter=part_filter,
@@ -194,7 +195,7 @@ class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample]):
 
         if self._len == 0:
             raise DatasetConfigError(f"{self.path}: the part_filter refuses 'json', so the dataset is empty")
-        absolute, ratio = _subset_ranges(self)
+        absolute, ratio = subset_ranges(self)
         options = PlanOptions(
             training=self.training, repeat=self.training, batch_size=batch_size,
             max_samples_per_sequence=self.max_samples_per_sequence, shuffle_over_epochs=self.shuffle_over_epochs,

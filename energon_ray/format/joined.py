@@ -15,7 +15,8 @@ import numpy as np
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
-from energon_ray.format.factories import BaseCoreDatasetFactory, BaseWebdatasetFactory, _subset_ranges, check_training, plan_options
+from energon_ray.format.factories import BaseCoreDatasetFactory, BaseWebdatasetFactory
+from energon_ray.format.factory_options import check_training, plan_options, subset_ranges
 from energon_ray.format.join_index import MISSING
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.samples import Sample
@@ -126,7 +127,7 @@ class JoinedWebdatasetFactory(BaseCoreDatasetFactory[Any]):
         self.subset = subset
         self.join_index = join_index
         self.paths = [ds.path for ds in inner]
-        _subset_ranges(self)  # a bad subset is refused here, not when the dataset is planned
+        subset_ranges(self)  # a bad subset is refused here, not when the dataset is planned
         self.subflavors: Dict[str, Any] = {}
         self.shards = list(zip(*(ds.shards for ds in inner)))
         self._table = read_join_index(join_index, [ds.prepared for ds in inner])
