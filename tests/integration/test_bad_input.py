@@ -149,6 +149,14 @@ def test_a_pass_that_reads_samples_and_gives_no_batch_says_so(good, caplog):
     assert len(list(_val(good))) == 6 and "gave no batch" not in caplog.text
 
 
+def test_the_no_batch_warning_is_said_once_per_loader(good, caplog):
+    """Two empty passes of one loader: one warning (an endless loader over such data would repeat it every pass)."""
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    loader = _val(good, task_encoder=SkipsAll())
+    assert list(loader) == [] and list(loader) == [] and loader.stats.samples_read == 40
+    assert len([r for r in caplog.records if "gave no batch" in r.getMessage()]) == 1
+
+
 class AlwaysFail(er.DefaultTaskEncoder):
     def encode_sample(self, sample):
         raise ValueError("broken augmentation")
