@@ -4,9 +4,9 @@ that hold the loader's state, so a restarted worker group trains on exactly the 
     python jobs/train_captioning.py [--workdir DIR] [--name NAME] [--resume | --fresh] [--steps 24] [--workers 2] [--fail-at STEP]
 
 Each train worker builds its rank's loader (rank and world size come from the train context),
-moves batches to its device, and reports ``{loss}`` each step; every ``--checkpoint-every`` steps the
-checkpoint folder gets the model (rank 0) and every rank's loader state
-(``er.save_loader_state``). ``--fail-at K`` kills train worker 1 once at step K
+moves batches to its device and trains; every ``--checkpoint-every`` steps it reports ``{loss, step}``
+with a checkpoint folder that holds the model (rank 0) and every rank's loader state
+(``er.save_loader_state``), and it reports the last step's loss. ``--fail-at K`` kills train worker 1 once at step K
 (``FailureConfig(max_failures=1)`` restarts the group from the last checkpoint). ``--log-dir`` (default
 ``WORKDIR/logs``) records the loss and the keys every rank trained on at every step. The model regresses each image's mean colour from a
 64x64 crop, so its loss goes down within a few dozen steps.
@@ -92,6 +92,8 @@ def train_loop(config: dict) -> None:
             marker.write_text("1")
             os._exit(1)  # a worker process dies (no exception, no cleanup)
         metrics = {"loss": float(loss), "step": step}
+        # ray.train.report is a sync point: Ray Train takes one report per worker every 2 s (its health-check
+        # poll), so a report per step would hold every step that long; report with checkpoints and at the end
         if (step + 1) % config["checkpoint_every"] == 0:
             with tempfile.TemporaryDirectory() as folder:
                 if rank == 0:
@@ -99,7 +101,7 @@ def train_loop(config: dict) -> None:
                                os.path.join(folder, "model.pt"))  # fmt: skip
                 er.save_loader_state(loader, folder)
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
-        else:
+        elif step == config["steps"] - 1:
             ray.train.report(metrics)
     loader.close()
 

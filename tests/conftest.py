@@ -9,6 +9,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Ray Train's controller polls its workers (reports, deaths, the end of a run) every 2 s by default;
+# the TorchTrainer tests train a few steps each, and would mostly wait for that poll.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 import pytest  # noqa: E402
 

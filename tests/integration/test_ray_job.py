@@ -56,7 +56,7 @@ def _stop_head(temp: str) -> None:
             proc.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=15)
+    _, alive = psutil.wait_procs(procs, timeout=3)  # the head's gcs_server and a daemon wait out any grace: kill them
     for proc in alive:
         try:
             proc.kill()

@@ -1,14 +1,14 @@
 """``jobs/train_captioning.py`` with a real ``TorchTrainer`` (2 train workers on the session's 2-CPU
 Ray, as the job runs on a Ray that is already up): the loss goes down, and a train worker that dies once resumes from the last
 checkpoint on exactly the batches an uninterrupted run trains on (each rank's loader, built here
-with that rank's ``WorkerConfig``, tells which: batches do not depend on the training)."""
+with that rank's ``WorkerConfig``, tells which: batches do not depend on the training); a second run into
+the same folder continues only with ``--resume``. One test: every ``fit()`` starts a worker group (seconds)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,14 +24,6 @@ def _job():
     return job
 
 
-def _run(workdir: Path, log_dir: Path, capsys, monkeypatch, *extra: str) -> str:
-    log_dir.mkdir(parents=True)
-    argv = [str(JOB), "--workdir", str(workdir), "--steps", "10", "--checkpoint-every", "3", "--log-dir", str(log_dir), *extra]
-    monkeypatch.setattr(sys, "argv", argv)
-    _job().main()
-    return capsys.readouterr().out
-
-
 def _keys(log_dir: Path) -> dict:
     """``(rank, step) -> keys`` as finally trained (a step done again after a restart overwrites)."""
     out = {}
@@ -42,7 +34,7 @@ def _keys(log_dir: Path) -> dict:
     return out
 
 
-def _expected_keys(workdir: Path) -> dict:
+def _expected_keys(workdir: Path, steps: int) -> dict:
     """``(rank, step) -> keys`` of an uninterrupted run: each rank's loader, as the job builds it."""
     import energon_ray as er
 
@@ -52,49 +44,45 @@ def _expected_keys(workdir: Path) -> dict:
         config = {"path": str(workdir / "dataset"), "batch_size": 8}
         loader = job.build_loader(config, er.WorkerConfig(rank=rank, world_size=2, num_workers=2))
         batches = iter(loader)
-        for step in range(10):
+        for step in range(steps):
             out[(rank, step)] = list(next(batches).__keys__)
         loader.close()
     return out
 
 
-def test_torch_trainer_learns_and_a_dead_worker_resumes_on_the_same_batches(tmp_path, ray_session, capsys, monkeypatch):
-    out = _run(tmp_path / "b", tmp_path / "logs_b", capsys, monkeypatch, "--fail-at", "6")  # last checkpoint before: step 5
+def test_torch_trainer_learns_a_dead_worker_resumes_and_a_second_run_resumes_only_with_resume(tmp_path, ray_session, capsys):
+    """One run of 10 steps whose worker 1 dies at step 6; then the same run again stops with a usage
+    error, and --resume trains the steps after its last checkpoint (step 8), on the batches an
+    uninterrupted run takes there, and prints which steps it trained."""
+    job = _job()
+    workdir = tmp_path / "w"
+    logs = workdir / "logs"
+    argv = ["--workdir", str(workdir), "--checkpoint-every", "3"]  # checkpoints after steps 2, 5, 8
+    job.main([*argv, "--steps", "10", "--fail-at", "6"])
+    out = capsys.readouterr().out
     first, last = map(float, re.search(r"loss: first 3 steps ([\d.]+), last 3 steps ([\d.]+)", out).groups())
     assert last < 0.5 * first, out
-    assert (tmp_path / "logs_b" / "failed_once").exists()
-    got = _keys(tmp_path / "logs_b")
-    expected = _expected_keys(tmp_path / "b")
+    assert "trained steps 0-9 (10 steps) on 2 workers" in out, out
+    assert (logs / "failed_once").exists()
+    got = _keys(logs)
+    expected = _expected_keys(workdir, 12)
     assert sorted(got) == [(r, s) for r in (0, 1) for s in range(10)]
-    ranks = [set(k for s in range(10) for k in expected[(r, s)]) for r in (0, 1)]
+    ranks = [set(k for s in range(12) for k in expected[(r, s)]) for r in (0, 1)]
     assert not ranks[0] & ranks[1]  # each rank its own stream
-    assert {key: keys for key, (keys, _) in got.items()} == expected
+    assert {key: keys for key, (keys, _) in got.items()} == {key: expected[key] for key in got}
     # resumed after the checkpoint of step 5, or of step 2 if Ray Train had not registered that one yet
     resumed = {step for (rank, step), (_, again) in got.items() if again}
     assert resumed in (set(range(6, 10)), set(range(3, 10)))
 
-
-def test_a_second_run_resumes_only_with_resume_and_counts_the_steps_it_trains(tmp_path, ray_session, capsys, monkeypatch):
-    """Re-running into a work dir with a checkpoint stops with a usage error; --resume trains the steps after the
-    checkpoint, on the batches an uninterrupted run takes there, and prints which steps it trained."""
-    job = _job()
-    argv = ["--workdir", str(tmp_path / "w"), "--workers", "1", "--samples", "80", "--checkpoint-every", "2"]
-    job.main([*argv, "--steps", "4"])
-    assert "trained steps 0-3 (4 steps) on 1 workers" in capsys.readouterr().out
     with pytest.raises(SystemExit) as refused:
-        job.main([*argv, "--steps", "6"])
+        job.main([*argv, "--steps", "12"])
     assert refused.value.code == 2
-    assert "already holds run 'train_captioning', with a checkpoint at step 3: pass --resume" in capsys.readouterr().err
-    job.main([*argv, "--steps", "6", "--resume"])
+    assert "already holds run 'train_captioning', with a checkpoint at step 8: pass --resume" in capsys.readouterr().err
+    job.main([*argv, "--steps", "12", "--resume"])
     out = capsys.readouterr().out
-    assert "resuming run 'train_captioning' from its checkpoint at step 3 (" in out, out
-    assert "trained steps 4-5 (2 steps, resumed from the checkpoint at step 3) on 1 workers" in out, out
-    import energon_ray as er
-
-    loader = job.build_loader({"path": str(tmp_path / "w" / "dataset"), "batch_size": 8}, er.WorkerConfig(rank=0, world_size=1, num_workers=2))
-    batches = iter(loader)
-    expected = [list(next(batches).__keys__) for _ in range(6)]
-    loader.close()
-    logged = [json.loads(line) for line in (tmp_path / "w" / "logs" / "keys_rank0.jsonl").read_text().splitlines()]
-    assert [(e["step"], e["resumed"]) for e in logged] == [(0, False), (1, False), (2, False), (3, False), (4, True), (5, True)]
-    assert [e["keys"] for e in logged] == expected
+    assert "resuming run 'train_captioning' from its checkpoint at step 8 (" in out, out
+    assert "trained steps 9-11 (3 steps, resumed from the checkpoint at step 8) on 2 workers" in out, out
+    got = _keys(logs)
+    assert sorted(got) == [(r, s) for r in (0, 1) for s in range(12)]
+    assert {key: keys for key, (keys, _) in got.items()} == expected
+    assert {step for (rank, step), (_, again) in got.items() if again} == resumed | {9, 10, 11}
