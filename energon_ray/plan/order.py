@@ -33,8 +33,9 @@ def sequential_order(offsets: Sequence[int]) -> np.ndarray:
     return np.arange(offsets[0], offsets[-1], dtype=np.int64)
 
 
-def interleave(lanes: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    """A uniformly random merge of ``lanes`` that keeps each lane's own order.
+def interleave(lanes: list[np.ndarray], rng: Optional[np.random.Generator]) -> np.ndarray:
+    """A uniformly random merge of ``lanes`` that keeps each lane's own order (``rng`` may be
+    ``None`` where at most one lane holds samples: nothing is drawn).
 
     Example:
         >>> out = interleave([np.arange(3), np.arange(10, 12)], np.random.default_rng(0))
@@ -46,6 +47,8 @@ def interleave(lanes: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
         return np.empty(0, dtype=np.int64)
     if len(lanes) == 1:
         return lanes[0].copy()
+    if rng is None:
+        raise ValueError(f"interleave: {len(lanes)} lanes hold samples, so it draws, and needs a generator")
     labels = np.repeat(np.arange(len(lanes)), [len(lane) for lane in lanes])
     rng.shuffle(labels)
     out = np.empty(len(labels), dtype=np.int64)
@@ -105,6 +108,9 @@ def train_epoch_order(
         shuffle_buffer_size: size of the sample shuffle buffer (``None``/``<= 1``: off).
         excluded: sorted global indices to drop (split-file sample excludes).
     """
+    # Each step's generator is made only where it draws (making one costs ~20 us: a worker with one
+    # or two samples per epoch would pay that per sample); a step that draws nothing gives the same
+    # result with any generator, so the order is the same as with all three made.
     slices = slice_ranges(offsets)
     if not slices:
         return np.empty(0, dtype=np.int64)
@@ -112,22 +118,43 @@ def train_epoch_order(
         order = np.arange(len(slices))
         lanes_count = 1
     else:
-        rng = epoch_rng(seed, epoch, _SLICES)
-        if shuffle_over_epochs == -1:
-            order = rng.integers(0, len(slices), size=len(slices))
+        count = len(slices) if shuffle_over_epochs == -1 else len(slices) * max(1, shuffle_over_epochs)
+        if len(slices) == 1:  # every draw picks slice 0
+            order = np.zeros(count, dtype=np.int64)
         else:
-            order = rng.permutation(np.tile(np.arange(len(slices)), max(1, shuffle_over_epochs)))
+            rng = epoch_rng(seed, epoch, _SLICES)
+            if shuffle_over_epochs == -1:
+                order = rng.integers(0, len(slices), size=len(slices))
+            else:
+                order = rng.permutation(np.tile(np.arange(len(slices)), max(1, shuffle_over_epochs)))
         lanes_count = max(1, min(parallel_shard_iters, len(order)))
     lanes = [
         np.concatenate([slices[j] for j in order[lane::lanes_count]]) if len(order[lane::lanes_count]) else np.empty(0, np.int64)
         for lane in range(lanes_count)
     ]
-    stream = interleave(lanes, epoch_rng(seed, epoch, _INTERLEAVE))
+    if sum(1 for lane in lanes if len(lane)) > 1:
+        stream = interleave(lanes, epoch_rng(seed, epoch, _INTERLEAVE))
+    else:
+        stream = interleave(lanes, None)
     if excluded is not None and len(excluded):
         stream = stream[~np.isin(stream, excluded)]
-    if shuffle_buffer_size and shuffle_buffer_size > 1:
+    if shuffle_buffer_size and shuffle_buffer_size > 1 and len(stream) > 1:
         stream = shuffle_buffer(stream, shuffle_buffer_size, epoch_rng(seed, epoch, _BUFFER))
     return stream
+
+
+def fixed_epoch(offsets: Sequence[int], shuffle_over_epochs: Optional[int] = 1, shuffle_buffer_size: Optional[int] = None) -> bool:
+    """Whether every training epoch of these slices is the same sequence (so one can be repeated):
+    one slice of at most one sample, or one slice read in one lane without a shuffle buffer.
+
+    Example:
+        >>> fixed_epoch((4, 5), shuffle_buffer_size=100), fixed_epoch((4, 6), shuffle_buffer_size=100), fixed_epoch((4, 6))
+        (True, False, True)
+    """
+    if len(offsets) != 2:
+        return len(offsets) < 2
+    one_lane = shuffle_over_epochs in (None, 1, -1) and not (shuffle_buffer_size and shuffle_buffer_size > 1)
+    return offsets[1] - offsets[0] <= 1 or one_lane
 
 
 def val_order(offsets: Sequence[int], excluded: Optional[np.ndarray] = None) -> np.ndarray:

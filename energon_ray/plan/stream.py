@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from energon_ray.plan.order import train_epoch_order, val_order
+from energon_ray.plan.order import fixed_epoch, train_epoch_order, val_order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,8 @@ class WorkerStream:
         self._excluded = np.asarray(config.excluded, dtype=np.int64)
         self._epoch_cached = lru_cache(maxsize=2)(self._compute_epoch)
         self.epoch_length = len(self.epoch(0))
+        #: every epoch is epoch 0 again (validation; a training worker with one sample, or one unshuffled slice)
+        self._fixed = not config.training or fixed_epoch(config.offsets, config.shuffle_over_epochs, config.shuffle_buffer_size)
 
     @property
     def prefix_length(self) -> int:
@@ -148,6 +150,8 @@ class WorkerStream:
     def _epochs(self, start: int, stop: int) -> np.ndarray:
         if stop <= start or self.epoch_length == 0:
             return np.empty(0, dtype=np.int64)
+        if self._fixed and stop - start > self.epoch_length:  # many epochs of one or two samples: no per-epoch loop
+            return self.epoch(0)[np.arange(start, stop) % self.epoch_length]
         parts = []
         pos = start
         while pos < stop:

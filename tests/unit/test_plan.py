@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from energon_ray.plan.order import interleave, shuffle_buffer, train_epoch_order, val_order
+from energon_ray.plan.order import fixed_epoch, interleave, shuffle_buffer, train_epoch_order, val_order
 from energon_ray.plan.sharder import bit_reversal_order, compute_subset, global_worker_counts, slice_offsets, worker_ranges
 from energon_ray.plan.stream import SegmentLayout, SegmentPlan, StreamConfig, WorkerStream
 from energon_ray.worker import WorkerConfig
@@ -100,6 +102,41 @@ def _stream(repeat: bool, training: bool = True, offsets=(0, 6, 10)) -> WorkerSt
     return WorkerStream(
         StreamConfig(worker=0, global_worker=0, seed=7, offsets=offsets, training=training, repeat=repeat)
     )
+
+
+@pytest.mark.parametrize(
+    "offsets, options, expected",
+    [
+        ((0, 3, 7, 8, 12), dict(seed=5, epoch=0, shuffle_buffer_size=4), [3, 4, 8, 9, 0, 10, 7, 5, 2, 11, 1, 6]),
+        ((10, 11), dict(seed=9, epoch=3, shuffle_buffer_size=100), [10]),
+        ((10, 12), dict(seed=9, epoch=3, shuffle_buffer_size=100), [11, 10]),
+        ((0, 2, 4, 6), dict(seed=1, epoch=2, shuffle_over_epochs=-1, parallel_shard_iters=2), [2, 4, 3, 5, 2, 3]),
+        ((0, 5), dict(seed=2, epoch=1, shuffle_over_epochs=2), [0, 0, 1, 1, 2, 3, 4, 2, 3, 4]),
+        ((0, 4, 8), dict(seed=3, epoch=7, shuffle_over_epochs=None, shuffle_buffer_size=3, excluded=np.array([5])), [0, 1, 4, 2, 3, 7, 6]),
+    ],
+)
+def test_train_epoch_orders_stay_what_saved_states_were_made_with(offsets, options, expected):
+    """A saved state names stream positions: the order of a seed's epochs must never change (these
+    were computed before generators were made only for the steps that draw)."""
+    assert train_epoch_order(offsets, **options).tolist() == expected
+
+
+def test_a_worker_with_one_sample_per_epoch_plans_many_positions_from_one_epoch():
+    """A blend member with one or two samples on this rank (many ranks, a small dataset) has an epoch
+    per sample or two: its positions are epoch 0 repeated where every epoch is the same, not an
+    epoch's order (three seeded generators) computed per position in the training process."""
+    one = WorkerStream(StreamConfig(worker=0, global_worker=3, seed=11, offsets=(7, 8), training=True, repeat=True, shuffle_buffer_size=100))
+    assert one.samples(5, 10_005).tolist() == [7] * 10_000
+    assert one._epoch_cached.cache_info().misses == 1
+    config = StreamConfig(worker=0, global_worker=3, seed=11, offsets=(7, 9), training=True, repeat=True)
+    two = WorkerStream(config)  # one slice, one lane, no buffer: every epoch is [7, 8]
+    assert two.samples(1, 8).tolist() == [8, 7, 8, 7, 8, 7, 8] and two._epoch_cached.cache_info().misses == 1
+    shuffled = WorkerStream(dataclasses.replace(config, shuffle_buffer_size=100))  # two samples, shuffled per epoch
+    per_epoch = np.concatenate([train_epoch_order((7, 9), seed=11, epoch=e, shuffle_buffer_size=100) for e in range(50)])
+    assert shuffled.samples(0, 100).tolist() == per_epoch.tolist() and sorted(set(per_epoch[::2].tolist())) == [7, 8]
+    assert [fixed_epoch(o, k, b) for o, k, b in [((7, 8), 3, 100), ((7, 9), 1, None), ((7, 9), 2, None), ((7, 9), 1, 2), ((7, 8, 9), 1, None)]] == [
+        True, True, False, False, False
+    ]  # fmt: skip
 
 
 def test_stream_positions_span_epochs():
