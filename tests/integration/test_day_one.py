@@ -365,11 +365,11 @@ RESTART_SCRIPT = textwrap.dedent(
         ds = er.get_val_dataset(sys.argv[1], split_part="train", batch_size=4, worker_config=wc)
         return [key for batch in er.get_loader(ds, executor=executor) for key in batch.__key__]
 
-    before = {executor: keys(executor) for executor in ("ray_data", "tasks")}
+    before = keys("tasks")
     first = ray_env.connected()
     ray.shutdown()
     after = {executor: keys(executor) for executor in ("ray_data", "tasks")}
-    print(len(before["tasks"]), before == after, before["ray_data"] == before["tasks"])
+    print(len(before), after["tasks"] == before, after["ray_data"] == before)
     print(ray_env.connected() != first, ray_env._warmed == ray_env.connected())
     """
 )
@@ -379,7 +379,7 @@ def test_a_process_that_restarts_ray_keeps_loading(ds, tmp_path):
     """A notebook's `ray.shutdown()` and a new loader: the new private Ray gets its own feeder actor
     and warm-up (both were kept per job id, which a fresh cluster gives again: the Ray Data executor
     then called the old cluster's actor, "Can't find actor … from a different cluster"), and both
-    executors give the batches they gave before."""
+    executors give the batches the first Ray gave."""
     (tmp_path / "restart.py").write_text(RESTART_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_DATA_", "RAY_ADDRESS"))}
     env["PYTHONPATH"] = str(REPO)
