@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib
 
 import pytest
 
@@ -21,7 +22,7 @@ def _frozen_heap():
     fixtures) is frozen for the test: those collections skip it, here and in the forked workers.
     (Energon unfreezes when a loader iterated in this process ends; later forks of that test
     collect in full again.) Unfrozen after the test, so nothing stays uncollectable."""
-    import megatron.energon  # noqa: F401  (imported first, so that its objects are frozen too)
+    importlib.import_module("megatron.energon")  # imported first, so that its objects are frozen too
 
     gc.collect()
     gc.freeze()
