@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import deque
@@ -59,10 +60,29 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     if not verbose():
         auth_log.setLevel(logging.ERROR)
     try:
-        ray.init(address="local", _system_config=system, **init_kwargs)
+        with _sigint_heard():
+            ray.init(address="local", _system_config=system, **init_kwargs)
     finally:
         auth_log.setLevel(level)
     _private.add(connected())
+
+
+@contextlib.contextmanager
+def _sigint_heard():
+    """SIGINT at Python's default while a private Ray starts: an ignored SIGINT (``deaf_to_cancel``
+    around a local block in this process, a kernel's setting) is inherited by the Ray processes it
+    spawns, and through the raylet by every worker, where ``ray.cancel`` of any task then did nothing."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 #: the connections (``connected()``) of the private local Rays ``ensure_ray`` started: no autoscaler

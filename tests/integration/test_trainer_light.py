@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 
 import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
@@ -809,3 +812,43 @@ def test_a_sample_blends_batches_are_pinned_in_the_pin_thread_one_per_stream_ahe
     # One worker stream: groups of 1, 4, 4, 4 and 3 batches (steps 0 | 1-4 | 5-8 | 9-12 | 13-15).
     late = [i for i in range(16) if threads[i] != "energon_ray_pin_0" or not before[i]]
     assert set(late) <= ({0, 1, 2, 3} if workers == 2 else {0, 1}), (late, threads, before)
+
+
+_DEAF_START = """
+import os, pathlib, sys, tempfile, time
+import ray
+from energon_ray.ray_env import deaf_to_cancel, ensure_ray
+deaf_to_cancel(lambda: ensure_ray(num_cpus=1, log_to_driver=False))()  # as a local block in the driver would
+def work(folder):
+    p = pathlib.Path(folder)
+    (p / "started").touch()
+    try:
+        time.sleep(4)
+    except KeyboardInterrupt:
+        (p / "interrupted").touch()
+        raise
+    (p / "finished").touch()
+d = tempfile.mkdtemp()
+ref = ray.remote(num_cpus=1)(work).remote(d)
+deadline = time.monotonic() + 60
+while not os.path.exists(os.path.join(d, "started")) and time.monotonic() < deadline:
+    time.sleep(0.02)
+ray.cancel(ref)
+deadline = time.monotonic() + 10
+while not {"finished", "interrupted"} & set(os.listdir(d)) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(sorted(os.listdir(d)))
+"""
+
+
+def test_a_private_ray_started_while_sigint_is_ignored_keeps_its_tasks_cancellable(tmp_path):
+    """A private Ray started while the driver ignores SIGINT (inside ``deaf_to_cancel``, as a local
+    block runs, or in a Jupyter kernel) gave the ignored SIGINT to its raylet and so to every worker:
+    ``ray.cancel`` of a plain task did nothing (the whole suite's cancel test failed in clean clones)."""
+    script = tmp_path / "deaf_start.py"
+    script.write_text(_DEAF_START)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "['interrupted', 'started']", proc.stdout[-2000:]
