@@ -132,10 +132,8 @@ def train_epoch_order(
         np.concatenate([slices[j] for j in order[lane::lanes_count]]) if len(order[lane::lanes_count]) else np.empty(0, np.int64)
         for lane in range(lanes_count)
     ]
-    if sum(1 for lane in lanes if len(lane)) > 1:
-        stream = interleave(lanes, epoch_rng(seed, epoch, _INTERLEAVE))
-    else:
-        stream = interleave(lanes, None)
+    draws = sum(1 for lane in lanes if len(lane)) > 1
+    stream = interleave(lanes, epoch_rng(seed, epoch, _INTERLEAVE) if draws else None)
     if excluded is not None and len(excluded):
         stream = stream[~np.isin(stream, excluded)]
     if shuffle_buffer_size and shuffle_buffer_size > 1 and len(stream) > 1:
