@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+from energon_ray.signals import deaf_to_cancel, release_leaked_logging_locks, sigint_at_default
 
 logger = logging.getLogger("energon_ray")
 
@@ -60,29 +61,11 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     if not verbose():
         auth_log.setLevel(logging.ERROR)
     try:
-        with _sigint_heard():
+        with sigint_at_default():
             ray.init(address="local", _system_config=system, **init_kwargs)
     finally:
         auth_log.setLevel(level)
     _private.add(connected())
-
-
-@contextlib.contextmanager
-def _sigint_heard():
-    """SIGINT at Python's default while a private Ray starts: an ignored SIGINT (``deaf_to_cancel``
-    around a local block in this process, a kernel's setting) is inherited by the Ray processes it
-    spawns, and through the raylet by every worker, where ``ray.cancel`` of any task then did nothing."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        yield
-        return
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 #: the connections (``connected()``) of the private local Rays ``ensure_ray`` started: no autoscaler
@@ -116,60 +99,6 @@ def check_resources(needs: Dict[str, float], what: str, count: int = 1) -> None:
     if connected() in _private:
         raise ValueError(f"{problem}; this private local Ray has no autoscaler to add a node, so it would wait forever")
     logger.warning("energon_ray: %s; they wait until the cluster's autoscaler adds such nodes", problem)
-
-
-def deaf_to_cancel(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``fn`` with SIGINT ignored in the main thread (restored after): Ray's cancel of a running
-    task (``ray.cancel``; Ray Data cancels its running tasks when an execution is closed) arrives as
-    SIGINT and raises ``KeyboardInterrupt`` wherever the task is, which can leave a lock held (see
-    ``release_leaked_logging_locks``) or a module half imported in a worker Ray reuses. Our tasks
-    finish their segment instead (a closed execution's output is not read, and tasks not yet started
-    read nothing: ``mark_closed``). Restored after each call, so other tasks in the same worker
-    process stay cancellable."""
-    import functools
-    import signal
-    import threading
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            return fn(*args, **kwargs)
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-    return run
-
-
-def release_leaked_logging_locks() -> int:
-    """Release the logging locks this thread holds although it is in no logging call; returns how many.
-
-    Ray stops a cancelled task (Ray Data cancels its running tasks when an execution is closed) with
-    a ``KeyboardInterrupt`` in the worker's main thread, wherever it is. One that lands right after
-    ``logging`` took its module lock (``logging._acquireLock``, before the ``try`` that releases it)
-    or a handler's lock leaves that lock held by the main thread for good. Ray reuses the process:
-    the next task's reader threads then block forever on their first log call (seen in CI: a remote
-    read's botocore debug call, the suite hung). Our tasks call this first, where the main thread is
-    in no logging call, so any lock it holds is such a leftover.
-    """
-    import logging
-
-    locks = [getattr(logging, "_lock", None)]
-    for ref in list(getattr(logging, "_handlerList", ())):
-        handler = ref()
-        if handler is not None:
-            locks.append(handler.lock)
-    released = 0
-    for lock in locks:
-        owned = getattr(lock, "_is_owned", None)
-        while owned is not None and owned():
-            lock.release()
-            released += 1
-    if released:
-        logger.warning("energon_ray: released %d logging lock(s) an interrupted task left held in this worker", released)
-    return released
 
 
 def import_task_modules() -> None:

@@ -33,7 +33,8 @@ import ray
 from energon_ray.errors import ExecutionLost
 from energon_ray.pipeline.remote_args import GROUP_TASK_OPTIONS, TASK_OPTIONS
 from energon_ray.pipeline.shipped import ship, ship_each, unship
-from energon_ray.ray_env import connected, deaf_to_cancel, import_task_modules, is_closed, mark_closed, verbose
+from energon_ray.ray_env import connected, import_task_modules, is_closed, mark_closed, verbose
+from energon_ray.signals import deaf_to_cancel
 
 # Ray Data is imported where an execution is planned (the feeder), never by the training process.
 if TYPE_CHECKING:  # the feeder process never imports the stages (torch, the task encoder's module)

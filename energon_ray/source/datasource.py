@@ -15,7 +15,8 @@ from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
 from energon_ray.pipeline.shipped import ship_each
-from energon_ray.ray_env import deaf_to_cancel, import_task_modules, is_closed
+from energon_ray.ray_env import import_task_modules, is_closed
+from energon_ray.signals import deaf_to_cancel
 
 if TYPE_CHECKING:
     from energon_ray.plan.stream import SegmentSpec

@@ -428,7 +428,7 @@ def test_our_tasks_finish_their_work_when_ray_cancels_them(tmp_path):
     way, heard it too; a plain task after ours is interrupted again. All three run in one fresh
     worker process (a runtime env of their own): in clean-clone runs of the whole suite a pooled
     worker of the session once ignored the cancel of a plain task (cause not found; see stop 47's note)."""
-    from energon_ray.ray_env import deaf_to_cancel
+    from energon_ray.signals import deaf_to_cancel
 
     env = {"env_vars": {"ENERGON_RAY_TEST_CANCEL_WORKER": str(tmp_path)}}
     results = {}
@@ -817,7 +817,8 @@ def test_a_sample_blends_batches_are_pinned_in_the_pin_thread_one_per_stream_ahe
 _DEAF_START = """
 import os, pathlib, sys, tempfile, time
 import ray
-from energon_ray.ray_env import deaf_to_cancel, ensure_ray
+from energon_ray.ray_env import ensure_ray
+from energon_ray.signals import deaf_to_cancel
 deaf_to_cancel(lambda: ensure_ray(num_cpus=1, log_to_driver=False))()  # as a local block in the driver would
 def work(folder):
     p = pathlib.Path(folder)

@@ -92,3 +92,44 @@ def test_memory_a_local_block_left_free_goes_back_to_the_system():
     del block, buffers
     give_back_memory()
     assert rss_mib() < base + 64
+
+
+def test_sigint_is_ignored_only_inside_our_task_bodies_and_heard_while_a_private_ray_starts():
+    """``deaf_to_cancel``: SIGINT ignored while the body runs (a cancel is dropped), the handler
+    before it back after, also when the body raises. ``sigint_at_default``: where SIGINT is ignored,
+    Python's default while the block runs (what a private Ray's processes inherit), ignored again
+    after; a handler of the user's is left in place. Outside the main thread neither changes it."""
+    import signal
+
+    from energon_ray.signals import deaf_to_cancel, sigint_at_default
+
+    def mine(signum, frame):  # a handler of the user's
+        pass
+
+    before = signal.signal(signal.SIGINT, mine)
+    try:
+        seen = []
+        deaf_to_cancel(lambda: seen.append(signal.getsignal(signal.SIGINT)))()
+        assert seen == [signal.SIG_IGN] and signal.getsignal(signal.SIGINT) is mine
+
+        def fails():
+            raise ValueError("in the body")
+
+        with pytest.raises(ValueError, match="in the body"):
+            deaf_to_cancel(fails)()
+        assert signal.getsignal(signal.SIGINT) is mine
+
+        with sigint_at_default():
+            assert signal.getsignal(signal.SIGINT) is mine
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with sigint_at_default():
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, mine)
+        elsewhere = []  # outside the main thread (Ray's threaded actors) nothing can change
+        thread = threading.Thread(target=deaf_to_cancel(lambda: elsewhere.append(signal.getsignal(signal.SIGINT))))
+        thread.start()
+        thread.join()
+        assert elsewhere == [mine] and signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, before)
