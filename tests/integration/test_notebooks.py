@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import nbformat
@@ -37,19 +38,40 @@ def test_every_notebook_states_its_expected_output():
     assert sorted(p.name for p in NOTEBOOKS) == sorted(EXPECTED)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs_in_a_kernel(path, tmp_path, monkeypatch, ray_session):
-    """Every cell executes without error; the stored notebook has no outputs; its figures and rich displays are made."""
-    nb = nbformat.read(path, as_version=4)
-    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), "store notebooks without outputs"
-    monkeypatch.setenv("ENERGON_RAY_NOTEBOOK_WORKDIR", str(tmp_path))
-    monkeypatch.setenv("ENERGON_RAY_NOTEBOOK_SAMPLES", "80")
+@pytest.fixture(scope="module")
+def executed(ray_session, tmp_path_factory):
+    """Every notebook executed, all at once, each in its own kernel and folder (the kernels start and
+    import side by side): notebook name -> (its stored cells had no outputs, the executed notebook),
+    or the exception its run raised."""
+    import asyncio
+
     import ray
 
-    # the kernel attaches to the session's Ray (as a notebook on a cluster would) instead of starting its own
-    monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
+    # the kernels attach to the session's Ray (as a notebook on a cluster would) instead of starting their own
+    env = dict(os.environ, ENERGON_RAY_NOTEBOOK_SAMPLES="80", RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+
+    async def run(path: Path):
+        nb = nbformat.read(path, as_version=4)
+        stored_without_outputs = all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
+        workdir = tmp_path_factory.mktemp(path.stem)
+        client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(workdir)}})
+        await client.async_execute(env=dict(env, ENERGON_RAY_NOTEBOOK_WORKDIR=str(workdir)))
+        return stored_without_outputs, nb
+
+    async def run_all():
+        return await asyncio.gather(*(run(path) for path in NOTEBOOKS), return_exceptions=True)
+
+    return dict(zip((path.name for path in NOTEBOOKS), asyncio.run(run_all())))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs_in_a_kernel(path, executed):
+    """Every cell executes without error; the stored notebook has no outputs; its figures and rich displays are made."""
+    result = executed[path.name]
+    if isinstance(result, BaseException):
+        raise result
+    stored_without_outputs, nb = result
+    assert stored_without_outputs, "store notebooks without outputs"
     outputs = [o for c in nb.cells for o in c.get("outputs", [])]
     text = "\n".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     expected = EXPECTED[path.name]
