@@ -70,7 +70,8 @@ def subset_ranges(factory: Any) -> Tuple[Optional[tuple], Optional[tuple]]:
     Raises:
         DatasetConfigError: naming the factory and the value, if ``subset`` has neither attribute or
             a bound is not a number (``range``: ratios; ``absolute_range``: sample indices, the end
-            may be None), as Energon's ``DatasetSubset`` holds them.
+            may be None), as Energon's ``DatasetSubset`` holds them, or the bounds are reversed or out
+            of range (an absolute end past the dataset's samples is refused when it is planned).
     """
     subset = factory.subset
     if subset is None:
@@ -85,6 +86,10 @@ def subset_ranges(factory: Any) -> Tuple[Optional[tuple], Optional[tuple]]:
         raise DatasetConfigError(
             f"{file}: subset range must be (start, end) ratios from 0 to 1 (not the metadataset YAML's 'N%'), got {ratio!r}"
         )
+    if absolute is not None and (absolute[0] < 0 or (absolute[1] is not None and absolute[1] < absolute[0])):
+        raise DatasetConfigError(f"{file}: subset absolute_range must satisfy 0 <= start <= end, got {tuple(absolute)!r}")
+    if ratio is not None and not 0 <= ratio[0] <= ratio[1] <= 1:
+        raise DatasetConfigError(f"{file}: subset range must satisfy 0 <= start <= end <= 1, got {tuple(ratio)!r}")
     return (tuple(absolute) if absolute is not None else None, tuple(ratio) if ratio is not None else None)
 
 

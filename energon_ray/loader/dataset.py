@@ -140,7 +140,10 @@ class EnergonDataset(Composition):
             wc = self.worker_config
         else:
             rotation = self.rotation_base % (max(1, wc.num_workers) * wc.world_size)
-        start, end = compute_subset(self.dataset.total, self.options.subset_absolute, self.options.subset_ratio)
+        try:
+            start, end = compute_subset(self.dataset.total, self.options.subset_absolute, self.options.subset_ratio)
+        except ValueError as exc:  # a range past the dataset's end (or a reversed one of a YAML leaf)
+            raise DatasetConfigError(f"{self.dataset.root} (split part {self.dataset.split_part!r}): {exc}") from None
         return worker_ranges(
             start, end, rank=wc.rank, world_size=wc.world_size, num_workers=wc.num_workers, rotation_offset=rotation,
         )  # fmt: skip

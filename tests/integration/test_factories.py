@@ -150,6 +150,37 @@ def test_subset_bounds_that_are_not_numbers_are_refused_naming_factory_and_value
     assert [s.text for s in _read(make(DatasetSubset(absolute_range=(4, None))))] == ["caption 4", "caption 5"]
 
 
+def test_subsets_reversed_or_out_of_range_are_refused_naming_factory_or_dataset(mixed):
+    """Reversed or out-of-range bounds are refused when the factory is made, naming it and the value
+    (they were a bare ValueError when the loader planned); an absolute end past the dataset's 6
+    samples, which only the dataset knows, is refused when it is built, naming the dataset; ranges at
+    the edges are read."""
+    from megatron.energon.flavors.webdataset.structs import DatasetSubset
+
+    def make(subset):
+        return er.StandardWebdatasetFactory(
+            mixed, split_part="train", training=False, worker_config=_wc(), sample_type=er.TextSample,
+            field_map={"text": "txt"}, subset=subset,
+        )  # fmt: skip
+
+    file = f"StandardWebdatasetFactory({mixed})"
+    for subset, message in (
+        (DatasetSubset(range=(0.8, 0.2)), "subset range must satisfy 0 <= start <= end <= 1, got (0.8, 0.2)"),
+        (DatasetSubset(range=(0, 1.5)), "subset range must satisfy 0 <= start <= end <= 1, got (0, 1.5)"),
+        (DatasetSubset(range=(-0.1, 0.5)), "subset range must satisfy 0 <= start <= end <= 1, got (-0.1, 0.5)"),
+        (DatasetSubset(absolute_range=(4, 2)), "subset absolute_range must satisfy 0 <= start <= end, got (4, 2)"),
+        (DatasetSubset(absolute_range=(-1, None)), "subset absolute_range must satisfy 0 <= start <= end, got (-1, None)"),
+    ):
+        with pytest.raises(er.DatasetConfigError) as info:
+            make(subset)
+        assert str(info.value) == f"{file}: {message}"
+    with pytest.raises(er.DatasetConfigError) as info:
+        _read(make(DatasetSubset(absolute_range=(2, 9))))
+    assert str(info.value) == f"{mixed} (split part 'train'): subset range [2, 9] is outside the 6 samples of the dataset"
+    assert [s.text for s in _read(make(DatasetSubset(range=(0.5, 0.5))))] == []
+    assert [s.text for s in _read(make(DatasetSubset(absolute_range=(0, 6))))] == [f"caption {i}" for i in range(6)]
+
+
 @er.edataclass
 class ScoredText(er.Sample):
     text: str
