@@ -8,26 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
-import importlib.util
 import logging
-import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
-from energon_ray.errors import DatasetConfigError, untrusted
+from energon_ray.errors import DatasetConfigError
+from energon_ray.format.dataset_code import RemoteFiles, load_function, named_sample_type
 from energon_ray.format.field_access import parse_field_access
 from energon_ray.format.info import check_write_target, meta_dir, write_file
-from energon_ray.storage import RemotePath, as_path, is_remote, read_optional
-from energon_ray.samples import SAMPLE_TYPES, CrudeSample
+from energon_ray.storage import RemotePath, as_path, is_remote
+from energon_ray.samples import CrudeSample
 
 logger = logging.getLogger("energon_ray")
 
-#: Modules whose sample classes we provide under the same names.
-_COMPATIBLE_MODULES = ("megatron.energon", "energon_ray")
 #: The top-level keys Energon's dataset.yaml knows: the dataset class and the arguments of Energon's
 #: dataset factories (``StandardWebdatasetFactory`` and its bases); energon_ray reads the first seven.
 DATASET_YAML_KEYS = (
@@ -105,123 +100,6 @@ def warn_unknown_keys(spec: DatasetSpec) -> None:
         logger.warning("%s: unknown key %r%s; it is ignored", spec.file, key, hint)
 
 
-def resolve_class(spec: Any, file: str, what: str, trusted: bool = False) -> type:
-    """Resolve ``{__module__, __class__}`` (or a bare class name) to a class.
-
-    A module other than energon_ray / megatron.energon is imported only when ``trusted``.
-
-    Raises:
-        DatasetConfigError: naming the file and the unknown value.
-        UntrustedCodeError: another module without the opt-in.
-    """
-    if isinstance(spec, str):
-        module, name = "energon_ray", spec
-    elif isinstance(spec, dict) and "__class__" in spec:
-        module, name = spec.get("__module__", "energon_ray"), spec["__class__"]
-        _check_names(file, what, module, name)
-    else:
-        raise DatasetConfigError(f"{file}: {what} must be a class name or {{__module__, __class__}}, got {spec!r}")
-    if module in _COMPATIBLE_MODULES or module.startswith("megatron.energon"):
-        if name in SAMPLE_TYPES:
-            return SAMPLE_TYPES[name]
-        if name in ("CrudeSample", "CrudeWebdataset"):
-            return CrudeSample
-        raise DatasetConfigError(
-            f"{file}: unknown {what} {name!r}; known: {sorted(SAMPLE_TYPES) + ['CrudeWebdataset']}"
-        )
-    if not trusted:
-        raise untrusted(f"{what} {module}.{name} would import module {module!r}", file)
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise DatasetConfigError(f"{file}: cannot import {what} {module}.{name}: {exc}") from None
-
-
-def _check_names(file: str, what: str, module: Any, name: Any) -> None:
-    """A config's ``__module__`` and ``__class__`` are names (strings)."""
-    for key, value in (("__module__", module), ("__class__", name)):
-        if not isinstance(value, str) or not value:
-            raise DatasetConfigError(f"{file}: {what} {key} must be a name, got {type(value).__name__} {value!r}")
-
-
-def _factory_sample_type(module: str, name: str, file: str, trusted: bool) -> type:
-    """The ``__sample_type__`` of a user's dataset factory class (``__class__: MyWebdataset`` of module
-    ``module``, e.g. ``class MyWebdataset(DefaultDecoderWebdatasetFactory[MySample])``); imported only when trusted.
-
-    Raises:
-        UntrustedCodeError: without the opt-in. DatasetConfigError: not importable, or no sample type.
-    """
-    factory = resolve_class({"__module__": module, "__class__": name}, file, "dataset class", trusted)
-    sample_type = getattr(factory, "__sample_type__", None)
-    if not isinstance(sample_type, type):
-        raise DatasetConfigError(f"{file}: dataset class {module}.{name} has no __sample_type__ (a Sample subclass)")
-    if sample_type.__name__ == "CrudeSample" or issubclass(sample_type, CrudeSample):
-        return CrudeSample
-    if sample_type.__module__.startswith("megatron.energon") and sample_type.__name__ in SAMPLE_TYPES:
-        return SAMPLE_TYPES[sample_type.__name__]  # an Energon factory subclass: the same type of ours
-    return sample_type
-
-
-class _RemoteFiles:
-    """The bytes of a remote dataset's config files, each fetched once (None: the file does not exist)."""
-
-    def __init__(self, files: Optional[Dict[str, Optional[bytes]]] = None):
-        self.files: Dict[str, Optional[bytes]] = dict(files or {})
-
-    def read(self, path: RemotePath) -> Optional[bytes]:
-        if str(path) not in self.files:
-            self.files[str(path)] = read_optional(path)
-        return self.files[str(path)]
-
-
-def _local_code_copy(source: RemotePath, data: bytes) -> Path:
-    """A local copy of a remote dataset module (Python imports files), named by its URL and content."""
-    import hashlib
-    import tempfile
-
-    digest = hashlib.sha256(str(source).encode() + b"\0" + data).hexdigest()[:24]
-    folder = Path(tempfile.gettempdir()) / "energon_ray_dataset_code" / digest
-    folder.mkdir(parents=True, exist_ok=True)
-    local = folder / source.name
-    if not local.is_file():
-        tmp = folder / f".{source.name}.{os.getpid()}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, local)
-    return local
-
-
-def _load_function(
-    ref: str, meta: Path | RemotePath, file: str, what: str, trusted: bool, files: Optional[_RemoteFiles] = None
-) -> Callable:
-    if ":" not in ref:
-        raise DatasetConfigError(f"{file}: {what} must look like 'file.py:function', got {ref!r}")
-    module_file, fn_name = ref.split(":", 1)
-    source = meta / module_file
-    if not trusted:
-        raise untrusted(f"{what} {ref!r} would execute {source}", file)
-    if isinstance(source, RemotePath):
-        data = (files or _RemoteFiles()).read(source)
-        if data is None:
-            raise DatasetConfigError(f"{file}: {what} module {source} does not exist")
-        source = _local_code_copy(source, data)
-    if not source.is_file():
-        raise DatasetConfigError(f"{file}: {what} module {source} does not exist")
-    mod_name = f"_energon_ray_dsmod_{abs(hash(str(source.resolve())))}"
-    module = sys.modules.get(mod_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(mod_name, source)
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
-        except Exception as exc:
-            raise DatasetConfigError(f"{source}: cannot import {what} module: {exc}") from None
-        sys.modules[mod_name] = module
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise DatasetConfigError(f"{file}: {what} {ref!r}: {source} has no function {fn_name!r}")
-    return fn
-
-
 def _check_field_map(field_map: Dict[str, str], sample_type: type, file: str) -> Dict[str, List[List[str]]]:
     if not isinstance(field_map, dict) or not field_map:
         raise DatasetConfigError(f"{file}: field_map must be a non-empty mapping, got {field_map!r}")
@@ -258,12 +136,12 @@ def _check_field_map(field_map: Dict[str, str], sample_type: type, file: str) ->
 
 def _remote_spec(location: RemotePath, dataset_config: str, trusted: bool, files: Optional[Dict]) -> DatasetSpec:
     """A remote dataset's spec rebuilt (on a Ray worker) from the config files it was read from."""
-    return read_dataset_spec(location, dataset_config, trusted, files=_RemoteFiles(files))
+    return read_dataset_spec(location, dataset_config, trusted, files=RemoteFiles(files))
 
 
 def read_dataset_spec(
     path: Path | str | RemotePath, dataset_config: str = "dataset.yaml", trusted: bool = False,
-    files: Optional[_RemoteFiles] = None,
+    files: Optional[RemoteFiles] = None,
 ) -> DatasetSpec:  # fmt: skip
     """Parse and validate ``dataset.yaml``; code it names (``sample_loader``, ``part_filter`` functions,
     classes outside energon_ray) is loaded only when ``trusted``.
@@ -279,13 +157,13 @@ def read_dataset_spec(
     file = meta / dataset_config
     remote = is_remote(path)
     if remote:
-        files = files or _RemoteFiles()
+        files = files or RemoteFiles()
     data = _read_yaml(file, files if remote else None)
     fname = str(file)
     subflavors = data.pop("subflavors", None) or {}
     if not isinstance(subflavors, dict):
         raise DatasetConfigError(f"{fname}: subflavors must be a mapping of names to values, got {type(subflavors).__name__} {subflavors!r}")
-    sample_type = _sample_type(data, fname, trusted)
+    sample_type = named_sample_type(data, fname, trusted)
     field_map = data.pop("field_map", None)
     loader_ref = data.pop("sample_loader", None)
     part_filter_ref = data.pop("part_filter", None)
@@ -304,7 +182,7 @@ def read_dataset_spec(
     return spec
 
 
-def _read_yaml(file: Any, files: Optional[_RemoteFiles]) -> Dict[str, Any]:
+def _read_yaml(file: Any, files: Optional[RemoteFiles]) -> Dict[str, Any]:
     """The YAML mapping in ``file`` (read through ``files`` for a remote dataset)."""
     text = None
     if files is not None:
@@ -323,27 +201,7 @@ def _read_yaml(file: Any, files: Optional[_RemoteFiles]) -> Dict[str, Any]:
     return dict(data)
 
 
-def _sample_type(data: Dict[str, Any], fname: str, trusted: bool) -> type:
-    """The sample class a dataset config names (``__class__``/``__module__`` or ``sample_type``),
-    taken out of ``data``; code outside energon_ray's and Energon's modules only when ``trusted``."""
-    if "__class__" in data:
-        cls_name = data.pop("__class__")
-        module = data.pop("__module__", None)
-        _check_names(fname, "dataset", "megatron.energon" if module is None else module, cls_name)
-        if module is not None and module not in _COMPATIBLE_MODULES and not module.startswith(_COMPATIBLE_MODULES):
-            return _factory_sample_type(module, cls_name, fname, trusted)
-        if cls_name == "CrudeWebdataset":
-            return CrudeSample
-        if cls_name.endswith("Webdataset") and cls_name[: -len("Webdataset")] + "Sample" in SAMPLE_TYPES:
-            # legacy factories: CaptioningWebdataset → CaptioningSample, VQAOCRWebdataset → VQAOCRSample
-            return SAMPLE_TYPES[cls_name[: -len("Webdataset")] + "Sample"]
-        raise DatasetConfigError(f"{fname}: unknown dataset class {cls_name!r}")
-    if "sample_type" in data:
-        return resolve_class(data.pop("sample_type"), fname, "sample_type", trusted)
-    raise DatasetConfigError(f"{fname}: needs 'sample_type' (or a top-level '__class__')")
-
-
-def _set_parts(spec: DatasetSpec, meta: Any, field_map: Any, loader_ref: Any, part_filter_ref: Any, files: Optional[_RemoteFiles]) -> None:
+def _set_parts(spec: DatasetSpec, meta: Any, field_map: Any, loader_ref: Any, part_filter_ref: Any, files: Optional[RemoteFiles]) -> None:
     """How ``spec``'s samples are made from their parts: a ``field_map``, or a ``sample_loader`` with
     a ``part_filter`` (a list of parts, or a function: code, loaded only when the spec is trusted);
     a crude dataset takes an optional ``part_filter`` only."""
@@ -352,7 +210,7 @@ def _set_parts(spec: DatasetSpec, meta: Any, field_map: Any, loader_ref: Any, pa
         if isinstance(part_filter_ref, list):
             spec.parts = frozenset(part_filter_ref)
         elif isinstance(part_filter_ref, str):
-            spec.part_filter = _load_function(part_filter_ref, meta, fname, "part_filter", trusted, files)
+            spec.part_filter = load_function(part_filter_ref, meta, fname, "part_filter", trusted, files)
         return
     if (field_map is None) == (loader_ref is None):
         raise DatasetConfigError(f"{fname}: give exactly one of 'field_map' or 'sample_loader'")
@@ -364,11 +222,11 @@ def _set_parts(spec: DatasetSpec, meta: Any, field_map: Any, loader_ref: Any, pa
         return
     if part_filter_ref is None:
         raise DatasetConfigError(f"{fname}: 'sample_loader' needs a 'part_filter'")
-    spec.sample_loader = _load_function(str(loader_ref), meta, fname, "sample_loader", trusted, files)
+    spec.sample_loader = load_function(str(loader_ref), meta, fname, "sample_loader", trusted, files)
     if isinstance(part_filter_ref, list):
         spec.parts = frozenset(part_filter_ref)
     else:
-        spec.part_filter = _load_function(str(part_filter_ref), meta, fname, "part_filter", trusted, files)
+        spec.part_filter = load_function(str(part_filter_ref), meta, fname, "part_filter", trusted, files)
 
 
 def write_dataset_yaml(

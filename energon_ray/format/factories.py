@@ -20,7 +20,8 @@ import braceexpand
 from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
-from energon_ray.format.dataset_yaml import DatasetSpec, _check_field_map, _load_function
+from energon_ray.format.dataset_code import load_function
+from energon_ray.format.dataset_yaml import DatasetSpec, _check_field_map
 from energon_ray.format.factory_options import plan_options, set_options
 from energon_ray.format.info import meta_dir, write_info
 from energon_ray.format.indexer import index_dataset
@@ -63,7 +64,7 @@ class FactorySpec(DatasetSpec):
 def _rebuild_spec(state: Dict[str, Any]) -> FactorySpec:
     spec = FactorySpec(**state)
     for what, ref in spec.refs.items():
-        setattr(spec, what, _load_function(ref, meta_dir(spec.root), spec.file, what, spec.trusted))
+        setattr(spec, what, load_function(ref, meta_dir(spec.root), spec.file, what, spec.trusted))
     return spec
 
 
@@ -323,7 +324,7 @@ class DefaultGenericWebdatasetFactory(BaseWebdatasetFactory[T_sample]):
         for what, ref in (("sample_loader", self._sample_loader), ("part_filter", self._part_filter)):
             if isinstance(ref, str):
                 spec.refs[what] = ref
-                setattr(spec, what, _load_function(ref, meta, spec.file, what, self.trusted))
+                setattr(spec, what, load_function(ref, meta, spec.file, what, self.trusted))
             elif isinstance(ref, (list, tuple, set, frozenset)):
                 spec.parts = frozenset(ref)
             elif callable(ref):

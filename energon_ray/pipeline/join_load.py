@@ -12,7 +12,7 @@ import importlib
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from energon_ray.errors import DatasetConfigError, SampleException, untrusted
-from energon_ray.format.dataset_yaml import resolve_class
+from energon_ray.format.dataset_code import resolve_class
 from energon_ray.pipeline.load import SampleLoader
 from energon_ray.samples import Sample
 from energon_ray.source.joined_reader import JOINED
