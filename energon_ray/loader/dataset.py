@@ -27,8 +27,10 @@ from energon_ray.task_encoder.base import TaskEncoder, is_overridden
 from energon_ray.worker import WorkerConfig
 
 #: Samples a segment (one Ray task) aims for; rounded up to whole batches (or packing buffers).
-#: Each block costs the trainer about 1 ms (taking its reference, mapping it); 128-sample segments
-#: measured 1.4-1.5 vs 2.0-2.2 ms of trainer CPU per batch for 64 (captioning, 2 CPUs).
+#: Each block costs the trainer its task's submission and a ``ray.get`` (~2-4 ms on 2 slow cores,
+#: nearly all in Ray's calls); 128-sample segments measured 1.4-1.5 vs 2.0-2.2 ms of trainer CPU per
+#: batch for 64, and 32 (one batch a block) 4.3-4.6 vs 1.7 by default (captioning, 2 CPUs). Longer
+#: segments hold more memory: the trainer keeps one partly consumed block per worker stream.
 TARGET_SEGMENT_SAMPLES = 128
 #: ... except each worker's first ``FIRST_SEGMENT_ROUNDS`` segments, which aim for this many: the
 #: first batch waits for one whole segment (measured 1.7-1.8 s with 128-sample segments, 1.4-1.5 s
