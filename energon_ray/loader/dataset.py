@@ -239,9 +239,19 @@ class EnergonDataset(Composition):
     def leaves(self) -> List["EnergonDataset"]:
         return [self]
 
-    def is_endless(self) -> bool:
+    def repeats_forever(self) -> bool:
+        """Whether this source is asked to repeat without end (``repeat=True`` of a training
+        dataset or a ``RepeatDataset(repeats=None)`` copy, no ``blend_epochized`` repetitions),
+        whether or not this rank holds samples of it."""
         o = self.options
-        return o.training and o.repeat and o.repetitions is None and any(b > a for a, b in self._ranges)
+        return o.repeat and o.repetitions is None
+
+    def has_rank_samples(self) -> bool:
+        """Whether any local worker of this rank reads a sample of this source."""
+        return any(b > a for a, b in self._ranges)
+
+    def is_endless(self) -> bool:
+        return self.options.training and self.repeats_forever() and self.has_rank_samples()
 
     def provider(self, ctx: PassContext, pass_index: int):
         return ctx.feeds[id(self)].next_item

@@ -24,7 +24,7 @@ from energon_ray.loader.feed import MultiFeed, check_executor
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.stats import LoaderStats
 from energon_ray.loader.savable import PassRun, adopt_layouts, check_fits, new_state, restore_sample, starts_of
-from energon_ray.errors import log_exception
+from energon_ray.errors import DatasetConfigError, log_exception
 from energon_ray.loader.state import LoaderState, StateError
 from energon_ray.pipeline.remote_args import check_remote_args, task_needs
 from energon_ray.ray_env import check_resources, ensure_ray, warm_up
@@ -116,10 +116,29 @@ class EnergonLoader:
         return len(self.dataset)
 
     def __iter__(self) -> Iterator[Any]:
+        self._check_something_to_repeat()
         epoch_len = self.dataset.virtual_epoch_length()
         if epoch_len or self.dataset.is_endless():
             return self._continue(epoch_len or None, self._restores)
         return self._pass(self._restores)
+
+    def _check_something_to_repeat(self) -> None:
+        """Training sources that repeat without end but hold no sample on this rank (more ranks
+        than samples or shards) would give a pass with no batch: the loop would end at once and this
+        rank leave training while the others go on. Energon refuses to repeat such an empty dataset;
+        so do we, naming the rank and the sources. (A rank that some sources give samples repeats
+        those; one that takes over an unfinished epoch of another world size reads that first.)"""
+        leaves = self.dataset.leaves()
+        if self._redist is not None or not all(leaf.repeats_forever() for leaf in leaves):
+            return
+        if any(leaf.has_rank_samples() for leaf in leaves):
+            return
+        wc = leaves[0].worker_config
+        raise DatasetConfigError(
+            f"rank {wc.rank} of world size {wc.world_size} ({wc.num_workers} workers) holds no sample of "
+            f"{', '.join(repr(leaf) for leaf in leaves)}: a training dataset that repeats (repeat=True) has "
+            "nothing to repeat on this rank; use fewer ranks than the dataset has samples, or repeat=False"
+        )
 
     def _check_restores(self, restores: int) -> None:
         """An iterator opened before a restore would go on with its old pass (or take the restored

@@ -70,6 +70,35 @@ def test_repeat_matches_energon(path):
     assert len(ds) == 57
 
 
+def test_repeating_on_a_rank_without_samples_is_refused_like_energon(tmp_path):
+    """A 1-sample dataset on 4 ranks: rank 3 holds no sample. Energon refuses to repeat its empty
+    training dataset, or a ``RepeatDataset`` of its empty validation dataset; so do we (that loop
+    ended at once with no batch, and the rank left training while the others went on). Rank 0
+    repeats its one sample in both, and ``repeat=False`` gives rank 3 no batch in both."""
+    import megatron.energon as me
+
+    one = prefixed_text_dataset(tmp_path / "one", "t", 1)
+    refusal = {me: (AssertionError, "Cannot repeat empty dataset"), er: (er.DatasetConfigError, r"rank 3 of world size 4 .* holds no sample")}
+    for lib in (me, er):
+
+        def train(rank, **kwargs):
+            wc = lib.WorkerConfig(rank=rank, world_size=4, num_workers=0)
+            kw = dict(batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)
+            return lib.get_loader(lib.get_train_dataset(one, split_part="train", worker_config=wc, **kw, **kwargs))
+
+        first = iter(train(0))
+        assert [list(next(first).__key__) for _ in range(2)] == [["t_000000", "t_000000"]] * 2, lib.__name__
+        assert [list(b.__key__) for b in train(3, repeat=False)] == [], lib.__name__
+        empty = train(3)
+        assert len(empty) == 0, lib.__name__
+        with pytest.raises(refusal[lib][0], match=refusal[lib][1]):
+            next(iter(empty))
+        wc = lib.WorkerConfig(rank=3, world_size=4, num_workers=0)
+        repeated = lib.RepeatDataset(lib.get_val_dataset(one, split_part="train", batch_size=None, worker_config=wc), worker_config=wc)
+        with pytest.raises(refusal[lib][0], match=refusal[lib][1]):
+            next(iter(lib.get_loader(repeated)))
+
+
 def test_augment_task_encoder_changes_only_what_it_overrides(path):
     """Energon's ``test_weight_aug`` pattern: a subclass adds a field in encode_sample; batches come as before."""
 
