@@ -118,6 +118,14 @@ def test_training_must_be_a_bool(mixed, tmp_path, training):
     assert str(info.value) == f"CrudeJsonlDatasetFactory({path}): training must be True or False, got {training!r}"
 
 
+def _subset_factory(path, subset):
+    """A val factory of ``path``'s text captions with ``subset``."""
+    return er.StandardWebdatasetFactory(
+        path, split_part="train", training=False, worker_config=_wc(), sample_type=er.TextSample,
+        field_map={"text": "txt"}, subset=subset,
+    )  # fmt: skip
+
+
 def test_subset_bounds_that_are_not_numbers_are_refused_naming_factory_and_value(mixed, tmp_path):
     """A subset whose bounds are not numbers (``'a%'``: a bare TypeError when planned) or that is no
     ``DatasetSubset`` (a dict: silently ignored) is refused at construction, naming the factory and the
@@ -126,12 +134,6 @@ def test_subset_bounds_that_are_not_numbers_are_refused_naming_factory_and_value
 
     from megatron.energon.flavors.webdataset.structs import DatasetSubset
 
-    def make(subset):
-        return er.StandardWebdatasetFactory(
-            mixed, split_part="train", training=False, worker_config=_wc(), sample_type=er.TextSample,
-            field_map={"text": "txt"}, subset=subset,
-        )  # fmt: skip
-
     file = f"StandardWebdatasetFactory({mixed})"
     for subset, message in (
         (DatasetSubset(range=("a%", "50%")), "subset range must be (start, end) ratios from 0 to 1 (not the metadataset YAML's 'N%'), got ('a%', '50%')"),
@@ -139,15 +141,15 @@ def test_subset_bounds_that_are_not_numbers_are_refused_naming_factory_and_value
         ({"range": ["0%", "50%"]}, "subset must be Energon's DatasetSubset (range, absolute_range), got {'range': ['0%', '50%']}"),
     ):
         with pytest.raises(er.DatasetConfigError) as info:
-            make(subset)
+            _subset_factory(mixed, subset)
         assert str(info.value) == f"{file}: {message}"
     path = tmp_path / "corpus.jsonl"
     path.write_text('{"idx": 0}\n')
     er.CrudeJsonlDatasetFactory.prepare_dataset(path)
     with pytest.raises(er.DatasetConfigError, match=rf"^CrudeJsonlDatasetFactory\({re.escape(str(path))}\): subset range must be"):
         er.CrudeJsonlDatasetFactory(path, training=False, subset=DatasetSubset(range=("a%", 1)))
-    assert [s.text for s in _read(make(DatasetSubset(range=(0, 0.5))))] == ["caption 0", "caption 1", "caption 2"]
-    assert [s.text for s in _read(make(DatasetSubset(absolute_range=(4, None))))] == ["caption 4", "caption 5"]
+    assert [s.text for s in _read(_subset_factory(mixed, DatasetSubset(range=(0, 0.5))))] == ["caption 0", "caption 1", "caption 2"]
+    assert [s.text for s in _read(_subset_factory(mixed, DatasetSubset(absolute_range=(4, None))))] == ["caption 4", "caption 5"]
 
 
 def test_subsets_reversed_or_out_of_range_are_refused_naming_factory_or_dataset(mixed):
@@ -156,12 +158,6 @@ def test_subsets_reversed_or_out_of_range_are_refused_naming_factory_or_dataset(
     samples, which only the dataset knows, is refused when it is built, naming the dataset; ranges at
     the edges are read."""
     from megatron.energon.flavors.webdataset.structs import DatasetSubset
-
-    def make(subset):
-        return er.StandardWebdatasetFactory(
-            mixed, split_part="train", training=False, worker_config=_wc(), sample_type=er.TextSample,
-            field_map={"text": "txt"}, subset=subset,
-        )  # fmt: skip
 
     file = f"StandardWebdatasetFactory({mixed})"
     for subset, message in (
@@ -172,13 +168,13 @@ def test_subsets_reversed_or_out_of_range_are_refused_naming_factory_or_dataset(
         (DatasetSubset(absolute_range=(-1, None)), "subset absolute_range must satisfy 0 <= start <= end, got (-1, None)"),
     ):
         with pytest.raises(er.DatasetConfigError) as info:
-            make(subset)
+            _subset_factory(mixed, subset)
         assert str(info.value) == f"{file}: {message}"
     with pytest.raises(er.DatasetConfigError) as info:
-        _read(make(DatasetSubset(absolute_range=(2, 9))))
+        _read(_subset_factory(mixed, DatasetSubset(absolute_range=(2, 9))))
     assert str(info.value) == f"{mixed} (split part 'train'): subset range [2, 9] is outside the 6 samples of the dataset"
-    assert [s.text for s in _read(make(DatasetSubset(range=(0.5, 0.5))))] == []
-    assert [s.text for s in _read(make(DatasetSubset(absolute_range=(0, 6))))] == [f"caption {i}" for i in range(6)]
+    assert [s.text for s in _read(_subset_factory(mixed, DatasetSubset(range=(0.5, 0.5))))] == []
+    assert [s.text for s in _read(_subset_factory(mixed, DatasetSubset(absolute_range=(0, 6))))] == [f"caption {i}" for i in range(6)]
 
 
 @er.edataclass
