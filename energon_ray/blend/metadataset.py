@@ -183,12 +183,15 @@ class _Parser:
         self.check = check
         self.modes: set = set()
 
-    def node(self, node: Any, where: str, ctx: _Ctx) -> List[LeafSpec]:
+    def node(self, node: Any, where: str, ctx: _Ctx, entry_of: Optional[str] = None) -> List[LeafSpec]:
+        """The leaves under ``node``; ``entry_of`` is the list it is an entry of (``blend``,
+        ``blend_epochized``) or ``None``."""
         if not isinstance(node, dict):
             raise _err(self.file, where, f"expected a mapping (path/blend/blend_epochized), got {node!r}")
         unknown = set(node) - _NODE_KEYS
         if unknown:
             raise _err(self.file, where, f"unknown keys {sorted(unknown)}")
+        self._refuse_ignored_keys(node, where, entry_of)
         if "join" in node:
             return self.join(node, where, ctx)
         kinds = [k for k in ("path", "blend", "blend_epochized") if k in node]
@@ -198,6 +201,20 @@ class _Parser:
         if kinds[0] == "path":
             return self.reference(node, where, ctx)
         return self.blend(node, kinds[0], where, ctx)
+
+    def _refuse_ignored_keys(self, node: dict, where: str, entry_of: Optional[str]) -> None:
+        """Refuse a key this node has no use for: it would be read nowhere, so a ``weight`` in a
+        ``blend_epochized`` entry or a ``dataset_config`` on a blend would silently do nothing
+        (Energon's schema refuses them too)."""
+        if "weight" in node and entry_of != "blend":
+            raise _err(self.file, where, f"'weight' ({node['weight']!r}) only applies to an entry of a 'blend' list; here it would be ignored")
+        if "repetitions" in node and entry_of != "blend_epochized":
+            raise _err(self.file, where, f"'repetitions' ({node['repetitions']!r}) only applies to an entry of a 'blend_epochized' list; here it would be ignored")
+        if "joiner" in node and "join" not in node:
+            raise _err(self.file, where, "'joiner' only applies to a 'join' node; here it would be ignored")
+        dataset_only = [k for k in ("dataset_config", "split_config", "aux") if k in node]
+        if dataset_only and "path" not in node and not ("join" in node and "aux" not in dataset_only):
+            raise _err(self.file, where, f"{dataset_only} only apply to a 'path' to a prepared dataset; here they would be ignored")
 
     def _descend(self, node: dict, where: str, ctx: _Ctx) -> _Ctx:
         subflavors = node.get("subflavors") or {}
@@ -254,13 +271,13 @@ class _Parser:
             if total <= 0:
                 raise _err(self.file, f"{where}.blend", f"weights {weights} are all zero")
             for i, (entry, w) in enumerate(zip(entries, weights)):
-                for leaf in self.node(entry, f"{where}.blend[{i}]", ctx):
+                for leaf in self.node(entry, f"{where}.blend[{i}]", ctx, entry_of="blend"):
                     out.append(dataclasses.replace(leaf, weight=leaf.weight * w / total))
         else:
             for i, entry in enumerate(entries):
                 sub = f"{where}.blend_epochized[{i}]"
                 reps = _number(entry.get("repetitions", 1) if isinstance(entry, dict) else 1, self.file, sub, "repetitions", allow_zero=False)
-                for leaf in self.node(entry, sub, ctx):
+                for leaf in self.node(entry, sub, ctx, entry_of="blend_epochized"):
                     out.append(dataclasses.replace(leaf, repetitions=reps * (1 if leaf.repetitions is None else leaf.repetitions)))
         return out
 
@@ -275,6 +292,9 @@ class _Parser:
         if path.suffix in (".yaml", ".yml") and path.is_file():
             if absolute is not None:
                 raise absolute_subset_error(self.file, where, absolute)
+            dataset_only = [k for k in ("dataset_config", "split_config", "aux") if k in node]
+            if dataset_only:  # the inner file's own leaves name their configs; these would be ignored
+                raise _err(self.file, where, f"{dataset_only} cannot be set on a reference to a metadataset ({path.name}); set them on its datasets")
             if str(path.resolve()) in self.stack:
                 raise _err(self.file, where, f"metadataset {path} includes itself")
             inner = parse_file(path, ctx.split_part, stack=self.stack, ctx=ctx, check=self.check)

@@ -151,6 +151,35 @@ def test_an_unknown_top_level_key_is_refused_as_energon_refuses_it(tree):
         parse_file(f, "train")
 
 
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ("blend: [{weight: 1, path: coco}, {weight: 1, path: coyo, repetitions: 3}]",
+         r"bad.yaml: splits.train.blend\[1\]: 'repetitions' \(3\) only applies to an entry of a 'blend_epochized' list"),
+        ("blend_epochized: [{path: coco, weight: 5}, {path: coyo}]",
+         r"bad.yaml: splits.train.blend_epochized\[0\]: 'weight' \(5\) only applies to an entry of a 'blend' list"),
+        ("{path: coco, weight: 3}", r"bad.yaml: splits.train: 'weight' \(3\) only applies to an entry of a 'blend' list"),
+        ("{path: coco, joiner: x}", r"bad.yaml: splits.train: 'joiner' only applies to a 'join' node"),
+        ("{blend: [{path: coco}], dataset_config: other.yaml}",
+         r"bad.yaml: splits.train: \['dataset_config'\] only apply to a 'path' to a prepared dataset"),
+        ("blend: [{path: inner.yaml, aux: {x: ocr}}]",
+         r"bad.yaml: splits.train.blend\[0\]: \['aux'\] cannot be set on a reference to a metadataset \(inner.yaml\)"),
+        ("blend: [{path: inner.yaml, split_config: other.yaml}]",
+         r"bad.yaml: splits.train.blend\[0\]: \['split_config'\] cannot be set on a reference to a metadataset"),
+    ],
+)
+def test_a_key_the_node_would_ignore_is_refused_naming_file_and_node(tree, body, message):
+    """``repetitions`` in a ``blend`` entry, ``weight`` in a ``blend_epochized`` entry or outside a
+    blend, and a dataset's ``dataset_config``/``split_config``/``aux`` on a blend or on a reference
+    to another metadataset were accepted and read nowhere: the mix silently ignored them (Energon's
+    schema refuses each)."""
+    _write(tree / "inner.yaml", "__class__: MetadatasetV2\nsplits:\n  train: {path: coco}\n")
+    node = body if body.startswith("{") else "{" + body + "}"
+    f = _write(tree / "bad.yaml", f"__class__: MetadatasetV2\nsplits:\n  train: {node}\n")
+    with pytest.raises(DatasetConfigError, match=message):
+        parse_file(f, "train")
+
+
 def test_unknown_split_and_detection(tree):
     """Unknown split parts are named; YAML files and dicts count as metadatasets, folders do not."""
     f = _write(tree / "m.yaml", "__class__: MetadatasetV2\nsplits:\n  train: {path: coco}\n")
