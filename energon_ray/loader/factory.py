@@ -241,11 +241,15 @@ def get_val_dataset(
         limit: at most this many batches per rank and pass (the same ones every pass).
         task_encoder: the user's hooks.
         trust_dataset_code: as in ``get_train_dataset``.
-        **kwargs: as in ``get_train_dataset``.
+        **kwargs: as in ``get_train_dataset``; ``max_samples_per_sequence`` is accepted and changes
+            nothing (as in Energon, whose validation order does not depend on it).
     """
     if batch_size is _UNSET:
         raise TypeError("get_val_dataset() needs batch_size= (an int, or None for no batching)")
     _check_positive("packing_buffer_size", packing_buffer_size)
+    # Energon's factories take it for validation too, where it changes nothing (its validation order
+    # is the same with or without it; checked): accepted, checked, and without effect here as there
+    _check_positive("max_samples_per_sequence", kwargs.pop("max_samples_per_sequence", None))
     options = PlanOptions(
         training=False, repeat=False, batch_size=batch_size, drop_last=batch_drop_last, limit=limit,
         packing_buffer_size=packing_buffer_size,
@@ -257,9 +261,7 @@ def get_val_dataset(
 
 
 #: Arguments that only mean something for one of the two passes (get_dataset refuses them for the other).
-_TRAINING_ONLY = (
-    "shuffle_buffer_size", "max_samples_per_sequence", "virtual_epoch_length", "shuffle_over_epochs_multiplier", "repeat",
-)  # fmt: skip
+_TRAINING_ONLY = ("shuffle_buffer_size", "virtual_epoch_length", "shuffle_over_epochs_multiplier", "repeat")
 _VALIDATION_ONLY = ("limit",)
 
 
@@ -285,7 +287,7 @@ def get_dataset(path: Any, *, training: bool, split_part: Optional[str] = None, 
 
     Raises:
         TypeError: ``training`` is not a bool, or an argument of the other pass is given
-            (``shuffle_buffer_size``, ``max_samples_per_sequence``, ``virtual_epoch_length``,
+            (``shuffle_buffer_size``, ``virtual_epoch_length``,
             ``shuffle_over_epochs_multiplier``, ``repeat`` are for training, ``limit`` for validation).
 
     Example:

@@ -52,7 +52,7 @@ def test_raw_samples_without_batching_or_task_encoder(ds_path):
     "training, kwargs, message",
     [
         (False, dict(batch_size=2, shuffle_buffer_size=10), r"training=False\): shuffle_buffer_size only applies to training"),
-        (False, dict(batch_size=2, repeat=False, max_samples_per_sequence=5), r"max_samples_per_sequence, repeat only"),
+        (False, dict(batch_size=2, repeat=False, virtual_epoch_length=5), r"virtual_epoch_length, repeat only"),
         (True, dict(batch_size=2, limit=3), r"training=True\): limit only applies to validation"),
         (None, dict(batch_size=2), r"needs training=True or training=False, got None"),
         ("yes", dict(batch_size=2), r"got 'yes'"),

@@ -53,6 +53,20 @@ def test_val_limit_matches_energon(caption_ds):
     assert len(first) == 3
 
 
+def test_val_takes_max_samples_per_sequence_as_energon_does_without_effect(caption_ds):
+    """Energon's get_val_dataset takes ``max_samples_per_sequence`` (its factories do) and gives the
+    same order with it; ours took it for an unknown keyword (TypeError). Same batches now, in both;
+    a bad value is still named."""
+    plain = _our_keys(caption_ds, "train", 0, 1, 2, 4)
+    assert _our_keys(caption_ds, "train", 0, 1, 2, 4, max_samples_per_sequence=3) == plain
+    assert _energon_keys(caption_ds, "train", 0, 1, 2, 4, max_samples_per_sequence=3) == plain
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    assert keys_of(er.get_loader(er.get_dataset(caption_ds, training=False, split_part="train", worker_config=wc,
+                                                batch_size=4, max_samples_per_sequence=3))) == plain
+    with pytest.raises(ValueError, match=r"^max_samples_per_sequence must be a positive int or None, got 0$"):
+        er.get_val_dataset(caption_ds, split_part="train", worker_config=wc, batch_size=4, max_samples_per_sequence=0)
+
+
 def test_val_unbatched_and_uneven_shards_match_energon(tmp_path):
     """batch_size=None yields single samples in Energon's order over uneven shards."""
     path = text_dataset(tmp_path / "text", [2, 2, 3, 4, 10, 10, 10, 10, 4])
