@@ -29,6 +29,8 @@ _REF_KEYS = {"path", "split_part", "subflavors", "subflavor", "subset", "shuffle
              "dataset_config", "split_config", "weight", "repetitions", "aux"}  # fmt: skip
 _NODE_KEYS = _REF_KEYS | {"blend", "blend_epochized", "join", "joiner"}
 _TOP_KEYS = {"__module__", "__class__", "splits"}
+#: keys that only a reference to a prepared dataset reads (anywhere else they would do nothing)
+_DATASET_ONLY = ("dataset_config", "split_config", "aux")
 _URL = re.compile(r"^(?P<protocol>[a-z][a-z0-9+.-]*)://(?P<rest>.*)", re.IGNORECASE)
 
 
@@ -212,8 +214,10 @@ class _Parser:
             raise _err(self.file, where, f"'repetitions' ({node['repetitions']!r}) only applies to an entry of a 'blend_epochized' list; here it would be ignored")
         if "joiner" in node and "join" not in node:
             raise _err(self.file, where, "'joiner' only applies to a 'join' node; here it would be ignored")
-        dataset_only = [k for k in ("dataset_config", "split_config", "aux") if k in node]
-        if dataset_only and "path" not in node and not ("join" in node and "aux" not in dataset_only):
+        dataset_only = [k for k in _DATASET_ONLY if k in node]
+        if "join" in node:  # parse_join names dataset_config and split_config on a join itself
+            dataset_only = [k for k in dataset_only if k == "aux"]
+        if dataset_only and "path" not in node:
             raise _err(self.file, where, f"{dataset_only} only apply to a 'path' to a prepared dataset; here they would be ignored")
 
     def _descend(self, node: dict, where: str, ctx: _Ctx) -> _Ctx:
@@ -292,7 +296,7 @@ class _Parser:
         if path.suffix in (".yaml", ".yml") and path.is_file():
             if absolute is not None:
                 raise absolute_subset_error(self.file, where, absolute)
-            dataset_only = [k for k in ("dataset_config", "split_config", "aux") if k in node]
+            dataset_only = [k for k in _DATASET_ONLY if k in node]
             if dataset_only:  # the inner file's own leaves name their configs; these would be ignored
                 raise _err(self.file, where, f"{dataset_only} cannot be set on a reference to a metadataset ({path.name}); set them on its datasets")
             if str(path.resolve()) in self.stack:
