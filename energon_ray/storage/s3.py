@@ -165,7 +165,10 @@ def classify(exc: BaseException) -> Tuple[str, str]:
         return FATAL, f"{text}: {error.get('Message', '')}".rstrip(": ")
     if isinstance(exc, bce.NoCredentialsError):
         return DENIED, "no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or use an instance role)"
-    if isinstance(exc, (bce.HTTPClientError, bce.IncompleteReadError, bce.ResponseStreamingError)):
+    # A refused connection or a connect timeout (the store restarting, overloaded) is transient, as
+    # in botocore's own retry modes; our client leaves retries to us, so we must say so here.
+    connect_failed = (bce.EndpointConnectionError, bce.ConnectTimeoutError)
+    if isinstance(exc, (bce.HTTPClientError, bce.IncompleteReadError, bce.ResponseStreamingError, *connect_failed)):
         return TRANSIENT, describe(exc)
     if transient_os_error(exc) or type(exc).__name__ in ("ProtocolError", "IncompleteRead", "ReadTimeoutError"):
         return TRANSIENT, describe(exc)

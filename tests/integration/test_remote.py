@@ -275,3 +275,21 @@ def test_aux_dataset_and_folder_in_the_bucket(store, aux_tree, tmp_path):
     with server.app.lock:
         whole = {r.path.rsplit("/", 1)[-1] for r in server.app.requests if r.method == "GET" and "/auxtree/pics/pic_" in r.path}
     assert whole == {f"pic_{k}.png" for k in range(4)}
+
+
+def test_a_store_that_goes_away_mid_pass_ends_with_a_clear_error(store, monkeypatch):
+    """A second server, stopped after the dataset was opened: the workers' reads are retried (a refused
+    connection is transient) and the loader stops within seconds with a ShardReadError naming the shard's
+    URL and the store as unavailable, never hangs."""
+    other = S3Server()
+    other.client().create_bucket(Bucket=BUCKET)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", other.endpoint)
+    url = other.upload(store["local"]["cap"], BUCKET, "gone")
+    dataset = er.get_val_dataset(url, worker_config=WC, batch_size=3)
+    other.stop()
+    started = time.monotonic()
+    with pytest.raises(ShardReadError, match=rf"{re.escape(url)}/shards/[^:]+\.tar(\.idx)?: .*failed 10 times, last with "
+                                             r"EndpointConnectionError.*the store is unavailable"):  # fmt: skip
+        _take(dataset, 100)
+    assert time.monotonic() - started < 60
+

@@ -179,3 +179,21 @@ def test_remote_spec_with_dataset_code_ships_its_files(server, tmp_path):
     assert again.sample_loader({"txt": "cd"}) == {"text": "CD"} and server.app.requests == []
     with pytest.raises(UntrustedCodeError):
         read_dataset_spec(url)
+
+
+def test_a_refused_connection_is_retried_then_names_the_url(server, shard):
+    """An endpoint that refuses connections (the store restarting or gone) is a transient failure, as in
+    botocore's retry modes: retried AWS_MAX_ATTEMPTS times and counted, then StorageUnavailableError naming
+    the object's URL, never the secret (it was a fatal 'failed: EndpointConnectionError' at the first try)."""
+    import socket
+
+    _, url, _ = shard
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    gone = dataclasses.replace(S3Settings.from_environment(), endpoint_url=f"http://127.0.0.1:{port}")
+    before = STATS.snapshot()
+    with pytest.raises(StorageUnavailableError, match=r"failed 4 times, last with EndpointConnectionError") as exc:
+        as_path(url, gone).read_range(0, 10)
+    assert str(exc.value).startswith(f"{url}: ") and SECRET_KEY not in str(exc.value)
+    assert STATS.snapshot()[2] - before[2] == 3
