@@ -67,8 +67,10 @@ def _reader(path: str, name: str, storage: Any = None) -> ShardReader:
             for old_key in list(_READERS)[:128]:
                 del _READERS[old_key]
         if is_remote(path):
+            # the dataset folder, for the rebuild command of a missing index (none is found above a URL)
+            root = path[: -len(name) - 1] if name and path.endswith("/" + name) else None
             try:
-                offsets = read_tar_index(as_path(path, storage))
+                offsets = read_tar_index(as_path(path, storage), root)
             except (StorageError, DatasetConfigError) as exc:
                 raise ShardReadError(f"{exc}") from None
         else:

@@ -293,3 +293,15 @@ def test_a_store_that_goes_away_mid_pass_ends_with_a_clear_error(store, monkeypa
         _take(dataset, 100)
     assert time.monotonic() - started < 60
 
+
+def test_a_shard_index_deleted_after_opening_names_the_rebuild_command(store):
+    """A .tar.idx that goes missing after the dataset was opened stops the workers' read with a ShardReadError
+    naming the index and the command that rebuilds it for this dataset's URL (it said '<dataset root>')."""
+    server, local = store["server"], store["local"]["cap"]
+    url = server.upload(local, BUCKET, "noidx")
+    dataset = er.get_val_dataset(url, worker_config=WC, batch_size=3)
+    shard = dataset.dataset.shards[0]
+    server.client().delete_object(Bucket=BUCKET, Key=f"noidx/{shard.name}.idx")
+    with pytest.raises(ShardReadError, match=re.escape(f"{url}/{shard.name}.idx: missing index of {url}/{shard.name}; "
+                                                       f"run `energon-ray prepare --tar-index-only {url}`")):  # fmt: skip
+        _take(dataset, 100)
