@@ -20,7 +20,7 @@ import click
 from tqdm import tqdm
 
 from energon_ray.cli.local_read import ALL_PARTS, LocalDataset, LocalShard, Problem, SampleChecker, ShardSamples, open_local
-from energon_ray.cli.prepare import user_errors
+from energon_ray.cli.prepare import LocalDatasetPath, user_errors
 from energon_ray.format.pool import process_pool
 from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import DatasetConfigError, IndexMismatchError, ShardReadError, resolve_trust
@@ -226,7 +226,7 @@ def lint(dataset: LocalDataset, decoder: SampleDecoder, limit: Optional[int], jo
 
 
 @click.command(name="lint")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=LocalDatasetPath("lint"))
 @click.option("--split-part", default=ALL_PARTS, show_default=True,
               help="Split part to check (train, val, test, …), or all of them; ignored for .jsonl.")
 @click.option("--limit", type=click.IntRange(min=1), help="Check only the first N samples.")

@@ -45,6 +45,25 @@ class DatasetLocation(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+class LocalDatasetPath(click.ParamType):
+    """A local path that must exist; an ``s3://``/``msc://`` URL is refused as such (``click.Path`` would
+    call it a path that does not exist, as if the bucket or key were wrong)."""
+
+    name = "path"
+
+    def __init__(self, command: str):
+        self.command = command
+        self.local = click.Path(exists=True, path_type=Path)
+
+    def convert(self, value, param, ctx):
+        if is_remote(value):
+            self.fail(
+                f"{value}: `energon-ray {self.command}` reads local datasets only (`info` and `prepare` take "
+                f"s3:// and msc:// URLs); copy the dataset to a local folder to {self.command} it", param, ctx,
+            )  # fmt: skip
+        return self.local.convert(value, param, ctx)
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Turn the library's validation errors into a clean ``Error: …`` message with exit code 1."""

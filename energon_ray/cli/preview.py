@@ -13,7 +13,7 @@ import torch
 
 from energon_ray.cli.gallery import PreviewItem, find_images, write_output
 from energon_ray.cli.local_read import LocalDataset, Problem, SampleChecker, ShardSamples, open_local
-from energon_ray.cli.prepare import user_errors
+from energon_ray.cli.prepare import LocalDatasetPath, user_errors
 from energon_ray.decode.sample_decoder import IMAGE_MODES, SampleDecoder
 from energon_ray.errors import ShardReadError, resolve_trust
 from energon_ray.format.tar_index import check_tar_index
@@ -113,7 +113,7 @@ def _item(shard: str, key: str, sample: Any, problems: List[Problem], width: int
 
 
 @click.command(name="preview")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=LocalDatasetPath("preview"))
 @click.option("--split-part", default="train", show_default=True, help="Split part to read (ignored for .jsonl).")
 @click.option("-n", "--num-samples", "count", type=click.IntRange(min=1), default=8, show_default=True,
               help="How many samples, from the first shard on.")

@@ -305,3 +305,12 @@ def test_a_shard_index_deleted_after_opening_names_the_rebuild_command(store):
     with pytest.raises(ShardReadError, match=re.escape(f"{url}/{shard.name}.idx: missing index of {url}/{shard.name}; "
                                                        f"run `energon-ray prepare --tar-index-only {url}`")):  # fmt: skip
         _take(dataset, 100)
+
+
+def test_lint_and_preview_refuse_a_url_as_local_only(store):
+    """`energon-ray lint`/`preview` read local datasets only: a URL is a usage error saying so (and which
+    commands take URLs), not "Path 's3://…' does not exist", which sent one looking for a wrong bucket or key."""
+    for command in ("lint", "preview"):
+        result = CliRunner().invoke(cli, [command, store["remote"]["cap"]])
+        assert result.exit_code == 2 and "does not exist" not in result.output
+        assert f"{store['remote']['cap']}: `energon-ray {command}` reads local datasets only" in " ".join(result.output.split())
