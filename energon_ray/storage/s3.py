@@ -153,7 +153,9 @@ def classify(exc: BaseException) -> Tuple[str, str]:
         error = exc.response.get("Error", {}) or {}
         status = (exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
         code = str(error.get("Code") or status or "")
-        text = f"HTTP {status} {code}".strip()
+        # a HEAD answer has no body: botocore's code is then the status again ("HTTP 403 403")
+        shown = (error.get("Message") or "") if code == str(status) else code
+        text = f"HTTP {status} {shown}".strip()
         if code == "InvalidRange" or status == 416:
             return FATAL, f"{text}: the object is shorter than the byte range asked for"
         if code in _MISSING_CODES or status == 404:

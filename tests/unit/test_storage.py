@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -113,6 +114,9 @@ def test_persistent_faults_missing_and_forbidden_objects_raise_clear_errors(serv
     with pytest.raises(AccessDeniedError) as denied:
         as_path(url).read_bytes()
     assert str(denied.value).startswith(f"{url}: access denied (HTTP 403 AccessDenied)") and SECRET_KEY not in str(denied.value)
+    server.app.fail("403", 1, ranged_only=False)
+    with pytest.raises(AccessDeniedError, match=re.escape(f"{url}: access denied (HTTP 403 Forbidden);")):
+        as_path(url).stat()  # a HEAD: no error body, so the status's reason, not "HTTP 403 403"
 
 
 def test_remote_shard_reader_reads_what_the_local_one_reads(server, shard):
