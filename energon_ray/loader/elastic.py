@@ -161,16 +161,23 @@ def _prefixes(dataset: Any, states: List[LoaderState], wc: WorkerConfig) -> Redi
         for state in states
     ]  # fmt: skip
     for i, leaf in enumerate(leaves):
-        rest: List[np.ndarray] = []
+        chained = leaf.stage_config().chained
+        progress = []  # (stream, worker, start, pooled, consumed, reached) of every old worker stream
         for state, old_wc, origin in olds:
             if origin is not None:
                 old = origin.streams(leaf, i, old_wc)
             else:
                 old = leaf.streams(pass_index, worker_config=old_wc)
-            for w, stream in enumerate(old):
-                samples, epoch = _rest(stream, state, i, w, chained=leaf.stage_config().chained)
-                rest.append(samples)
-                next_epoch = max(next_epoch, epoch)
+            progress += [(stream, w, *_progress(stream, state, i, w, chained)) for w, stream in enumerate(old)]
+        # the epoch no old stream had begun: a stream that gave (or pooled) items of a later epoch than
+        # its checkpoint's segment (a segment across an epoch boundary of an endless stream) had begun
+        # that epoch, and every other stream gives its share of it too, so none of it comes twice
+        target = max((stream.epoch_at(stream.epoch_end(reached)) for stream, *_, reached in progress), default=pass_index)
+        rest: List[np.ndarray] = []
+        for stream, w, start, pooled, consumed, _ in progress:
+            samples, epoch = _rest(stream, start, pooled, consumed, target, w, i)
+            rest.append(samples)
+            next_epoch = max(next_epoch, epoch)
         everything = np.concatenate(rest) if rest else np.empty(0, dtype=np.int64)
         cuts = _balanced(len(everything), global_workers)
         mine = []
@@ -192,27 +199,36 @@ def _given_by_nodes(state: LoaderState, leaf: int, worker: int) -> set:
     return out
 
 
-def _rest(stream: Any, state: LoaderState, leaf: int, worker: int, chained: bool = False) -> Tuple[np.ndarray, int]:
-    """Sample indices an old worker stream had not yet given, up to its current epoch's end (in
-    stream order), and the epoch that follows. ``chained`` (a generator ``encode_sample``): the
-    samples of the batch open at the checkpoint, and the last sample given (its outputs may go on
-    in the next batch), are given again."""
-    if state.streams:
-        saved = state.streams[leaf][worker]
-        cp = saved.checkpoint
-        start = SegmentLayout.from_list(state.segment_lengths[leaf]).start(cp.segment)
-        pooled = {int(p) for ref_leaf, p, _ in cp.refs() if ref_leaf == leaf}
-        consumed = set(expand_ranges(saved.positions)) | _given_by_nodes(state, leaf, worker)
-        if chained:  # a sample's outputs may straddle batches
-            if cp.chain is not None and len(cp.chain) > 2 and cp.chain[2] is not None:
-                start = min(start, int(cp.chain[2]))  # the open batch's samples were read, not given
-            if saved.positions:  # the last sample given may have outputs left: given again, in full
-                consumed.discard(max(expand_ranges(saved.positions)))
-    else:  # a redistributed pass that had not started: nothing read yet
-        start, pooled, consumed = 0, set(), set()
+def _progress(stream: Any, state: LoaderState, leaf: int, worker: int, chained: bool = False) -> Tuple[int, set, set, int]:
+    """Where an old worker stream stood: its checkpoint's first position, the positions its pools
+    held, the positions given since, and the position after the furthest one it gave or pooled (the
+    epoch that holds it was begun). ``chained`` (a generator ``encode_sample``): the samples of
+    the batch open at the checkpoint, and the last sample given (its outputs may go on in the next
+    batch), count as not given (they come again)."""
+    if not state.streams:  # a redistributed pass that had not started: nothing read yet
+        return 0, set(), set(), 0
+    saved = state.streams[leaf][worker]
+    cp = saved.checkpoint
+    start = SegmentLayout.from_list(state.segment_lengths[leaf]).start(cp.segment)
+    pooled = {int(p) for ref_leaf, p, _ in cp.refs() if ref_leaf == leaf}
+    consumed = set(expand_ranges(saved.positions)) | _given_by_nodes(state, leaf, worker)
+    reached = max([start, *(p + 1 for p in pooled | consumed)])
+    if chained:  # a sample's outputs may straddle batches
+        if cp.chain is not None and len(cp.chain) > 2 and cp.chain[2] is not None:
+            start = min(start, int(cp.chain[2]))  # the open batch's samples were read, not given
+        if saved.positions:  # the last sample given may have outputs left: given again, in full
+            consumed.discard(max(expand_ranges(saved.positions)))
     if stream.length is not None:
-        start = min(start, stream.length)
+        start, reached = min(start, stream.length), min(reached, stream.length)
+    return start, pooled, consumed, reached
+
+
+def _rest(stream: Any, start: int, pooled: set, consumed: set, target: int, worker: int, leaf: int) -> Tuple[np.ndarray, int]:
+    """Sample indices an old worker stream had not yet given, up to where epoch ``target`` begins
+    (in stream order; its end, for a finite stream that ends first), and the epoch that follows."""
     end = stream.epoch_end(start)
+    while stream.epoch_at(end) < target and (stream.length is None or end < stream.length):
+        end = stream.epoch_end(end + 1)
     positions = np.array(sorted((set(range(start, end)) | pooled) - consumed), dtype=np.int64)
     if not len(positions):
         return np.empty(0, dtype=np.int64), stream.epoch_at(end)

@@ -174,6 +174,23 @@ def test_endless_stream_gives_the_rest_of_the_epoch_first(roots):
     assert Counter(after[19:]) == all_keys("b", 30)
 
 
+def test_endless_stream_saved_just_after_an_epoch_boundary_repeats_nothing(roots):
+    """repeat=True, 1 rank x 2 workers (15 samples each per epoch) saved after 37 items: each old
+    stream had begun its second epoch inside the segment its checkpoint names. Restored on 1 rank x 1
+    worker, the next 23 items complete the second epoch: every sample twice, none a third time (the
+    second epoch's given samples were given again, others not at all)."""
+    old = er.get_savable_loader(train(roots["b"], wc(0, 1, 2), None))
+    seen = [s.__key__ for s in take(old, 37)]
+    state = old.save_state_rank()
+    old.close()
+    new = er.get_savable_loader(train(roots["b"], wc(0, 1, 1), None))
+    new.restore_state_global([state])
+    after = [s.__key__ for s in take(new, 60 - 37 + 30)]
+    new.close()
+    assert Counter(seen + after[:23]) == all_keys("b", 30) + all_keys("b", 30)
+    assert Counter(after[23:]) == all_keys("b", 30)
+
+
 def test_what_cannot_move_says_so(roots, tmp_path):
     """A single rank's state into another world size, a missing rank, and packed datasets: StateError."""
     old = [er.get_savable_loader(train(roots["a"], wc(r, 2, 1), 4, repeat=False)) for r in range(2)]
