@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from energon_ray.loader.savable import fingerprints, new_state, warn_other_encoders, what_differs
+from energon_ray.loader.savable import check_seed, fingerprints, new_state, warn_other_encoders, what_differs
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, expand_ranges
 from energon_ray.plan.stream import SegmentLayout
 from energon_ray.worker import WorkerConfig
@@ -89,6 +89,13 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
         )
     if len({(s.passes, s.pass_index) for s in states}) != 1:
         raise StateError("the ranks' states are from different passes; save every rank's state at the same step")
+    seeds = sorted({s.seed_offset for s in states}, key=repr)
+    if len(seeds) > 1:
+        raise StateError(
+            f"the ranks' states are from runs of different seeds (WorkerConfig seed_offset {seeds}); pass the states "
+            "every rank of one run saved at the same step"
+        )
+    check_seed(seeds[0], dataset)
     accepted = fingerprints(dataset, order_only=True)
     ours = accepted[0]
     for s in states:

@@ -128,6 +128,18 @@ def encoder_name(leaf: Any) -> str:
     return type(leaf.task_encoder).__qualname__
 
 
+def check_seed(saved: Optional[int], dataset: Composition) -> None:
+    """Raises ``StateError`` if a state was saved with another ``WorkerConfig.seed_offset`` (it
+    decides every stream's order: the saved positions would name other samples)."""
+    current = dataset.worker_config.seed_offset
+    if saved is not None and saved != current:
+        raise StateError(
+            f"the state was saved with WorkerConfig seed_offset={saved}, this loader has seed_offset={current}; "
+            "the seed decides the sample order, so the saved positions would name other samples: build the loader "
+            "with the seed_offset it was saved with"
+        )
+
+
 def fingerprints(dataset: Composition, order_only: bool = False) -> Tuple[str, str]:
     """The fingerprint a state saved now has, and the one states saved before 2026-11-25 have (with
     the task encoders' classes): a state with either fits."""
@@ -160,6 +172,7 @@ def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderStat
         order_fingerprint=fingerprint(describe(dataset, order_only=True)),
         task_encoders=[encoder_name(leaf) for leaf in dataset.leaves()],
         config_summary=summarize(description),
+        seed_offset=wc.seed_offset,
     )
 
 
@@ -172,6 +185,7 @@ def check_fits(state: LoaderState, dataset: Composition) -> None:
                 f"the state was saved with {name}={getattr(state, name)}, this loader has {name}={getattr(expected, name)}; "
                 "restore each rank's own state into a loader with the same WorkerConfig (rank, world_size, num_workers)"
             )
+    check_seed(state.seed_offset, dataset)
     if state.fingerprint not in fingerprints(dataset):
         named = what_differs(state, dataset)
         if named:

@@ -130,6 +130,9 @@ class LoaderState:
     #: ``config_summary.summarize`` of what ``fingerprint`` digests: names what differs when a
     #: restore is refused (empty in states saved before it was recorded)
     config_summary: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: ``WorkerConfig.seed_offset`` (it decides the sample order; ``None`` in states saved before it
+    #: was recorded, which are not checked)
+    seed_offset: Optional[int] = None
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -176,6 +179,7 @@ class LoaderState:
             elastic=data.get("elastic"),
             task_encoders=list(data.get("task_encoders", [])),
             config_summary=dict(data.get("config_summary", {})),
+            seed_offset=data.get("seed_offset"),
         )
 
     @classmethod

@@ -232,6 +232,44 @@ def test_what_cannot_move_says_so(roots, tmp_path):
         packed(wc(0, 1, 1)).restore_state_global(packed_states)
 
 
+def test_another_seed_offset_is_refused_by_name(roots):
+    """The seed decides every stream's order, so a state's positions name other samples under another
+    WorkerConfig.seed_offset (10 of the rest were lost and 10 given twice): refused by name, on
+    another world size and on the same one, as are the states of two runs of different seeds. A
+    state without the field (saved before it was recorded) still restores."""
+
+    def run(config, batch):
+        return er.get_savable_loader(train(roots["a"], config, batch, repeat=False))
+
+    old = [run(er.WorkerConfig(rank=r, world_size=2, num_workers=2, seed_offset=s), 4) for r in range(2) for s in (0, 1)]
+    for loader in old:
+        take(loader, 1)
+    states = [loader.save_state_rank() for loader in old]  # rank 0 seed 0, rank 0 seed 1, rank 1 seed 0, rank 1 seed 1
+    for loader in old:
+        loader.close()
+    saved, other_run = [states[0], states[2]], [states[0], states[3]]
+    message = "the state was saved with WorkerConfig seed_offset=0, this loader has seed_offset=5; the seed decides the sample order"
+    elastic = run(er.WorkerConfig(rank=0, world_size=1, num_workers=3, seed_offset=5), 8)
+    with pytest.raises(er.StateError, match=message):
+        elastic.restore_state_global(saved)
+    with pytest.raises(er.StateError, match=r"runs of different seeds \(WorkerConfig seed_offset \[0, 1\]\)"):
+        elastic.restore_state_global(other_run)
+    elastic.close()
+    same = run(er.WorkerConfig(rank=1, world_size=2, num_workers=2, seed_offset=5), 4)
+    with pytest.raises(er.StateError, match=message):
+        same.restore_state_global(saved)
+    same.close()
+    unrecorded = []
+    for state in saved:
+        data = state.to_dict()
+        del data["seed_offset"]
+        unrecorded.append(data)
+    fine = run(er.WorkerConfig(rank=0, world_size=1, num_workers=3), 8)
+    fine.restore_state_global(unrecorded)
+    assert sum(len(keys) for keys in keys_of(fine)) == 45 - 8  # a batch of 4 given by each old rank
+    fine.close()
+
+
 def test_wrappers_move_unless_they_hold_items(roots):
     """A BatchDataset wrapper (nothing held between its groups) moves from 2 ranks x 2 workers to 1 x 3,
     every sample once; a ShuffleBufferDataset under it holds pulled samples, so its state is refused
