@@ -127,9 +127,10 @@ class EnergonLoader:
         than samples or shards) would give a pass with no batch: the loop would end at once and this
         rank leave training while the others go on. Energon refuses to repeat such an empty dataset;
         so do we, naming the rank and the sources. (A rank that some sources give samples repeats
-        those; one that takes over an unfinished epoch of another world size reads that first.)"""
+        those. A restore on another world size is no exception: such a rank would give its share of
+        the unfinished epoch, if any, and then end while the others go on.)"""
         leaves = self.dataset.leaves()
-        if self._redist is not None or not all(leaf.repeats_forever() for leaf in leaves):
+        if not all(leaf.repeats_forever() for leaf in leaves):
             return
         if any(leaf.has_rank_samples() for leaf in leaves):
             return

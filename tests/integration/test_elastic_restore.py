@@ -270,6 +270,31 @@ def test_another_seed_offset_is_refused_by_name(roots):
     fine.close()
 
 
+def test_endless_restore_on_a_rank_without_samples_is_refused(roots, tmp_path):
+    """A 3-sample dataset (repeat=True) saved by 1 rank after one sample, restored on 4 ranks: rank 3
+    holds no sample and gets none of the rest; it raises as a fresh loader of that rank does, rather
+    than ending at once while the other ranks go on. Ranks 0 to 2 take over the rest and repeat."""
+    tiny = prefixed_text_dataset(tmp_path / "c", "c", 3, per_shard=3)
+    old = er.get_savable_loader(train(tiny, wc(0, 1, 1), None))
+    seen = [s.__key__ for s in take(old, 1)]
+    state = old.save_state_rank()
+    old.close()
+    firsts = []
+    for rank in range(3):
+        loader = er.get_savable_loader(train(tiny, wc(rank, 4, 1), None))
+        loader.restore_state_global([state])
+        got = [s.__key__ for s in take(loader, 3)]
+        loader.close()
+        firsts.append(got[0])
+        assert set(got[1:]) == {f"c_{rank:06d}"}  # its own sample, repeated
+    assert Counter(seen + firsts[:2]) == all_keys("c", 3)  # the rest of the epoch: ranks 0 and 1
+    last = er.get_savable_loader(train(tiny, wc(3, 4, 1), None))
+    last.restore_state_global([state])
+    with pytest.raises(er.DatasetConfigError, match=r"rank 3 of world size 4 \(1 workers\) holds no sample of"):
+        iter(last)
+    last.close()
+
+
 def test_wrappers_move_unless_they_hold_items(roots):
     """A BatchDataset wrapper (nothing held between its groups) moves from 2 ranks x 2 workers to 1 x 3,
     every sample once; a ShuffleBufferDataset under it holds pulled samples, so its state is refused
