@@ -37,6 +37,8 @@ step captioning_${CPUS}cpu_seg64 60 python3 bench_captioning.py --samples "$N" -
 # Energon 4192; what it costs in trainer CPU per batch and steady rate only a 16-core machine says)
 step captioning_${CPUS}cpu_seg32 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --samples-per-segment 32
 BENCH_PYSPY=$OUT/trainer_pyspy.txt step first_batch_after_setup 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --setup-delay 10
+# what `import torch` (the CUDA build) costs each Ray worker, and which libraries' loading (5 s)
+step import_memory 60 python3 probe_import_memory.py
 # where a Ray worker's memory lies (heap, anonymous, object store, torch's relocated libraries)
 step worker_memory 60 python3 probe_worker_memory.py --samples 6000 --cpus "$CPUS" --workdir $W
 # one core left to the trainer (both loaders get CPUS-1): does the GPU step come closer to loader-free?
