@@ -1,10 +1,11 @@
 """Sample packing inside a segment, with Energon's buffer semantics.
 
 Fill a reading buffer to ``packing_buffer_size`` encoded samples; when no packs are pending, hand the
-whole buffer to ``select_samples_to_pack`` (samples it does not select are dropped, as in Energon);
-emit one ``pack_selected_samples`` per step (after ``postencode_sample`` on the pack's members) and
-top the buffer up; at the end flush pending packs, then pack the partial buffer. Each Ray task packs
-its own segment, so packing restarts at segment boundaries (``samples_per_segment`` sets how long).
+whole buffer to ``select_samples_to_pack`` (samples it does not select are dropped and empty groups
+ignored, as in Energon); emit one ``pack_selected_samples`` per step (after ``postencode_sample`` on
+the pack's members) and top the buffer up; at the end flush pending packs, then pack the partial
+buffer. Each Ray task packs its own segment, so packing restarts at segment boundaries
+(``samples_per_segment`` sets how long).
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ class Packer:
         out, seen = [], set()
         for group in _listed(groups, what, "a list of packs (each a list of samples from the buffer)"):
             group = _listed(group, what, "a pack (a list of samples from the buffer)")
-            if not group:
-                raise FatalSampleError(f"{what}: returned an empty group")
+            if not group:  # as Energon: an empty group is no pack (e.g. samples[1:3] of a short last buffer)
+                continue
             entries = []
             for sample in group:
                 if id(sample) not in by_id:

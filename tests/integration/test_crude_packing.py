@@ -100,8 +100,6 @@ class BadPack(er.DefaultTaskEncoder):
     def select_samples_to_pack(self, samples):
         if self.mode == "twice":
             return [[samples[0], samples[0]]]
-        if self.mode == "empty":
-            return [[]]
         if self.mode == "none":
             return None
         if self.mode == "flat":
@@ -118,7 +116,6 @@ class BadPack(er.DefaultTaskEncoder):
     "mode,message",
     [
         ("twice", r"returned sample 't_000000' twice"),
-        ("empty", r"returned an empty group"),
         ("foreign", r"returned sample 'stranger', which is not from the buffer"),
         ("none", r"must return a list of packs \(each a list of samples from the buffer\), got None \(NoneType\)"),
         ("flat", r"must return a pack \(a list of samples from the buffer\), got a TextSample \('t_000000'\)"),
@@ -126,8 +123,8 @@ class BadPack(er.DefaultTaskEncoder):
     ],
 )
 def test_bad_pack_selection_is_named(tmp_path, mode, message):
-    """select_samples_to_pack returning a sample twice, an empty group, a foreign sample, None, a flat
-    list of samples or indexes fails with the hook, the keys and what it returned (not a TypeError in Ray)."""
+    """select_samples_to_pack returning a sample twice, a foreign sample, None, a flat list of samples
+    or indexes fails with the hook, the keys and what it returned (not a TypeError in Ray)."""
     path = prefixed_text_dataset(tmp_path / "t", "t", 12)
     loader = er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=2, worker_config=WC, packing_buffer_size=4, task_encoder=BadPack(mode)))
     with pytest.raises(er.FatalSampleError, match=r"select_samples_to_pack on 4 samples starting at 't_000000'.*" + message):

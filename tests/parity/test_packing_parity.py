@@ -89,3 +89,36 @@ def test_grouped_batches_match_energon(text, workers, segment):
     got, expected = _keys(er.get_loader(ours)), _keys(me.get_loader(theirs))
     assert sorted(map(tuple, got)) == sorted(map(tuple, expected))
     assert got == expected
+
+
+class EmptyGroupHooks:
+    """Pack the first sample alone and the next two together: on a short last buffer (one sample) the
+    second group is empty; a separate ``[]`` comes first and last too."""
+
+    def select_samples_to_pack(self, samples):
+        return [[], [samples[0]], samples[1:3], []]
+
+    def pack_selected_samples(self, samples):
+        return self.sample_cls(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text="|".join(s.text for s in samples))
+
+
+class OurEmptyGroups(EmptyGroupHooks, er.DefaultTaskEncoder):
+    sample_cls = er.TextSample
+
+
+class TheirEmptyGroups(EmptyGroupHooks, me.DefaultTaskEncoder):
+    sample_cls = me.TextSample
+
+
+@pytest.mark.parametrize("workers,buffer", [(0, 3), (2, 2), (2, 1)])
+def test_empty_groups_from_select_samples_to_pack_are_ignored_like_energon(text, workers, buffer):
+    """Empty groups in select_samples_to_pack's answer are no packs, as in Energon (we raised
+    FatalSampleError 'returned an empty group' on each of these, at the latest on a worker's short last buffer)."""
+    wc = dict(rank=0, world_size=1, num_workers=workers)
+    ours = er.get_val_dataset(text, split_part="train", worker_config=er.WorkerConfig(**wc), batch_size=2, packing_buffer_size=buffer, task_encoder=OurEmptyGroups())
+    theirs = me.get_val_dataset(text, split_part="train", worker_config=me.WorkerConfig(**wc), batch_size=2, packing_buffer_size=buffer, task_encoder=TheirEmptyGroups())
+    got, expected = _keys(er.get_loader(ours)), _keys(me.get_loader(theirs))
+    assert got == expected
+    if workers == 0:  # 61 samples: 20 buffers of 3 (two packs each), then t_000060 alone
+        assert len(got) == 21 and got[:2] == [["t_000000", "t_000001+t_000002"], ["t_000003", "t_000004+t_000005"]]
+        assert got[-2:] == [["t_000057", "t_000058+t_000059"], ["t_000060"]]
