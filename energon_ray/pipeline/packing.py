@@ -11,6 +11,7 @@ buffer. Each Ray task packs its own segment, so packing restarts at segment boun
 from __future__ import annotations
 
 from collections.abc import Iterable
+import dataclasses
 from typing import Any, List, Tuple
 
 from energon_ray.errors import FatalSampleError
@@ -66,6 +67,31 @@ def set_restore_key(pack: Any, key: tuple) -> None:
         pass
 
 
+@dataclasses.dataclass
+class EmptyRounds(StageRun):
+    """Buffers in a row for which ``select_samples_to_pack`` gave no pack (Energon's pre-packer rounds).
+    Not failures (nothing is counted or logged), but joined across a worker stream's segments like
+    them (``FailureChain``), so a selection that never packs fails after ``tolerance`` + 1 buffers, as
+    in Energon, even where each segment (or a blend's chunk) holds fewer buffers than that."""
+
+    def empty(self, message: str) -> None:
+        self.trail += 1
+        if not self.had_success:
+            self.lead += 1
+        self.last_error = message
+        if self.exceeded(self.trail):
+            raise FatalSampleError(self.too_many(self.trail))
+
+    def exceeded(self, count: int) -> bool:
+        return bool(self.tolerance) and count > self.tolerance
+
+    def too_many(self, count: int, where: str = "") -> str:
+        return (
+            f"select_samples_to_pack returned no packs for {count} buffers in a row{where} (failure_tolerance="
+            f"{self.tolerance}; last: {self.last_error}); likely the packing code or the data is broken"
+        )
+
+
 class Packer:
     """Runs a task encoder's packing hooks over one segment's encoded samples."""
 
@@ -81,7 +107,8 @@ class Packer:
         self.tolerance = tol
 
     def new_runs(self) -> List[StageRun]:
-        return [self.select.new_run(), self.post.new_run(), self.pack.new_run()]
+        empty = EmptyRounds(stage="select_samples_to_pack (no pack)", tolerance=self.tolerance)
+        return [self.select.new_run(), self.post.new_run(), self.pack.new_run(), empty]
 
     def _groups(self, buffer: List[Item], seed: int, runs: List[StageRun]) -> List[List[Item]]:
         samples = [item for _, _, item in buffer]
@@ -145,7 +172,6 @@ class Packer:
         reading: List[Item] = []
         pending: List[List[Item]] = []
         out: List[Item] = []
-        empty_rounds = 0
 
         def fill() -> bool:
             while len(reading) < self.buffer_size:
@@ -157,16 +183,12 @@ class Packer:
 
         while fill():
             if not pending:
+                first = _key(reading[0][2])
                 pending, reading[:] = self._groups(list(reading), seed, runs), []
                 if not pending:
-                    empty_rounds += 1
-                    if self.tolerance and empty_rounds > self.tolerance:
-                        raise FatalSampleError(
-                            f"select_samples_to_pack returned no packs for {empty_rounds} buffers in a row; "
-                            "likely the packing code or the data is broken"
-                        )
+                    runs[3].empty(f"no pack from the buffer starting at {first!r}")
                     continue
-            empty_rounds = 0
+            runs[3].success()
             out += self.pack_group(pending.pop(0), seed, runs)
         while pending:
             out += self.pack_group(pending.pop(0), seed, runs)

@@ -98,11 +98,16 @@ class StageRun:
         self.last_error = message
         if len(self.messages) < MAX_REPORTED:
             self.messages.append(message)
-        if self.tolerance and self.trail >= self.tolerance:
-            raise FatalSampleError(
-                f"{self.trail} consecutive failures in stage {self.stage!r} (failure_tolerance="
-                f"{self.tolerance}); last: {message}"
-            )
+        if self.exceeded(self.trail):
+            raise FatalSampleError(self.too_many(self.trail))
+
+    def exceeded(self, count: int) -> bool:
+        """Whether ``count`` failures in a row are too many."""
+        return bool(self.tolerance) and count >= self.tolerance
+
+    def too_many(self, count: int, where: str = "") -> str:
+        """The message of ``FatalSampleError`` for ``count`` failures in a row (``where``: of which stream)."""
+        return f"{count} consecutive failures in stage {self.stage!r}{where} (failure_tolerance={self.tolerance}); last: {self.last_error}"
 
 
 class FailureChain:
@@ -116,11 +121,8 @@ class FailureChain:
         key = (worker, run.stage)
         carried = self._runs.get(key, 0)
         joined = carried + run.lead
-        if run.tolerance and joined >= run.tolerance and (run.lead or carried):
-            raise FatalSampleError(
-                f"{joined} consecutive failures in stage {run.stage!r} of worker stream {worker} "
-                f"(failure_tolerance={run.tolerance}); last: {run.last_error}"
-            )
+        if run.exceeded(joined) and (run.lead or carried):
+            raise FatalSampleError(run.too_many(joined, f" of worker stream {worker}"))
         self._runs[key] = run.trail if run.had_success else joined
 
 

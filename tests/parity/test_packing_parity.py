@@ -122,3 +122,54 @@ def test_empty_groups_from_select_samples_to_pack_are_ignored_like_energon(text,
     if workers == 0:  # 61 samples: 20 buffers of 3 (two packs each), then t_000060 alone
         assert len(got) == 21 and got[:2] == [["t_000000", "t_000001+t_000002"], ["t_000003", "t_000004+t_000005"]]
         assert got[-2:] == [["t_000057", "t_000058+t_000059"], ["t_000060"]]
+
+
+class RareHooks:
+    """With tolerance 5: buffers (of 3) starting at sample 18k+15 are packed (in pairs), the 5 before
+    each give no pack; ``never`` gives no pack at all."""
+
+    __default_failure_tolerance__ = 5
+    never = False
+
+    def select_samples_to_pack(self, samples):
+        if self.never or int(samples[0].text) % 18 != 15:
+            return []
+        return [samples[i : i + 2] for i in range(0, len(samples), 2)]
+
+    def pack_selected_samples(self, samples):
+        return self.sample_cls(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text="|".join(s.text for s in samples))
+
+
+class OurRare(RareHooks, er.DefaultTaskEncoder):
+    sample_cls = er.TextSample
+
+
+class TheirRare(RareHooks, me.DefaultTaskEncoder):
+    sample_cls = me.TextSample
+
+
+def test_buffers_without_a_pack_are_counted_across_segments_like_energon(text):
+    """Energon raises once select_samples_to_pack gave no pack for more than the tolerance's buffers
+    in a row; so do we when the run spans segments (4 buffers each here; each segment counted alone
+    before, so a selection that never packs ended the pass with no batch and no error, and a repeating
+    loader waited forever). Runs of exactly the tolerance pass, as in Energon."""
+    wc = dict(rank=0, world_size=1, num_workers=0)
+
+    def ours(never):
+        te = OurRare()
+        te.never = never
+        return er.get_loader(er.get_val_dataset(text, split_part="train", worker_config=er.WorkerConfig(**wc), batch_size=2,
+                                                packing_buffer_size=3, task_encoder=te, samples_per_segment=12))  # fmt: skip
+
+    def theirs(never):
+        te = TheirRare()
+        te.never = never
+        return me.get_loader(me.get_val_dataset(text, split_part="train", worker_config=me.WorkerConfig(**wc), batch_size=2,
+                                                packing_buffer_size=3, task_encoder=te))  # fmt: skip
+
+    expected = [["t_000015+t_000016", "t_000017"], ["t_000033+t_000034", "t_000035"], ["t_000051+t_000052", "t_000053"]]
+    assert _keys(ours(False)) == _keys(theirs(False)) == expected
+    with pytest.raises(RuntimeError, match=r"did not yield any packs after 6 rounds"):
+        _keys(theirs(True))
+    with pytest.raises(er.FatalSampleError, match=r"^select_samples_to_pack returned no packs for 8 buffers in a row of worker stream 0 \(failure_tolerance=5; last: no pack from the buffer starting at 't_000021'\)"):
+        _keys(ours(True))
