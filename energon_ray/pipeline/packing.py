@@ -10,8 +10,8 @@ buffer. Each Ray task packs its own segment, so packing restarts at segment boun
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 import dataclasses
+from collections.abc import Iterable
 from typing import Any, List, Tuple
 
 from energon_ray.errors import FatalSampleError
