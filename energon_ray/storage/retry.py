@@ -29,6 +29,8 @@ TRANSIENT, MISSING, DENIED, FATAL = "transient", "missing", "denied", "fatal"
 #: Environment variables (besides AWS_MAX_ATTEMPTS) that tune the retry loop.
 BACKOFF_ENV = "ENERGON_RAY_STORAGE_BACKOFF_S"
 MAX_BACKOFF_ENV = "ENERGON_RAY_STORAGE_MAX_BACKOFF_S"
+#: failures in a row of one request after which its retries are logged as a warning (once)
+_SAY_AFTER = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +135,11 @@ def call(
             description = redact(description)
             if kind == TRANSIENT and attempt + 1 < policy.max_attempts:
                 delay = policy.delay(attempt)
-                logger.info("%s: %s failed (%s); retry %d in %.2fs", url, what, description, attempt + 1, delay)
+                # a blip stays quiet; a store that keeps failing (down, or a wrong endpoint) is said once,
+                # as the retries up to AWS_MAX_ATTEMPTS can take half a minute
+                log = logger.warning if attempt + 1 == _SAY_AFTER else logger.info
+                log("%s: %s failed (%s); retry %d of %d in %.2fs", url, what, description, attempt + 1,
+                    policy.max_attempts - 1, delay)  # fmt: skip
                 STATS.add(retries=1)
                 attempt += 1
                 time.sleep(delay)

@@ -185,10 +185,11 @@ def test_remote_spec_with_dataset_code_ships_its_files(server, tmp_path):
         read_dataset_spec(url)
 
 
-def test_a_refused_connection_is_retried_then_names_the_url(server, shard):
+def test_a_refused_connection_is_retried_then_names_the_url(server, shard, caplog):
     """An endpoint that refuses connections (the store restarting or gone) is a transient failure, as in
     botocore's retry modes: retried AWS_MAX_ATTEMPTS times and counted, then StorageUnavailableError naming
-    the object's URL, never the secret (it was a fatal 'failed: EndpointConnectionError' at the first try)."""
+    the object's URL, never the secret (it was a fatal 'failed: EndpointConnectionError' at the first try);
+    the retries are said once as a warning, at the third failure in a row (a wrong endpoint waits a while)."""
     import socket
 
     _, url, _ = shard
@@ -197,7 +198,11 @@ def test_a_refused_connection_is_retried_then_names_the_url(server, shard):
         port = sock.getsockname()[1]
     gone = dataclasses.replace(S3Settings.from_environment(), endpoint_url=f"http://127.0.0.1:{port}")
     before = STATS.snapshot()
-    with pytest.raises(StorageUnavailableError, match=r"failed 4 times, last with EndpointConnectionError") as exc:
-        as_path(url, gone).read_range(0, 10)
+    with caplog.at_level(logging.WARNING, logger="energon_ray"):
+        with pytest.raises(StorageUnavailableError, match=r"failed 4 times, last with EndpointConnectionError") as exc:
+            as_path(url, gone).read_range(0, 10)
     assert str(exc.value).startswith(f"{url}: ") and SECRET_KEY not in str(exc.value)
     assert STATS.snapshot()[2] - before[2] == 3
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith(f"{url}: read of bytes [0, 10) failed (EndpointConnectionError")
+    assert "); retry 3 of 3 in " in warned[0] and SECRET_KEY not in warned[0]
