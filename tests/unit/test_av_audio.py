@@ -80,6 +80,45 @@ def test_lossy_track_clips_equal_the_full_decode(media_dir):
         assert torch.allclose(clip, full[:, first:stop], atol=1e-6), (start, end)
 
 
+def _flac_seek_refused(data: bytes, sample: int, rate: int) -> bool:
+    """Whether FFmpeg's FLAC demuxer refuses a backward seek to ``sample`` of ``data``."""
+    import io
+    from fractions import Fraction
+
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        try:
+            container.seek(int(Fraction(sample, rate) / Fraction(stream.time_base)), stream=stream, backward=True)
+        except av.FFmpegError:
+            return True
+    return False
+
+
+def test_flac_seek_refused_by_the_demuxer_decodes_from_the_start(tmp_path):
+    """FFmpeg's FLAC demuxer refuses (EPERM) some seeks in a short stereo FLAC without seek table;
+    a clip there used to fail ("seeking the audio failed: [Errno 1] Operation not permitted"; Energon:
+    PermissionError). It is now decoded from the start of the file: the stored samples, with a
+    RuntimeWarning saying the seek was refused."""
+    import warnings
+
+    from tests.unit.test_av_media import write_audio
+
+    rate = 8000
+    data = write_audio(tmp_path / "s.flac", codec="flac", seconds=0.3, channels=2, rate=rate).read_bytes()
+    refused = _flac_seek_refused(data, 1300, rate)  # True with PyAV 18's FFmpeg
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clips = AVDecoder(data, key="s.flac").get_clips(
+            audio_clip_ranges=[(1300, 1700), (400, 1800), (0, 2400)], audio_unit="samples"
+        )
+    for (a, b), clip in zip([(1300, 1700), (400, 1800), (0, 2400)], clips.audio_clips):
+        assert clip.dtype == torch.int16 and torch.equal(clip, ramp_int16(a, b, 2)), (a, b)
+    assert clips.audio_timestamps[0] == (1300 / rate, 1700 / rate)
+    assert any("audio seek was refused by the demuxer at sample 1300" in str(w.message) for w in caught) == refused
+
+
 def test_preroll_only_for_lossy_codecs():
     """PCM and FLAC decode from the seek point; lossy codecs decode a quarter second before it."""
     assert preroll_samples("pcm_s16le", 8000) == 0 and preroll_samples("flac", 44100) == 0

@@ -115,12 +115,14 @@ class AudioClipReader:
         self._container = self._open()
         target = start - self._preroll
         if target > 0:
-            got = self._collect(start, end, self._seek(target), seek_target=target)
+            frames = self._seek(target)
+            got = None if frames is None else self._collect(start, end, frames, seek_target=target)
             if got is not None:
                 return got
             if not self._quiet:
+                how = "missed" if frames is not None else "was refused by the demuxer at"
                 warnings.warn(
-                    f"{self._key}: audio seek missed sample {start}; decoding again from the start",
+                    f"{self._key}: audio seek {how} sample {start}; decoding again from the start",
                     RuntimeWarning,
                     stacklevel=3,
                 )
@@ -130,13 +132,15 @@ class AudioClipReader:
         assert got is not None  # without a seek nothing can be missed
         return got
 
-    def _seek(self, start: int) -> Iterator["av.AudioFrame"]:
+    def _seek(self, start: int) -> Optional[Iterator["av.AudioFrame"]]:
+        """Frames from the packet at or before sample ``start``; ``None`` when the demuxer refuses the
+        seek (FFmpeg's FLAC demuxer does for some targets in a file without seek table: EPERM)."""
         stream = audio_stream(self._container)
         ticks = int(Fraction(start, stream.sample_rate) / Fraction(stream.time_base))
         try:
             self._container.seek(ticks, stream=stream, backward=True, any_frame=False)
-        except AV_ERRORS as exc:
-            raise SampleException(f"{self._key}: seeking the audio failed: {exc}") from exc
+        except AV_ERRORS:
+            return None  # decoding from the top gives the same samples, only slower
         return self._decode()
 
     def _decode(self) -> Iterator["av.AudioFrame"]:
