@@ -204,6 +204,51 @@ def test_truncated_wav_cuts_ranges_at_its_data(media_dir):
         dec.get_clips(audio_clip_ranges=[(1.5, 1.8)])
 
 
+def test_audio_range_past_the_end_names_where_the_audio_ends(media_dir):
+    """A range starting right at the end of the audio (the seek lands after the last packet: no frame
+    decoded) named the end as 0.000000s; the message now gives the real end: 2 s for the ramp, the
+    last sample a cut wav still holds (its header claims 2 s)."""
+    for start in (2.0, 2.5):
+        match = rf"starts at sample {int(start * 8000)} \({start:.6f}s\), at or after the end of the audio \(2.000000s\)$"
+        with pytest.raises(SampleException, match=match):
+            decoder(media_dir, "ramp.wav").get_clips(audio_clip_ranges=[(start, 3.0)])
+    raw = (media_dir / "ramp.wav").read_bytes()
+    cut = AVDecoder(raw[: 44 + 2 * 8000], key="cut.wav")
+    held = cut.get_audio().audio_clips[0].shape[1]
+    assert 7900 < held < 8000
+    with pytest.raises(SampleException, match=rf"sample 12000 \(1.500000s\), at or after the end of the audio \({held / 8000:.6f}s\)$"):
+        cut.get_clips(audio_clip_ranges=[(1.5, 1.8)])
+
+
+def test_audio_range_before_the_first_sample_says_so(tmp_path):
+    """An mp3's first sample comes after its encoder delay (pts > 0). A range that ends before it was
+    reported as starting "at or after the end of the audio (0.052245s)"; it now says the range ends
+    before the audio starts, naming its first sample. Ranges reaching into the audio are cut at it."""
+    import av
+    import numpy as np
+
+    if "libmp3lame" not in av.codecs_available:
+        pytest.skip("this PyAV has no mp3 encoder")
+    rate, path = 22050, tmp_path / "tone.mp3"
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libmp3lame", rate=rate)
+        stream.layout = "mono"
+        samples = (0.3 * np.sin(np.arange(rate // 4) / 7.0)).astype(np.float32)[None]
+        frame = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
+        frame.sample_rate, frame.pts = rate, 0
+        out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+    dec = AVDecoder(path.read_bytes(), key="s/tone.mp3")
+    begins = dec.get_audio().audio_timestamps[0][0]
+    first = round(begins * rate)
+    assert first > 221
+    message = rf"s/tone.mp3: audio range \[0, 221\) \(samples; 0.000000s to 0.010023s\) ends before the audio starts \(its first sample is sample {first}, at {begins:.6f}s\)$"
+    with pytest.raises(SampleException, match=message):
+        dec.get_clips(audio_clip_ranges=[(0.0, 0.01)])
+    out = dec.get_clips(audio_clip_ranges=[(0, first + 10)], audio_unit="samples")
+    assert out.audio_clips[0].shape == (1, 10) and out.audio_timestamps == [(begins, (first + 10) / rate)]
+
+
 def test_audio_ranges_ending_after_the_audio_are_cut_at_its_end(media_dir):
     """As in Energon: (1.0, 2.5) s of a 2 s wav gives its last second, (0, 16010) samples all 16000."""
     dec = decoder(media_dir, "ramp.wav")

@@ -109,7 +109,8 @@ class AudioClipReader:
             ``start`` only when the stream itself begins later).
 
         Raises:
-            SampleException: when the range starts at or after the end of the stream, or decoding fails.
+            SampleException: when the range starts at or after the end of the stream or ends before its
+                first sample, or decoding fails.
         """
         self.close()
         self._container = self._open()
@@ -160,7 +161,7 @@ class AudioClipReader:
         seeked = seek_target is not None
         stream = audio_stream(self._container)
         samples_per_tick = Fraction(stream.time_base) * stream.sample_rate
-        chunks, first, pos = [], None, None
+        chunks, first, pos, began = [], None, None, None
         for number, frame in enumerate(frames):
             if frame.pts is not None:
                 pos = round(frame.pts * samples_per_tick)
@@ -172,6 +173,7 @@ class AudioClipReader:
             # decoder): one frame late keeps most of the pre-roll; later, or past start, is a miss
             if seeked and number == 0 and pos > min(start, seek_target + frame.samples):
                 return None  # the seek landed after the pre-roll point
+            began = pos if began is None else began
             lo = max(start, pos)
             hi = pos + frame.samples if end is None else min(end, pos + frame.samples)
             if hi > lo:
@@ -180,16 +182,40 @@ class AudioClipReader:
             pos += frame.samples
             if end is not None and pos >= end:
                 break
-        return self._finish(chunks, first, start, end, pos or 0, stream.sample_rate)
-
-    def _finish(
-        self, chunks: list, first: Optional[int], start: int, end: Optional[int], reached: int, rate: int
-    ) -> Tuple[np.ndarray, int]:
-        """Join the chunks (a range that ends past the stream is cut at its end, as Energon cuts it), or
-        raise if the range starts at or after the end (Energon silently returns no clip there)."""
         if not chunks:
-            raise SampleException(
-                f"{self._key}: audio range starts at sample {start} ({start / rate:.6f}s), "
-                f"at or after the end of the audio ({reached / rate:.6f}s)"
-            )
+            if pos is None:  # no frame at all: a seek to or past the end (a header can claim more)
+                pos = self._demuxed_end()
+            self._raise_empty(start, end, began, pos, stream.sample_rate)
         return np.concatenate(chunks, axis=1), first
+
+    def _demuxed_end(self) -> Optional[int]:
+        """The sample at which the last packet of the audio ends, read by demuxing (no decoding)."""
+        reached = None
+        with self._open() as container:
+            stream = audio_stream(container)
+            samples_per_tick = Fraction(stream.time_base) * stream.sample_rate
+            try:
+                for packet in container.demux(stream):
+                    if packet.pts is not None and packet.size:
+                        end = round((packet.pts + (packet.duration or 0)) * samples_per_tick)
+                        reached = end if reached is None else max(reached, end)
+            except AV_ERRORS:
+                pass  # the packets read so far tell how far the audio reaches
+        return reached
+
+    def _raise_empty(
+        self, start: int, end: Optional[int], began: Optional[int], reached: Optional[int], rate: int
+    ) -> None:
+        """No sample of ``[start, end)`` exists: the range lies before the audio's first sample (an mp3's
+        encoder delay) or at or after its end (Energon silently returns no clip there). A range that
+        only ends past the stream is cut at its end instead, as Energon cuts it."""
+        if end is not None and began is not None and end <= began:
+            raise SampleException(
+                f"{self._key}: audio range [{start}, {end}) (samples; {start / rate:.6f}s to {end / rate:.6f}s) "
+                f"ends before the audio starts (its first sample is sample {began}, at {began / rate:.6f}s)"
+            )
+        where = "" if reached is None else f" ({reached / rate:.6f}s)"
+        raise SampleException(
+            f"{self._key}: audio range starts at sample {start} ({start / rate:.6f}s), "
+            f"at or after the end of the audio{where}"
+        )
