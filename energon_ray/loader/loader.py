@@ -88,6 +88,8 @@ class EnergonLoader:
         #: a pass whose streams start with another world size's unfinished epoch (see loader.elastic)
         self._redist: Optional[Redistribution] = None
         self._epoch_items = 0
+        #: the iter() of an epochized loader counting ``_epoch_items`` (an older one, closed, leaves it)
+        self._epoch_iter: Optional[object] = None
         self._started = False
         #: restores so far: an iterator opened before the latest one refuses to go on (``_check_restores``)
         self._restores = 0
@@ -177,6 +179,7 @@ class EnergonLoader:
             self._restore = dataclasses.replace(self._restore, epoch_items=0)
         self._epoch_items = produced
         self._started = True
+        self._epoch_iter = token = object()
         while count is None or produced < count:
             self._check_restores(restores)
             if self._stream is None:
@@ -192,7 +195,14 @@ class EnergonLoader:
                 raise
             produced += 1
             self._epoch_items = produced
-            yield item
+            try:
+                yield item
+            except GeneratorExit:
+                # a break (or the iterator dropped): the next iter() starts a new epoch, so a state
+                # saved from now on must say so too (unless a later iter() took over)
+                if self._epoch_iter is token:
+                    self._epoch_items = 0
+                raise
         self._epoch_items = 0  # this iter() is over: the next one starts a new epoch
 
     def close(self) -> None:

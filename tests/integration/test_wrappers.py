@@ -67,3 +67,35 @@ def test_endless_repeat_of_shuffled_batches_restores_exactly(path):
     keys = collections.Counter(k for item in items for k in item)
     assert END not in items and sum(keys.values()) == 48 and len(keys) == 24 and set(keys.values()) <= {1, 2, 3}
     assert not any(k.endswith("7") for k in keys)
+
+
+def test_a_state_saved_after_a_break_from_an_epochized_loader_restores_the_next_full_epoch(path):
+    """A ``break`` ends an epochized loader's ``iter()``: the next ``iter()`` is a full new epoch. A
+    state saved after the break restored the rest of the broken epoch instead (2 of 5 items, then
+    every later epoch shifted by 3)."""
+
+    def build():
+        ds = er.get_val_dataset(path, split_part="train", batch_size=None, worker_config=WC)
+        return er.EpochizeDataset(er.RepeatDataset(ds, repeats=None), 5)
+
+    saved, restored = er.get_savable_loader(build()), er.get_savable_loader(build())
+    try:
+        for i, _ in enumerate(saved):
+            if i == 2:
+                break
+        state = json_transport(saved.save_state_rank())
+        assert state.epoch_items == 0
+        expected = [[s.__key__ for s in saved] for _ in range(2)]
+        restored.restore_state_rank(state)
+        assert [[s.__key__ for s in restored] for _ in range(2)] == expected
+        assert [len(epoch) for epoch in expected] == [5, 5]
+        # an older iterator dropped after a newer one began leaves the newer one's count alone
+        old = iter(saved)
+        next(old)
+        new = iter(saved)
+        next(new), next(new)
+        del old
+        assert json_transport(saved.save_state_rank()).epoch_items == 2
+    finally:
+        saved.close()
+        restored.close()
