@@ -98,7 +98,7 @@ class LimitDataset(Wrapper):
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         inner = self.dataset.provider(ctx, pass_index)
         given = [0] * self.num_workers
-        ctx.register(ListNode(given))
+        ctx.register(_LimitNode(given))
         limits = self._limits()
 
         def next_item(worker: int) -> Any:
@@ -126,6 +126,17 @@ class LimitDataset(Wrapper):
         if self.dataset.is_endless():
             return self.length
         return min(self.length, len(self.dataset))
+
+
+class _LimitNode(ListNode):
+    """A ``LimitDataset``'s items given per worker, saved as ``{"limited": n}`` (``loader.elastic``
+    refuses to move a pass whose limits were counting; a bare int is an older state's)."""
+
+    def save(self, worker: int) -> Any:
+        return {"limited": self.values[worker]}
+
+    def restore(self, worker: int, state: Any) -> None:
+        self.values[worker] = int(state["limited"] if isinstance(state, dict) else state)
 
 
 def _repeated(leaf: Any, repeats: Optional[float]) -> Any:

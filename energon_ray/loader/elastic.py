@@ -116,7 +116,7 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
         o = leaf.options
         why = (
             "packs samples (a pack holds samples of several positions, made per segment or per blend chunk)" if o.packing_buffer_size else
-            "repeats epochs as a blend_epochized part" if o.repetitions is not None else
+            "repeats its epochs a set number of times (a RepeatDataset with repeats, or a blend_epochized part)" if o.repetitions is not None else
             "batches across the datasets of a validation metadataset" if o.batch_across_sources else None
         )  # fmt: skip
         if why is not None:
@@ -127,6 +127,14 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
     for s in states:
         for per_worker in s.nodes:
             for worker, node in enumerate(per_worker):
+                if isinstance(node, dict) and int(node.get("limited", 0) or 0) > 0:
+                    raise StateError(
+                        f"restoring on another world size or worker count: rank {s.rank}'s worker stream {worker} was saved "
+                        f"after a LimitDataset had counted {node['limited']} of its items; its limit is per rank and worker "
+                        "stream, and the items given do not map onto the new ones (the pass would give more than its limit, "
+                        "or fewer than the old ranks had left). Restore with the world size and num_workers it was saved "
+                        "with, or save where the limited pass begins"
+                    )
                 if _holds_items(node):
                     raise StateError(
                         f"restoring on another world size or worker count: rank {s.rank}'s worker stream {worker} was saved "

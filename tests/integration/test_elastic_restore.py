@@ -324,3 +324,47 @@ def test_wrappers_move_unless_they_hold_items(roots):
         new.restore_state_global(states)
         rest = [key for batch in new for key in batch]
         assert len(seen) == 24 and Counter(seen + rest) == all_keys("b", 30)
+
+
+def test_a_limited_pass_or_a_counted_repeat_is_refused_by_name(roots):
+    """A LimitDataset of 20 per rank saved after 9 items on 1 rank x 2 workers gave 20 more on
+    1 rank x 3 workers (29 in one limited pass; its counters started again): such a state is refused
+    naming LimitDataset (the same configuration restores it exactly). A RepeatDataset with
+    ``repeats`` is refused naming RepeatDataset (it was called a blend_epochized part)."""
+
+    def val(config):
+        return er.get_val_dataset(roots["b"], split_part="train", batch_size=None, worker_config=config)
+
+    def limited(config):
+        return er.get_savable_loader(er.LimitDataset(val(config), 20, worker_config=config))
+
+    old = limited(wc(0, 1, 2))
+    seen = [s.__key__ for s in take(old, 9)]
+    state = json.loads(old.save_state_rank().to_json())
+    rest = [s.__key__ for s in old._test_iter]
+    old.close()
+    assert len(seen + rest) == 20 and json.loads(json.dumps(state))["nodes"][0][0] == {"limited": 5}
+    new = limited(wc(0, 1, 3))
+    with pytest.raises(er.StateError, match=r"worker stream 0 was saved after a LimitDataset had counted 5 of its items"):
+        new.restore_state_global([state])
+    # the same configuration restores the state exactly (and an older state's bare counts too)
+    same = limited(wc(0, 1, 2))
+    same.restore_state_rank(state)
+    assert [s.__key__ for s in same] == rest
+    state["nodes"][0] = [5, 4]
+    same.restore_state_rank(state)
+    assert [s.__key__ for s in same] == rest
+    same.close()
+    new.close()
+
+    def repeated(config):
+        return er.get_savable_loader(er.RepeatDataset(val(config), repeats=2, worker_config=config))
+
+    old = repeated(wc(0, 1, 2))
+    take(old, 3)
+    states = [old.save_state_rank()]
+    old.close()
+    new = repeated(wc(0, 1, 3))
+    with pytest.raises(er.StateError, match=r"repeats its epochs a set number of times \(a RepeatDataset with repeats"):
+        new.restore_state_global(states)
+    new.close()
