@@ -85,23 +85,37 @@ def need_primary(fn: Callable) -> bool:
     return bool(getattr(fn, "__need_primary__", False))
 
 
-def cook_kwargs(fn: Callable, sample: Mapping[str, Any]) -> Dict[str, Any]:
-    """The keyword arguments of cook function ``fn`` for ``sample``: every aux store by its name,
-    plus ``cache`` and ``primary`` when ``fn`` asks for them.
+def cook_aux(cooker: Any) -> Dict[str, FileStore]:
+    """The ``aux`` argument of a ``cook_crude_sample(sample, cooker, aux)`` override, as Energon
+    passes it: the dataset's aux stores by name (decoded) and, where ``cooker`` needs it,
+    ``primary`` (the dataset itself, not yet relative to a sample's key)."""
+    aux: Dict[str, FileStore] = dict(_ACTIVE.stores or {})
+    if cooker is not None and need_primary(cooker.cook) and "primary" not in aux:
+        aux["primary"] = _primary_store(cooker.cook)
+    return aux
+
+
+def _primary_store(fn: Callable) -> FileStore:
+    config = _ACTIVE.config
+    if config is None or config.primary_path is None:
+        raise RuntimeError(f"cooker {getattr(fn, '__name__', fn)!r} needs primary=, which only a loader provides")
+    if _ACTIVE.primary is None:
+        _ACTIVE.primary = config.decoded(DatasetFileStore(config.primary_path))
+    return _ACTIVE.primary
+
+
+def cook_kwargs(fn: Callable, sample: Mapping[str, Any], aux: Optional[Mapping[str, FileStore]] = None) -> Dict[str, Any]:
+    """The keyword arguments of cook function ``fn`` for ``sample``: every aux store by its name
+    (``aux``, default: the loader's), plus ``cache`` and ``primary`` when ``fn`` asks for them.
 
     Raises:
         RuntimeError: ``need_primary`` outside a loader, or ``need_cache`` without a cache pool.
     """
-    kwargs: Dict[str, Any] = dict(_ACTIVE.stores or {})
+    kwargs: Dict[str, Any] = dict(_ACTIVE.stores or {}) if aux is None else dict(aux)
     if need_cache(fn):
         kwargs["cache"] = active_cache_pool()
     if need_primary(fn):
-        config = _ACTIVE.config
         if "primary" not in kwargs:
-            if config is None or config.primary_path is None:
-                raise RuntimeError(f"cooker {getattr(fn, '__name__', fn)!r} needs primary=, which only a loader provides")
-            if _ACTIVE.primary is None:
-                _ACTIVE.primary = config.decoded(DatasetFileStore(config.primary_path))
-            kwargs["primary"] = _ACTIVE.primary
+            kwargs["primary"] = _primary_store(fn)
         kwargs["primary"] = PrimaryFileStore(kwargs["primary"], current_key=sample["__key__"])
     return kwargs

@@ -23,7 +23,7 @@ from energon_ray.plan.stream import SegmentLayout, SegmentPlan, StreamConfig, Wo
 from energon_ray.source.reader import ReadSegment, shard_table
 from energon_ray.storage import as_path
 from energon_ray.errors import DatasetConfigError
-from energon_ray.task_encoder.base import TaskEncoder, is_overridden
+from energon_ray.task_encoder.base import TaskEncoder, is_overridden, matching_cooker
 from energon_ray.worker import WorkerConfig
 
 #: Samples a segment (one Ray task) aims for; rounded up to whole batches (or packing buffers).
@@ -126,6 +126,12 @@ class EnergonDataset(Composition):
             raise DatasetConfigError(
                 f"{spec.file}: a crude dataset (CrudeWebdataset) needs a task encoder with `cookers` or an "
                 f"overridden cook_crude_sample; {type(te).__name__} has neither"
+            )
+        if spec.is_crude and te.cookers and matching_cooker(te.cookers, self.subflavors) is None:
+            # Energon refuses it when the dataset is built; cooking each sample would fail them all
+            raise DatasetConfigError(
+                f"{spec.file}: no cooker of {type(te).__name__} matches the crude dataset's subflavors "
+                f"{self.subflavors!r} (the cookers' has_subflavors: {[c.has_subflavors for c in te.cookers]!r})"
             )
         if self.options.packing_buffer_size and not (
             is_overridden(te, "select_samples_to_pack") and is_overridden(te, "pack_selected_samples")

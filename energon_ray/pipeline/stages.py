@@ -7,11 +7,12 @@ Every hook call is seeded from its stream position, so a stage gives the same ou
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
 
-from energon_ray.cache.cooking import AuxConfig, cook_context
+from energon_ray.cache.cooking import AuxConfig, cook_aux, cook_context
 from energon_ray.errors import FatalSampleError, log_exception
 from energon_ray.pipeline import rows, serde
 from energon_ray.pipeline.chained import chain_restore_key
@@ -20,7 +21,7 @@ from energon_ray.pipeline.packing import restore_key_of
 from energon_ray.pipeline.policy import HookRunner
 from energon_ray.pipeline.shipping import Shipped
 from energon_ray.samples import CrudeSample
-from energon_ray.task_encoder.base import TaskEncoder, is_overridden
+from energon_ray.task_encoder.base import TaskEncoder, is_overridden, matching_cooker, own_hook
 from energon_ray.task_encoder.context import hook_call, set_batch_index, worker_slot
 from energon_ray.task_encoder.decorators import get_failure_tolerance
 
@@ -59,9 +60,30 @@ class StageConfig:
         return 0 if self.index_offsets is None else int(self.index_offsets[worker])
 
 
-def _runner(te: TaskEncoder, name: str, stage: str, handler: Any) -> HookRunner:
+def _runner(te: TaskEncoder, name: str, stage: str, handler: Any, call: Optional[Callable[[Any], Any]] = None) -> HookRunner:
     fn = getattr(te, name)
-    return HookRunner(stage, fn, get_failure_tolerance(fn, te.__default_failure_tolerance__), handler, refuse_none=True)
+    runner = HookRunner(stage, fn, get_failure_tolerance(fn, te.__default_failure_tolerance__), handler, refuse_none=True)
+    if call is not None:
+        runner.fn = call
+    return runner
+
+
+def _cook_call(te: TaskEncoder) -> Callable[[Any], Any]:
+    """``te.cook_crude_sample`` as the loader calls it on a crude sample: an override with Energon's
+    signature ``(sample, cooker, aux)`` (or ``*args``/``**kwargs``) gets the cooker matching the
+    sample's subflavors and the dataset's aux stores, as Energon's loader passes them; one taking only
+    the sample gets the sample."""
+    hook = te.cook_crude_sample
+    try:
+        inspect.signature(own_hook(te, "cook_crude_sample")).bind(te, None, cooker=None, aux=None)
+    except (TypeError, ValueError):
+        return hook
+
+    def call(sample: Any) -> Any:
+        cooker = matching_cooker(te.cookers, sample.get("__subflavors__"))
+        return hook(sample, cooker=cooker, aux=cook_aux(cooker))
+
+    return call
 
 
 def _what(sample: Any) -> str:
@@ -117,7 +139,7 @@ class EncodeSamples:
         loader: SampleLoader = config.loader.get()
         handler = config.error_handler
         load = HookRunner("load", loader, te.__default_failure_tolerance__, handler)
-        cook = _runner(te, "cook_crude_sample", "cook_crude_sample", handler)
+        cook = _runner(te, "cook_crude_sample", "cook_crude_sample", handler, call=_cook_call(te))
         # with packing, a preencode_sample override replaces encode_sample before the buffer
         hook = "preencode_sample" if self.config.packing_buffer_size and is_overridden(te, "preencode_sample") else "encode_sample"
         encode = _runner(te, hook, "encode_sample", handler)
@@ -138,6 +160,10 @@ class EncodeSamples:
         seed = data.spec.seed
         # a hook marked @stateless(restore_seeds=True) gets Energon's seed for the sample (hook_seed)
         encode_kind = None if getattr(encode.fn, "__restore_seeds__", False) else "encode"
+        # Energon cooks each dataset in its own map, before a blend or a validation metadataset's
+        # concatenation: a cook call's current_sample_index (and a restore_seeds override's seed) is
+        # the sample's position in its own dataset's worker stream
+        cook_kind = None if getattr(own_hook(te, "cook_crude_sample"), "__restore_seeds__", False) else "cook"
         per_batch = self.config.batch_size or 1  # a sample hook sees the index of the batch it will be in
         # a chained stream counts its outputs (Energon's batch index: outputs before it // batch size);
         # else a sample's position stands for the outputs before it
@@ -163,7 +189,8 @@ class EncodeSamples:
             if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                 continue
             if isinstance(sample, CrudeSample):
-                with hook_call(seed, "cook", before + position, sample_index=before + position, batch_index=batch_of(position)):
+                cook_seed = position if cook_kind is None else before + position
+                with hook_call(seed, cook_kind, cook_seed, sample_index=position, batch_index=batch_of(position)):
                     sample = cook.call(runs["cook_crude_sample"], sample, what, sources)
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue

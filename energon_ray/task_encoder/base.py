@@ -64,18 +64,30 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     #: Consecutive failures of one hook before ``FatalSampleError`` (0 disables the limit).
     __default_failure_tolerance__: int = 100
 
-    def cook_crude_sample(self, sample: Union[T_sample, CrudeSample]) -> T_sample:
-        """Turn a crude sample into a typed one with the first matching cooker."""
-        if isinstance(sample, CrudeSample):
-            for cooker in self.cookers:
-                if cooker.is_match(sample.get("__subflavors__")):
-                    from energon_ray.cache.cooking import cook_kwargs  # aux stores, cache=, primary=
+    def cook_crude_sample(
+        self, sample: Union[T_sample, CrudeSample], cooker: Optional[Cooker] = None, aux: Optional[Dict[str, Any]] = None
+    ) -> T_sample:
+        """Turn a crude sample into a typed one with ``cooker`` (default: the first whose subflavors
+        match the sample's).
 
-                    return cooker.cook(sample, **cook_kwargs(cooker.cook, sample))
-            raise ValueError(
-                f"no cooker matches crude sample {sample.get('__key__')!r} "
-                f"with subflavors {sample.get('__subflavors__')!r}"
-            )
+        Args:
+            sample: the crude sample (anything else is returned as it is).
+            cooker: the cooker the loader chose for the sample's dataset (Energon's signature: an
+                override ``cook_crude_sample(self, sample, cooker, aux)`` gets both).
+            aux: the dataset's aux stores by name (decoded), with ``primary`` (unwrapped) where the
+                cooker needs it; ``None``: the loader's own.
+        """
+        if isinstance(sample, CrudeSample):
+            if cooker is None:
+                cooker = matching_cooker(self.cookers, sample.get("__subflavors__"))
+                if cooker is None:
+                    raise ValueError(
+                        f"no cooker matches crude sample {sample.get('__key__')!r} "
+                        f"with subflavors {sample.get('__subflavors__')!r}"
+                    )
+            from energon_ray.cache.cooking import cook_kwargs  # aux stores, cache=, primary=
+
+            return cooker.cook(sample, **cook_kwargs(cooker.cook, sample, aux))
         return sample
 
     @stateless
@@ -239,6 +251,11 @@ class DefaultTaskEncoder(TaskEncoder[T_sample, T_encoded_sample, T_raw_batch, T_
         if isinstance(target, type) and target is not dict and isinstance(batch, target):
             return batch  # type: ignore[return-value]
         return _convert(batch, target)
+
+
+def matching_cooker(cookers: Sequence[Cooker], subflavors: Optional[Dict[str, Any]]) -> Optional[Cooker]:
+    """The first of ``cookers`` whose ``has_subflavors`` match ``subflavors`` (``None`` if none does)."""
+    return next((c for c in cookers if c.is_match(subflavors)), None)
 
 
 def own_hook(task_encoder: TaskEncoder, name: str) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import yaml
@@ -52,20 +51,17 @@ def test_first_matching_cooker_cooks_crude_samples(crude):
     assert by_key["doc_0005"].text == "text 5#5" and by_key["doc_0005"].__subflavors__ == {"kind": "doc"}
 
 
-def test_crude_without_cookers_and_no_matching_cooker(crude, caplog):
-    """No cookers at all fails before Ray runs; cookers that match nothing skip and log each sample."""
+def test_crude_without_cookers_and_no_matching_cooker(crude):
+    """No cookers at all, or cookers none of which matches the dataset's subflavors: refused before
+    Ray runs (Energon refuses the latter when it builds the dataset), not each sample skipped."""
     with pytest.raises(er.DatasetConfigError, match="crude dataset .* needs a task encoder with `cookers`"):
         er.get_val_dataset(crude, split_part="train", batch_size=2, task_encoder=er.DefaultTaskEncoder())
 
     class NoMatch(er.DefaultTaskEncoder):
         cookers = [er.Cooker(cook_other, has_subflavors={"kind": "image"})]
 
-    caplog.set_level(logging.WARNING, logger="energon_ray")
-    encoder = NoMatch()
-    encoder.__default_failure_tolerance__ = 0
-    loader = er.get_loader(er.get_val_dataset(crude, split_part="train", batch_size=2, worker_config=WC, task_encoder=encoder))
-    assert list(loader) == [] and loader.stats.skipped == {"cook_crude_sample": 24}
-    assert "no cooker matches crude sample 'doc_0000'" in caplog.text
+    with pytest.raises(er.DatasetConfigError, match=r"no cooker of NoMatch matches the crude dataset's subflavors \{'kind': 'doc'\}"):
+        er.get_val_dataset(crude, split_part="train", batch_size=2, worker_config=WC, task_encoder=NoMatch())
 
 
 def test_jsonl_dataset_packs_documents(tmp_path):
