@@ -64,6 +64,11 @@ class JoinedReadSegment:
             joined = [primary] + [p.get(position) for p in parts[1:]]
             if any(r is None and rows[k, d] >= 0 for d, r in enumerate(joined)):
                 continue  # a joined sample that could not be read drops the row (counted as a read failure)
+            stale = next((d for d, r in enumerate(joined) if r is not None and r["__key__"] != primary["__key__"]), None)
+            if stale is not None:  # the index found by key holds another sample: a stale index, not a join
+                if data.fatal is None:
+                    data.fatal = ("ShardReadError", self._stale_message(int(row_index), joined, stale))
+                break
             raw = {
                 JOINED: joined,
                 "__key__": primary["__key__"],
@@ -75,3 +80,12 @@ class JoinedReadSegment:
             data.raw.append((position, int(row_index), raw))
         data.samples_read = len(data.raw)
         return data
+
+    def _stale_message(self, row: int, joined: List[Dict[str, Any]], d: int) -> str:
+        first, other = joined[0], joined[d]
+        return (
+            f"join row {row}: {self.readers[0].shards.dataset_path} gives sample key {first['__key__']!r} (shard "
+            f"{first['__shard__']}), but joined dataset #{d} {self.readers[d].shards.dataset_path} gives "
+            f"{other['__key__']!r} (shard {other['__shard__']}) at the index its .nv-meta/index.sqlite names for that "
+            "key: an index.sqlite no longer matches its shards (stale); prepare the datasets again"
+        )

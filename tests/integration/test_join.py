@@ -226,3 +226,33 @@ def test_join_state_restore_and_restore_sample(ray_session, data):
     assert (list(rebuilt.__key__), list(rebuilt.text)) == (list(first[1].__key__), list(first[1].text))
     [(dataset, leaf)] = er.get_val_datasets(path, split_part="train", worker_config=WC, batch_size=None)
     assert len(leaf) == 20 and len(dataset) == 10
+
+
+def test_stale_index_sqlite_is_refused_naming_the_datasets(ray_session, data, tmp_path):
+    """A secondary shard rewritten after prepare (same sizes, its keys reordered): its index.sqlite names the
+    wrong index for four keys. Each joined sample's key is checked, so the read stops with a ShardReadError
+    naming both datasets, the keys and the index.sqlite; before, s_012 silently got s_018's text."""
+    import shutil
+
+    from energon_ray.synthetic import write_tar
+
+    stale = tmp_path / "stale"
+    shutil.copytree(data["secondary"], stale)
+    write_tar(stale / "shards" / "shard_0000.tar", [(k, {"txt": f"s:{k}".encode()}) for k in SECONDARY_KEYS[3::-1]])
+    join = f"      - path: {data['primary']}\n      - path: {stale}\n        nonmatch: none\n"
+    path = _yaml(data, "stale", join, "      __module__: megatron.energon\n      __class__: TextSample\n")
+    ds = er.get_val_dataset(path, split_part="train", worker_config=WC, batch_size=None)
+    loader = er.get_loader(ds)
+    got = []
+    try:
+        with pytest.raises(er.ShardReadError) as info:
+            for sample in loader:
+                got.append((sample.__key__, sample.text))
+    finally:
+        loader.close()
+    assert str(info.value) == (
+        f"join row 12: {data['primary']} gives sample key 's_012' (shard shards/shard_0001.tar), but joined dataset #1 "
+        f"{stale} gives 's_018' (shard shards/shard_0000.tar) at the index its .nv-meta/index.sqlite names for that key: "
+        "an index.sqlite no longer matches its shards (stale); prepare the datasets again"
+    )
+    assert all(text in (f"p:{key}", f"s:{key}") for key, text in got)
