@@ -228,7 +228,7 @@ class _Parser:
         if "subflavor" in node:
             subflavors.setdefault("__subflavor__", node["subflavor"])
         ratio, absolute = _subset(node, self.file, where)
-        if absolute is not None and "path" not in node:
+        if absolute is not None and "path" not in node and "join" not in node:  # a join is a leaf too, as in Energon
             raise absolute_subset_error(self.file, where, absolute)
         mult = node.get("shuffle_over_epochs_multiplier", 1)
         if not is_multiplier(mult):
@@ -249,9 +249,11 @@ class _Parser:
         ctx = self._descend(node, where, ctx)
         spec = parse_join(node, self, where, ctx)
         primary = spec.members[0]
+        _, absolute = _subset(node, self.file, where)  # of the joined rows
         return [
             LeafSpec(path=primary.path, split_part=primary.split_part, where=f"{self.file}: {where}",
-                     subflavors=dict(ctx.subflavors), ratio=ctx.ratio, shuffle_over_epochs=ctx.shuffle_over_epochs, join=spec)
+                     subflavors=dict(ctx.subflavors), ratio=ctx.ratio, absolute=absolute,
+                     shuffle_over_epochs=ctx.shuffle_over_epochs, join=spec)
         ]  # fmt: skip
 
     def resolve(self, raw: Any) -> Path | RemotePath:
