@@ -22,6 +22,17 @@ def index_path(shard_path: Path | str | RemotePath) -> Path | RemotePath:
     return as_path(str(shard_path) + INDEX_SUFFIX, settings_of(shard_path))
 
 
+def energon_tgz_index_path(shard_path: Path | str | RemotePath) -> Optional[Path | RemotePath]:
+    """Where megatron-energon keeps the index of a ``.tgz`` shard: ``x.tgz`` → ``x.tar.idx`` (our prepare
+    writes both names; Energon's only this one). None for other shards, and when ``x.tar`` is a shard
+    of its own, whose index that file is."""
+    name = str(shard_path)
+    if not name.endswith(".tgz"):
+        return None
+    tar = as_path(name[: -len(".tgz")] + ".tar", settings_of(shard_path))
+    return None if tar.exists() else index_path(tar)
+
+
 def rebuild_command(shard_path: Path | str | RemotePath, root: Optional[Path | str] = None) -> str:
     """The command that rewrites a shard's lost or broken index.
 
@@ -36,20 +47,33 @@ def rebuild_command(shard_path: Path | str | RemotePath, root: Optional[Path | s
     return f"energon-ray prepare --tar-index-only {root if root is not None else '<dataset root>'}"
 
 
+def _read_if_exists(path: Path | RemotePath) -> Optional[bytes]:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
 def read_tar_index(shard_path: Path | str, root: Optional[Path | str] = None) -> np.ndarray:
     """Read the ``count + 1`` offsets of a shard's index (``root``, the dataset folder, only goes into messages).
+
+    A ``.tgz`` shard prepared by megatron-energon has its index under Energon's name (see
+    :func:`energon_tgz_index_path`), which is read when ``x.tgz.idx`` is missing.
 
     Raises:
         DatasetConfigError: if the index is missing, not a whole number of uint64 values, or holds a
             value of 2**63 or more (no file is that large: a corrupt index, which int64 would wrap).
     """
     path = index_path(shard_path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise DatasetConfigError(
-            f"{path}: missing index of {shard_path}; run `{rebuild_command(shard_path, root)}` to rebuild it"
-        ) from None
+    raw = _read_if_exists(path)
+    if raw is None:
+        energon_name = energon_tgz_index_path(shard_path)
+        raw = _read_if_exists(energon_name) if energon_name is not None else None
+        if raw is None:
+            raise DatasetConfigError(
+                f"{path}: missing index of {shard_path}; run `{rebuild_command(shard_path, root)}` to rebuild it"
+            )
+        path = energon_name
     if len(raw) % 8 != 0 or len(raw) < 8:
         raise DatasetConfigError(f"{path}: {len(raw)} bytes is not a valid .tar.idx (count+1 uint64 offsets)")
     values = np.frombuffer(raw, dtype=np.uint64)

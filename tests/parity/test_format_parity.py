@@ -189,6 +189,18 @@ def test_an_uncompressed_tgz_shard_loads_in_both_libraries(tmp_path):
     assert [key for key, _ in ray_read(tmp_path, "train")] == sorted(written)
 
 
+def test_energon_ray_reads_a_tgz_shard_whose_index_megatron_energon_wrote_as_x_tar_idx(tmp_path):
+    written = write_plain(tmp_path, num=4)
+    (tmp_path / "shards/shard_0001.tar").rename(tmp_path / "shards/shard_0001.tgz")
+    energon_prepare(tmp_path, "--split-ratio", "1,0,0", *CAPTIONING_ARGS)
+    assert (tmp_path / "shards/shard_0001.tar.idx").is_file()  # Energon's name for the .tgz's index
+    assert not (tmp_path / "shards/shard_0001.tgz.idx").exists()
+    read = ray_read(tmp_path, "train")
+    assert [key for key, _ in read] == sorted(written)
+    assert all(parts == written[key] for key, parts in read)
+    PreparedDataset.open(tmp_path, "train")  # checks every index against its tar and .info.json
+
+
 def test_both_clis_refuse_a_non_interactive_rerun_with_exit_code_1(tmp_path):
     from megatron.energon.cli.main import main as energon_main
 

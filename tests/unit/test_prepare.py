@@ -394,6 +394,20 @@ def test_tar_index_only_rebuilds_missing_indexes_identically(tmp_path):
     assert idx.read_bytes() == before
 
 
+def test_a_tgz_index_under_energons_name_x_tar_idx_is_read_unless_x_tar_is_a_shard_itself(tmp_path):
+    make_dataset(tmp_path, num=6)
+    (tmp_path / "shards/shard_0001.tar").rename(tmp_path / "shards/shard_0001.tgz")
+    prepare_dataset(tmp_path, split_ratio=[1, 0, 0], **CAPTIONING)
+    shard = tmp_path / "shards/shard_0001.tgz"
+    expected = read_tar_index(shard)
+    Path(f"{shard}.idx").unlink()  # as megatron-energon leaves it: only shard_0001.tar.idx
+    assert read_tar_index(shard).tolist() == expected.tolist()
+    assert [s.count for s in PreparedDataset.open(tmp_path, "train").shards] == [3, 3]
+    (tmp_path / "shards/shard_0001.tar").write_bytes(b"")  # now x.tar.idx would be that shard's index
+    with pytest.raises(DatasetConfigError, match=r"shard_0001\.tgz\.idx: missing index of .*shard_0001\.tgz"):
+        read_tar_index(shard)
+
+
 def test_parallel_indexing_writes_the_same_files(tmp_path):
     for name, workers in (("one", 1), ("two", 2)):
         make_dataset(tmp_path / name, num=9, per_shard=2)
