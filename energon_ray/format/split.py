@@ -9,7 +9,7 @@ import math
 import random
 import re
 from pathlib import Path
-from typing import Dict, FrozenSet, List, Mapping, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 import braceexpand
 import yaml
@@ -122,7 +122,7 @@ def write_split_file(
 
 #: the parts a ratio split assigns shards to, in order
 RATIO_PARTS = ("train", "val", "test")
-_NUMBER_RE = re.compile(r"^(.*?)(\d+)(\D*)$")
+_DIGITS_RE = re.compile(r"\d+")
 _BRACE_SPECIAL_RE = re.compile(r"([{}\\])")
 
 
@@ -171,38 +171,52 @@ def escape_name(name: str) -> str:
     return _BRACE_SPECIAL_RE.sub(r"\\\1", name)
 
 
+def _numbers(name: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """``name`` as its text between digit runs (one more than the runs) and its digit runs."""
+    return tuple(_DIGITS_RE.split(name)), tuple(_DIGITS_RE.findall(name))
+
+
+def _next_in_run(prev: Tuple[str, ...], cur: Tuple[str, ...], slot: Optional[int]) -> Optional[int]:
+    """The digit run (index) in which ``cur`` counts one up from ``prev`` when every other run is equal
+    (and it is ``slot``, when one is set), keeping its width; None if there is none."""
+    differ = [i for i, (a, b) in enumerate(zip(prev, cur)) if a != b]
+    if len(differ) != 1 or (slot is not None and differ[0] != slot):
+        return None
+    i = differ[0]
+    return i if len(cur[i]) == len(prev[i]) and int(cur[i]) == int(prev[i]) + 1 else None
+
+
 def collapse_names(names: Sequence[str]) -> List[str]:
-    """Brace-collapse runs of consecutively numbered names, keeping order; ``{``, ``}`` and ``\\`` in
-    names are escaped, so every pattern expands (as :func:`read_split_file`'s reader does) to the names.
+    """Brace-collapse runs of consecutively numbered names, keeping order, as Energon's prepare does:
+    one number (any of a name's numbers, of equal width) counts up while the rest stays the same.
+    ``{``, ``}`` and ``\\`` in names are escaped, so every pattern expands (as :func:`read_split_file`'s
+    reader does) to the names.
 
     Example:
-        >>> collapse_names(["s/a_00.tar", "s/a_01.tar", "s/a_02.tar", "s/b.tar"])
-        ['s/a_{00..02}.tar', 's/b.tar']
+        >>> collapse_names(["s/a_00.tar", "s/a_01.tar", "s/a_02.tar", "s/b.tar", "p0/s5.tar", "p1/s5.tar"])
+        ['s/a_{00..02}.tar', 's/b.tar', 'p{0..1}/s5.tar']
     """
     out: List[str] = []
-    run: List[Tuple[str, str, str]] = []  # (prefix, digits, suffix) of the current run
-
-    def flush() -> None:
-        if len(run) > 1:
-            prefix, suffix = escape_name(run[0][0]), escape_name(run[0][2])
-            out.append(f"{prefix}{{{run[0][1]}..{run[-1][1]}}}{suffix}")
-        else:
-            out.extend(escape_name(p + d + s) for p, d, s in run)
-        run.clear()
-
-    for name in names:
-        match = _NUMBER_RE.match(name)
-        if match is None:
-            flush()
-            out.append(escape_name(name))
+    i = 0
+    while i < len(names):
+        texts, first = _numbers(names[i])
+        last, slot, j = first, None, i + 1
+        while j < len(names):
+            other_texts, cur = _numbers(names[j])
+            step = _next_in_run(last, cur, slot) if other_texts == texts else None
+            if step is None:
+                break
+            last, slot, j = cur, step, j + 1
+        if slot is None:
+            out.append(escape_name(names[i]))
+            i += 1
             continue
-        prefix, digits, suffix = match.groups()
-        last = run[-1] if run else None
-        if not (last and last[0] == prefix and last[2] == suffix and len(last[1]) == len(digits)
-                and int(last[1]) + 1 == int(digits)):  # fmt: skip
-            flush()
-        run.append((prefix, digits, suffix))
-    flush()
+        pieces = [escape_name(texts[0])]
+        for k, number in enumerate(first):
+            pieces.append(f"{{{number}..{last[k]}}}" if k == slot else number)
+            pieces.append(escape_name(texts[k + 1]))
+        out.append("".join(pieces))
+        i = j
     return out
 
 

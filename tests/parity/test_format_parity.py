@@ -161,6 +161,21 @@ def test_both_preparers_write_identical_indexes_and_equivalent_metadata(tmp_path
     assert sqlite_rows(tmp_path / "theirs") == sqlite_rows(tmp_path / "ours")
 
 
+def test_both_preparers_brace_collapse_split_yaml_alike_when_a_folder_number_counts_up(tmp_path):
+    for name in ("theirs", "ours"):
+        shards = ("part_0/shard_5.tar", "part_1/shard_5.tar", "part_2/shard_5.tar", "part_2/shard_6.tar", "shard_9.tar",
+                  "shard_10.tar")  # fmt: skip
+        for i, shard in enumerate(shards):
+            path = tmp_path / name / shard
+            write_shards(path.parent, captioning_samples(1, image_size=(4, 4), start=i), 1)
+            (path.parent / "shard_0000.tar").rename(path)
+    energon_prepare(tmp_path / "theirs", "--split-ratio", "1,0,0")
+    ours_prepare(tmp_path / "ours", "--split-ratio", "1,0,0")
+    texts = [(tmp_path / d / ".nv-meta/split.yaml").read_text() for d in ("theirs", "ours")]
+    assert "part_{0..2}/shard_5.tar" in texts[0]
+    assert texts[0] == texts[1]
+
+
 def test_known_divergence_energon_drops_the_last_shard_when_the_ratio_sum_rounds_below_one(tmp_path):
     """Energon accumulates normalized float ratios; where the total rounds below one (0.1,0.2,0.3 on
     Python < 3.12, whose float sum() is not compensated) it loses the last shard. We never do."""

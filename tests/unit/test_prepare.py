@@ -468,6 +468,12 @@ def test_collapse_names_only_joins_consecutive_equal_width_numbers():
     assert collapse_names(names) == ["a_{08..10}.tar", "a_12.tar", "b9.tar", "b10.tar", "c.tar"]
 
 
+def test_collapse_names_counts_up_any_one_number_of_the_name_as_energon_does():
+    """Only the last number was collapsed: Energon writes part_{0..2}/s5.tar, we wrote three names."""
+    names = ["part_0/s5.tar", "part_1/s5.tar", "part_2/s5.tar", "part_2/s6.tar", "part_2/s7.tar", "x01y5.tar", "x1y6.tar"]
+    assert collapse_names(names) == ["part_{0..2}/s5.tar", "part_2/s{6..7}.tar", "x01y5.tar", "x1y6.tar"]
+
+
 def test_shard_names_with_braces_or_backslashes_are_escaped_in_split_yaml_and_read_back(tmp_path):
     """split.yaml held such names verbatim; brace expansion read 'x{a,b}.tar' as xa.tar, xb.tar and
     'a\\b.tar' as ab.tar, so every read failed with "names shard 'shards/xa.tar', which ... does not list"."""
