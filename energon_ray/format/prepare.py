@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import json
 import re
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import yaml
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset_yaml import _check_field_map, write_dataset_yaml
@@ -248,6 +251,9 @@ def _reindex(
         write_info(root, counts, energon_version_string())
         changed = [n for n in counts if counts[n] != old[n]]
         warnings.append(f"sample counts changed for {changed}; updated .nv-meta/{INFO_JSON}")
+    elif not (meta_dir(root) / INFO_JSON).is_file():  # only a legacy .info.yaml: add its .info.json, as Energon does
+        legacy = yaml.safe_load((meta_dir(root) / INFO_YAML).read_text())
+        write_file(root, meta_dir(root) / INFO_JSON, json.dumps(legacy, indent=2).encode())
     return PrepareResult(root, shard_counts=counts, split_parts={}, part_types=part_types, warnings=tuple(warnings))
 
 

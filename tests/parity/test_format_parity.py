@@ -216,6 +216,20 @@ def test_energon_ray_reads_a_tgz_shard_whose_index_megatron_energon_wrote_as_x_t
     PreparedDataset.open(tmp_path, "train")  # checks every index against its tar and .info.json
 
 
+def test_tar_index_only_on_a_legacy_info_yaml_dataset_adds_the_same_info_json_as_energon(tmp_path):
+    write_plain(tmp_path / "theirs", num=4)
+    energon_prepare(tmp_path / "theirs", "--split-ratio", "1,0,0")
+    meta = tmp_path / "theirs/.nv-meta"
+    (meta / ".info.yaml").write_text(yaml.safe_dump(json.loads((meta / ".info.json").read_text())))
+    (meta / ".info.json").unlink()
+    shutil.copytree(tmp_path / "theirs", tmp_path / "ours")
+    energon_prepare(tmp_path / "theirs", "--tar-index-only")
+    ours_prepare(tmp_path / "ours", "--tar-index-only")
+    theirs = (tmp_path / "theirs/.nv-meta/.info.json").read_bytes()
+    assert (tmp_path / "ours/.nv-meta/.info.json").read_bytes() == theirs
+    assert (tmp_path / "ours/.nv-meta/.info.yaml").read_bytes() == (meta / ".info.yaml").read_bytes()
+
+
 def test_both_clis_refuse_a_non_interactive_rerun_with_exit_code_1(tmp_path):
     from megatron.energon.cli.main import main as energon_main
 
