@@ -19,7 +19,7 @@ import pyarrow as pa
 from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.packing import restore_key_of, set_restore_key
-from energon_ray.task_encoder.base import TaskEncoder, is_overridden, own_hook
+from energon_ray.task_encoder.base import TaskEncoder, is_overridden, own_hook, sample_encode_hook
 from energon_ray.task_encoder.context import worker_slot
 
 if TYPE_CHECKING:
@@ -39,8 +39,8 @@ def chains_outputs(te: TaskEncoder, batch_size: Optional[int], packing: bool, ac
         batch_size is not None
         and not packing
         and not across_sources
-        and is_overridden(te, "encode_sample")
-        and inspect.isgeneratorfunction(inspect.unwrap(own_hook(te, "encode_sample")))
+        and is_overridden(te, sample_encode_hook(te))
+        and inspect.isgeneratorfunction(inspect.unwrap(own_hook(te, sample_encode_hook(te))))
         and not is_overridden(te, "batch_group_criterion")
         and not (postencode and is_overridden(te, "postencode_sample"))
     )

@@ -21,7 +21,7 @@ from energon_ray.pipeline.packing import restore_key_of
 from energon_ray.pipeline.policy import HookRunner
 from energon_ray.pipeline.shipping import Shipped
 from energon_ray.samples import CrudeSample
-from energon_ray.task_encoder.base import TaskEncoder, is_overridden, matching_cooker, own_hook
+from energon_ray.task_encoder.base import TaskEncoder, is_overridden, matching_cooker, own_hook, sample_encode_hook
 from energon_ray.task_encoder.context import hook_call, set_batch_index, worker_slot
 from energon_ray.task_encoder.decorators import get_failure_tolerance
 
@@ -140,8 +140,8 @@ class EncodeSamples:
         handler = config.error_handler
         load = HookRunner("load", loader, te.__default_failure_tolerance__, handler)
         cook = _runner(te, "cook_crude_sample", "cook_crude_sample", handler, call=_cook_call(te))
-        # with packing, a preencode_sample override replaces encode_sample before the buffer
-        hook = "preencode_sample" if self.config.packing_buffer_size and is_overridden(te, "preencode_sample") else "encode_sample"
+        # a preencode_sample override replaces encode_sample (before the packing buffer, if any)
+        hook = sample_encode_hook(te)
         encode = _runner(te, hook, "encode_sample", handler)
         runs = {r.stage: r for r in (load.new_run(), cook.new_run(), encode.new_run())}
         data.runs.extend(runs.values())
@@ -154,9 +154,7 @@ class EncodeSamples:
         data.raw = []
 
     def _encode_all(self, data, te, loader, load, cook, encode, runs, sink) -> None:
-        do_encode = is_overridden(te, "encode_sample") or (
-            self.config.packing_buffer_size is not None and is_overridden(te, "preencode_sample")
-        )
+        do_encode = is_overridden(te, sample_encode_hook(te))
         seed = data.spec.seed
         # a hook marked @stateless(restore_seeds=True) gets Energon's seed for the sample (hook_seed)
         encode_kind = None if getattr(encode.fn, "__restore_seeds__", False) else "encode"

@@ -272,3 +272,9 @@ def is_overridden(task_encoder: TaskEncoder, name: str) -> bool:
     """Whether ``task_encoder``'s class overrides hook ``name`` of ``TaskEncoder``."""
     own = own_hook(task_encoder, name)
     return own is not None and own is not getattr(TaskEncoder, name, None)
+
+
+def sample_encode_hook(task_encoder: TaskEncoder) -> str:
+    """The hook that encodes each sample: ``preencode_sample`` where the encoder overrides it (with
+    or without packing, as Energon picks it), else ``encode_sample``."""
+    return "preencode_sample" if is_overridden(task_encoder, "preencode_sample") else "encode_sample"
