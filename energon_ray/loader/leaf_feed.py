@@ -27,7 +27,7 @@ class LeafFeed:
         self.queues = WorkerQueues(
             len(plan.streams), dataset.options.batch_size, self._seam_batches, drop_last=dataset.options.drop_last,
             stats=stats, leaf=source, hand_out=dataset.options.blend_samples, chained=dataset.stage_config().chained,
-            index_offsets=dataset.options.batch_index_offsets,
+            index_offsets=dataset.options.batch_index_offsets, grouped=dataset.groups_batches,
         )  # fmt: skip
         for w in range(len(plan.streams)):
             if plan.num_segments(w) == 0:

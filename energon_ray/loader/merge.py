@@ -68,6 +68,10 @@ class WorkerQueues:
             (``QueueCheckpoint.chain``, from the segments' reports: ``chain_point``).
         index_offsets: per worker, the samples of its stream in the sources before this one (a
             concatenation batched as one stream): a pooled group's batch index counts on over them.
+        grouped: the pools are ``batch_group_criterion`` buckets: every batch is made here, and a
+            group's batch index (``current_batch_index`` in ``batch``/``encode_batch``) is the number
+            of groups the worker's stream made before it, as Energon counts its batches (not its
+            first sample's position over the bucket size).
     """
 
     def __init__(
@@ -82,11 +86,15 @@ class WorkerQueues:
         hand_out: bool = False,
         chained: bool = False,
         index_offsets: Optional[Sequence[int]] = None,
+        grouped: bool = False,
     ):
         self.num_workers = num_workers
         #: leaf → per worker, its samples' offset in the concatenated stream (shared along a chain)
         self.index_offsets: Dict[int, List[int]] = {} if index_offsets is None else {leaf: list(index_offsets)}
         self.chained = chained
+        self.grouped = grouped
+        #: per worker (``grouped``): groups made so far (shared along a concatenation's chain)
+        self.groups_made = [0] * num_workers
         #: per worker (chained): ``(segment, outputs before it, its outputs, tail_from)`` of the last
         #: segments reported, as many as a batch can reach back; where a restore started the chain
         self.chain_log: List[Deque[Tuple[int, int, int, Optional[int]]]] = [deque() for _ in range(num_workers)]
@@ -132,6 +140,7 @@ class WorkerQueues:
         self.downstream = downstream
         self.index_offsets.update(downstream.index_offsets)  # carried samples keep their source's offsets
         downstream.index_offsets = self.index_offsets
+        downstream.groups_made = self.groups_made  # a grouped stream's batch count runs on
         downstream.waiting = [True] * downstream.num_workers
         for w in range(self.num_workers):
             if self.done[w]:  # closed before the chain existed (no segments for this worker)
@@ -218,7 +227,11 @@ class WorkerQueues:
 
     def _group(self, worker: int, limit: int, items: List[Any]) -> Tuple[Any, ...]:
         """``(batch size, samples)`` for ``make_batches``, plus the batch's index in the worker's
-        concatenated stream where sources are batched as one (its first sample's position there)."""
+        concatenated stream where sources are batched as one (its first sample's position there), or
+        of grouped batching (the groups the stream made before it)."""
+        if self.grouped:
+            index, self.groups_made[worker] = self.groups_made[worker], self.groups_made[worker] + 1
+            return (limit, _strip(items), index)
         if not self.index_offsets:
             return (limit, _strip(items))
         position, _, _, leaf = items[0]
@@ -314,6 +327,7 @@ class WorkerQueues:
             done=self.done[worker],
             carried=carried,
             chain=None if chain is None else list(chain),
+            groups_made=self.groups_made[worker] if self.grouped else 0,
         )
 
     def state(self, worker: int) -> StreamState:
@@ -354,6 +368,7 @@ class WorkerQueues:
         self.restored[worker] = state
         self.chain_log[worker].clear()
         self.chain_base[worker] = None if cp.chain is None else tuple(cp.chain)
+        self.groups_made[worker] = cp.groups_made
         if cp.event == "carry":
             self.carry_in(worker, {key: (size, [item(r) for r in refs]) for key, size, refs in cp.carried})
         elif cp.event == "close":

@@ -46,6 +46,9 @@ class QueueCheckpoint:
     #: of the batch open at ``segment`` or None]``: where the carry into ``segment`` is rebuilt from
     #: (``WorkerQueues.chain_point``); ``None``: from the stream's start
     chain: Optional[List[Optional[int]]] = None
+    #: grouped batching: the groups the worker's stream made before the event (the next group's
+    #: batch index)
+    groups_made: int = 0
 
     def refs(self) -> List[SampleRef]:
         """Every sample this checkpoint needs re-read."""

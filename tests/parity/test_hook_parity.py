@@ -43,3 +43,58 @@ def test_preencode_sample_without_packing_encodes_each_sample_as_energon(path, w
     theirs = _batches(me, path, _preencode_encoder(me), workers, 3)
     assert ours == theirs
     assert len(ours) == 10 and sorted(k for b in ours for k in b["keys"]) == [f"{i:06d}" for i in range(30)]
+
+
+def _grouping_encoder(lib):
+    class Encoder(lib.DefaultTaskEncoder):
+        def encode_sample(self, sample):
+            return {"key": sample.__key__, "i": int(sample.text)}
+
+        def batch_group_criterion(self, sample):
+            i = sample["i"]
+            if i >= 20 and i % 3 == 0:  # a bucket that first appears late
+                return ("late", 4)
+            return (i % 2, 2 if i % 2 else 3)  # buckets of different batch sizes
+
+        def batch(self, samples):
+            return {"keys": [s["key"] for s in samples], "batch_index": self.current_batch_index}
+
+        def encode_batch(self, batch):
+            return {**batch, "encode_batch_index": self.current_batch_index}
+
+    return Encoder()
+
+
+@pytest.mark.parametrize("workers,drop_last", [(0, False), (1, True), (2, False), (2, True)])
+def test_grouped_batches_see_energons_current_batch_index(path, workers, drop_last):
+    """``batch_group_criterion`` with buckets of sizes 2, 3 and 4 (the last opened late), the short
+    buckets flushed (or dropped): the same batches as Energon, and ``current_batch_index`` inside
+    ``batch``/``encode_batch`` is Energon's (the loader's batch number: 0, 1, 2, … over the rank's
+    interleaved workers). Ours read the first sample's position over the bucket size (0, 0, 2, 2, 4, 6…)."""
+    import megatron.energon as me
+
+    ours = _batches(er, path, _grouping_encoder(er), workers, None, batch_drop_last=drop_last)
+    theirs = _batches(me, path, _grouping_encoder(me), workers, None, batch_drop_last=drop_last)
+    assert ours == theirs
+    assert [b["batch_index"] for b in ours] == [b["encode_batch_index"] for b in ours] == list(range(len(ours)))
+    assert len(ours) == (10 if drop_last else 13)
+    assert (["000021", "000024", "000027"] in [b["keys"] for b in ours]) is not drop_last  # the late, short bucket
+
+
+def test_grouped_batch_index_runs_on_after_a_restore(path):
+    """A restored grouped loader's batches keep counting ``current_batch_index`` where the saved one
+    stood (the count is part of each worker stream's checkpoint)."""
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+
+    def loader():
+        ds = er.get_val_dataset(str(path), split_part="train", batch_size=None, task_encoder=_grouping_encoder(er), worker_config=wc)
+        return er.get_savable_loader(ds)
+
+    full = [dict(b) for b in loader()]
+    first = loader()
+    it = iter(first)
+    head = [dict(next(it)) for _ in range(5)]
+    state = first.save_state_rank()
+    restored = loader()
+    restored.restore_state_rank(state)
+    assert head + [dict(b) for b in restored] == full
