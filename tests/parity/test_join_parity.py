@@ -5,28 +5,19 @@ from __future__ import annotations
 import pytest
 
 import energon_ray as er
-from energon_ray.format.prepare import prepare_dataset
-from energon_ray.synthetic import write_shards
+from tests.integration.test_join import PRIMARY_KEYS, SECONDARY_KEYS, _text_dataset
 
 pytest.importorskip("megatron.energon")
 pytestmark = pytest.mark.parity
 
-KEYS = [f"s_{i:03d}" for i in range(20)]
 _JOINER = "    joiner:\n      __module__: megatron.energon\n      __class__: TextSample\n"
-
-
-def _text_dataset(root, keys, prefix, per_shard):
-    write_shards(root / "shards", [(k, {"txt": f"{prefix}:{k}".encode()}) for k in keys], per_shard)
-    prepare_dataset(root, split_ratio=(1, 0, 0), sample_type="TextSample", field_map={"text": "txt"}, progress=False)
-    return root
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("join_parity")
-    _text_dataset(root / "primary", KEYS, "p", 7)
-    # the even keys, reversed, in shards of 4, and two keys the primary lacks
-    _text_dataset(root / "secondary", [f"s_{i:03d}" for i in range(18, -1, -2)] + ["x_000", "x_001"], "s", 4)
+    _text_dataset(root / "primary", PRIMARY_KEYS, "p", 7)
+    _text_dataset(root / "secondary", SECONDARY_KEYS, "s", 4)
     return root
 
 

@@ -11,7 +11,14 @@ me = pytest.importorskip("megatron.energon")
 pytestmark = pytest.mark.parity
 
 
-class PackingHooks:
+class JoinedPack:
+    """A pack is one TextSample: its members' keys joined by ``+``, their texts by ``|``."""
+
+    def pack_selected_samples(self, samples):
+        return self.sample_cls(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text="|".join(s.text for s in samples))
+
+
+class PackingHooks(JoinedPack):
     """Deterministic packing: groups whose sizes cycle 1, 4, 2, 3 over the buffer; the last sample of
     each full buffer is left out (Energon drops unselected samples)."""
 
@@ -23,9 +30,6 @@ class PackingHooks:
             out.append(keep[i : i + size])
             i, k = i + size, k + 1
         return out
-
-    def pack_selected_samples(self, samples):
-        return self.sample_cls(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text="|".join(s.text for s in samples))
 
 
 class OurPacking(PackingHooks, er.DefaultTaskEncoder):
@@ -91,15 +95,12 @@ def test_grouped_batches_match_energon(text, workers, segment):
     assert got == expected
 
 
-class EmptyGroupHooks:
+class EmptyGroupHooks(JoinedPack):
     """Pack the first sample alone and the next two together: on a short last buffer (one sample) the
     second group is empty; a separate ``[]`` comes first and last too."""
 
     def select_samples_to_pack(self, samples):
         return [[], [samples[0]], samples[1:3], []]
-
-    def pack_selected_samples(self, samples):
-        return self.sample_cls(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text="|".join(s.text for s in samples))
 
 
 class OurEmptyGroups(EmptyGroupHooks, er.DefaultTaskEncoder):
@@ -124,7 +125,7 @@ def test_empty_groups_from_select_samples_to_pack_are_ignored_like_energon(text,
         assert got[-2:] == [["t_000057", "t_000058+t_000059"], ["t_000060"]]
 
 
-class RareHooks:
+class RareHooks(JoinedPack):
     """With tolerance 5: buffers (of 3) starting at sample 18k+15 are packed (in pairs), the 5 before
     each give no pack; ``never`` gives no pack at all."""
 
@@ -135,9 +136,6 @@ class RareHooks:
         if self.never or int(samples[0].text) % 18 != 15:
             return []
         return [samples[i : i + 2] for i in range(0, len(samples), 2)]
-
-    def pack_selected_samples(self, samples):
-        return self.sample_cls(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text="|".join(s.text for s in samples))
 
 
 class OurRare(RareHooks, er.DefaultTaskEncoder):
