@@ -16,12 +16,16 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import lightning.pytorch as pl
 
 from energon_ray.task_encoder import TaskEncoder
 from energon_ray.worker import WorkerConfig
+
+logger = logging.getLogger("energon_ray")
 
 #: ``loader`` keys besides ``get_loader``'s keywords.
 _LOADER_OWN_KEYS = ("num_workers",)
@@ -116,6 +120,8 @@ class EnergonDataModule(pl.LightningDataModule):
         self._loaders: List[Any] = []
         #: every rank's saved training-loader state, waiting for the training loader to be built
         self._pending_states: Optional[List[Dict[str, Any]]] = None
+        #: this rank's training-loader state as ``teardown`` closed it (what ``state_dict`` saves after ``fit``)
+        self._closed_state: Optional[Dict[str, Any]] = None
 
     def __repr__(self) -> str:
         return (
@@ -158,8 +164,16 @@ class EnergonDataModule(pl.LightningDataModule):
         )  # fmt: skip
         loader = get_savable_loader(dataset, **self.loader_options)
         states, self._pending_states = self._pending_states, None
+        previous, self._closed_state = self.train_loader, None
         if states:
             loader.restore_state_global(states)
+        elif previous is not None:  # Lightning reloads (reload_dataloaders_every_n_epochs): go on from the old loader
+            state = previous.save_state_rank()
+            if state is not None:  # at an epoch start: the new iter() is a new epoch, as the old loader's would be
+                loader.restore_state_rank(dataclasses.replace(state, epoch_items=0))
+        if previous is not None:
+            previous.close()
+            self._loaders = [other for other in self._loaders if other is not previous]
         self.train_loader = loader
         self._loaders.append(loader)
         return _RestoredByDataModule(loader)
@@ -174,6 +188,11 @@ class EnergonDataModule(pl.LightningDataModule):
 
     def teardown(self, stage: Optional[str] = None) -> None:
         """Stop the loaders' Ray executions."""
+        if self.train_loader is not None:  # a checkpoint saved after fit() (trainer.save_checkpoint) keeps the position
+            try:
+                self._closed_state = self._train_state()
+            except Exception:  # torn down by a failure the state cannot be taken after: that one is being raised
+                logger.warning("energon_ray: the training loader's state could not be kept at teardown", exc_info=True)
         loaders, self._loaders = self._loaders, []
         for loader in loaders:
             loader.close()
@@ -183,12 +202,16 @@ class EnergonDataModule(pl.LightningDataModule):
     def state_dict(self) -> Dict[str, Any]:
         """Every rank's training-loader state (JSON dicts), gathered on rank 0 (the rank that writes
         the checkpoint); empty before training. Every rank must call it (Lightning does)."""
-        if self.train_loader is None:
+        if self.train_loader is not None:
+            state = self._train_state()
+        elif self._closed_state is not None:  # after fit(): the state teardown kept
+            state = self._closed_state
+        else:
             return {}
-        states = self.train_loader.save_state_global(global_dst_rank=0)
+        states = _gather_on_rank_0(state)
         if not states or all(state is None for state in states):
             return {}
-        return {"train_loader_states": [None if state is None else state.to_dict() for state in states]}
+        return {"train_loader_states": states}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Keep the saved states for the training loader (built later, in ``train_dataloader``)."""
@@ -203,6 +226,19 @@ class EnergonDataModule(pl.LightningDataModule):
             self._pending_states = states
 
     # -- internals -------------------------------------------------------------------------------
+    def _train_state(self) -> Optional[Dict[str, Any]]:
+        """This rank's training-loader state as a JSON dict (``None`` before its first batch). Once
+        Lightning has taken its epoch's last batch, its next request is a new ``iter()`` (Lightning
+        knows the length and never reads the end of an iterator), which is a new epoch of an epochized
+        loader (``virtual_epoch_length``): the state says so, else a restored loader's first ``iter()``
+        gave the rest of the finished epoch (nothing), and a resumed run an empty epoch."""
+        state = self.train_loader.save_state_rank()
+        if state is None:
+            return None
+        if _lightning_epoch_over(self.trainer):
+            state = dataclasses.replace(state, epoch_items=0)
+        return state.to_dict()
+
     def _worker_config(self) -> WorkerConfig:
         if self.worker_config is None:
             self.setup()
@@ -257,6 +293,24 @@ class _RestoredByDataModule:
         if name == "loader":  # not set yet (a copy being made): no loader to ask
             raise AttributeError(name)
         return getattr(self.loader, name)
+
+
+def _lightning_epoch_over(trainer: Any) -> bool:
+    """Whether ``trainer`` has taken the last batch of its training epoch (``False`` without a trainer)."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    return bool(getattr(getattr(loop, "batch_progress", None), "is_last_batch", False))
+
+
+def _gather_on_rank_0(state: Optional[Dict[str, Any]]) -> Optional[List[Optional[Dict[str, Any]]]]:
+    """Every rank's ``state``, gathered on rank 0 (``torch.distributed``; a list of one without it);
+    ``None`` on the other ranks. A collective: every rank calls it."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [state]
+    out: Optional[List[Any]] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(state, out, dst=0)
+    return out
 
 
 def _whole_number(name: str, value: Any) -> int:
