@@ -20,11 +20,12 @@ from omegaconf import DictConfig  # noqa: E402
 def main(cfg: DictConfig) -> None:
     from energon_ray.errors import DatasetConfigError
     from energon_ray.loader.state import StateError
+    from energon_ray.train.config import ConfigError
     from energon_ray.train.fit import fit
 
     try:
         result = fit(cfg)
-    except (DatasetConfigError, StateError) as exc:  # the user's data or checkpoint: the message says what to change
+    except (ConfigError, DatasetConfigError, StateError) as exc:  # the user's config, data or checkpoint: the message says what to change
         sys.exit(f"error: {exc}")
     losses = result.losses
     print(f"trained {result.global_step} steps on {result.world_size} rank(s)")

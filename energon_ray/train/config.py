@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -66,3 +66,35 @@ def check_choices(cfg: DictConfig) -> None:
     if missing:
         choices = ", ".join(f"+task={task} +dataset={dataset}" for task, dataset in BUILTIN_TASKS.items())
         raise ValueError(f"choose {' and '.join(missing)} on the command line; built in: {choices}")
+
+
+class ConfigError(ValueError):
+    """A composed config's value that cannot work (the message names its key)."""
+
+
+def ray_options(cfg: DictConfig) -> Dict[str, Any]:
+    """``cfg.trainer.ray`` checked: ``num_workers`` and ``max_failures`` whole numbers (``max_failures``
+    -1: without end, as Ray's), ``cpus_per_worker`` a number >= 0, ``use_gpu`` a bool.
+
+    Raises:
+        ConfigError: naming the key and its value (``int("two")`` named neither, and ``use_gpu=no`` was true).
+    """
+    raw = cfg.trainer.get("ray") or {}
+    out: Dict[str, Any] = {"name": raw.get("name"), "storage_path": raw.get("storage_path")}
+    for key, default, least in (("num_workers", 0, 0), ("max_failures", 0, -1)):
+        value = raw.get(key)
+        value = default if value is None else value
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"trainer.ray.{key} must be a whole number >= {least}, got {value!r}")
+        out[key] = value
+    cpus = raw.get("cpus_per_worker")
+    cpus = 0.25 if cpus is None else cpus
+    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not cpus >= 0:
+        raise ConfigError(f"trainer.ray.cpus_per_worker must be a number >= 0, got {cpus!r}")
+    out["cpus_per_worker"] = float(cpus)
+    use_gpu = raw.get("use_gpu")
+    use_gpu = False if use_gpu is None else use_gpu
+    if not isinstance(use_gpu, bool):
+        raise ConfigError(f"trainer.ray.use_gpu must be true or false, got {use_gpu!r}")
+    out["use_gpu"] = use_gpu
+    return out

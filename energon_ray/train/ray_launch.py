@@ -24,17 +24,18 @@ def fit_on_ray(cfg: DictConfig) -> TrainResult:
     """Fit ``cfg`` on ``cfg.trainer.ray.num_workers`` ``ray.train`` workers (on the Ray already
     initialized in this process, else a private local one or ``RAY_ADDRESS``'s cluster); rank 0's result."""
     from energon_ray.ray_env import run_torch_trainer
+    from energon_ray.train.config import ray_options
 
-    options = cfg.trainer.ray
+    options = ray_options(cfg)
     result = run_torch_trainer(
         _train_loop,
         OmegaConf.to_container(cfg, resolve=True),
-        num_workers=int(options.num_workers),
-        use_gpu=bool(options.get("use_gpu", False)),
-        cpus_per_worker=float(options.get("cpus_per_worker", 0.25)),
-        name=options.get("name"),
-        storage_path=os.path.abspath(str(options.get("storage_path") or os.path.join(cfg.work_dir, "ray_results"))),
-        max_failures=int(options.get("max_failures", 0)),
+        num_workers=options["num_workers"],
+        use_gpu=options["use_gpu"],
+        cpus_per_worker=options["cpus_per_worker"],
+        name=options["name"],
+        storage_path=os.path.abspath(str(options["storage_path"] or os.path.join(cfg.work_dir, "ray_results"))),
+        max_failures=options["max_failures"],
     )
     summary = getattr(result, "return_value", None) or (result.metrics or {}).get("summary")
     if summary is None:
@@ -48,9 +49,10 @@ def fit_on_ray(cfg: DictConfig) -> TrainResult:
 def _train_loop(config: Dict[str, Any]) -> Dict[str, Any]:
     """One ray.train worker: fit this rank; rank 0's summary is the run's result."""
     from energon_ray.ray_env import LightningOnRay
+    from energon_ray.train.config import ray_options
 
     cfg = OmegaConf.create(config)
-    ray_side = LightningOnRay(use_gpu=bool(cfg.trainer.ray.get("use_gpu", False)))
+    ray_side = LightningOnRay(use_gpu=ray_options(cfg)["use_gpu"])
     kwargs = dict(callbacks=[ray_side.callback], prepare_trainer=ray_side.prepare_trainer, **ray_side.overrides)
     if ray_side.checkpoint is None:
         result = fit_here(cfg, **kwargs)

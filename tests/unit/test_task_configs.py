@@ -238,3 +238,27 @@ def test_command_line_help_lists_the_built_in_tasks(monkeypatch, capsys):
     listed = [line.strip() for line in out.splitlines() if line.startswith("  +task=")]
     assert listed == [f"+task={task} +dataset={dataset}" for task, dataset in BUILTIN_TASKS.items()]
     assert "tokenizer: autotokenizer, byte, hash" in out and "max_steps: 50" in out
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.ray.num_workers=two", "trainer.ray.num_workers must be a whole number >= 0, got 'two'"),
+        ("trainer.ray.num_workers=2.5", "trainer.ray.num_workers must be a whole number >= 0, got 2.5"),
+        ("trainer.ray.max_failures=-2", "trainer.ray.max_failures must be a whole number >= -1, got -2"),
+        ("trainer.ray.cpus_per_worker=half", "trainer.ray.cpus_per_worker must be a number >= 0, got 'half'"),
+        ("trainer.ray.use_gpu=no", "trainer.ray.use_gpu must be true or false, got 'no'"),
+    ],
+)
+def test_command_line_entry_point_names_a_bad_ray_option(monkeypatch, tmp_path, override, message):
+    """A bad trainer.ray value exits with "error: …" naming its key, before anything is built or Ray
+    started. Before: `int('two')` said "invalid literal for int() with base 10: 'two'" (no key, a
+    traceback), 2.5 workers were 2, and use_gpu=no asked for GPUs (bool('no'))."""
+    from energon_ray.train.__main__ import main
+
+    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
+            "trainer.ray.num_workers=1", override, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == f"error: {message}"
