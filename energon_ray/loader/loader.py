@@ -405,6 +405,9 @@ class EnergonLoader:
         provider = self.dataset.provider(ctx, pass_index)
         run = PassRun(pass_index, multi, ctx, RoundRobin(self.dataset.num_workers, provider, caps=self.dataset.caps(), stats=self.stats))
         read_before, yielded = self.stats.samples_read, 0
+        # items the pass gave before the state restored here was saved (a pass restored at its end
+        # re-reads what the state pooled, gives nothing, and did give batches: no warning then)
+        given_before = sum(restore.round_robin.emitted) if restore is not None and restore.round_robin is not None else 0
         try:
             if restore is not None and restore.streams:
                 run.restore(restore)
@@ -412,7 +415,7 @@ class EnergonLoader:
             for item in run.round_robin:
                 yielded += 1
                 yield item
-            if not yielded and self.stats.samples_read > read_before:
+            if not yielded and not given_before and self.stats.samples_read > read_before:
                 self.stats.warn_no_batch(pass_index, self.stats.samples_read - read_before)
         except GeneratorExit:
             raise

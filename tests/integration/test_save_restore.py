@@ -219,6 +219,41 @@ def test_blend_and_mix_restore_with_small_states(roots):
     round_trip(mix, [1, 5, 8], count=10)
 
 
+def test_a_blend_restored_after_its_last_batch_ends_without_the_no_batch_warning(roots, tmp_path, caplog):
+    """A repeat=False blend (a 3-sample member of tiny weight) saved after its pass's last batch: the
+    restored pass gives nothing more, as the saved one would, and does not warn that the pass "gave no
+    batch although it read 3 samples" (it re-read a pooled segment; the pass gave its batches before
+    the save). A pass that truly gives none still warns (test_bad_input)."""
+    import logging
+
+    small = prefixed_text_dataset(tmp_path / "u", "u", 3)
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+
+    def blend():
+        def part(path):
+            return er.get_train_dataset(path, batch_size=3, shuffle_buffer_size=5, worker_config=wc, samples_per_segment=6, repeat=False)
+
+        return er.BlendDataset((part(roots["a"]), 1), (part(small), 0.05), (part(roots["b"]), 1))
+
+    loader = er.get_savable_loader(blend())
+    batches = len(list(loader))
+    assert batches == 26  # 15 + 1 + 10
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    state = loader.save_state_rank()  # after the last batch, the pass not yet seen to end
+    loader.close()
+    assert state.pass_index is not None
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    fresh = er.get_savable_loader(blend())
+    fresh.restore_state_rank(json_transport(state))
+    assert list(fresh) == []
+    assert fresh.stats.samples_read > 0  # (what made it warn)
+    assert len(list(fresh)) == batches  # the next pass
+    fresh.close()
+    assert "gave no batch" not in caplog.text, caplog.text
+
+
 def test_train_metadataset_sample_blend_restores_exactly(roots, tmp_path):
     """A train metadataset with ``blend_samples=True`` blends samples before batching: restores inside a Ray-made group of
     batches and across groups give the same batches (keys, texts drawn in the hooks, batch RNG); restore_sample rebuilds
