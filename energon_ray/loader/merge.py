@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
+from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.loader.pinning import handed_out
 from energon_ray.loader.state import QueueCheckpoint, SampleRef, StreamState, expand_ranges, to_ranges
 from energon_ray.loader.stats import LoaderStats
@@ -41,6 +42,17 @@ class Pending:
         self.resolve = resolve
         #: set by ``resolve`` where known: the stream positions of each made item's samples
         self.positions: Optional[List[List[int]]] = None
+
+
+class Failed:
+    """A segment's fatal error, queued after the items its worker stream made before it: raised when
+    the consumer reaches it (as Energon raises when the loader asks that worker for its next batch),
+    so the batches ahead of it, of this and the other workers, come out first."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
 
 
 class WorkerQueues:
@@ -184,7 +196,12 @@ class WorkerQueues:
             else:
                 self._pool(worker, entries)
         elif kind == rows.REPORT:
-            self.stats.add_report(payload, self.chain)
+            try:
+                self.stats.add_report(payload, self.chain)
+            except (FatalSampleError, ShardReadError) as exc:
+                if self.hand_out:  # samples handed out from the pool: no queue to hold it
+                    raise
+                self._put(worker, [Failed(exc)])
             if self.chained and payload.outputs_before is not None:
                 self._log_outputs(worker, segment, payload.outputs_before, payload.samples_encoded, payload.tail_from)
             if self.hand_out:
@@ -251,6 +268,9 @@ class WorkerQueues:
             return pool[1].pop(0) if pool and pool[1] else NOTHING
         queue, tags, spans = self.queues[worker], self.tags[worker], self.spans[worker]
         while queue:
+            if type(queue[0]) is Failed:  # left queued: the stream raises again if asked again
+                error = queue[0].error
+                raise type(error)(str(error))
             item, tag, span = queue.popleft(), tags.popleft(), spans.popleft()
             if type(item) is Pending:
                 made = item.resolve()

@@ -120,15 +120,17 @@ class BatchSamples:
             data.runs.extend(eager.runs)
         items: List[Tuple[Any, List[int]]] = []
         leftovers: List[Any] = []
+        made: List[Tuple[Any, List[int]]] = []  # plain batching's batches, as they are made
         try:
             with worker_slot(spec.worker, self.config.num_workers):
-                items, leftovers = self._batches(data, eager)
+                items, leftovers = self._batches(data, eager, made)
         except FatalSampleError as exc:
             data.fatal = data.fatal or ("FatalSampleError", str(exc))
+            items, leftovers = list(made), []
         encoded = len(data.encoded) + (eager.samples if eager is not None else 0)
-        if data.fatal is not None:
-            items, leftovers = [], []  # a fatal segment gives nothing, even what was batched before
-        elif eager is not None:
+        if data.fatal is not None and not self._plain(data):
+            items, leftovers = [], []  # a fatal segment of packing or grouping gives nothing
+        elif eager is not None:  # (a fatal one: what was made before the error, which comes after them)
             items = eager.items + items
         if self.config.chained and data.carry is not None:
             encoded -= len(data.carry.tail or ())  # the previous segment's tail was counted there
@@ -178,13 +180,28 @@ class BatchSamples:
             items = items + last
         return items, []
 
-    def _batches(self, data: rows.SegmentData, eager: Optional["EagerBatches"] = None) -> Tuple[List[Tuple[Any, List[int]]], List[Any]]:
+    def _plain(self, data: rows.SegmentData) -> bool:
+        """Whether the segment's items are plain consecutive batches of its samples (or the samples)."""
+        te: TaskEncoder = self.config.task_encoder.get()
+        return not (
+            self.config.packing_buffer_size
+            or (self.config.postencode and is_overridden(te, "postencode_sample"))
+            or data.spec.keep is not None
+            or is_overridden(te, "batch_group_criterion")
+            or self.config.batch_across_sources
+        )
+
+    def _batches(
+        self, data: rows.SegmentData, eager: Optional["EagerBatches"] = None, made: Optional[List[Any]] = None
+    ) -> Tuple[List[Tuple[Any, List[int]]], List[Any]]:
         """Items (batches, or samples without batching) with their samples' positions, and leftover
-        groups ``(key, size, items)`` (of the samples ``eager`` left)."""
+        groups ``(key, size, items)`` (of the samples ``eager`` left). After a fatal error in
+        encoding, plain batching still batches the samples encoded before it (Energon gives those
+        batches before it raises); ``made`` gets each batch as it is made."""
         te: TaskEncoder = self.config.task_encoder.get()
         handler, size, seed = self.config.error_handler, self.config.batch_size, data.spec.seed
         entries = data.encoded
-        if data.fatal is not None:
+        if data.fatal is not None and not self._plain(data):
             return [], []
         if self.config.packing_buffer_size:
             packer = Packer(te, self.config.packing_buffer_size, handler)
@@ -212,7 +229,9 @@ class BatchSamples:
             runs = batcher.new_runs()
             data.runs.extend(runs)
         cut = len(entries) - len(entries) % size
-        items = [b for start in range(0, cut, size) for b in batcher.with_positions(entries[start : start + size], seed, size, runs)]
+        items = made if made is not None else []
+        for start in range(0, cut, size):
+            items.extend(batcher.with_positions(entries[start : start + size], seed, size, runs))
         return items, ([(None, size, entries[cut:])] if cut < len(entries) else [])
 
 

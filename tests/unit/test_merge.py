@@ -107,18 +107,24 @@ def test_failures_are_counted_and_joined_across_segments():
     q.feed(_report(0, 0, [first]), False)
     assert q.stats.skipped == {"load": 3}
     second = StageRun(stage="load", tolerance=5, lead=2, trail=2, had_success=False, failures=2, last_error="bad")
-    with pytest.raises(FatalSampleError, match="5 consecutive failures in stage 'load'"):
-        q.feed(_report(0, 1, [second]), False)
+    q.feed(_report(0, 1, [second]), False)  # queued: raised when the consumer reaches it
+    for _ in range(2):  # and again if asked again
+        with pytest.raises(FatalSampleError, match="5 consecutive failures in stage 'load'"):
+            q.pop(0)
 
 
 def test_fatal_report_raises_in_plan_order():
-    """A report carrying a fatal error raises it when the driver reaches that segment."""
+    """A report carrying a fatal error raises it when the consumer reaches it: after the items
+    queued before it (the segment's own, made before the error), as Energon's worker raises it."""
     q = WorkerQueues(1, 1, _pool_batches)
-    report = rows.Report(0, 0, 0, 0, 0, [], fatal=("ShardReadError", "x.tar: truncated"))
+    report = rows.Report(0, 0, 0, 0, 1, [], fatal=("ShardReadError", "x.tar: truncated"))
     from energon_ray.errors import ShardReadError
 
+    q.feed((rows.ITEM, 0, 0, 0, "b0"), False)
+    q.feed((rows.REPORT, 0, 0, 1, report), False)
+    assert q.pop(0) == "b0"
     with pytest.raises(ShardReadError, match="x.tar: truncated"):
-        q.feed((rows.REPORT, 0, 0, 0, report), False)
+        q.pop(0)
 
 
 def test_chained_sources_batch_across_the_end_of_one_into_the_next():
