@@ -48,6 +48,7 @@ SYSTEM_EXCEPTIONS: tuple[type[BaseException], ...] = (
     StopAsyncIteration,
     MemoryError,
     RecursionError,
+    ReferenceError,
     NameError,
     UnboundLocalError,
     FatalSampleError,

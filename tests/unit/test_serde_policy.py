@@ -293,9 +293,10 @@ def test_skip_sample_neither_counts_nor_resets_the_consecutive_failures():
         runner.call(run, "b", "batch 2")
 
 
-@pytest.mark.parametrize("exc", [ImportError, MemoryError, RecursionError, NameError, SystemError])
+@pytest.mark.parametrize("exc", [ImportError, MemoryError, RecursionError, NameError, SystemError, ReferenceError])
 def test_system_errors_raise_fatal_sample_error_at_once(exc):
-    """A system error (ImportError, MemoryError, …) raises FatalSampleError on its first occurrence."""
+    """A system error (ImportError, MemoryError, …) raises FatalSampleError on its first occurrence;
+    ReferenceError (a dead weakref) too, as in Energon's list (it was skipped and counted)."""
     runner = HookRunner("encode_sample", _fails_on({1}, exc), tolerance=100, handler=log_exception)
     with pytest.raises(FatalSampleError) as info:
         runner.call(runner.new_run(), 1, "sample 1")
