@@ -63,19 +63,25 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         path = synthetic_captioning(workdir / "dataset", d["num_samples"], d["samples_per_shard"], tuple(d["image_size"]))
     except DatasetConfigError as exc:  # e.g. the folder holds the dataset of another config's num_samples
         sys.exit(f"captioning_job: {exc}")
+    except OSError as exc:  # e.g. the workdir is a file
+        where = f"--workdir {args.workdir}" if args.workdir else f"{args.config}: workdir {cfg['workdir']!r}"
+        sys.exit(f"captioning_job: {where}: cannot write the dataset there: {exc}")
     print(f"dataset: {path}")
 
     encoder = CaptioningTaskEncoder(image_transform=default_train_transform(tc["image_size"]), max_length=tc["max_length"])
-    dataset = er.get_train_dataset(
-        path,
-        split_part=lc["split_part"],
-        worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=lc["num_workers"]),
-        batch_size=lc["batch_size"],
-        shuffle_buffer_size=lc["shuffle_buffer_size"],
-        max_samples_per_sequence=lc["max_samples_per_sequence"],
-        repeat=lc["repeat"],
-        task_encoder=encoder,
-    )
+    try:  # e.g. loader.split_part names no part of the dataset's split.yaml
+        dataset = er.get_train_dataset(
+            path,
+            split_part=lc["split_part"],
+            worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=lc["num_workers"]),
+            batch_size=lc["batch_size"],
+            shuffle_buffer_size=lc["shuffle_buffer_size"],
+            max_samples_per_sequence=lc["max_samples_per_sequence"],
+            repeat=lc["repeat"],
+            task_encoder=encoder,
+        )
+    except DatasetConfigError as exc:
+        sys.exit(f"captioning_job: {args.config}: the loader section does not fit the dataset: {exc}")
     loader = er.get_loader(dataset)
     print(f"{dataset}: {len(loader)} batches per epoch")
 

@@ -85,3 +85,29 @@ def test_captioning_job_refuses_a_workdir_dataset_of_another_config(tmp_path, ca
         f"captioning_job: {tmp_path / 'dataset'}: holds a synthetic dataset written with other parameters "
         "(image_size was [32, 24], is now [320, 240]; num_samples was 8, is now 1200)"
     )
+
+
+def _small(tmp_path: Path, **loader) -> str:
+    dataset = {"num_samples": 8, "samples_per_shard": 4, "image_size": [32, 24]}
+    return _config(tmp_path, yaml.safe_dump({**GOOD, "workdir": str(tmp_path), "dataset": dataset,
+                                             "loader": {**GOOD["loader"], **loader}}))  # fmt: skip
+
+
+def test_captioning_job_with_an_unknown_split_part_exits_naming_the_config_and_the_part(tmp_path, capsys):
+    """loader.split_part 'trian' (a typo) stopped the job with a DatasetConfigError traceback; now one
+    line names the config file, the value and the dataset's parts (exit status 1), before Ray."""
+    path = _small(tmp_path, split_part="trian")
+    with pytest.raises(SystemExit) as caught:
+        _job().main(["--config", path])
+    message = str(caught.value.code)
+    assert message.startswith(f"captioning_job: {path}: the loader section does not fit the dataset: ")
+    assert "unknown split part 'trian'" in message and "'train'" in message and "\n" not in message
+
+
+def test_captioning_job_with_a_workdir_that_is_a_file_exits_naming_it(tmp_path):
+    """--workdir naming a file stopped the job with a NotADirectoryError traceback; now exit 1 with one line."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(SystemExit) as caught:
+        _job().main(["--config", _small(tmp_path), "--workdir", str(afile)])
+    assert str(caught.value.code).startswith(f"captioning_job: --workdir {afile}: cannot write the dataset there: ")
