@@ -225,10 +225,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         parser.error(str(exc))
     try:  # the dataset, written once per --workdir: one of other --samples stops the job here
         path = synthetic_captioning(workdir / "dataset", args.samples, 40, (96, 72), split_ratio=(1, 0, 0), progress=False)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        start_run(plan, run_dir, log_dir, options)
     except DatasetConfigError as exc:
         parser.error(str(exc))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    start_run(plan, run_dir, log_dir, options)
+    except OSError as exc:  # e.g. --workdir or --log-dir is a file
+        parser.error(f"--workdir {args.workdir} / --log-dir {log_dir}: cannot write there: {exc}")
     print(plan.message, flush=True)
 
     import ray

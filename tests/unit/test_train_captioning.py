@@ -114,3 +114,13 @@ def test_train_captioning_refuses_a_dataset_of_other_samples(tmp_path, capsys):
     message = _usage_error(capsys, _job().main, ["--workdir", str(tmp_path), "--samples", "16"])
     assert message.startswith(f"{tmp_path / 'dataset'}: holds a synthetic dataset written with other parameters (num_samples was 12, is now 16)")
     assert not (tmp_path / "runs").exists()
+
+
+def test_train_captioning_with_a_workdir_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    """--workdir naming a file stopped the job with a NotADirectoryError traceback; now a usage error
+    (exit 2) that names the option and the path, before Ray."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    message = _usage_error(capsys, _job().main, ["--workdir", str(afile), "--steps", "1"])
+    assert message.startswith(f"--workdir {afile} / --log-dir {afile / 'logs'}: cannot write there: ")
+    assert "Not a directory" in message
