@@ -11,6 +11,8 @@ import click
 import yaml
 
 from energon_ray.cli.prepare import DatasetLocation, user_errors
+from energon_ray.errors import DatasetConfigError, UntrustedCodeError
+from energon_ray.format.dataset_code import named_sample_type
 from energon_ray.format.info import INFO_JSON, INFO_YAML, meta_dir, read_info
 from energon_ray.format.split import read_split_file
 from energon_ray.storage import RemotePath
@@ -54,6 +56,12 @@ def _sample_type(path: Path | RemotePath, dataset_config: str) -> str:
     spec = data.get("sample_type") if isinstance(data.get("sample_type"), dict) else data
     if not isinstance(spec, dict) or "__class__" not in spec:
         return f"unknown ({file} has no sample_type)"
+    try:  # a class the loader refuses (e.g. a misspelt sample class) is an error here too, not a plain report
+        named_sample_type(dict(data), str(file), trusted=False)
+    except UntrustedCodeError:
+        pass  # a class of another module: the loader imports it only with trust_dataset_code
+    except DatasetConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     out = f"{spec.get('__module__', 'megatron.energon')}.{spec['__class__']}"
     if isinstance(data.get("field_map"), dict):
         out += " (field_map: " + ", ".join(f"{k}={v}" for k, v in data["field_map"].items()) + ")"
@@ -83,12 +91,15 @@ def _shard_sizes(path: Path | RemotePath, counts: Dict[str, int]) -> List[int]:
 
 
 @click.command(name="info")
-@click.argument("path", type=DatasetLocation(file_okay=False))
+@click.argument("path", type=DatasetLocation())
 @click.option("--split-config", default="split.yaml", show_default=True, help="Split config file in .nv-meta.")
 @click.option("--dataset-config", default="dataset.yaml", show_default=True, help="Dataset config file in .nv-meta.")
 def info_command(path: Path, split_config: str, dataset_config: str) -> None:
     """Show sample counts, size on disk, sample type and split parts of the dataset at PATH (a folder,
     or an s3:// or msc:// URL)."""
+    if isinstance(path, Path) and path.is_file():  # click's own message was "Directory 'x.yaml' is a file."
+        raise click.UsageError(f"{path}: PATH must be a prepared dataset folder, not a file (info reads no "
+                               "metadataset YAML or .jsonl file; `energon-ray preview` and `lint` read a .jsonl)")  # fmt: skip
     with user_errors():
         counts = read_info(path)
         split = read_split_file(path, split_config)

@@ -546,3 +546,31 @@ def test_prepare_media_on_an_unprepared_folder_of_tars_fails_naming_the_prepare_
 def test_version_option_prints_the_package_and_format_version():
     res = run_cli("-V")
     assert res.exit_code == 0 and res.output.startswith("energon-ray ") and "7.4.1" in res.output
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("sample_type: {__module__: megatron.energon, __class__: NoSuchSample}\n", "unknown sample_type 'NoSuchSample'; known: ["),
+        ("__module__: megatron.energon\n__class__: NoSuchWebdataset\n", "unknown dataset class 'NoSuchWebdataset'"),
+    ],
+)  # fmt: skip
+def test_info_on_a_dataset_yaml_naming_an_unknown_class_fails_naming_file_and_class(tmp_path, content, expected):
+    """It printed "Sample type: megatron.energon.NoSuchSample" and exit 0, for a class every loader refuses."""
+    make_dataset(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    config = tmp_path / ".nv-meta" / "dataset.yaml"
+    config.write_text(content)
+    res = run_cli("info", tmp_path)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert res.output.startswith(f"Error: {config}: {expected}")
+
+
+@pytest.mark.parametrize("name", ["metadataset.yaml", "data.jsonl"])
+def test_info_on_a_file_is_a_usage_error_saying_it_takes_a_dataset_folder(tmp_path, name):
+    """click said "Directory 'metadataset.yaml' is a file." for a metadataset YAML or a .jsonl."""
+    path = tmp_path / name
+    path.write_text('{"a": 1}\n')
+    res = run_cli("info", path)
+    assert res.exit_code == 2, res.output
+    assert f"Error: {path}: PATH must be a prepared dataset folder, not a file" in res.output
