@@ -15,6 +15,29 @@ from typing import Any, Optional, Sequence
 logger = logging.getLogger("energon_ray")
 
 
+def parse_problem(exc: BaseException) -> str:
+    """A YAML or JSON parse error on one line: ``line L, column C: what`` (PyYAML's own text spans
+    several lines and names ``<unicode string>`` instead of the file).
+
+    Example:
+        >>> import yaml
+        >>> try:
+        ...     yaml.safe_load("a: [1")
+        ... except yaml.YAMLError as exc:
+        ...     parse_problem(exc)
+        "line 1, column 6: while parsing a flow sequence (from line 1, column 4), expected ',' or ']', but got '<stream end>'"
+    """
+    mark, start = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    problem, context = getattr(exc, "problem", None), getattr(exc, "context", None)
+    if problem is None and context is None:  # not a marked YAML error (JSON's message is one line already)
+        return " ".join(str(exc).split())
+    mark = mark or start
+    if context and start is not None:
+        context = f"{context} (from line {start.line + 1}, column {start.column + 1})"
+    what = ", ".join(part for part in (context, problem) if part)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
+
+
 class SkipSample(Exception):
     """Raise inside a task-encoder hook to drop the current sample (or batch) without an error."""
 

@@ -11,7 +11,7 @@ import click
 import yaml
 
 from energon_ray.cli.prepare import DatasetLocation, user_errors
-from energon_ray.errors import DatasetConfigError, UntrustedCodeError
+from energon_ray.errors import DatasetConfigError, UntrustedCodeError, parse_problem
 from energon_ray.format.dataset_code import named_sample_type
 from energon_ray.format.info import INFO_JSON, INFO_YAML, meta_dir, read_info
 from energon_ray.format.split import read_split_file
@@ -50,7 +50,7 @@ def _sample_type(path: Path | RemotePath, dataset_config: str) -> str:
     try:
         data = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise click.ClickException(f"{file}: cannot parse: {exc}") from None
+        raise click.ClickException(f"{file}: cannot parse: {parse_problem(exc)}") from None
     if not isinstance(data, dict):
         raise click.ClickException(f"{file}: expected a mapping of keys (sample_type, field_map, ...), got a {type(data).__name__}")
     spec = data.get("sample_type") if isinstance(data.get("sample_type"), dict) else data

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
-from energon_ray.errors import DatasetConfigError
+from energon_ray.errors import DatasetConfigError, parse_problem
 from energon_ray.format.dataset_code import RemoteFiles, load_function, named_sample_type
 from energon_ray.format.field_access import parse_field_access
 from energon_ray.format.info import check_write_target, meta_dir, write_file
@@ -195,7 +195,7 @@ def _read_yaml(file: Any, files: Optional[RemoteFiles]) -> Dict[str, Any]:
     try:
         data = yaml.safe_load(text if text is not None else file.read_text()) or {}
     except Exception as exc:
-        raise DatasetConfigError(f"{file}: cannot parse: {exc}") from None
+        raise DatasetConfigError(f"{file}: cannot parse: {parse_problem(exc)}") from None
     if not isinstance(data, dict):
         raise DatasetConfigError(f"{file}: expected a mapping of keys (sample_type, field_map, ...), got a {type(data).__name__}")
     return dict(data)

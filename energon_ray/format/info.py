@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 
 import yaml
 
-from energon_ray.errors import DatasetConfigError
+from energon_ray.errors import DatasetConfigError, parse_problem
 from energon_ray.storage import RemotePath, as_path
 
 META_DIR = ".nv-meta"
@@ -103,7 +103,7 @@ def read_info(path: Path | str) -> Dict[str, int]:
             try:
                 data = loader(file.read_text())
             except Exception as exc:
-                raise DatasetConfigError(f"{file}: cannot parse: {exc}") from None
+                raise DatasetConfigError(f"{file}: cannot parse: {parse_problem(exc)}") from None
             counts = data.get("shard_counts") if isinstance(data, dict) else None
             if not isinstance(counts, dict):
                 raise DatasetConfigError(f"{file}: has no 'shard_counts' mapping")

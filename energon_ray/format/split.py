@@ -14,7 +14,7 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 import braceexpand
 import yaml
 
-from energon_ray.errors import DatasetConfigError
+from energon_ray.errors import DatasetConfigError, parse_problem
 from energon_ray.format.info import check_write_target, meta_dir, write_file
 
 
@@ -44,7 +44,7 @@ def read_split_file(path: Path | str, split_config: str = "split.yaml") -> Dict:
         text = file.read_text()
         data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
     except Exception as exc:
-        raise DatasetConfigError(f"{file}: cannot parse: {exc}") from None
+        raise DatasetConfigError(f"{file}: cannot parse: {parse_problem(exc)}") from None
     if not isinstance(data, dict) or not isinstance(data.get("split_parts"), dict):
         raise DatasetConfigError(f"{file}: has no 'split_parts' mapping")
     for name, patterns in data["split_parts"].items():

@@ -574,3 +574,16 @@ def test_info_on_a_file_is_a_usage_error_saying_it_takes_a_dataset_folder(tmp_pa
     res = run_cli("info", path)
     assert res.exit_code == 2, res.output
     assert f"Error: {path}: PATH must be a prepared dataset folder, not a file" in res.output
+
+
+@pytest.mark.parametrize("name, text", [("split.yaml", "split_parts: [a\n"), ("dataset.yaml", "sample_type: {__class__: X\n")])
+def test_info_on_a_meta_file_that_is_not_yaml_fails_with_one_line_naming_file_and_place(tmp_path, name, text):
+    """PyYAML's multi-line message, which names "<unicode string>" instead of the file, came out as is."""
+    make_dataset(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    file = tmp_path / ".nv-meta" / name
+    file.write_text(text)
+    res = run_cli("info", tmp_path)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert res.output.startswith(f"Error: {file}: cannot parse: line ") and res.output.count("\n") == 1, res.output
+    assert "<unicode string>" not in res.output
