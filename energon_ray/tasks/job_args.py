@@ -109,10 +109,27 @@ def _check_mapping(values: Mapping, schema: Mapping[str, Check], where: str) -> 
     return problems
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the
+    last value silently, so ``batch_size: 8`` further down would override an earlier one unnoticed)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping", node.start_mark, f"key {key!r} appears twice", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _load(path: Path) -> Any:
     try:
         with open(path, encoding="utf-8") as stream:  # the stream's name goes into PyYAML's marks
-            return yaml.safe_load(stream)
+            return yaml.load(stream, Loader=_UniqueKeyLoader)
     except OSError as exc:
         raise JobConfigError(f"{path}: cannot read the config: {exc.strerror or exc}") from None
     except yaml.MarkedYAMLError as exc:

@@ -107,3 +107,11 @@ def test_a_scalar_where_a_section_belongs_is_named(tmp_path):
     """A section given as a scalar: the section, the keys it must map, and the value."""
     path = _write(tmp_path, yaml.safe_dump({**GOOD, "dataset": 5}))
     assert _error(path) == f"{path}: section dataset must be a mapping of image_size, got 5"
+
+
+def test_a_key_given_twice_is_refused_naming_the_file_line_and_key(tmp_path):
+    """PyYAML kept the last of two ``batch_size`` lines silently, so the first one the user saw was ignored."""
+    path = _write(tmp_path, "workdir: runs\nloader:\n  batch_size: 4\n  repeat: false\n  max_batches: null\n"
+                            "  batch_size: 64\ndataset: {image_size: [64, 48]}\n")  # fmt: skip
+    message = _error(path)
+    assert message.startswith(f"{path}, line 6, column 3: not valid YAML: ") and "key 'batch_size' appears twice" in message
