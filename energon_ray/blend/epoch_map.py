@@ -75,14 +75,26 @@ class MapDataset(Wrapper):
 
     ``map_fn`` may be a generator (1 → n items); raising ``SkipSample`` drops the item; other errors
     follow the error policy (logged, counted in ``loader.stats``, fatal after too many in a row).
-    Energon's ``stateless_map_fn`` and ``map_fn_config`` are accepted and ignored (warned once); any
-    other unknown keyword raises ``TypeError``.
+    ``stateless_map_fn=True`` declares ``map_fn`` deterministic: ``restore_sample`` then applies it to
+    the item it made again (as Energon's; a loader with a map not so declared cannot restore samples).
+    Energon's ``map_fn_config`` is accepted and ignored (warned once); any other unknown keyword
+    raises ``TypeError``.
     """
 
-    def __init__(self, dataset: Composition, map_fn: Callable[[Any], Any], *, failure_tolerance: int = 100, worker_config: Any = None, **energon_options: Any):
-        check_keywords("MapDataset", energon_options, ("stateless_map_fn", "map_fn_config"))
+    def __init__(
+        self,
+        dataset: Composition,
+        map_fn: Callable[[Any], Any],
+        *,
+        stateless_map_fn: bool = False,
+        failure_tolerance: int = 100,
+        worker_config: Any = None,
+        **energon_options: Any,
+    ):
+        check_keywords("MapDataset", energon_options, ("map_fn_config",))
         super().__init__(dataset, "MapDataset")
         self.map_fn = map_fn
+        self.stateless_map_fn = bool(stateless_map_fn)
         self.failure_tolerance = failure_tolerance
 
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:

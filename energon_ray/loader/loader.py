@@ -23,6 +23,7 @@ from energon_ray.loader.elastic import Redistribution, from_origin, needs_redist
 from energon_ray.loader.feed import MultiFeed, check_executor
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.stats import LoaderStats
+from energon_ray.loader.remake import blocker
 from energon_ray.loader.savable import PassRun, adopt_layouts, check_fits, new_state, restore_sample, starts_of
 from energon_ray.errors import DatasetConfigError, log_exception
 from energon_ray.loader.state import LoaderState, StateError
@@ -280,12 +281,18 @@ class EnergonLoader:
 
         Raises:
             StateError: a key of another loader or version, of several datasets (but a train
-                metadataset's sample blend), or of a sample blend's packed batches.
+                metadataset's sample blend), of a sample blend's packed batches, or of items a
+                wrapper made that it cannot make again (see ``can_restore_sample``).
         """
         return restore_sample(self.dataset, restore_key, self.ray_remote_args)
 
     def can_restore_sample(self) -> bool:
-        """Whether ``restore_sample`` can rebuild this loader's batches (not for a sample blend's packs)."""
+        """Whether ``restore_sample`` can rebuild this loader's batches: not for a sample blend's
+        packs, nor through a wrapper it cannot apply again (``loader.remake``: a ``MapDataset``
+        without ``stateless_map_fn=True``, a ``MixBatchDataset``, ``GroupBatchDataset`` or
+        ``IterMapDataset``)."""
+        if blocker(self.dataset) is not None:
+            return False
         return not any(leaf.options.packing_buffer_size and leaf.options.blend_samples for leaf in self.dataset.leaves())
 
     def save_state_global(self, global_dst_rank: int) -> Optional[List[Optional[LoaderState]]]:

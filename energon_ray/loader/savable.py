@@ -17,6 +17,7 @@ from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.config_summary import differences, explain, summarize
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.round_robin import RoundRobin
+from energon_ray.loader.remake import remade, remakers
 from energon_ray.loader.restore import rebuild_batch, rebuild_chained_batch, rebuild_blended_batch, rebuild_packed_batch, restore_streams
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
 from energon_ray.pipeline.packing import PACKED
@@ -258,7 +259,8 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
 
     Raises:
         StateError: an unusable key, samples of several datasets (outside a train metadataset's
-            sample blend) or worker streams, or packs of a sample blend.
+            sample blend) or worker streams, packs of a sample blend, or a wrapper above the
+            dataset that cannot be applied again (``loader.remake``).
     """
     packs = pack_keys(restore_key)
     if packs is not None:
@@ -269,15 +271,16 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     leaves = dataset.leaves()
     _check_keys(leaves, keys)
     named = {k[2] for k in keys}
+    fns = remakers(dataset, leaves[min(named)])  # before any work: a wrapper it cannot apply again
     if any(leaves[source].options.blend_samples for source in named):
-        return _rebuild_blended(dataset, leaves, keys, remote_args)
+        return remade(fns, _rebuild_blended(dataset, leaves, keys, remote_args))
     source, worker, seed = _one_origin(keys, "a batch")
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
         raise StateError(f"restore key {restore_key!r} names samples, not packs, of {leaf!r}, which packs samples")
     if leaf.stage_config().chained:
-        return rebuild_chained_batch(leaf, source, worker, seed, keys, remote_args)
-    return rebuild_batch(leaf, source, worker, seed, keys, remote_args)
+        return remade(fns, rebuild_chained_batch(leaf, source, worker, seed, keys, remote_args))
+    return remade(fns, rebuild_batch(leaf, source, worker, seed, keys, remote_args))
 
 
 def _check_keys(leaves: List[Any], keys: List[tuple]) -> None:
@@ -313,13 +316,14 @@ def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple
     keys = [k for _, _, members in packs for k in members]
     leaves = dataset.leaves()
     _check_keys(leaves, keys)
+    fns = remakers(dataset, leaves[min(k[2] for k in keys)])
     source, worker, seed = _one_origin(keys, "packed batches")
     leaf = leaves[source]
     if leaf.options.blend_samples:
         raise StateError("restore_sample cannot rebuild the packed batches of a sample blend (packs mix datasets)")
     if not leaf.options.packing_buffer_size:
         raise StateError(f"restore key names packs, but {leaf!r} does not pack samples")
-    return rebuild_packed_batch(leaf, source, worker, seed, packs, remote_args)
+    return remade(fns, rebuild_packed_batch(leaf, source, worker, seed, packs, remote_args))
 
 
 def _rebuild_blended(dataset: Composition, leaves: List[Any], keys: List[tuple], remote_args: Optional[dict]) -> Any:

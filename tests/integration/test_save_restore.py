@@ -781,6 +781,42 @@ def test_restore_sample_rebuilds_batches_exactly(roots):
     packed.close()
 
 
+def test_restore_sample_applies_stateless_maps_and_refuses_wrappers_it_cannot_apply(roots):
+    """A MapDataset declared stateless: the batch made again went through map_fn (it was returned
+    unmapped); a map not so declared, a MixBatchDataset, GroupBatchDataset or IterMapDataset:
+    can_restore_sample() is False and restore_sample raises naming the wrapper (MixBatch said True)."""
+    import dataclasses
+
+    def marked(batch):
+        return dataclasses.replace(batch, text=[t + "!" for t in batch.text])
+
+    def train(path, batch_size):
+        return er.get_train_dataset(path, batch_size=batch_size, shuffle_buffer_size=None, max_samples_per_sequence=None, worker_config=WC)
+
+    mapped = er.get_savable_loader(er.MapDataset(er.MapDataset(train(roots["a"], 3), marked, stateless_map_fn=True), marked, stateless_map_fn=True))
+    assert mapped.can_restore_sample()
+    it = iter(mapped)
+    for batch in [next(it) for _ in range(3)]:
+        again = mapped.restore_sample(batch.__restore_key__)
+        assert list(again.__key__) == list(batch.__key__) and list(again.text) == list(batch.text)
+        assert all(t.endswith("!!") for t in again.text)
+    mapped.close()
+    mix = er.MixBatchDataset((train(roots["a"], 1), 1), (train(roots["b"], 1), 1), batch_size=4, batch_mix_fn=er.homogeneous_concat_mix)
+    refused = (
+        (er.MapDataset(train(roots["a"], 3), marked), "MapDataset: map_fn 'marked' is not declared stateless"),
+        (mix, "MixBatchDataset: its batches are mixed by batch_mix_fn"),
+        (er.GroupBatchDataset(train(roots["a"], None), 2, lambda s: (0, None), er.generic_batch), "GroupBatchDataset: its batches are grouped"),
+        (er.IterMapDataset(train(roots["a"], 3), lambda items: iter(items)), "IterMapDataset: its items are made by iter_map_fn"),
+    )
+    for dataset, message in refused:
+        loader = er.get_savable_loader(dataset)
+        batch = next(iter(loader))
+        assert not loader.can_restore_sample()
+        with pytest.raises(er.StateError, match=re.escape(message)):
+            loader.restore_sample(batch.__restore_key__)
+        loader.close()
+
+
 def test_losing_a_node_mid_epoch_loses_and_repeats_nothing_and_a_later_state_restores(tmp_path):
     """A 2-node ``ray.cluster_utils.Cluster`` (in a subprocess): the worker node is removed without
     grace mid-epoch; the keys equal an undisturbed run's, a state saved afterwards restores, and a
