@@ -48,11 +48,25 @@ def compose(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> Di
         return hydra_compose(config_name, overrides=list(overrides))
 
 
-def with_absolute_work_dir(cfg: DictConfig, base: Optional[str] = None) -> DictConfig:
-    """A copy of ``cfg`` whose ``work_dir`` is absolute (so ``ray.train`` workers, whatever their
-    current directory, find the same files); every path interpolating it follows."""
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
-    cfg.work_dir = os.path.abspath(os.path.join(base or os.getcwd(), os.path.expanduser(str(cfg.work_dir))))
+#: config keys that may hold a local path (besides ``work_dir``): a relative one is taken from the
+#: current directory where ``fit`` is called, not from a ray.train worker's (its run's folder)
+PATH_KEYS = ("ckpt_path", "dataset.path", "trainer.default_root_dir", "trainer.ray.storage_path")
+
+
+def with_absolute_paths(cfg: DictConfig, base: Optional[str] = None) -> DictConfig:
+    """A copy of ``cfg`` whose ``work_dir`` and other local paths (``PATH_KEYS``) are absolute, so
+    ``ray.train`` workers, whose current directory is their run's folder, find the same files; a
+    path interpolating ``work_dir`` follows it, an object store URL stays as it is."""
+    base = base or os.getcwd()
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    cfg = OmegaConf.create(raw)
+    cfg.work_dir = os.path.abspath(os.path.join(base, os.path.expanduser(str(cfg.work_dir))))
+    for key in PATH_KEYS:
+        value: Any = raw
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, str) and value and "://" not in value and "${" not in value:
+            OmegaConf.update(cfg, key, os.path.abspath(os.path.join(base, os.path.expanduser(value))), merge=False)
     return cfg
 
 

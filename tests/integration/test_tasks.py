@@ -93,17 +93,23 @@ def test_lightning_checkpoint_continues_on_the_next_batches(work_dir):
     assert not [m for m in said if "not resumable" in m or "transfer_batch_to_device" in m], said
 
 
-def test_ray_train_runs_the_task_on_two_workers(work_dir):
+def test_ray_train_runs_the_task_on_two_workers(work_dir, monkeypatch):
     """trainer.ray.num_workers=2: TorchTrainer on the session Ray (0.25 CPU each), one rank per worker; the
-    reported Lightning checkpoint holds both ranks' loader states."""
-    result = fit(_cfg(work_dir, "vision/captioning", "trainer.max_steps=4", "trainer.limit_val_batches=0", "trainer.ray.num_workers=2",
-                      "dataset.virtual_epoch_length=4"))  # fmt: skip
+    reported Lightning checkpoint holds both ranks' loader states. A second fit continues from it with
+    ckpt_path and dataset.path relative to the caller's directory (ray.train workers run in their run's
+    folder: they looked for both there and failed)."""
+    overrides = ("trainer.limit_val_batches=0", "trainer.ray.num_workers=2", "dataset.virtual_epoch_length=4")
+    result = fit(_cfg(work_dir, "vision/captioning", "trainer.max_steps=4", *overrides))
     assert (result.global_step, result.world_size, len(result.losses)) == (4, 2, 4)
     assert all(torch.isfinite(torch.tensor(result.losses)))
     checkpoint = torch.load(os.path.join(result.checkpoint, "checkpoint.ckpt"), weights_only=True)
     states = checkpoint["EnergonDataModule"]["train_loader_states"]
     assert [(s["rank"], s["world_size"]) for s in states] == [(0, 2), (1, 2)]
     assert checkpoint["global_step"] == 4
+    monkeypatch.chdir(work_dir)
+    relative = (f"ckpt_path={os.path.relpath(result.checkpoint)}", "dataset.path=data/vision_captioning_synthetic", "dataset.prepare=null")
+    resumed = fit(_cfg(work_dir, "vision/captioning", "trainer.max_steps=6", *overrides, *relative))
+    assert (resumed.global_step, resumed.world_size, len(resumed.losses)) == (6, 2, 2)
 
 
 class _OwnModule(pl.LightningModule):
