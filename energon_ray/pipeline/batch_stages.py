@@ -45,8 +45,9 @@ class Batcher:
         samples = [item for _, _, item in group]
         what = f"batch of {len(samples)} starting at {_what(samples[0])}"
         index = position // batch_size if batch_index is None else batch_index
-        kwargs = dict(batch_index=index, restore_rng=self.restore_rng)
-        with hook_call(seed, f"batch.{sub}", position, **kwargs):
+        # as Energon counts them, a batch hook's current_sample_index is its call's: the batch index
+        kwargs = dict(sample_index=index, batch_index=index, restore_rng=self.restore_rng)
+        with hook_call(seed, *self._seeding(self.batch, f"batch.{sub}", position, index), **kwargs):
             raws = self.batch.call_many(runs[0], samples, what)
         if raws is HookRunner.FAILED or raws is HookRunner.IGNORED:
             return []
@@ -55,13 +56,19 @@ class Batcher:
             if not self.do_encode_batch:
                 out.append(item)
                 continue
-            with hook_call(seed, f"encode_batch.{sub}.{i}", position, **kwargs):
+            with hook_call(seed, *self._seeding(self.encode_batch, f"encode_batch.{sub}.{i}", position, index), **kwargs):
                 results = self.encode_batch.call_many(runs[1], item, what)
             if results is HookRunner.FAILED or results is HookRunner.IGNORED:
                 continue
             out.extend(results)
         return out
 
+
+    @staticmethod
+    def _seeding(runner: HookRunner, kind: str, position: int, index: int) -> Tuple[Optional[str], int]:
+        """``(kind, seed index)`` of a batch hook's call: a hook marked ``@stateless(restore_seeds=True)``
+        gets Energon's seed, from the batch index (``hook_seed``); others ours, from the position."""
+        return (None, index) if getattr(runner.fn, "__restore_seeds__", False) else (kind, position)
 
     def with_positions(
         self, group: List[Tuple[int, int, Any]], seed: int, batch_size: int, runs: List[StageRun],

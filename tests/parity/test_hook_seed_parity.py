@@ -100,3 +100,40 @@ def test_generator_encoder_batches_match_energon(path, rank, workers):
     failed = {f"{i:06d}" for i in (3, 18, 23, 38, 43)}
     kept = [s[:2] for b in ours for s in b if s[0].split("_")[-1] in failed]
     assert kept and all(sub == 0 for _, sub in kept)
+
+
+def _batch_hook_encoder(lib):
+    class Encoder(lib.DefaultTaskEncoder):
+        def encode_sample(self, sample):
+            return sample.__key__
+
+        @lib.stateless(restore_seeds=True)
+        def batch(self, samples):
+            draws = (random.randint(0, 1000), int(np.random.randint(0, 1000)), int(torch.randint(0, 1000, ())))
+            return (tuple(samples), self.current_batch_index, self.current_sample_index, draws)
+
+        @lib.stateless(restore_seeds=True)
+        def encode_batch(self, batch):
+            return (*batch, self.current_sample_index, random.randint(0, 1000), int(torch.randint(0, 1000, ())))
+
+    return Encoder()
+
+
+@pytest.mark.parametrize("rank,workers,per_segment", [(0, 2, None), (1, 2, 4), (0, 3, 5)])
+def test_restore_seeds_batch_hooks_match_energon(path, rank, workers, per_segment):
+    """``batch`` and ``encode_batch`` marked ``@stateless(restore_seeds=True)``, a whole validation
+    pass (segments of 4 or 5 samples: batches of 3 straddle them): each batch's keys, its
+    ``current_batch_index`` and ``current_sample_index`` (Energon counts the hook's calls: the batch
+    index; ours raised, so every batch was skipped) and both hooks' draws equal megatron-energon's."""
+    import megatron.energon as me
+
+    def batches(lib, **more):
+        wc = lib.WorkerConfig(rank=rank, world_size=2, num_workers=workers)
+        ds = lib.get_val_dataset(path, split_part="train", batch_size=3, task_encoder=_batch_hook_encoder(lib), worker_config=wc, **more)
+        plain = lambda value: [plain(v) for v in value] if isinstance(value, (list, tuple)) else value  # noqa: E731
+        return [plain(batch) for batch in lib.get_loader(ds)]  # (Energon's loader gives lists for tuples)
+
+    ours = batches(er, **({"samples_per_segment": per_segment} if per_segment else {}))
+    assert ours == batches(me)
+    assert len(ours) >= 8 and [b[1] for b in ours] == [b[2] for b in ours] == list(range(len(ours)))
+    assert len({tuple(b[3]) for b in ours}) == len(ours)  # every batch drew its own numbers
