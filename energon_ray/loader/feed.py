@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from energon_ray.errors import ExecutionLost, unwrap_error
 from energon_ray.loader.group_items import decode_row
 from energon_ray.loader.leaf_feed import LeafFeed
-from energon_ray.loader.merge import Row
+from energon_ray.loader.merge import Row, place_events
 from energon_ray.loader.stats import LoaderStats
 from energon_ray.loader.pinning import Pinner, chained
 from energon_ray.loader.restore import restore_reads, restore_streams, run_reads
@@ -122,7 +122,7 @@ class MultiFeed:
             self.schedules.append(
                 LeafSchedule(plan=plan, share=share, offset=offset, positions_per_item=per_item, need=need, starts=first)
             )
-        self._rows: Optional[Iterator[Tuple[int, Row, bool, Optional[List[int]]]]] = None
+        self._rows: Optional[Iterator[Tuple[int, Row, bool, Optional[List[int]], Optional[List[Any]]]]] = None
         #: rows of the block being read not filed yet; blocks wanted read ahead (one per worker stream
         #: whose queue ran empty; any block read counts); what went wrong reading ahead (raised by the
         #: next ``pull``, where it would have been raised without looking ahead)
@@ -173,7 +173,7 @@ class MultiFeed:
             if self._rows is None:
                 self.start()
             try:
-                source, row, last, positions = next(self._rows)
+                source, row, last, positions, events = next(self._rows)
             except StopIteration:
                 for feed in self.feeds:
                     feed.close_open_workers()
@@ -186,7 +186,7 @@ class MultiFeed:
                     except ExecutionLost as again:
                         exc = again
                 continue
-            self.feeds[source].queues.feed(row, last, positions)
+            self.feeds[source].queues.feed(row, last, positions, events)
             return
 
     def pull_ahead(self) -> None:
@@ -323,7 +323,7 @@ class MultiFeed:
             self.on_execute(stream)
         return specs, stream
 
-    def _row_stream(self) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:
+    def _row_stream(self) -> Iterator[Tuple[int, Row, bool, Optional[List[int]], Optional[List[Any]]]]:
         while self._current is not None:
             specs, stream = self._current
             for out in self._execute(stream, specs):
@@ -340,24 +340,49 @@ class MultiFeed:
             return opened
         return self._open(next(self._windows, None))
 
-    def _handle_failures_early(self, block: Any) -> Dict[int, Row]:
-        """With a user's error handler: call it for the failures of the block's segments as the block
-        arrives, before its items are given (as Energon calls it while the failed sample is read),
-        not when its report row is reached after them. Returns the decoded report rows (their
-        failures handled) by row index."""
-        if self.stats.error_handler is None:
-            return {}
-        out: Dict[int, Row] = {}
-        for i, row in enumerate(rows.iter_rows(block)):
+    def _account(
+        self, block_rows: List[Row], sources: List[int], positions: List[Optional[List[int]]]
+    ) -> Tuple[Dict[int, Row], Dict[int, Row], Dict[int, List[Any]]]:
+        """Count the block's reports as it arrives (in plan order: the blocks before it are filed),
+        before any of their segments' items is handed out, and place what each asks for among its
+        segment's rows (``place_events``): the user's error handler is called, and a run of failures
+        joined over segments raises, where Energon's worker would meet that failure (after the
+        batches made before the failed sample), not as the report row is reached after the segment's
+        items, nor all of them as the block arrives. Returns the decoded report rows and the
+        ``LEFTOVER`` rows decoded to place events, by row index, and the events to queue before each
+        row (every report row has an entry: counted already)."""
+        reports: Dict[int, Row] = {}
+        leftovers: Dict[int, Row] = {}
+        placed: Dict[int, List[Any]] = {}
+        segment_rows: Dict[Tuple[int, int, int], List[int]] = {}
+        for i, row in enumerate(block_rows):
+            key = (sources[i], row[1], row[2])
+            segment_rows.setdefault(key, []).append(i)
             if row[0] != rows.REPORT:
                 continue
-            decoded = decode_row(row, self.pin)
-            for run in decoded[4].runs:
-                for exc, item, sources in run.deferred:
-                    self.stats.handle_failure(run.stage, exc, item, sources)
-                run.deferred = []
-            out[i] = decoded
-        return out
+            reports[i] = decoded = decode_row(row, self.pin)
+            queues = self.feeds[sources[i]].queues
+            events = queues.account(decoded[4])
+            indices = segment_rows.pop(key)
+            placed[i] = []
+            if not events:
+                continue
+            bounds: List[Optional[int]] = []
+            for j in indices:
+                kind = block_rows[j][0]
+                if queues.hand_out or kind == rows.REPORT:
+                    bounds.append(None)
+                elif kind == rows.ITEM:
+                    bounds.append(max(positions[j]) if positions[j] else None)
+                elif kind == rows.LEFTOVER:
+                    leftovers[j] = left = decode_row(block_rows[j], self.pin)
+                    held = [position for _, _, items in left[4] for position, _, _ in items]
+                    bounds.append(max(held) if held else None)
+                else:
+                    bounds.append(None)
+            for j, queued in zip(indices, place_events(events, bounds)):
+                placed.setdefault(j, []).extend(queued)
+        return reports, leftovers, placed
 
     def _pin_ahead(self, block_rows: List[Row], early: Dict[int, Row], sources: List[int]) -> Dict[int, Row]:
         """With pinning: the block's item rows, by row index, each value a ``Pinning`` linked to its
@@ -377,7 +402,7 @@ class MultiFeed:
                 out[i] = (*row[:4], pinning)
         return out
 
-    def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]]]]:
+    def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]], Optional[List[Any]]]]:
         """The rows of a stream's blocks, checked against the segments expected (``specs``, or the
         stream's own ``next_spec`` for a pass-long ``TaskStream``)."""
         expected = blocks.next_spec if specs is None else functools.partial(next, iter(specs), None)
@@ -386,23 +411,27 @@ class MultiFeed:
         hand_out = {feed.source for feed in self.feeds if feed.queues.hand_out}
         try:
             for block in blocks:
-                early = self._handle_failures_early(block)
-                block_rows = list(rows.iter_rows(block)) if self._pinner is not None else rows.iter_rows(block)
+                block_rows = list(rows.iter_rows(block))
                 block_sources = rows.sources(block)
+                block_positions = rows.positions(block)
+                early, leftovers, events = self._account(block_rows, block_sources, block_positions)
                 pinning = self._pin_ahead(block_rows, early, block_sources)
                 self._rows_left = block.num_rows
                 self.ahead_wanted = max(0, self.ahead_wanted - 1)
-                for i, (row, source, positions) in enumerate(zip(block_rows, block_sources, rows.positions(block))):
+                for i, (row, source, positions) in enumerate(zip(block_rows, block_sources, block_positions)):
                     self._rows_left -= 1
                     if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
                         raise RuntimeError(
                             f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "
                             f"{None if spec is None else (spec.source, spec.worker, spec.index)}; order is not preserved"
                         )
-                    decoded = early[i] if i in early else pinning[i] if i in pinning else decode_row(row, self.pin)
+                    decoded = (
+                        early[i] if i in early else leftovers[i] if i in leftovers else pinning[i] if i in pinning
+                        else decode_row(row, self.pin)
+                    )  # fmt: skip
                     if source in hand_out and row[0] == rows.LEFTOVER:  # the batching task reads them from the block
                         decoded = (*decoded[:4], self.block_refs.locate(decoded[4], blocks.last_ref, i))
-                    yield source, decoded, spec.last, positions
+                    yield source, decoded, spec.last, positions, events.get(i)
                     if row[0] == rows.REPORT:
                         spec = expected()
         except Exception as exc:

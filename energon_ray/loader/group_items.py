@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from energon_ray.errors import unwrap_error
-from energon_ray.loader.merge import Row
-from energon_ray.loader.stats import LoaderStats
+from energon_ray.loader.merge import Row, place_events
+from energon_ray.loader.stats import LoaderStats, event_order
 from energon_ray.loader.pinning import Pinner, chained, pin_now
 from energon_ray.pipeline import rows, serde
 
@@ -30,10 +30,12 @@ def seam_items(
     wait: Callable[[], Any], pinner: Optional[Pinner], stats: LoaderStats, chain: Any
 ) -> Tuple[List[Any], List[List[int]]]:
     """The items a seam-batch task made (``wait`` gives its table) with their samples' positions; its
-    report is counted in ``stats`` (skips joined by ``chain``), and its error raised as ours. With a
-    ``pinner`` (pinning), the items are ``Pinning``s chained in order (``pinning.chained``), to be
-    handed out with ``pinning.handed_out``: the pin thread copies each while the one before it trains."""
-    return GroupItems(wait, pinner, stats, chain)()
+    report is counted in ``stats`` (skips joined by ``chain``), and the user's error handler calls and
+    fatal errors it asks for are placed among the items as ``HandlerCall``/``Failed`` entries (with
+    no positions) where they happened, for ``WorkerQueues.pop``; a task's error is raised as ours.
+    With a ``pinner`` (pinning), the items are ``Pinning``s chained in order (``pinning.chained``), to
+    be handed out with ``pinning.handed_out``: the pin thread copies each while the one before it trains."""
+    return GroupItems(wait, pinner, stats, chain)(placed=True)
 
 
 def read_finished(groups: Dict[int, "GroupItems"]) -> None:
@@ -89,14 +91,30 @@ class GroupItems:
             items = chained(self._pinner, items, stream=self._stream)
         self._read = (items, spans, reports)
 
-    def __call__(self) -> Tuple[List[Any], List[List[int]]]:
+    def __call__(self, placed: bool = False) -> Tuple[List[Any], List[List[int]]]:
+        """The items and their positions; ``placed``: with the report's events among them (``seam_items``),
+        else done at once (a handler's or a fatal error raised here)."""
         if self._read is None and self._error is None:
             self._take()
         if self._error is not None:
             raise self._error from None
         items, spans, reports = self._read
-        for report in reports:
-            self._stats.add_report(report, self._chain)
         if self._count_seams:
             self._stats.seam_batches += len(items)
-        return items, spans
+        if not placed:
+            for report in reports:
+                self._stats.add_report(report, self._chain)
+            return items, spans
+        events = sorted((e for report in reports for e in self._stats.account(report, self._chain)), key=event_order)
+        if not events:
+            return items, spans
+        before = place_events(events, [max(span) if span else None for span in spans] + [None])
+        out_items: List[Any] = []
+        out_spans: List[List[int]] = []
+        for queued, item, span in zip(before, [*items, None], [*spans, None]):
+            out_items.extend(queued)
+            out_spans.extend([] for _ in queued)
+            if span is not None:
+                out_items.append(item)
+                out_spans.append(span)
+        return out_items, out_spans

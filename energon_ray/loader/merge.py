@@ -17,7 +17,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.loader.pinning import handed_out
 from energon_ray.loader.state import QueueCheckpoint, SampleRef, StreamState, expand_ranges, to_ranges
-from energon_ray.loader.stats import LoaderStats
+from energon_ray.loader.stats import Event, Failed, HandlerCall, LoaderStats
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.policy import FailureChain
 
@@ -44,15 +44,29 @@ class Pending:
         self.positions: Optional[List[List[int]]] = None
 
 
-class Failed:
-    """A segment's fatal error, queued after the items its worker stream made before it: raised when
-    the consumer reaches it (as Energon raises when the loader asks that worker for its next batch),
-    so the batches ahead of it, of this and the other workers, come out first."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException):
-        self.error = error
+def place_events(events: Sequence[Event], bounds: Sequence[Optional[int]]) -> List[List[Any]]:
+    """Where a segment's report events (``LoaderStats.account``, in ``event_order``) go among
+    its rows: ``bounds`` holds, per row, the largest stream position of the samples it holds (an
+    item's, a ``LEFTOVER`` row's; ``None``: unknown, then the next known one counts). An event goes
+    before the first row that holds a sample after its own (Energon's worker meets a failure while it
+    makes the batch its next good sample goes into: the batches before are given, that one is not);
+    the last row (the report) takes those left. Returns the events to queue before each row."""
+    out: List[List[Any]] = [[] for _ in bounds]
+    if not events or not bounds:
+        return out
+    known: List[Optional[int]] = list(bounds)
+    ahead: Optional[int] = None
+    for j in range(len(known) - 1, -1, -1):
+        if known[j] is None:
+            known[j] = ahead
+        else:
+            ahead = known[j]
+    i, last = 0, len(known) - 1
+    for j, bound in enumerate(known):
+        while i < len(events) and (j == last or (bound is not None and events[i][1] is not None and events[i][1] < bound)):
+            out[j].append(events[i][2])
+            i += 1
+    return out
 
 
 class WorkerQueues:
@@ -177,14 +191,28 @@ class WorkerQueues:
         if not self.waiting[worker]:  # else: finished when the upstream's remainder arrives
             self._finish(worker)
 
-    def feed(self, row: Row, last_segment: bool, positions: Optional[List[int]] = None) -> None:
+    def account(self, report: rows.Report) -> List[Event]:
+        """Count a segment's report now, before its rows are fed (``LoaderStats.account``): the
+        handler calls and fatal errors it asks for, for ``place_events`` (``feed(events=...)``)."""
+        return self.stats.account(report, self.chain)
+
+    def feed(self, row: Row, last_segment: bool, positions: Optional[List[int]] = None, events: Optional[List[Any]] = None) -> None:
         """Take one row (in plan order). ``last_segment``: its segment ends the worker's stream;
-        ``positions``: an item's samples' stream positions."""
+        ``positions``: an item's samples' stream positions. ``events``: the segment's report was
+        counted already (``account``): the ``HandlerCall``/``Failed`` events to queue before this row
+        (``place_events``; with ``hand_out``, all at the report, done as it is fed); ``None``: the
+        report is counted as it is fed, its events done at once."""
         kind, worker, segment, _, payload = row
         if self.feeding[worker] != segment:
             self.next_segment[worker] = segment
             self._event(worker, "feed")
             self.feeding[worker] = segment
+        if events:
+            if self.hand_out:  # samples handed out from the pool: no queue to hold them
+                for event in events:
+                    self.stats.run_event(event)
+            else:
+                self._put(worker, list(events))
         if kind == rows.ITEM:
             self.queues[worker].append(payload)
             self.tags[worker].append(self.current[worker])
@@ -197,7 +225,8 @@ class WorkerQueues:
                 self._pool(worker, entries)
         elif kind == rows.REPORT:
             try:
-                self.stats.add_report(payload, self.chain)
+                if events is None:
+                    self.stats.add_report(payload, self.chain)
             except (FatalSampleError, ShardReadError) as exc:
                 if self.hand_out:  # samples handed out from the pool: no queue to hold it
                     raise
@@ -272,9 +301,13 @@ class WorkerQueues:
                 error = queue[0].error
                 raise type(error)(str(error))
             item, tag, span = queue.popleft(), tags.popleft(), spans.popleft()
+            if type(item) is HandlerCall:
+                if not self.skip[worker]:  # (else: called before the state this queue was restored from)
+                    self.stats.run_event(item)  # a handler that raises stops the stream here
+                continue
             if type(item) is Pending:
-                made = item.resolve()
-                self.stats.seam_batches += len(made)
+                made = item.resolve()  # (with the handler calls and fatal errors of its task among them)
+                self.stats.seam_batches += sum(1 for m in made if type(m) not in (HandlerCall, Failed))
                 queue.extendleft(reversed(made))
                 tags.extendleft([tag] * len(made))
                 spans.extendleft(reversed(item.positions or [[] for _ in made]))

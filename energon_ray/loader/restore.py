@@ -104,8 +104,10 @@ def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -
                     handler = getattr(leaves[source].worker_config, "restore_error_handler", reraise_exception)
                     for run in value.runs:
                         failures.extend(run.messages)
-                        for exc, item, sources in run.deferred:
-                            handler(exc, item, sources)
+                    # in the order Energon meets them (a segment's stages interleave: ``stats.event_order``)
+                    failures_here = [f for run in value.runs for f in run.deferred]
+                    for failure in sorted(failures_here, key=lambda f: (float("inf") if f.at is None else f.at, f.seq)):
+                        handler(failure.exc, failure.item, failure.sources)
                     if value.fatal is not None:
                         raise StateError(f"restoring: re-reading samples failed: {value.fatal[1]}")
     except StateError:

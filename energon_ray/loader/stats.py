@@ -1,20 +1,56 @@
 """``LoaderStats``: what a loader counts while it runs (``loader.stats``), and where the segments'
-reports are filed: skips logged, the user's error handler called, a fatal error raised in plan order."""
+reports are filed: skips logged, and the user's error handler calls and fatal errors they ask for
+(``HandlerCall``/``Failed``), which the queues place where Energon's worker meets them."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.pipeline import rows
-from energon_ray.pipeline.policy import FailureChain
+from energon_ray.pipeline.policy import Failure, FailureChain
 
 logger = logging.getLogger("energon_ray")
 
 #: samples read in a row, none of them encoded (all failed or skipped), before a warning says so
 #: (then again at 10x, 100x, ...): an endless loader over such data would otherwise wait silently
 DRY_WARNING_SAMPLES = 1000
+
+
+class Failed:
+    """A segment's fatal error, queued after the items its worker stream made before it: raised when
+    the consumer reaches it (as Energon raises when the loader asks that worker for its next batch),
+    so the batches ahead of it, of this and the other workers, come out first."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class HandlerCall:
+    """A failure for the user's error handler (``policy.DeferredHandler``), queued where Energon's
+    worker would meet it: after the batches made before the failed sample, before the batch it would
+    have been in, so a handler that raises stops the loader there (``WorkerQueues.pop``)."""
+
+    __slots__ = ("stage", "failure")
+
+    def __init__(self, stage: str, failure: Failure):
+        self.stage = stage
+        self.failure = failure
+
+
+#: ``(seq, at, HandlerCall | Failed)``: what a report asks of the consumer, and where (``Failure``)
+Event = Tuple[float, Optional[int], Any]
+
+
+def event_order(event: Event) -> Tuple[float, float]:
+    """Events in the order Energon's worker meets them: by stream position (a batch's failure at its
+    last sample, so after that sample's and before the next one's), then as they happened (``seq``:
+    comparable within one process only; a segment's stages may run in several); unknown positions last."""
+    seq, at, _ = event
+    return (float("inf") if at is None else at, seq)
 
 
 class LoaderStats:
@@ -102,7 +138,24 @@ class LoaderStats:
         )  # fmt: skip
 
     def add_report(self, report: rows.Report, chain: FailureChain) -> None:
-        """Count a segment's report, log its skips, and raise its fatal error (in plan order)."""
+        """Count a segment's report, log its skips, call the user's error handler and raise its fatal
+        error, in the order they happened (``account``, at once)."""
+        for _, _, event in self.account(report, chain):
+            self.run_event(event)
+
+    def run_event(self, event: Any) -> None:
+        """Do what an ``account`` event asks: raise a ``Failed``'s error, call the handler for a ``HandlerCall``."""
+        if type(event) is Failed:
+            error = event.error
+            raise type(error)(str(error))
+        failure = event.failure
+        self.handle_failure(event.stage, failure.exc, failure.item, failure.sources)
+
+    def account(self, report: rows.Report, chain: FailureChain) -> List[Event]:
+        """Count a segment's report and log its skips; the user's error handler calls (``HandlerCall``)
+        and the fatal errors (``Failed``: a run joined over segments that became too long, the
+        segment's own) it asks for, as ``(seq, at, event)`` in the order they happened (``event_order``)."""
+        events: List[Event] = []
         self.samples_read += report.samples_read
         self.samples_encoded += report.samples_encoded
         self.read_requests += getattr(report, "read_requests", 0)
@@ -111,8 +164,8 @@ class LoaderStats:
         if report.node is not None:
             self.segments_per_node[report.node] = self.segments_per_node.get(report.node, 0) + 1
         for run in report.runs:
-            for exc, item, sources in run.deferred:
-                self.handle_failure(run.stage, exc, item, sources)
+            if self.error_handler is not None:
+                events.extend((failure.seq, failure.at, HandlerCall(run.stage, failure)) for failure in run.deferred)
             if run.failures:
                 self.skipped[run.stage] = self.skipped.get(run.stage, 0) + run.failures
                 for message in run.messages:
@@ -124,8 +177,13 @@ class LoaderStats:
                     )  # fmt: skip
             if run.ignored:
                 self.ignored[run.stage] = self.ignored.get(run.stage, 0) + run.ignored
-            chain.add(report.worker, run)
+            fatal = chain.check(report.worker, run)
+            if fatal is not None:
+                events.append((fatal.seq, fatal.at, Failed(FatalSampleError(fatal.message))))
         self._note_dry(report)
         if report.fatal is not None:
             kind, message = report.fatal
-            raise (ShardReadError if kind == "ShardReadError" else FatalSampleError)(message)
+            error = (ShardReadError if kind == "ShardReadError" else FatalSampleError)(message)
+            events.append((float("inf"), None, Failed(error)))
+        events.sort(key=event_order)
+        return events

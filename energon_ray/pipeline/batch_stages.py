@@ -48,7 +48,7 @@ class Batcher:
         # as Energon counts them, a batch hook's current_sample_index is its call's: the batch index
         kwargs = dict(sample_index=index, batch_index=index, restore_rng=self.restore_rng)
         with hook_call(seed, *self._seeding(self.batch, f"batch.{sub}", position, index), **kwargs):
-            raws = self.batch.call_many(runs[0], samples, what)
+            raws = self.batch.call_many(runs[0], samples, what, at=group[-1][0])
         if raws is HookRunner.FAILED or raws is HookRunner.IGNORED:
             return []
         out: List[Any] = []
@@ -57,7 +57,7 @@ class Batcher:
                 out.append(item)
                 continue
             with hook_call(seed, *self._seeding(self.encode_batch, f"encode_batch.{sub}.{i}", position, index), **kwargs):
-                results = self.encode_batch.call_many(runs[1], item, what)
+                results = self.encode_batch.call_many(runs[1], item, what, at=group[-1][0])
             if results is HookRunner.FAILED or results is HookRunner.IGNORED:
                 continue
             out.extend(results)
@@ -249,7 +249,7 @@ def _postencode(te: TaskEncoder, entries, seed: int, handler: Any, runs_out: Lis
     out = []
     for position, sub, sample in entries:
         with hook_call(seed, "postencode", before + position, sample_index=before + position, batch_index=(before + position) // per_batch):
-            result = runner.call(run, sample, _what(sample))
+            result = runner.call(run, sample, _what(sample), at=position)
         if result is not HookRunner.FAILED and result is not HookRunner.IGNORED:
             out.append((position, sub, result))
     return out

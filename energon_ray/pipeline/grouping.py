@@ -58,7 +58,7 @@ class Grouper:
             sample = entry[2]
             key = item_key(sample)
             what = f"sample {'?' if key is None else key!r}"
-            result = self.criterion.call(run, sample, what)
+            result = self.criterion.call(run, sample, what, at=entry[0])
             if result is HookRunner.FAILED or result is HookRunner.IGNORED:
                 continue
             if not (isinstance(result, tuple) and len(result) == 2):

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from energon_ray.errors import FatalSampleError
-from energon_ray.pipeline.policy import HookRunner, StageRun, item_key
+from energon_ray.pipeline.policy import HookRunner, StageRun, item_key, next_seq
 from energon_ray.task_encoder.base import TaskEncoder, is_overridden
 from energon_ray.task_encoder.context import hook_call
 from energon_ray.task_encoder.decorators import get_failure_tolerance
@@ -74,10 +74,13 @@ class EmptyRounds(StageRun):
     them (``FailureChain``), so a selection that never packs fails after ``tolerance`` + 1 buffers, as
     in Energon, even where each segment (or a blend's chunk) holds fewer buffers than that."""
 
-    def empty(self, message: str) -> None:
+    def empty(self, message: str, at: Optional[int] = None) -> None:
+        seq = next_seq()
         self.trail += 1
         if not self.had_success:
             self.lead += 1
+            if len(self.lead_at) <= self.tolerance:
+                self.lead_at.append((seq, at, message))
         self.last_error = message
         if self.exceeded(self.trail):
             raise FatalSampleError(self.too_many(self.trail))
@@ -115,7 +118,7 @@ class Packer:
         by_id = {id(item): entry for entry, item in zip(buffer, samples)}
         what = f"select_samples_to_pack on {len(samples)} samples starting at {_key(samples[0])!r}"
         with hook_call(seed, "pre_pack", buffer[0][0], sample_index=buffer[0][0]):
-            groups = self.select.call(runs[0], samples, what)
+            groups = self.select.call(runs[0], samples, what, at=buffer[-1][0])
         if groups is HookRunner.FAILED or groups is HookRunner.IGNORED:
             return []
         out, seen = [], set()
@@ -146,7 +149,7 @@ class Packer:
         for position, sub, sample in group:
             if self.do_post:
                 with hook_call(seed, "postencode", position, sample_index=position):
-                    sample = self.post.call(runs[1], sample, f"postencode_sample of {_key(sample)!r}")
+                    sample = self.post.call(runs[1], sample, f"postencode_sample of {_key(sample)!r}", at=position)
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue
             members.append(sample)
@@ -155,7 +158,7 @@ class Packer:
         position, sub = group[0][0], group[0][1]
         keys = [_key(m) for m in members]
         with hook_call(seed, "pack", position, sample_index=position):
-            packs = self.pack.call_many(runs[2], members, f"pack_selected_samples of {keys}")
+            packs = self.pack.call_many(runs[2], members, f"pack_selected_samples of {keys}", at=position)
         if packs is HookRunner.FAILED or packs is HookRunner.IGNORED:
             return []
         # as Energon's: a pack's restore key names its members (restore_sample packs them again)
@@ -183,10 +186,10 @@ class Packer:
 
         while fill():
             if not pending:
-                first = _key(reading[0][2])
+                first, last = _key(reading[0][2]), reading[-1][0]
                 pending, reading[:] = self._groups(list(reading), seed, runs), []
                 if not pending:
-                    runs[3].empty(f"no pack from the buffer starting at {first!r}")
+                    runs[3].empty(f"no pack from the buffer starting at {first!r}", last)
                     continue
             runs[3].success()
             out += self.pack_group(pending.pop(0), seed, runs)

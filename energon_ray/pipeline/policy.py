@@ -10,20 +10,44 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from energon_ray.errors import SYSTEM_EXCEPTIONS, FatalSampleError, SkipSample, log_exception
 
 #: Failures kept with their message per segment and stage (the counts are always exact).
 MAX_REPORTED = 20
 
+#: Numbers the failures of a process in the order they happen (a segment's failures of all its
+#: stages, interleaved as eager batching interleaves them): the driver calls the user's handler for
+#: them, and raises a joined run's ``FatalSampleError``, in that order.
+_SEQ = itertools.count()
+
+
+def next_seq() -> int:
+    """The next failure's number (``_SEQ``)."""
+    return next(_SEQ)
+
+
+class Failure(NamedTuple):
+    """A failure deferred to the user's error handler (``DeferredHandler``): the handler's arguments,
+    where it happened (``at``: the stream position of the sample, or of a batch's last sample;
+    ``None``: unknown) and when (``seq``)."""
+
+    exc: BaseException
+    item: Any
+    sources: List[Any]
+    at: Optional[int] = None
+    seq: int = 0
+
 
 class DeferredHandler:
     """The user's error handler as Ray tasks see it: each failure is recorded in the stage's run
-    and travels with the segment's report; the loader calls the handler with it in the training
-    process (where the handler's state lives), in plan order, and a handler that raises aborts
-    loading there with its own exception (as Energon's)."""
+    (``Failure``: with its stream position) and travels with the segment's report; the loader calls
+    the handler with it in the training process (where the handler's state lives) when the consumer
+    reaches the failed sample's place, after the batches made before it (``merge.place_events``), and
+    a handler that raises aborts loading there with its own exception (as Energon's)."""
 
     __slots__ = ()
 
@@ -74,27 +98,38 @@ class StageRun:
     ignored: int = 0
     messages: List[str] = dataclasses.field(default_factory=list)
     last_error: str = ""
-    #: failures for the user's error handler, which the loader calls (``DeferredHandler``):
-    #: ``(exception, item, sources)``, each made picklable
-    deferred: List[Tuple[Any, Any, List[Any]]] = dataclasses.field(default_factory=list)
+    #: failures for the user's error handler, which the loader calls (``DeferredHandler``), each
+    #: made picklable
+    deferred: List[Failure] = dataclasses.field(default_factory=list)
+    #: ``(seq, at, message)`` of the lead's failures (as many as ``tolerance``): where a run joined
+    #: with the previous segments' becomes too long (``FailureChain``)
+    lead_at: List[Tuple[int, Optional[int], str]] = dataclasses.field(default_factory=list)
 
-    def defer(self, exc: BaseException, item: Any, sources: Optional[Sequence[Any]]) -> None:
+    def defer(
+        self, exc: BaseException, item: Any, sources: Optional[Sequence[Any]], at: Optional[int] = None, seq: Optional[int] = None
+    ) -> None:
         if not _picklable(exc):
             exc = RuntimeError(f"{type(exc).__name__}: {exc}")
         if not _picklable(item):
             item = FailedItem(item_key(item))
         sources = list(sources or ())
-        self.deferred.append((exc, item, sources if _picklable(sources) else []))
+        seq = next(_SEQ) if seq is None else seq
+        self.deferred.append(Failure(exc, item, sources if _picklable(sources) else [], at, seq))
 
     def success(self) -> None:
         self.had_success = True
         self.trail = 0
 
-    def failure(self, message: str) -> None:
+    def failure(self, message: str, at: Optional[int] = None, seq: Optional[int] = None) -> None:
+        """Count a failure (``at``: its stream position; ``seq``: its number, ``Failure.seq``); raise
+        ``FatalSampleError`` when it makes ``tolerance`` in a row."""
+        seq = next(_SEQ) if seq is None else seq
         self.failures += 1
         self.trail += 1
         if not self.had_success:
             self.lead += 1
+            if len(self.lead_at) <= self.tolerance:  # (one more: ``EmptyRounds`` allows ``tolerance``)
+                self.lead_at.append((seq, at, message))
         self.last_error = message
         if len(self.messages) < MAX_REPORTED:
             self.messages.append(message)
@@ -110,20 +145,45 @@ class StageRun:
         return f"{count} consecutive failures in stage {self.stage!r}{where} (failure_tolerance={self.tolerance}); last: {self.last_error}"
 
 
+class ChainFatal(NamedTuple):
+    """Where a joined run of failures became too long: the message of its ``FatalSampleError``, and
+    the ``seq``/``at`` of the failure that made it so (as ``Failure``'s; ``at`` None: unknown)."""
+
+    message: str
+    seq: float
+    at: Optional[int]
+
+
 class FailureChain:
     """Joins per-segment ``StageRun`` summaries of one worker stream, in stream order (driver side)."""
 
     def __init__(self) -> None:
         self._runs: Dict[Tuple[int, str], int] = {}
 
-    def add(self, worker: int, run: StageRun) -> None:
-        """Account for one segment's run of ``run.stage``; raise when the joined run is too long."""
+    def check(self, worker: int, run: StageRun) -> Optional[ChainFatal]:
+        """Account for one segment's run of ``run.stage``: where the run it continues becomes too long
+        (the failure of its lead that makes ``tolerance`` in a row, as Energon raises at that very
+        failure), or ``None``."""
         key = (worker, run.stage)
         carried = self._runs.get(key, 0)
         joined = carried + run.lead
-        if run.exceeded(joined) and (run.lead or carried):
-            raise FatalSampleError(run.too_many(joined, f" of worker stream {worker}"))
         self._runs[key] = run.trail if run.had_success else joined
+        if not (run.exceeded(joined) and (run.lead or carried)):
+            return None
+        n = next((n for n in range(1, run.lead + 1) if run.exceeded(carried + n)), run.lead)
+        where = f" of worker stream {worker}"
+        if n and n <= len(run.lead_at):
+            seq, at, message = run.lead_at[n - 1]
+            if run.last_error != message:  # the message names that failure, not the segment's last
+                run = dataclasses.replace(run, last_error=message)
+            return ChainFatal(run.too_many(carried + n, where), seq + 0.5, at)
+        return ChainFatal(run.too_many(joined, where), float("inf"), None)
+
+    def add(self, worker: int, run: StageRun) -> None:
+        """Account for one segment's run of ``run.stage``; raise when the joined run is too long."""
+        fatal = self.check(worker, run)
+        if fatal is not None:
+            raise FatalSampleError(fatal.message)
 
 
 def describe_error(exc: BaseException) -> str:
@@ -161,21 +221,22 @@ class HookRunner:
     def new_run(self) -> StageRun:
         return StageRun(stage=self.stage, tolerance=self.tolerance)
 
-    def call(self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]] = None) -> Any:
-        """Run the hook on ``item``: its result, or ``FAILED`` / ``IGNORED``."""
-        return self._call(run, item, what, sources, many=False)
+    def call(self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]] = None, at: Optional[int] = None) -> Any:
+        """Run the hook on ``item``: its result, or ``FAILED`` / ``IGNORED``. ``at``: the item's stream
+        position (a batch's: its last sample's), where the driver places a failure's handler call."""
+        return self._call(run, item, what, sources, many=False, at=at)
 
     def call_many(
         self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]] = None,
-        before_each: Optional[Callable[[int], None]] = None,
+        before_each: Optional[Callable[[int], None]] = None, at: Optional[int] = None,
     ) -> Any:
         """Run a hook that may be a generator: the list of its outputs, or ``FAILED`` / ``IGNORED``.
         ``before_each(n)`` is called before the generator is resumed for its output ``n``."""
-        return self._call(run, item, what, sources, many=True, before_each=before_each)
+        return self._call(run, item, what, sources, many=True, before_each=before_each, at=at)
 
     def _call(
         self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]], many: bool,
-        before_each: Optional[Callable[[int], None]] = None,
+        before_each: Optional[Callable[[int], None]] = None, at: Optional[int] = None,
     ) -> Any:
         # a generator that fails (or skips) after some outputs keeps them, as Energon's lazy map does:
         # they were given before it raised
@@ -199,16 +260,13 @@ class HookRunner:
         except Exception as exc:  # the policy: log, count, skip
             if partial:
                 run.success()  # its outputs count as successes (the failure after them is the first)
+            seq = next(_SEQ)
             if isinstance(self.handler, DeferredHandler):
-                run.defer(exc, item, sources)
+                run.defer(exc, item, sources, at, seq)
             elif self.handler is not log_exception:
-                try:
-                    self.handler(exc, item, list(sources or ()))
-                except Exception as abort:
-                    raise FatalSampleError(
-                        f"{what}: error handler aborted loading in stage {self.stage!r}: {describe_error(abort)}"
-                    ) from exc
-            run.failure(f"{what}: {describe_error(exc)}" + (f" (after {len(partial)} outputs, kept)" if partial else ""))
+                # a handler that raises aborts loading with its own exception, as in Energon
+                self.handler(exc, item, list(sources or ()))
+            run.failure(f"{what}: {describe_error(exc)}" + (f" (after {len(partial)} outputs, kept)" if partial else ""), at, seq)
             return partial or HookRunner.FAILED
         run.success()
         return result

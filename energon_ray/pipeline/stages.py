@@ -183,13 +183,13 @@ class EncodeSamples:
                 produced[0] = chain.bases[position]
             what = _what(raw)
             sources = raw.get("__sources__")
-            sample = load.call(runs["load"], raw, what, sources)
+            sample = load.call(runs["load"], raw, what, sources, at=position)
             if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                 continue
             if isinstance(sample, CrudeSample):
                 cook_seed = position if cook_kind is None else before + position
                 with hook_call(seed, cook_kind, cook_seed, sample_index=position, batch_index=batch_of(position)):
-                    sample = cook.call(runs["cook_crude_sample"], sample, what, sources)
+                    sample = cook.call(runs["cook_crude_sample"], sample, what, sources, at=position)
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue
             if not do_encode:
@@ -197,7 +197,8 @@ class EncodeSamples:
             else:
                 with hook_call(seed, encode_kind, before + position, sample_index=before + position, batch_index=batch_of(position)):
                     outputs = encode.call_many(
-                        runs["encode_sample"], sample, what, sources, before_each=None if produced is None else next_output
+                        runs["encode_sample"], sample, what, sources, before_each=None if produced is None else next_output,
+                        at=position,
                     )
                 if outputs is HookRunner.FAILED or outputs is HookRunner.IGNORED:
                     continue

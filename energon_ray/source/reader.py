@@ -158,7 +158,7 @@ class ReadSegment:
         except IndexMismatchError:
             raise
         except ShardReadError as exc:
-            run.failure(f"{path}: sample #{index}: {describe_error(exc)}")
+            run.failure(f"{path}: sample #{index}: {describe_error(exc)}", spec.position(k))
             return
         run.success()
         raw = dict(parts)

@@ -231,6 +231,38 @@ def test_custom_error_handler_runs_in_the_loader_process(good):
     assert loader.stats.skipped == {"encode_sample": 4} and sum(len(b.__key__) for b in batches) == 20 - 4 - 2
 
 
+@pytest.mark.parametrize("segment", [6, None])
+def test_custom_error_handler_is_called_once_per_failure_across_a_save_and_restore(good, segment):
+    """Each failure reaches the handler once, when the loader reaches its place: a loader saved after
+    k batches and one restored from its state call it, together, for the same failures in the same
+    order as one loader that runs through (the handler was called for a whole segment's failures as
+    its block arrived: before the batches ahead of them, and again after the restore, which reads that
+    segment once more)."""
+
+    def run(calls, k=None, state=None):
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2, global_error_handler=lambda e, s, src: calls.append(s.__key__))
+        loader = er.get_savable_loader(er.get_val_dataset(good, split_part="train", worker_config=wc, batch_size=2,
+                                                          task_encoder=FailSome(), samples_per_segment=segment))  # fmt: skip
+        if state is not None:
+            loader.restore_state_rank(state)
+        batches, it = [], iter(loader)
+        while len(batches) != k:
+            batch = next(it, None)
+            if batch is None:
+                break
+            batches.append(list(batch.__key__))
+        state = loader.save_state_rank()
+        loader.close()
+        return batches, state
+
+    whole, _ = run(reference := [])
+    assert len(reference) == 4
+    for k in range(1, len(whole)):
+        first, state = run(before := [], k)
+        rest, _ = run(after := [], state=state)
+        assert first + rest == whole and before + after == reference, k
+
+
 # -- configuration errors: raised by get_*_dataset, before any Ray task ---------------------
 
 

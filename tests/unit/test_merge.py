@@ -7,10 +7,11 @@ import gc
 import pytest
 
 from energon_ray.errors import FatalSampleError
-from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, WorkerQueues
+from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, WorkerQueues, place_events
 from energon_ray.loader.round_robin import round_robin
+from energon_ray.loader.stats import HandlerCall, LoaderStats
 from energon_ray.pipeline import rows, serde
-from energon_ray.pipeline.policy import StageRun
+from energon_ray.pipeline.policy import Failure, FailureChain, StageRun
 
 
 def _report(worker, segment, runs=()):
@@ -213,3 +214,94 @@ def test_chain_points_reach_back_to_where_the_open_batch_began():
     q.feed(_chained_report(3, 12, 9, 30), False)
     assert q.chain_point(0) == (3, 12, 30)
     assert WorkerQueues(1, 4, _pool_batches).chain_point(0) is None  # not chained: no chain points
+
+
+# -- where a report's handler calls and fatal errors go (``place_events``) -----------------------
+
+
+def test_place_events_puts_each_before_the_first_row_holding_a_later_sample():
+    """Energon's worker meets a failure while making the batch its next good sample goes into: the
+    event goes before the first row holding a sample after it; rows without positions take the next
+    known one's; the last row (the report) takes the rest, in order."""
+    events = [(1, 1, "f1"), (2, 5, "f5"), (3, 8, "b8"), (4, 20, "f20"), (9, None, "fatal")]
+    #           item [0,2,3]  item(no pos) item [4,6,7]  leftover [9]  report
+    bounds = [3, None, 7, 9, None]
+    assert place_events(events, bounds) == [["f1"], ["f5"], [], ["b8"], ["f20", "fatal"]]
+    assert place_events([], bounds) == [[], [], [], [], []]
+    assert place_events(events[:1], [None, None]) == [[], ["f1"]]  # a sample blend's rows: all at the report
+
+
+def _call(stage, key, at, seq):
+    return HandlerCall(stage, Failure(ValueError(f"bad {key}"), key, [], at, seq))
+
+
+def test_handler_calls_run_where_the_consumer_reaches_them_and_once_after_a_restore():
+    """A queued ``HandlerCall`` calls the user's handler when the consumer passes it (a handler that
+    raises stops the stream there, its batches before handed out); after a restore, the calls before
+    the consumed items are not made again, the next one is."""
+    calls = []
+    stats = LoaderStats()
+    stats.error_handler = lambda exc, item, sources: calls.append(item)
+    q = WorkerQueues(1, 1, _pool_batches, stats=stats)
+    q.feed((rows.ITEM, 0, 0, 0, "b0"), False, [0], [])
+    q.feed((rows.ITEM, 0, 0, 1, "b2"), False, [2], [_call("encode_sample", "s1", 1, 1)])
+    q.feed((rows.ITEM, 0, 0, 2, "b4"), False, [4], [_call("encode_sample", "s3", 3, 2)])
+    q.feed(_report(0, 0), True, None, [])
+    assert q.pop(0) == "b0" and calls == []  # s1 failed after b0's samples: its call comes after b0
+    assert q.pop(0) == "b2" and calls == ["s1"]
+    state = q.state(0)
+    assert q.pop(0) == "b4" and calls == ["s1", "s3"]
+    # a restored queue: the segment is fed again, b0 and b2 were consumed
+    again = WorkerQueues(1, 1, _pool_batches, stats=stats)
+    again.restore(0, state, {})
+    again.feed((rows.ITEM, 0, 0, 0, "b0"), False, [0], [])
+    again.feed((rows.ITEM, 0, 0, 1, "b2"), False, [2], [_call("encode_sample", "s1", 1, 1)])
+    again.feed((rows.ITEM, 0, 0, 2, "b4"), False, [4], [_call("encode_sample", "s3", 3, 2)])
+    again.feed(_report(0, 0), True, None, [])
+    calls.clear()
+    assert _drain(again, 0) == ["b4"] and calls == ["s3"]
+
+    def abort(exc, item, sources):
+        raise exc
+
+    stats.error_handler = abort
+    q = WorkerQueues(1, 1, _pool_batches, stats=stats)
+    q.feed((rows.ITEM, 0, 0, 0, "b0"), False, [0], [])
+    q.feed((rows.ITEM, 0, 0, 1, "b2"), False, [2], [_call("encode_sample", "s1", 1, 1)])
+    assert q.pop(0) == "b0"
+    with pytest.raises(ValueError, match="bad s1"):
+        q.pop(0)
+
+
+def test_a_run_joined_across_segments_is_fatal_at_the_failure_that_makes_the_tolerance():
+    """``FailureChain.check`` names where the joined run became too long: the lead failure that made
+    ``tolerance`` in a row (its position and order, its message), not the segment's end; the report's
+    events put the ``Failed`` right after that failure's handler call, before later failures'."""
+    stats = LoaderStats()
+    stats.error_handler = lambda *args: None
+    chain = FailureChain()
+
+    def run(failures, success_first, success_last):
+        r = StageRun(stage="encode_sample", tolerance=3)
+        if success_first:
+            r.success()
+        for at in failures:
+            r.defer(ValueError(f"bad {at}"), at, [], at=at, seq=at)
+            r.failure(f"bad {at}", at=at, seq=at)
+        if success_last:
+            r.success()
+        return r
+
+    assert stats.account(rows.Report(0, 0, 0, 0, 0, [run([9], True, False)]), chain)[0][1] == 9
+    second = run([10, 11], False, True)
+    second.failure("bad 14", at=14, seq=14)
+    fatal = FailureChain()
+    fatal._runs[(0, "encode_sample")] = 1
+    found = fatal.check(0, second)
+    assert found is not None and (found.at, found.seq) == (11, 11.5)
+    assert found.message.startswith("3 consecutive failures in stage 'encode_sample' of worker stream 0")
+    assert found.message.endswith("last: bad 11")
+    events = stats.account(rows.Report(0, 1, 0, 0, 0, [second]), chain)
+    kinds = [(at, type(event).__name__) for _, at, event in events]
+    assert kinds == [(10, "HandlerCall"), (11, "HandlerCall"), (11, "Failed")]
+    assert str(events[-1][2].error).endswith("last: bad 11")

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from energon_ray.errors import FatalSampleError, SampleException, SkipSample, log_exception
+from energon_ray.errors import FatalSampleError, SampleException, SkipSample, log_exception, reraise_exception
 from energon_ray.pipeline import serde
 from energon_ray.pipeline.policy import FailureChain, HookRunner, StageRun
 from energon_ray.samples import CaptioningSample, SourceInfo
@@ -418,16 +418,24 @@ def test_custom_handler_receives_exception_item_and_sources():
     assert run.failures == 1
 
 
-def test_a_handler_that_reraises_aborts_with_fatal_sample_error():
-    """A handler that raises (like reraise_exception) turns the failure into FatalSampleError at once."""
+def test_a_handler_that_raises_aborts_with_its_own_exception():
+    """A handler that raises (like reraise_exception) aborts with its own exception, as Energon's
+    ErrorContext lets it through (it was wrapped in a FatalSampleError here, while the loader's Ray
+    tasks' deferred handler gave the user's exception: a wrapper's map_fn and a segment's hook differed)."""
 
-    def reraise(exc, item, sources):
-        raise exc
+    class Abort(Exception):
+        pass
 
-    runner = HookRunner("encode_batch", _fails_on({1}), tolerance=100, handler=reraise)
-    with pytest.raises(FatalSampleError, match="encode_batch") as info:
+    def abort(exc, item, sources):
+        raise Abort(f"abort on {item}") from exc
+
+    runner = HookRunner("encode_batch", _fails_on({1}), tolerance=100, handler=abort)
+    with pytest.raises(Abort, match="abort on 1") as info:
         runner.call(runner.new_run(), 1, "batch 1")
     assert isinstance(info.value.__cause__, ValueError)
+    runner.handler = reraise_exception
+    with pytest.raises(ValueError, match="bad item 1"):
+        runner.call(runner.new_run(), 1, "batch 1")
 
 
 def test_sample_exception_is_an_ordinary_counted_failure():
