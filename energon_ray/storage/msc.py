@@ -112,7 +112,21 @@ def classify(exc: BaseException) -> Tuple[str, str]:
         return DENIED, describe(exc).split(" request_id:")[0]
     if isinstance(exc, RetryableError) or transient_os_error(exc):
         return TRANSIENT, describe(exc).split(" request_id:")[0]
+    if _s3_cause_is_transient(exc):
+        return TRANSIENT, describe(exc).split(" request_id:")[0]
     return FATAL, describe(exc)
+
+
+def _s3_cause_is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` wraps a botocore error that is transient for ``s3://`` (multi-storage-client
+    raises a refused connection or a connect timeout as a non-retryable ``RuntimeError`` around it):
+    an ``msc://`` profile on S3 retries what an ``s3://`` URL retries."""
+    cause = exc.__cause__
+    if cause is None or not type(cause).__module__.startswith("botocore"):
+        return False
+    from energon_ray.storage.s3 import classify as classify_s3
+
+    return classify_s3(cause)[0] == TRANSIENT
 
 
 class MscBackend:

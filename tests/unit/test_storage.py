@@ -206,3 +206,28 @@ def test_a_refused_connection_is_retried_then_names_the_url(server, shard, caplo
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith(f"{url}: read of bytes [0, 10) failed (EndpointConnectionError")
     assert "); retry 3 of 3 in " in warned[0] and SECRET_KEY not in warned[0]
+
+
+def test_an_msc_profile_whose_store_refuses_connections_is_retried_then_names_the_url(server, tmp_path, monkeypatch):
+    """multi-storage-client raises a refused connection as a non-retryable RuntimeError around botocore's
+    EndpointConnectionError: it failed at once ('info failed: RuntimeError'), where the same store as an
+    s3:// URL is retried. Now retried AWS_MAX_ATTEMPTS times and counted, then StorageUnavailableError
+    naming the msc:// URL, never the secret."""
+    import socket
+
+    pytest.importorskip("multistorageclient")
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = tmp_path / "msc.yaml"
+    config.write_text(
+        "profiles:\n  gone:\n    storage_provider:\n      type: s3\n      options:\n        base_path: bkt\n"
+        f"        endpoint_url: http://127.0.0.1:{port}\n        region_name: us-east-1\n"
+        f"    credentials_provider:\n      type: S3Credentials\n      options:\n        access_key: AK\n        secret_key: {SECRET_KEY}\n"
+    )
+    monkeypatch.setenv("MSC_CONFIG", str(config))
+    before = STATS.snapshot()
+    with pytest.raises(StorageUnavailableError, match=r"failed 4 times, last with RuntimeError") as exc:
+        as_path("msc://gone/data/s.tar").read_range(0, 10)
+    assert str(exc.value).startswith("msc://gone/data/s.tar: ") and "EndpointConnectionError" in str(exc.value)
+    assert SECRET_KEY not in str(exc.value) and STATS.snapshot()[2] - before[2] == 3
