@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import ray
 from tqdm import tqdm
@@ -77,13 +77,17 @@ class RayShardIndexer:
     Args:
         parallel: tasks running at once (None: the cluster's CPUs when called).
         progress: a tqdm bar over shards (stderr), with the samples indexed so far.
+        start: called before the first task (connects to Ray): the dataset's checks come first.
     """
 
-    def __init__(self, parallel: Optional[int] = None, progress: bool = True) -> None:
+    def __init__(self, parallel: Optional[int] = None, progress: bool = True, start: Optional[Callable[[], None]] = None) -> None:
         self.parallel = parallel
         self.progress = progress
+        self.start = start
 
     def __call__(self, root: Path, names: List[str]) -> Iterator[ShardIndex]:
+        if self.start is not None:
+            self.start()
         parallel = self.parallel or max(1, int(ray.cluster_resources().get("CPU", 1)))
         window = parallel * _BUFFER_PER_TASK
         running: Dict[ray.ObjectRef, int] = {}
@@ -163,7 +167,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def _prepare(args: argparse.Namespace) -> PrepareResult:
+def _prepare(args: argparse.Namespace, start: Callable[[], None]) -> PrepareResult:
     existing = already_prepared(args.path)
     if existing is not None and not (args.force_overwrite or args.tar_index_only):
         raise DatasetConfigError(f"{existing} exists: the dataset is already prepared; use --force-overwrite")
@@ -177,7 +181,7 @@ def _prepare(args: argparse.Namespace) -> PrepareResult:
         shuffle_tars=args.shuffle_tars, sample_type=args.sample_type if write_yaml else None,
         field_map=args.field_map if write_yaml else None, tar_index_only=args.tar_index_only,
         force_overwrite=args.force_overwrite, dataset_config=args.dataset_yaml_name,
-        shard_indexer=RayShardIndexer(args.num_cpus, args.progress),
+        shard_indexer=RayShardIndexer(args.num_cpus, args.progress, start),
     )  # fmt: skip
 
 
@@ -199,14 +203,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     started = not ray.is_initialized()
     local = not (args.address or os.environ.get("RAY_ADDRESS"))
-    ensure_ray(args.address, **({"num_cpus": args.num_cpus} if local and args.num_cpus else {}))
+
+    def start() -> None:  # Ray starts once the dataset's checks passed (they take no Ray)
+        ensure_ray(args.address, **({"num_cpus": args.num_cpus} if local and args.num_cpus else {}))
+
     try:
-        result = _prepare(args)
+        result = _prepare(args, start)
     except (DatasetConfigError, ValueError, OSError, ShardTaskError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     finally:
-        if started:
+        if started and ray.is_initialized():
             ray.shutdown()
     _report(result)
     if args.sample_type is None and not args.tar_index_only and not args.skip_dataset_yaml:

@@ -107,3 +107,32 @@ def test_already_prepared_dataset_needs_force_overwrite(tmp_path, job_main, caps
         f"Error: {root}/.nv-meta/.info.json exists: the dataset is already prepared; use --force-overwrite\n"
     )
     assert job_main([*args, "--force-overwrite"]) == 0
+
+
+def test_the_datasets_checks_fail_before_ray_is_reached(tmp_path):
+    """An unknown --sample-type, a folder without shards, an already prepared dataset: the job says so
+    (exit 1, one 'Error:' line) before it connects to Ray; it started Ray first (seconds on a fresh
+    machine). Shown with an --address nothing listens on: it is never contacted."""
+    import os
+    import subprocess
+    import sys
+
+    _, ready = _twins(tmp_path)
+    (ready / ".nv-meta").mkdir()
+    (ready / ".nv-meta" / ".info.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    _, fresh = _twins(tmp_path / "fresh")
+    cases = [
+        ([str(fresh), "--sample-type", "CaptionSample"], "unknown sample_type 'CaptionSample'; known: ["),
+        ([str(tmp_path / "empty")], f"{tmp_path / 'empty'}: no .tar/.tgz shards found"),
+        ([str(ready)], f"{ready}/.nv-meta/.info.json exists: the dataset is already prepared; use --force-overwrite"),
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    for args, message in cases:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "jobs" / "prepare_job.py"), *args, "--split-ratio", "1,0,0", "--address", "127.0.0.1:1"],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+        assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr[-2000:]
+        assert proc.stderr.startswith(f"Error: {message}") and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
