@@ -24,6 +24,32 @@ def verbose() -> bool:
 FREE_OBJECTS_PERIOD_MS = 20
 
 
+#: seconds to wait for a TCP connection to a cluster's GCS before calling it unreachable
+CONNECT_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """For a ``host:port`` cluster address: raise unless something accepts connections there
+    (``ray.init`` retries an unreachable GCS without end; ``auto`` and ``ray://`` are Ray's to check).
+
+    Raises:
+        ConnectionError: naming the address, why, and what to do.
+    """
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or type(exc).__name__)
+        raise ConnectionError(
+            f"energon_ray: no Ray cluster at {address} ({why}): start one there (`ray start --head`), "
+            "or give another address (--address / RAY_ADDRESS); without one a private local Ray is started"
+        ) from None
+
+
 def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     """Make sure Ray is initialized.
 
@@ -43,6 +69,7 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         logger.info("energon_ray: attaching to Ray cluster at %s", address)
+        check_reachable(address)
         ray.init(address=address, **init_kwargs)
         return
     init_kwargs.setdefault("include_dashboard", False)

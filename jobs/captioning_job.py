@@ -82,7 +82,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         )
     except DatasetConfigError as exc:
         sys.exit(f"captioning_job: {args.config}: the loader section does not fit the dataset: {exc}")
-    loader = er.get_loader(dataset)
+    try:
+        loader = er.get_loader(dataset)
+    except ConnectionError as exc:  # RAY_ADDRESS names a cluster nothing answers for
+        sys.exit(f"captioning_job: {exc}")
     print(f"{dataset}: {len(loader)} batches per epoch")
 
     def show(index: int, batch) -> None:

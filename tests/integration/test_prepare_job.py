@@ -112,7 +112,8 @@ def test_already_prepared_dataset_needs_force_overwrite(tmp_path, job_main, caps
 def test_the_datasets_checks_fail_before_ray_is_reached(tmp_path):
     """An unknown --sample-type, a folder without shards, an already prepared dataset: the job says so
     (exit 1, one 'Error:' line) before it connects to Ray; it started Ray first (seconds on a fresh
-    machine). Shown with an --address nothing listens on: it is never contacted."""
+    machine). Shown with an --address nothing listens on: it is never contacted; with a good dataset
+    it is, and the job fails naming it (it waited forever)."""
     import os
     import subprocess
     import sys
@@ -126,6 +127,8 @@ def test_the_datasets_checks_fail_before_ray_is_reached(tmp_path):
         ([str(fresh), "--sample-type", "CaptionSample"], "unknown sample_type 'CaptionSample'; known: ["),
         ([str(tmp_path / "empty")], f"{tmp_path / 'empty'}: no .tar/.tgz shards found"),
         ([str(ready)], f"{ready}/.nv-meta/.info.json exists: the dataset is already prepared; use --force-overwrite"),
+        # a good dataset: the address is tried, refused, and named (ray.init retried it without end)
+        ([str(fresh)], "energon_ray: no Ray cluster at 127.0.0.1:1 (Connection refused): start one there"),
     ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

@@ -133,3 +133,25 @@ def test_sigint_is_ignored_only_inside_our_task_bodies_and_heard_while_a_private
         assert elsewhere == [mine] and signal.getsignal(signal.SIGINT) is mine
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_cluster_address_nothing_listens_on_is_named_at_once():
+    """A host:port that refuses connections: a ConnectionError naming the address and what to do
+    (ensure_ray checks before ray.init, which retried the GCS there without end: see
+    test_prepare_job); addresses Ray resolves itself (auto, ray://) are left to Ray, a listening port passes."""
+    import socket
+    import time
+
+    from energon_ray.ray_env import check_reachable
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(ConnectionError, match=rf"^energon_ray: no Ray cluster at 127\.0\.0\.1:{port} \(Connection refused\): start one"):
+            check_reachable(f"127.0.0.1:{port}")
+        assert time.monotonic() - started < 5
+        sock.listen()
+        check_reachable(f"127.0.0.1:{port}")
+    check_reachable("auto")
+    check_reachable(f"ray://127.0.0.1:{port}")
