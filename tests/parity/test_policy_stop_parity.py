@@ -18,9 +18,11 @@ def path(tmp_path_factory):
     return text_dataset(tmp_path_factory.mktemp("policy_stop") / "text", [5, 7, 3, 9, 6])  # 30 samples
 
 
-def _encoder(lib, stage):
-    fails = {"encode_sample": {9, 10, 11, 24, 25, 26}, "batch": {9, 12, 24, 27}, "encode_batch": {9, 12, 24, 27}}[stage]
-    tolerance = 3 if stage == "encode_sample" else 2
+def _encoder(lib, stage, fails=None, tolerance=None):
+    if fails is None:
+        fails = {"encode_sample": {9, 10, 11, 24, 25, 26}, "batch": {9, 12, 24, 27}, "encode_batch": {9, 12, 24, 27}}[stage]
+    if tolerance is None:
+        tolerance = 3 if stage == "encode_sample" else 2
 
     class Encoder(lib.DefaultTaskEncoder):
         @lib.stateless(failure_tolerance=tolerance)
@@ -176,22 +178,9 @@ def test_a_run_of_failures_across_segments_stops_where_energons_does(path, stage
     import megatron.energon as me
 
     def until_fatal(lib, **kwargs):
-        class Encoder(lib.DefaultTaskEncoder):
-            @lib.stateless(failure_tolerance=tolerance)
-            def encode_sample(self, sample):
-                if stage == "encode_sample" and int(sample.text) in fails:
-                    raise ValueError(f"bad sample {sample.text}")
-                return {"i": int(sample.text)}
-
-            @lib.stateless(failure_tolerance=tolerance)
-            def batch(self, samples):
-                ii = [s["i"] for s in samples]
-                if stage == "batch" and ii[0] in fails:
-                    raise ValueError(f"bad batch {ii[0]}")
-                return {"ii": ii}
-
         wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=1, global_error_handler=lambda *args: None)
-        ds = lib.get_val_dataset(str(path), split_part="train", batch_size=batch_size, task_encoder=Encoder(), worker_config=wc, **kwargs)
+        encoder = _encoder(lib, stage, fails, tolerance)
+        ds = lib.get_val_dataset(str(path), split_part="train", batch_size=batch_size, task_encoder=encoder, worker_config=wc, **kwargs)
         got = []
         with pytest.raises(Exception) as raised:
             for batch in lib.get_loader(ds):
