@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -50,21 +50,45 @@ def compose(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> Di
 
 #: config keys that may hold a local path (besides ``work_dir``): a relative one is taken from the
 #: current directory where ``fit`` is called, not from a ray.train worker's (its run's folder)
-PATH_KEYS = ("ckpt_path", "dataset.path", "trainer.default_root_dir", "trainer.ray.storage_path")
+PATH_KEYS = (
+    "ckpt_path", "dataset.path", "dataset.val_path", "dataset.test_path", "trainer.default_root_dir",
+    "trainer.ray.storage_path",
+)  # fmt: skip
+#: the key of a local path in an entry of ``trainer.callbacks`` (a ``ModelCheckpoint``'s folder)
+CALLBACK_PATH_KEY = "dirpath"
+
+
+def _path_keys(raw: Dict[str, Any]) -> List[str]:
+    """``PATH_KEYS`` and each ``trainer.callbacks.<i>.dirpath`` of the config ``raw``."""
+    callbacks = _lookup(raw, "trainer.callbacks")
+    callbacks = callbacks if isinstance(callbacks, list) else []
+    found = [f"trainer.callbacks.{i}.{CALLBACK_PATH_KEY}" for i, c in enumerate(callbacks) if isinstance(c, dict)]
+    return [*PATH_KEYS, *found]
+
+
+def _lookup(raw: Any, key: str) -> Any:
+    """The value at dotted ``key`` (list entries by index) of the plain config ``raw``, or None."""
+    for part in key.split("."):
+        if isinstance(raw, dict):
+            raw = raw.get(part)
+        elif isinstance(raw, list) and part.isdigit() and int(part) < len(raw):
+            raw = raw[int(part)]
+        else:
+            return None
+    return raw
 
 
 def with_absolute_paths(cfg: DictConfig, base: Optional[str] = None) -> DictConfig:
-    """A copy of ``cfg`` whose ``work_dir`` and other local paths (``PATH_KEYS``) are absolute, so
-    ``ray.train`` workers, whose current directory is their run's folder, find the same files; a
-    path interpolating ``work_dir`` follows it, an object store URL stays as it is."""
+    """A copy of ``cfg`` whose ``work_dir`` and other local paths (``PATH_KEYS``, the callbacks'
+    ``dirpath``) are absolute, so ``ray.train`` workers, whose current directory is their run's folder,
+    find and write the same files; a path interpolating ``work_dir`` follows it, an object store URL
+    stays as it is."""
     base = base or os.getcwd()
     raw = OmegaConf.to_container(cfg, resolve=False)
     cfg = OmegaConf.create(raw)
     cfg.work_dir = os.path.abspath(os.path.join(base, os.path.expanduser(str(cfg.work_dir))))
-    for key in PATH_KEYS:
-        value: Any = raw
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
+    for key in _path_keys(raw):
+        value = _lookup(raw, key)
         if isinstance(value, str) and value and "://" not in value and "${" not in value:
             OmegaConf.update(cfg, key, os.path.abspath(os.path.join(base, os.path.expanduser(value))), merge=False)
     return cfg

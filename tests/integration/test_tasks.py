@@ -97,7 +97,8 @@ def test_ray_train_runs_the_task_on_two_workers(work_dir, monkeypatch):
     """trainer.ray.num_workers=2: TorchTrainer on the session Ray (0.25 CPU each), one rank per worker; the
     reported Lightning checkpoint holds both ranks' loader states. A second fit continues from it with
     ckpt_path and dataset.path relative to the caller's directory (ray.train workers run in their run's
-    folder: they looked for both there and failed)."""
+    folder: they looked for both there and failed); so are its test_path and a ModelCheckpoint's dirpath (the
+    test split was looked for, and the checkpoints written, in the worker's folder)."""
     overrides = ("trainer.limit_val_batches=0", "trainer.ray.num_workers=2", "dataset.virtual_epoch_length=4")
     result = fit(_cfg(work_dir, "vision/captioning", "trainer.max_steps=4", *overrides))
     assert (result.global_step, result.world_size, len(result.losses)) == (4, 2, 4)
@@ -107,9 +108,13 @@ def test_ray_train_runs_the_task_on_two_workers(work_dir, monkeypatch):
     assert [(s["rank"], s["world_size"]) for s in states] == [(0, 2), (1, 2)]
     assert checkpoint["global_step"] == 4
     monkeypatch.chdir(work_dir)
-    relative = (f"ckpt_path={os.path.relpath(result.checkpoint)}", "dataset.path=data/vision_captioning_synthetic", "dataset.prepare=null")
+    relative = (f"ckpt_path={os.path.relpath(result.checkpoint)}", "dataset.path=data/vision_captioning_synthetic", "dataset.prepare=null",
+                "test=true", "+dataset.test_path=data/vision_captioning_synthetic", "trainer.enable_checkpointing=true",
+                "trainer.callbacks=[{_target_: lightning.pytorch.callbacks.ModelCheckpoint, dirpath: own_ckpts, save_last: true}]")  # fmt: skip
     resumed = fit(_cfg(work_dir, "vision/captioning", "trainer.max_steps=6", *overrides, *relative))
     assert (resumed.global_step, resumed.world_size, len(resumed.losses)) == (6, 2, 2)
+    assert "test_loss" in resumed.metrics
+    assert torch.load(os.path.join(work_dir, "own_ckpts", "last.ckpt"), weights_only=True)["global_step"] == 6
 
 
 class _OwnModule(pl.LightningModule):
