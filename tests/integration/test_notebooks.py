@@ -38,6 +38,22 @@ def test_every_notebook_states_its_expected_output():
     assert sorted(p.name for p in NOTEBOOKS) == sorted(EXPECTED)
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_a_notebooks_default_work_dir_is_ignored_by_git(path):
+    """Jupyter runs a kernel in its notebook's folder: the data a notebook makes in its default
+    WORKDIR (notebooks/runs/notebook/...) are ignored by git (only the top-level runs/ was: every run
+    left shards and indexes as untracked files beside the notebooks)."""
+    import re
+    import subprocess
+
+    source = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells)
+    defaults = re.findall(r'os\.environ\.get\("ENERGON_RAY_NOTEBOOK_WORKDIR", "([^"]+)"\)', source)
+    assert len(defaults) == 1, defaults
+    made = (path.parent / defaults[0] / "dataset" / "shard_000000.tar").relative_to(ROOT).as_posix()
+    checked = subprocess.run(["git", "check-ignore", "--no-index", "-v", made], cwd=ROOT, capture_output=True, text=True)
+    assert checked.returncode == 0, f"{made} is not ignored: {checked.stderr}"
+
+
 @pytest.fixture(scope="module")
 def executed(ray_session, tmp_path_factory):
     """Every notebook executed, all at once, each in its own kernel and folder (the kernels start and
