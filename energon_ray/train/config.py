@@ -8,6 +8,7 @@ import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 #: The package that holds the primary config (``config.yaml``) and the shared groups.
 CONFIG_MODULE = "energon_ray.conf"
@@ -81,17 +82,33 @@ def _lookup(raw: Any, key: str) -> Any:
 def with_absolute_paths(cfg: DictConfig, base: Optional[str] = None) -> DictConfig:
     """A copy of ``cfg`` whose ``work_dir`` and other local paths (``PATH_KEYS``, the callbacks'
     ``dirpath``) are absolute, so ``ray.train`` workers, whose current directory is their run's folder,
-    find and write the same files; a path interpolating ``work_dir`` follows it, an object store URL
-    stays as it is."""
+    find and write the same files; a path interpolating ``work_dir`` follows it, one interpolating a
+    relative path (``${oc.env:DATA}``) is resolved here, an object store URL stays as it is."""
     base = base or os.getcwd()
     raw = OmegaConf.to_container(cfg, resolve=False)
     cfg = OmegaConf.create(raw)
     cfg.work_dir = os.path.abspath(os.path.join(base, os.path.expanduser(str(cfg.work_dir))))
     for key in _path_keys(raw):
-        value = _lookup(raw, key)
-        if isinstance(value, str) and value and "://" not in value and "${" not in value:
-            OmegaConf.update(cfg, key, os.path.abspath(os.path.join(base, os.path.expanduser(value))), merge=False)
+        value = _local_path(cfg, _lookup(raw, key), key)
+        if value is not None:
+            OmegaConf.update(cfg, key, os.path.abspath(os.path.join(base, value)), merge=False)
     return cfg
+
+
+def _local_path(cfg: DictConfig, value: Any, key: str) -> Optional[str]:
+    """``value`` of ``key`` as a local path to make absolute (``~`` expanded), or None: not a path, an
+    object store URL, or an interpolation that resolves to an absolute path (it stays, following
+    ``work_dir``); one that resolves to a relative path (``${oc.env:DATA}``) is resolved here."""
+    if isinstance(value, str) and "${" in value:
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+        except (OmegaConfBaseException, ValueError, KeyError):  # a resolver of another app (hydra:…): left to it
+            return None
+        if isinstance(value, str) and os.path.isabs(os.path.expanduser(value)):
+            return None
+    if not isinstance(value, str) or not value or "://" in value:
+        return None
+    return os.path.expanduser(value)
 
 
 def check_choices(cfg: DictConfig) -> None:

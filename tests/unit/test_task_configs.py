@@ -262,3 +262,20 @@ def test_command_line_entry_point_names_a_bad_ray_option(monkeypatch, tmp_path, 
     with pytest.raises(SystemExit) as caught:
         main()
     assert caught.value.code == f"error: {message}"
+
+
+def test_relative_paths_are_taken_from_the_callers_directory_also_through_an_interpolation(monkeypatch):
+    """ray.train workers run in their run's folder: every local path of the config is made absolute from
+    the caller's directory, also one an interpolation resolves to a relative path (it stayed relative, so
+    a worker looked in its own folder); an interpolation of work_dir follows it, URLs stay."""
+    from energon_ray.train.config import with_absolute_paths
+
+    monkeypatch.setenv("ENERGON_RAY_TEST_CKPT", "runs/last.ckpt")
+    cfg = with_absolute_paths(_task(
+        "vision/captioning", "work_dir=work", "ckpt_path=${oc.env:ENERGON_RAY_TEST_CKPT}", "+dataset.val_path=val",
+        "+dataset.test_path=s3://bucket/test", "+trainer.callbacks.0.dirpath=ckpts", "trainer.ray.storage_path=${work_dir}/rr",
+    ), base="/caller")  # fmt: skip
+    assert (cfg.ckpt_path, cfg.dataset.val_path, cfg.dataset.test_path) == ("/caller/runs/last.ckpt", "/caller/val", "s3://bucket/test")
+    assert (cfg.dataset.path, cfg.trainer.callbacks[0].dirpath) == ("/caller/work/data/vision_captioning_synthetic", "/caller/ckpts")
+    assert OmegaConf.to_container(cfg.trainer.ray, resolve=False)["storage_path"] == "${work_dir}/rr"
+    assert cfg.trainer.ray.storage_path == "/caller/work/rr"
