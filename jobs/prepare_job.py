@@ -90,6 +90,8 @@ class RayShardIndexer:
             self.start()
         parallel = self.parallel or max(1, int(ray.cluster_resources().get("CPU", 1)))
         window = parallel * _BUFFER_PER_TASK
+        # absolute: a task's worker runs in its own directory (on a cluster, not the job's)
+        folder = os.path.abspath(root)
         running: Dict[ray.ObjectRef, int] = {}
         done: Dict[int, ShardIndex] = {}
         submitted = yielded = samples = 0
@@ -97,7 +99,7 @@ class RayShardIndexer:
         try:
             while yielded < len(names):
                 while submitted < len(names) and len(running) < parallel and submitted - yielded < window:
-                    running[_index_shard_task.remote(str(root), names[submitted])] = submitted
+                    running[_index_shard_task.remote(folder, names[submitted])] = submitted
                     submitted += 1
                 if yielded in done:
                     yield done.pop(yielded)

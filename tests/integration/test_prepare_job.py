@@ -82,6 +82,19 @@ def test_job_tar_index_only_rebuilds_a_missing_index_like_the_cli(tmp_path, job_
     _assert_same_files(cli_root, job_root, [f".nv-meta/{n}" for n in names] + [f"{s}.idx" for s in SHARDS])
 
 
+def test_a_relative_path_is_indexed_from_the_callers_directory(tmp_path, job_main, monkeypatch):
+    """PATH relative to the job's directory: the shard tasks, whose Ray workers run in another directory
+    (the session Ray's; a cluster's), index the same shards (they looked for 'job/shards/…' in theirs:
+    FileNotFoundError), and the files are the CLI's."""
+    cli_root, _ = _twins(tmp_path)
+    args = ["--split-ratio", "4,1,1", "--sample-type", "CaptioningSample", "--field-map", FIELD_MAP]
+    assert CliRunner().invoke(cli, ["prepare", str(cli_root), "--non-interactive", "--no-progress", *args]).exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    assert job_main(["job", "--no-progress", *args]) == 0
+    names = [".info.json", "index.sqlite", "index.uuid", "split.yaml", "dataset.yaml"]
+    _assert_same_files(cli_root, tmp_path / "job", [f".nv-meta/{n}" for n in names] + [f"{s}.idx" for s in SHARDS])
+
+
 def test_corrupt_shard_fails_with_the_shards_name_not_a_ray_traceback(tmp_path, job_main, capsys):
     """A shard with a garbage header gives exit code 1, 'Error: <shard>: invalid tar header…', no .nv-meta files."""
     _, root = _twins(tmp_path)
