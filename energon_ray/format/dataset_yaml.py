@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -169,7 +170,8 @@ def read_dataset_spec(
     part_filter_ref = data.pop("part_filter", None)
     spec = DatasetSpec(
         file=fname,
-        root=str(path),
+        # absolute: the spec is read again in Ray workers, whose current directory is not the caller's
+        root=str(path) if remote else os.path.abspath(path),
         dataset_config=dataset_config,
         sample_type=sample_type,
         subflavors=dict(subflavors),

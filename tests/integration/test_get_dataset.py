@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 import energon_ray as er
@@ -76,3 +78,21 @@ def test_dataset_code_stays_refused_without_the_opt_in(tmp_path, monkeypatch):
             er.get_dataset(path, training=training, split_part="train", batch_size=2)
     dataset = er.get_dataset(path, training=False, split_part="train", batch_size=None, trust_dataset_code=True, **WC)
     assert sorted(s.text for s in er.get_loader(dataset)) == sorted(f"loaded {i}" for i in range(8))
+
+
+def test_a_relative_path_is_read_from_the_callers_directory(tmp_path, monkeypatch):
+    """A dataset path relative to the caller's directory, whose Ray workers run in another one (the
+    session Ray's; a cluster's): the same batches as the absolute path, in validation and in training
+    (the dataset.yaml shipped with each segment was read again in the worker's directory: 'dataset
+    config not found')."""
+    text_dataset(tmp_path / "ds", [6, 6, 6, 6], split_ratio=(1, 0, 0))
+
+    def batches(path):
+        train = er.get_loader(er.get_train_dataset(path, batch_size=4, shuffle_buffer_size=5, max_samples_per_sequence=3, **WC))
+        first = keys_of(itertools.islice(train, 12))
+        train.close()
+        return _keys(er.get_val_dataset(path, split_part="train", batch_size=4, **WC)), first
+
+    expected = batches(str(tmp_path / "ds"))
+    monkeypatch.chdir(tmp_path)
+    assert batches("ds") == expected and [len(e) for e in expected] == [6, 12]
