@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional
 
 from energon_ray.cache.base import CachePool, FileStore, PrimaryFileStore
 from energon_ray.cache.stores import DatasetFileStore, DecodeFileStore
+from energon_ray.storage import is_remote
 
 
 @dataclasses.dataclass
@@ -33,6 +35,11 @@ class AuxConfig:
     primary_path: Any = None
     decoder: Any = None
     cache_pool: Optional[CachePool] = None
+
+    def __post_init__(self) -> None:
+        # made where the loader is built: the config goes to Ray workers, whose current directory is another
+        if isinstance(self.primary_path, (str, Path)) and not is_remote(str(self.primary_path)):
+            self.primary_path = Path(self.primary_path).absolute()
 
     def decoded(self, store: FileStore) -> FileStore:
         return store if self.decoder is None else DecodeFileStore(store, decoder=self.decoder)

@@ -48,6 +48,12 @@ def _media_metadata(db: sqlite3.Connection, where: Path, key: str) -> MediaMetad
     return deserialize_media_metadata(row[0], row[1])
 
 
+def _absolute(path: Union[Path, RemotePath]) -> Union[Path, RemotePath]:
+    """A local path made absolute from this process's directory (as Energon's ``EPath``): the store goes
+    to Ray workers, whose current directory is another; a URL as it is."""
+    return path.absolute() if isinstance(path, Path) else path
+
+
 class SystemFileStore(FileStore[bytes]):
     """Files of a folder, read as bytes (``filesystem://`` entries of a metadataset's ``aux``).
 
@@ -66,7 +72,7 @@ class SystemFileStore(FileStore[bytes]):
     """
 
     def __init__(self, base_dir: Optional[PathLike] = None):
-        self.base_dir = None if base_dir is None else as_path(base_dir)
+        self.base_dir = None if base_dir is None else _absolute(as_path(base_dir))
         self._index_copy: Optional[Path] = None
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -151,7 +157,7 @@ class DatasetFileStore(FileStore[bytes]):
     """
 
     def __init__(self, path: PathLike):
-        self.path = as_path(path)
+        self.path = _absolute(as_path(path))
         self._local = threading.local()
         self._shards: Optional[List[str]] = None
 

@@ -124,3 +124,16 @@ def test_need_cache_without_a_pool_is_a_clear_error(ray_session, aux_mds):
     ds = er.get_val_dataset(aux_mds, split_part="train", batch_size=None, worker_config=WC, task_encoder=encoder)
     with pytest.raises(Exception, match=r"cache_pool=FileStoreCachePool"):
         list(er.get_loader(ds))
+
+
+def test_a_relative_metadataset_path_reads_its_aux_from_the_callers_directory(ray_session, aux_mds, tmp_path, monkeypatch):
+    """aux.yaml given relative to the caller's directory, whose Ray workers run in another one (the
+    session Ray's; a cluster's): the same samples as by its absolute path (the aux dataset and folder
+    went to the segment tasks as relative paths, looked up in the worker's directory)."""
+    def seen(mds):
+        pool = er.FileStoreCachePool(parent_cache_dir=tmp_path / f"cache_{len(str(mds))}", max_cache_size_gbytes=0.01)
+        return {key: (s.caption, tuple(s.image.shape)) for key, s in run_aux(mds, pool).items()}
+
+    expected = seen(aux_mds)
+    monkeypatch.chdir(aux_mds.parent)
+    assert seen(aux_mds.name) == expected and len(expected) == N
