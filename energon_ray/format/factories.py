@@ -10,6 +10,7 @@ decoded and built by Ray tasks exactly as for a dataset opened by path.
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -159,9 +160,11 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
 
     # -- what subclasses say about their samples ------------------------------------------------
     def _spec(self, root: str) -> DatasetSpec:
+        # the spec's root absolute: its code (file.py:function) is loaded again in Ray workers, whose
+        # current directory is not the caller's
         spec = FactorySpec(
-            file=f"{root} ({type(self).__name__})", root=root, dataset_config=_FACTORY_CONFIG,
-            sample_type=self.__sample_type__, trusted=self.trusted,
+            file=f"{root} ({type(self).__name__})", root=root if "://" in root else os.path.abspath(root),
+            dataset_config=_FACTORY_CONFIG, sample_type=self.__sample_type__, trusted=self.trusted,
         )  # fmt: skip
         spec.part_filter = self.part_filter
         return spec

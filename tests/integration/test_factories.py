@@ -281,3 +281,21 @@ def test_crude_jsonl_factories(tmp_path):
     assert [s["json"] for s in out] == [{"idx": i} for i in range(7)]
     assert set(out[0]) == {"json", "__key__", "__restore_key__", "__subflavors__", "__sources__"} and out[0]["__subflavors__"] == {"s": 2}
     assert len(er.CrudeJsonlDatasetFactory(path, training=False, part_filter=lambda p: p != "json")) == 0
+
+
+def test_a_factory_of_a_relative_path_loads_its_sample_loader_file_in_the_workers(tmp_path, monkeypatch):
+    """A factory given a folder relative to the caller's directory and sample_loader='file.py:function':
+    the segment tasks, whose Ray workers run in another directory (the session Ray's; a cluster's), load
+    the same file (they looked for '<path>/.nv-meta' in theirs: 'does not exist')."""
+    write_shards(tmp_path / "ds" / "parts", [(f"k{i:03d}", {"txt": f"caption {i}".encode()}) for i in range(48)], 8)
+    er.BaseWebdatasetFactory.prepare_dataset(tmp_path / "ds", ["parts/shard_{0000..0005}.tar"], split_parts_ratio=[("train", 1.0)],
+                                             shuffle_seed=None, workers=1)  # fmt: skip
+    (tmp_path / "ds" / ".nv-meta" / "loader_rel.py").write_text("def load(raw):\n    return {'text': 'loaded ' + raw['txt'].decode()}\n")
+    monkeypatch.chdir(tmp_path)
+
+    class LoadedText(er.DefaultGenericWebdatasetFactory[er.TextSample]):
+        pass
+
+    factory = LoadedText("ds", split_part="train", training=False, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2),
+                         sample_loader="loader_rel.py:load", part_filter=["txt"], trust_dataset_code=True)  # fmt: skip
+    assert sorted(s.text for s in _read(factory)) == sorted(f"loaded caption {i}" for i in range(48))
