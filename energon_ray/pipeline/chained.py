@@ -31,7 +31,9 @@ def chains_outputs(te: TaskEncoder, batch_size: Optional[int], packing: bool, ac
     of outputs per sample), so where the worker stream's batches start in a segment, and which batch
     an output goes into (``current_batch_index``), depend on the outputs of every segment before it.
     Energon batches a worker's outputs as one stream; a chained stream does the same, one segment
-    after another per worker (the rank's worker streams still run side by side). Not where the
+    after another per worker (the rank's worker streams still run side by side). Also where
+    ``batch`` or ``encode_batch`` is marked ``@stateless(restore_seeds=True)``: its seed is Energon's
+    batch count, which samples skipped in earlier segments lower. Not where the
     segments do not batch their own samples (packing, grouping, ``postencode_sample``, batching
     across datasets, no batching). An ``encode_sample`` that is a plain function returning a
     generator is not detected (a generator function is: ``yield`` in its body)."""
@@ -39,11 +41,22 @@ def chains_outputs(te: TaskEncoder, batch_size: Optional[int], packing: bool, ac
         batch_size is not None
         and not packing
         and not across_sources
-        and is_overridden(te, sample_encode_hook(te))
-        and inspect.isgeneratorfunction(inspect.unwrap(own_hook(te, sample_encode_hook(te))))
+        and (_generator_encoder(te) or _restore_seeded_batch_hook(te))
         and not is_overridden(te, "batch_group_criterion")
         and not (postencode and is_overridden(te, "postencode_sample"))
     )
+
+
+def _generator_encoder(te: TaskEncoder) -> bool:
+    hook = sample_encode_hook(te)
+    return is_overridden(te, hook) and inspect.isgeneratorfunction(inspect.unwrap(own_hook(te, hook)))
+
+
+def _restore_seeded_batch_hook(te: TaskEncoder) -> bool:
+    """A ``batch``/``encode_batch`` marked ``@stateless(restore_seeds=True)``: its seed is Energon's
+    batch count, which samples skipped in the segments before a batch lower (only a chained stream
+    counts them)."""
+    return any(getattr(own_hook(te, name), "__restore_seeds__", False) for name in ("batch", "encode_batch"))
 
 
 @dataclasses.dataclass

@@ -52,10 +52,24 @@ def build(root, segment, workers=1, **kwargs):
                               samples_per_segment=segment, **kwargs)  # fmt: skip
 
 
-def test_only_generator_encoders_chain():
+def test_only_generator_encoders_and_restore_seeded_batch_hooks_chain():
     class Plain(er.DefaultTaskEncoder):
         def encode_sample(self, sample):
             return sample
+
+    class SeededBatch(Plain):  # Energon seeds it from its batch count (skipped samples lower it)
+        @er.stateless(restore_seeds=True)
+        def batch(self, samples):
+            return samples
+
+    class SeededEncodeBatch(Plain):
+        @er.stateless(restore_seeds=True)
+        def encode_batch(self, batch):
+            return batch
+
+    assert chains_outputs(SeededBatch(), 3, False, False, True)
+    assert chains_outputs(er.AugmentTaskEncoder(SeededEncodeBatch()), 3, False, False, True)
+    assert not chains_outputs(SeededBatch(), 3, True, False, True)  # packing restarts per segment
 
     assert chains_outputs(Varying(), 3, False, False, True)
     assert chains_outputs(er.AugmentTaskEncoder(er.AugmentTaskEncoder(Varying())), 3, False, False, True)

@@ -137,3 +137,42 @@ def test_restore_seeds_batch_hooks_match_energon(path, rank, workers, per_segmen
     assert ours == batches(me)
     assert len(ours) >= 8 and [b[1] for b in ours] == [b[2] for b in ours] == list(range(len(ours)))
     assert len({tuple(b[3]) for b in ours}) == len(ours)  # every batch drew its own numbers
+
+
+def _skipping_batch_hook_encoder(lib):
+    class Encoder(lib.DefaultTaskEncoder):
+        @lib.stateless
+        def encode_sample(self, sample):
+            if int(sample.__key__.split("_")[-1]) in (2, 3, 7, 8, 9, 14, 20, 21, 33):
+                raise lib.SkipSample()
+            return sample.__key__
+
+        @lib.stateless(restore_seeds=True)
+        def batch(self, samples):
+            return (tuple(samples), self.current_batch_index, random.randint(0, 1000), int(np.random.randint(0, 1000)))
+
+        @lib.stateless(restore_seeds=True)
+        def encode_batch(self, batch):
+            return (*batch, self.current_sample_index, int(torch.randint(0, 1000, ())))
+
+    return Encoder()
+
+
+@pytest.mark.parametrize("workers,per_segment", [(1, 4), (2, 5)])
+def test_restore_seeds_batch_hooks_after_skipped_samples_match_energon(path, workers, per_segment):
+    """Samples skipped by ``encode_sample`` (in several segments): batches of 2 made after them get
+    Energon's batch index (the number of batches made before, not the first sample's position over
+    the batch size: 1 where ours said 2) and draw Energon's numbers in ``batch`` and ``encode_batch``."""
+    import megatron.energon as me
+
+    def batches(lib, **more):
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+        ds = lib.get_val_dataset(path, split_part="train", batch_size=2, task_encoder=_skipping_batch_hook_encoder(lib), worker_config=wc, **more)
+        plain = lambda value: [plain(v) for v in value] if isinstance(value, (list, tuple)) else value  # noqa: E731
+        return [plain(batch) for batch in lib.get_loader(ds)]
+
+    ours = batches(er, samples_per_segment=per_segment)
+    assert ours == batches(me)
+    assert len(ours) == 20 and [b[1] for b in ours] == [b[4] for b in ours]
+    if workers == 1:
+        assert [b[1] for b in ours] == list(range(20))
