@@ -15,7 +15,7 @@ from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline import rows, serde
 from energon_ray.pipeline.chained import Carry
 from energon_ray.pipeline.grouping import Grouper
-from energon_ray.pipeline.packing import Packer
+from energon_ray.pipeline.packing import Packer, restore_key_of, set_restore_key
 from energon_ray.pipeline.policy import HookRunner, StageRun
 from energon_ray.pipeline.stages import EncodeSamples, StageConfig, _configs, _one_source, _runner, _what, output_table
 from energon_ray.task_encoder.base import TaskEncoder, is_overridden
@@ -51,8 +51,10 @@ class Batcher:
             raws = self.batch.call_many(runs[0], samples, what, at=group[-1][0])
         if raws is HookRunner.FAILED or raws is HookRunner.IGNORED:
             return []
+        keys = tuple(restore_key_of(sample) for sample in samples)
         out: List[Any] = []
         for i, item in enumerate(raws):
+            _key_batch(item, keys)
             if not self.do_encode_batch:
                 out.append(item)
                 continue
@@ -79,6 +81,15 @@ class Batcher:
         made = self(group, seed, batch_size, runs, batch_index)
         positions = [position for position, _, _ in group]
         return [(item, positions if i == len(made) - 1 else []) for i, item in enumerate(made)]
+
+
+def _key_batch(batch: Any, keys: Tuple[Any, ...]) -> None:
+    """Give a batch that has a ``__restore_key__`` (an attribute, or a dict's item) its samples' keys,
+    whatever the ``batch`` hook put there, as Energon's batching does (``restore_sample`` reads them).
+    Samples without keys leave it as the hook made it."""
+    has_key = "__restore_key__" in batch if isinstance(batch, dict) else hasattr(batch, "__restore_key__")
+    if has_key and keys and all(key is not None for key in keys):
+        set_restore_key(batch, keys)
 
 
 class BatchSamples:

@@ -8,6 +8,7 @@ numpy and torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 import os
@@ -779,6 +780,56 @@ def test_restore_sample_rebuilds_batches_exactly(roots):
         again = packed.restore_sample(batch.__restore_key__)
         assert again.documents == batch.documents and torch.equal(again.input_ids, batch.input_ids)
     packed.close()
+
+
+@dataclasses.dataclass
+class HandKeyedBatch(er.Batch):
+    text: list
+    draws: tuple = ()
+
+
+class HandKeyed(Keyed):
+    """Skips samples 3, 4, 11; its batches carry a restore key the hooks set by hand: ``()`` in a
+    ``Batch``, ``None`` in a dict (Energon's batching puts the samples' keys there)."""
+
+    def __init__(self, as_dict: bool):
+        super().__init__()
+        self.as_dict = as_dict
+
+    @er.stateless(restore_seeds=True)
+    def encode_sample(self, sample):
+        if int(sample.__key__.split("_")[-1]) in (3, 4, 11):
+            raise er.SkipSample()
+        return super().encode_sample(sample)
+
+    @er.stateless(restore_seeds=True)
+    def batch(self, samples):
+        draws = (self.current_batch_index, random.random(), torch.rand(1).item())
+        keys, text = [s.__key__ for s in samples], [s.text for s in samples]
+        if self.as_dict:
+            return {"__key__": keys, "__restore_key__": None, "text": text, "draws": draws}
+        return HandKeyedBatch(__key__=keys, __restore_key__=(), text=text, draws=draws)
+
+
+def test_restore_sample_rebuilds_batches_whose_batch_hook_set_no_restore_key(roots):
+    """A ``batch`` hook that builds its batch with ``__restore_key__=()`` (or a dict's ``None``) gets the
+    samples' keys there, as Energon's batching gives them, and ``restore_sample`` rebuilds each batch
+    exactly (keys, texts, the hook's index and draws; after skipped samples, training and validation):
+    its key was left empty, and restore_sample raised 'names no sample'."""
+    for as_dict, train in ((False, False), (True, True)):
+        common = dict(batch_size=4, worker_config=WC, task_encoder=HandKeyed(as_dict), samples_per_segment=5)
+        if train:
+            ds = er.get_train_dataset(roots["b"], shuffle_buffer_size=5, repeat=False, **common)
+        else:
+            ds = er.get_val_dataset(roots["b"], split_part="train", **common)
+        loader = er.get_savable_loader(ds)
+        batches = list(loader)
+        view = (lambda b: (b["__key__"], b["text"], b["draws"], b["__restore_key__"])) if as_dict else (
+            lambda b: (b.__key__, b.text, b.draws, b.__restore_key__))  # fmt: skip
+        assert len(batches) == 7 and all(view(b)[3] for b in batches)
+        for batch in batches:
+            assert view(loader.restore_sample(view(batch)[3])) == view(batch)
+        loader.close()
 
 
 def test_restore_sample_applies_stateless_maps_and_refuses_wrappers_it_cannot_apply(roots):
