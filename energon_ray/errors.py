@@ -90,6 +90,25 @@ def log_exception(exc: BaseException, sample: Any = None, sources: Optional[Sequ
     )
 
 
+class RemoteTraceback(Exception):
+    """Where a hook failed in its Ray task, as text: the ``__cause__`` of the exception the loader
+    hands the user's error handler (an exception crosses processes without its traceback)."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text.rstrip()}\n"""'
+
+
+def with_remote_traceback(exc: BaseException, text: str) -> BaseException:
+    """``exc`` caused by its Ray task's traceback ``text`` (none: ``exc`` as it is)."""
+    if text and exc.__cause__ is None:
+        exc.__cause__ = RemoteTraceback(text)
+    return exc
+
+
 def reraise_exception(exc: BaseException, sample: Any = None, sources: Optional[Sequence[Any]] = None) -> None:
     """Error handler that aborts loading by re-raising the exception."""
     raise exc

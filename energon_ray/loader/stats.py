@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional, Tuple
 
-from energon_ray.errors import FatalSampleError, ShardReadError
+from energon_ray.errors import FatalSampleError, ShardReadError, with_remote_traceback
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.policy import Failure, FailureChain
 
@@ -103,13 +103,18 @@ class LoaderStats:
     def __repr__(self) -> str:
         return f"LoaderStats({self.as_dict()})"
 
-    def handle_failure(self, stage: str, exc: BaseException, item: Any, sources: List[Any]) -> None:
+    def handle_failure(self, stage: str, exc: BaseException, item: Any, sources: List[Any], trace: str = "") -> None:
         """Call the user's error handler (if any) for a failure a Ray task deferred to it (``stage``:
-        the hook that failed)."""
+        the hook that failed; ``trace``: its traceback there), inside an ``except`` that caught it,
+        as Energon calls it (``traceback.format_exc``, ``logger.exception`` in the handler show it,
+        caused by the Ray task's traceback)."""
         if self.error_handler is None:
             return
-        # a handler that raises aborts loading with its own exception, as in Energon
-        self.error_handler(exc, item, sources)
+        try:
+            raise with_remote_traceback(exc, trace)
+        except BaseException:
+            # a handler that raises aborts loading with its own exception, as in Energon
+            self.error_handler(exc, item, sources)
 
     def _note_dry(self, report: rows.Report) -> None:
         """Warn when many samples in a row were read and none was encoded."""
@@ -149,7 +154,7 @@ class LoaderStats:
             error = event.error
             raise type(error)(str(error))
         failure = event.failure
-        self.handle_failure(event.stage, failure.exc, failure.item, failure.sources)
+        self.handle_failure(event.stage, failure.exc, failure.item, failure.sources, failure.trace)
 
     def account(self, report: rows.Report, chain: FailureChain) -> List[Event]:
         """Count a segment's report and log its skips; the user's error handler calls (``HandlerCall``)

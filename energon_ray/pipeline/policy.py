@@ -40,6 +40,8 @@ class Failure(NamedTuple):
     sources: List[Any]
     at: Optional[int] = None
     seq: int = 0
+    #: the traceback in the Ray task, as text (``errors.with_remote_traceback``)
+    trace: str = ""
 
 
 class DeferredHandler:
@@ -108,13 +110,14 @@ class StageRun:
     def defer(
         self, exc: BaseException, item: Any, sources: Optional[Sequence[Any]], at: Optional[int] = None, seq: Optional[int] = None
     ) -> None:
+        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         if not _picklable(exc):
             exc = RuntimeError(f"{type(exc).__name__}: {exc}")
         if not _picklable(item):
             item = FailedItem(item_key(item))
         sources = list(sources or ())
         seq = next(_SEQ) if seq is None else seq
-        self.deferred.append(Failure(exc, item, sources if _picklable(sources) else [], at, seq))
+        self.deferred.append(Failure(exc, item, sources if _picklable(sources) else [], at, seq, trace))
 
     def success(self) -> None:
         self.had_success = True

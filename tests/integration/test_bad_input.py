@@ -231,6 +231,28 @@ def test_custom_error_handler_runs_in_the_loader_process(good):
     assert loader.stats.skipped == {"encode_sample": 4} and sum(len(b.__key__) for b in batches) == 20 - 4 - 2
 
 
+def test_custom_error_handler_sees_where_the_hook_failed(good):
+    """The handler runs as Energon's does, inside the ``except`` that caught the failure: a handler
+    that logs the exception being handled (``traceback.format_exc``, ``logger.exception``) shows it,
+    and the exception's chain holds the traceback from the Ray task, down to the task encoder's line
+    that raised (the exception crossed the object store without its traceback: "NoneType: None", and
+    nothing said where the hook failed)."""
+    import traceback
+
+    seen = []
+
+    def trace(exc, sample, sources):
+        seen.append((traceback.format_exc(), "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
+
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1, global_error_handler=trace)
+    list(er.get_loader(er.get_val_dataset(good, split_part="train", worker_config=wc, batch_size=2, task_encoder=FailSome())))
+    assert len(seen) == 4
+    for handled, formatted in seen:
+        assert handled == formatted
+        assert 'raise ValueError(f"cannot encode {index}")' in handled and "in encode_sample" in handled
+        assert handled.rstrip().splitlines()[-1].startswith("ValueError: cannot encode ")
+
+
 @pytest.mark.parametrize("segment", [6, None])
 def test_custom_error_handler_is_called_once_per_failure_across_a_save_and_restore(good, segment):
     """Each failure reaches the handler once, when the loader reaches its place: a loader saved after
