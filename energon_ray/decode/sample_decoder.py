@@ -309,6 +309,27 @@ class SampleDecoder:
         return part.rsplit(".", 1)[-1].lower() in AV_EXTENSIONS
 
 
+def decodes_by_part(decoder: Any) -> bool:
+    """Whether ``decoder`` decodes a sample part by part with :meth:`SampleDecoder.decode_part`.
+
+    True for our ``SampleDecoder`` and subclasses that keep its ``__call__``. Anything else, e.g. a
+    subclass overriding ``__call__`` or a decoder class of the user's own, is given the whole raw
+    sample as Energon gives it (``decoder(sample)``), so its own decoding runs.
+
+    Example:
+        >>> decodes_by_part(SampleDecoder()), decodes_by_part(lambda sample: sample)
+        (True, False)
+    """
+    return isinstance(decoder, SampleDecoder) and type(decoder).__call__ is SampleDecoder.__call__
+
+
+def trusting(decoder: Any) -> Any:
+    """``decoder`` allowed to run dataset code: ``with_trust(True)`` where it has that method (ours);
+    a decoder of another kind is the user's own code and is returned as it is."""
+    with_trust = getattr(decoder, "with_trust", None)
+    return with_trust(True) if callable(with_trust) else decoder
+
+
 def _check_trust(trusted: Any) -> None:
     if not isinstance(trusted, bool):
         raise TypeError(f"SampleDecoder: trust_dataset_code must be a bool, got {trusted!r}")

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Tuple
 
 import braceexpand
 
-from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder
+from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder, trusting
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_code import load_function
@@ -194,7 +194,7 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
         options = plan_options(self, batch_size, batch_drop_last, shuffle_buffer_size)
         decoder = self._decoder()
         if decoder is not None and self.trusted:
-            decoder = decoder.with_trust(True)
+            decoder = trusting(decoder)
         return EnergonDataset(
             self.prepared, worker_config=self.worker_config, task_encoder=task_encoder, options=options,
             decoder=decoder, subflavors=self.subflavors, rotation_offset=worker_rotation_offset,

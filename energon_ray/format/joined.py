@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type,
 
 import numpy as np
 
+from energon_ray.decode.sample_decoder import trusting
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.factories import BaseCoreDatasetFactory, BaseWebdatasetFactory
@@ -147,7 +148,7 @@ class JoinedWebdatasetFactory(BaseCoreDatasetFactory[Any]):
         decoders = []
         for ds in self.inner_datasets:
             decoder = ds._decoder()
-            decoders.append(decoder.with_trust(True) if decoder is not None and ds.trusted else decoder)
+            decoders.append(trusting(decoder) if decoder is not None and ds.trusted else decoder)
         return JoinedEnergonDataset(
             [ds.prepared for ds in self.inner_datasets], join=self._table, joiner=self._sample_joiner,
             names=self.inner_dataset_keys, member_subflavors=[ds.subflavors for ds in self.inner_datasets],

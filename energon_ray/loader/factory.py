@@ -6,7 +6,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder
+from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder, trusting
 from energon_ray.errors import resolve_trust
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.storage import is_remote
@@ -102,7 +102,7 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
         _check_positive("limit", options.limit)
     decoder = _decoder(task_encoder, kwargs)
     if decoder is not None and trusted:
-        decoder = decoder.with_trust(True)
+        decoder = trusting(decoder)
     subflavors = _pop_subflavors(kwargs)
     options.parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
     _check_positive("parallel_shard_iters", options.parallel_shard_iters)  # 0 read as the default 16, -1 as 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from energon_ray.decode.sample_decoder import SampleDecoder
+from energon_ray.decode.sample_decoder import SampleDecoder, decodes_by_part
 from energon_ray.errors import SampleException, UntrustedCodeError
 from energon_ray.format.dataset_yaml import DatasetSpec
 from energon_ray.format.field_access import FieldAccessError, field_access
@@ -35,6 +35,8 @@ class SampleLoader:
 
     def decode(self, raw: Dict[str, Any]) -> Dict[str, Any]:
         """Decode every part; an undecodable part raises naming it."""
+        if self.decoder is not None and not decodes_by_part(self.decoder):
+            return self._decode_whole(raw)
         out = {k: raw[k] for k in META_KEYS if k in raw}
         for part, data in raw.items():
             if part.startswith("__"):
@@ -51,6 +53,22 @@ class SampleLoader:
                     f"{self._where(raw)}: cannot decode part {part!r} ({len(data)} bytes): {type(exc).__name__}: {exc}"
                 ) from exc
         return out
+
+    def _decode_whole(self, raw: Dict[str, Any]) -> Dict[str, Any]:
+        """Energon's contract for other decoders: ``decoder(raw sample) -> decoded sample``; the meta
+        keys stay the reader's."""
+        name = type(self.decoder).__name__
+        try:
+            decoded = self.decoder(dict(raw))
+        except UntrustedCodeError as exc:
+            raise UntrustedCodeError(f"dataset {self.spec.root}: {self._where(raw)}: {exc}") from None
+        except Exception as exc:
+            raise SampleException(f"{self._where(raw)}: decoder {name} failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(decoded, dict):
+            raise SampleException(
+                f"{self._where(raw)}: decoder {name} must return the sample's dict of parts, got {type(decoded).__name__}"
+            )
+        return {**decoded, **{k: raw[k] for k in META_KEYS if k in raw}}
 
     def fields(self, decoded: Dict[str, Any]) -> Dict[str, Any]:
         """The sample type's fields from decoded parts."""

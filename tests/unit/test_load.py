@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from energon_ray.decode.sample_decoder import SampleDecoder
+from energon_ray.decode.sample_decoder import SampleDecoder, trusting
 from energon_ray.errors import TRUST_ENV, DatasetConfigError, SampleException, UntrustedCodeError, resolve_trust
 from energon_ray.format.dataset_yaml import read_dataset_spec, write_dataset_yaml
 from energon_ray import samples as samples_module
@@ -165,6 +165,60 @@ def test_image_decode_setting_is_used_for_mapped_images(classification):
         _raw("k", jpg=JPG, json=META)
     )
     assert sample.image.shape == (H, W, 3) and str(sample.image.dtype) == "uint8"
+
+
+class _UpperCaptions(SampleDecoder):
+    """Energon's way to change decoding: a SampleDecoder subclass overriding ``__call__(sample)``."""
+
+    def __call__(self, sample):
+        out = super().__call__(sample)
+        out["txt"] = out["txt"].upper()
+        return out
+
+
+class _OwnDecoder:
+    """A decoder of the user's own: a callable on the raw sample with a ``config()``, as Energon calls it."""
+
+    def __call__(self, sample):
+        return {k: (v.decode()[::-1] if k == "txt" else v) for k, v in sample.items()}
+
+    def config(self):
+        return {"own": True}
+
+
+@pytest.mark.parametrize("decoder, caption", [(_UpperCaptions(), "A CAT"), (_OwnDecoder(), "tac a")])
+def test_a_decoder_overriding_call_gets_the_whole_sample_as_in_energon(tmp_path, decoder, caption):
+    """A decoder whose __call__ is not SampleDecoder's decodes the raw sample (Energon's decoder(sample)); meta stays."""
+    write_dataset_yaml(tmp_path, "CaptioningSample", field_map={"image": "png", "caption": "txt"})
+    raw = _raw("k4", index=4, png=PNG, txt=b"a cat")
+    sample = SampleLoader(read_dataset_spec(tmp_path), decoder, None)(raw)
+    assert sample.caption == caption
+    assert sample.__key__ == "k4" and sample.__restore_key__ == ("Webdataset", 4) and sample.__sources__ == raw["__sources__"]
+
+
+def test_a_failing_decoder_of_the_users_own_names_shard_key_and_decoder(tmp_path):
+    """A user decoder that raises, or returns no dict, fails the sample with SampleException naming shard, key and decoder."""
+    write_dataset_yaml(tmp_path, "CaptioningSample", field_map={"image": "png", "caption": "txt"})
+    spec = read_dataset_spec(tmp_path)
+    with pytest.raises(SampleException, match=rf"{SHARD}: sample 'k5': decoder _OwnDecoder failed: UnicodeDecodeError"):
+        SampleLoader(spec, _OwnDecoder(), None)(_raw("k5", png=PNG, txt=b"\xff"))
+    with pytest.raises(SampleException, match=rf"{SHARD}: sample 'k6': decoder function must return .* got list"):
+        SampleLoader(spec, lambda sample: [sample], None)(_raw("k6", png=PNG, txt=b"x"))
+
+
+def test_trusting_a_decoder_of_the_users_own_leaves_it_as_it_is(tmp_path):
+    """trust_dataset_code=True gives our decoder a trusting copy and keeps a decoder of the user's own (no with_trust)."""
+    import energon_ray as er
+    from tests.helpers import captioning_dataset
+
+    class OwnDecoderTask(er.DefaultTaskEncoder):
+        decoder = _OwnDecoder()
+
+    path = captioning_dataset(tmp_path / "ds", n=3, per_shard=3)
+    ds = er.get_val_dataset(path, split_part="train", batch_size=1, task_encoder=OwnDecoderTask(), trust_dataset_code=True)
+    assert ds.decoder is OwnDecoderTask.decoder
+    ours = SampleDecoder()
+    assert trusting(ours).trust_dataset_code is True and ours.trust_dataset_code is False
 
 
 # -- subflavors ---------------------------------------------------------------------------------
