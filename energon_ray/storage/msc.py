@@ -96,10 +96,30 @@ def client_for(settings: MscSettings) -> Any:
         return client
     from multistorageclient import StorageClient, StorageClientConfig
 
-    config = StorageClientConfig.from_dict(json.loads(settings.config_json), profile=settings.profile)
+    config_dict = _without_own_retries(json.loads(settings.config_json), settings.profile)
+    config = StorageClientConfig.from_dict(config_dict, profile=settings.profile)
     client = StorageClient(config)
     with _LOCK:
         return _CLIENTS.setdefault(key, client)
+
+
+#: multi-storage-client providers that are botocore S3 clients (their ``retries`` option is botocore's).
+_BOTOCORE_PROVIDERS = ("s3", "s8k", "ais_s3", "gcs_s3", "s3_cuobject")
+
+
+def _without_own_retries(config: Dict[str, Any], profile: str) -> Dict[str, Any]:
+    """``config`` with ``profile`` making one attempt per request, in multi-storage-client's loop and in
+    botocore's: :func:`~energon_ray.storage.retry.call` retries (and counts) them, as for ``s3://``;
+    both loops at once had made up to 3 x 3 hidden attempts, sleeping a second or more, per one of ours."""
+    node = (config.get("profiles") or {}).get(profile)
+    if not isinstance(node, dict):
+        return config
+    node = {**node, "retry": {**(node.get("retry") or {}), "attempts": 1}}
+    provider = node.get("storage_provider")
+    if isinstance(provider, dict) and provider.get("type") in _BOTOCORE_PROVIDERS:
+        options = {**(provider.get("options") or {}), "retries": {"total_max_attempts": 1}}
+        node["storage_provider"] = {**provider, "options": options}
+    return {**config, "profiles": {**config["profiles"], profile: node}}
 
 
 def classify(exc: BaseException) -> Tuple[str, str]:

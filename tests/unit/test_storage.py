@@ -231,3 +231,32 @@ def test_an_msc_profile_whose_store_refuses_connections_is_retried_then_names_th
         as_path("msc://gone/data/s.tar").read_range(0, 10)
     assert str(exc.value).startswith("msc://gone/data/s.tar: ") and "EndpointConnectionError" in str(exc.value)
     assert SECRET_KEY not in str(exc.value) and STATS.snapshot()[2] - before[2] == 3
+
+
+def _msc_profile(server, tmp_path, monkeypatch, name="moto"):
+    """An MSC config with profile ``name`` on the test server's bucket ``unit``; MSC_CONFIG points at it."""
+    pytest.importorskip("multistorageclient")
+    config = tmp_path / "msc.yaml"
+    config.write_text(
+        f"profiles:\n  {name}:\n    storage_provider:\n      type: s3\n      options:\n        base_path: unit\n"
+        f"        endpoint_url: {server.endpoint}\n        region_name: us-east-1\n"
+        f"    credentials_provider:\n      type: S3Credentials\n      options:\n        access_key: AK\n        secret_key: {SECRET_KEY}\n"
+    )
+    monkeypatch.setenv("MSC_CONFIG", str(config))
+    return config
+
+
+def test_msc_transient_faults_are_retried_by_our_loop_only_and_counted(server, shard, tmp_path, monkeypatch):
+    """An msc:// read that meets two 503s is retried by our loop alone: three requests reach the store and
+    both retries are counted (multi-storage-client's own loop and botocore's had retried them unseen,
+    3 x 3 attempts per attempt of ours, sleeping a second or more each time)."""
+    local, url, _ = shard
+    _msc_profile(server, tmp_path, monkeypatch)
+    key = url[len("s3://unit/"):]
+    path = as_path(f"msc://moto/{key}")
+    server.app.clear()
+    server.app.fail("503", 2)
+    before = STATS.snapshot()
+    assert path.read_range(100, 400) == open(local, "rb").read()[100:500]
+    assert tuple(a - b for a, b in zip(STATS.snapshot(), before)) == (3, 400, 2)
+    assert [r.fault for r in server.ranged_gets(key)] == ["503", "503", None]
