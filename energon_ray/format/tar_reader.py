@@ -229,11 +229,22 @@ class ShardReader:
                 raise ShardReadError(f"{self.path}: cannot open shard: {exc}") from None
         data = os.pread(self._fd, end - start, start)
         if len(data) != end - start:
-            raise ShardReadError(
-                f"{self.path}: truncated shard: wanted bytes [{start}, {end}) but the file ends at "
-                f"{start + len(data)}"
-            )
+            raise self._truncated(start, end, start + len(data))
         return data
+
+    def _truncated(self, start: int, end: int, size: Optional[int]) -> ShardReadError:
+        """The error for bytes ``[start, end)`` of a shard that has only ``size`` bytes (None: not known),
+        naming the first sample of that range that the shard lacks."""
+        offsets = self.offsets
+        first = max(int(np.searchsorted(offsets, start, side="right")) - 1, 0)
+        lacking = max(first, int(np.searchsorted(offsets[1:], size, side="right"))) if size is not None else first
+        where = f"its end at byte {size}" if size is not None else "its end"
+        if lacking >= len(offsets) - 1:  # bytes past the last sample (the tar's end blocks)
+            return ShardReadError(f"{self.path}: truncated shard: bytes [{start}, {end}) lie past {where}")
+        return ShardReadError(
+            f"{self.path}: truncated shard: sample #{lacking} (bytes [{offsets[lacking]}, {offsets[lacking + 1]})) lies "
+            f"past {where}; the shard changed after the dataset was prepared (its .tar.idx ends at byte {offsets[-1]})"
+        )
 
     def read_run(self, first: int, last: int) -> Iterator[Tuple[int, memoryview]]:
         """Yield ``(index, bytes)`` of samples ``first..last`` (inclusive) with a single read."""
@@ -328,7 +339,7 @@ class RemoteShardReader(ShardReader):
         try:
             return self.location.read_range(start, end - start)
         except TruncatedObjectError as exc:
-            raise ShardReadError(f"{self.path}: truncated shard: {exc.reason}") from None
+            raise self._truncated(start, end, exc.size) from None
         except StorageError as exc:
             raise ShardReadError(str(exc)) from None
 

@@ -7,7 +7,7 @@ They are ``OSError`` subclasses (a missing object is also a ``FileNotFoundError`
 from __future__ import annotations
 
 import threading
-from typing import Set
+from typing import Optional, Set
 
 _SECRETS: Set[str] = set()
 _LOCK = threading.Lock()
@@ -70,4 +70,21 @@ class StorageUnavailableError(StorageError):
 
 
 class TruncatedObjectError(StorageError):
-    """The object is shorter than the byte range asked for (the file changed, or its index is stale)."""
+    """The object is shorter than the byte range asked for (the file changed, or its index is stale).
+
+    Args:
+        size: the object's size in bytes, where the store said it (None otherwise).
+    """
+
+    def __init__(self, url: str, message: str, size: Optional[int] = None):
+        super().__init__(url, message)
+        self.size = size
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.reason, self.size))
+
+    @classmethod
+    def of_range(cls, url: str, start: int, end: int, size: Optional[int]) -> "TruncatedObjectError":
+        """The error for a read of bytes ``[start, end)`` of an object of ``size`` bytes (None: not known)."""
+        has = f"the object has {size} bytes" if size is not None else "the object is shorter"
+        return cls(url, f"wanted bytes [{start}, {end}) but {has}", size)

@@ -13,11 +13,12 @@ import threading
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from energon_ray.storage.cache import CacheConfig
-from energon_ray.storage.errors import StorageError, register_secret
+from energon_ray.storage.errors import StorageError, TruncatedObjectError, register_secret
 from energon_ray.storage.retry import (
     DENIED, FATAL, MISSING, TRANSIENT, RetryPolicy, call, describe, env_snapshot, max_gap_from_environment,
     transient_os_error,
 )  # fmt: skip
+from energon_ray.storage.s3 import range_not_satisfiable, size_of_refused
 
 _SECRET_WORDS = ("key", "secret", "token", "password", "credential")
 
@@ -137,6 +138,15 @@ def classify(exc: BaseException) -> Tuple[str, str]:
     return FATAL, describe(exc)
 
 
+def _range_refusal(exc: BaseException) -> Optional[BaseException]:
+    """The botocore answer "range not satisfiable" (HTTP 416: a range that starts past the object's end)
+    that ``exc`` is or wraps (multi-storage-client raises it as a ``RuntimeError`` around it), else None."""
+    for candidate in (exc, exc.__cause__):
+        if candidate is not None and range_not_satisfiable(candidate):
+            return candidate
+    return None
+
+
 def _s3_cause_is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` wraps a botocore error that is transient for ``s3://`` (multi-storage-client
     raises a refused connection or a connect timeout as a non-retryable ``RuntimeError`` around it):
@@ -171,9 +181,15 @@ class MscBackend:
             return b""
 
         def operation() -> bytes:
-            data = client.read(key, byte_range=Range(offset=start, size=end - start))
+            try:
+                data = client.read(key, byte_range=Range(offset=start, size=end - start))
+            except Exception as exc:
+                refused = _range_refusal(exc)
+                if refused is None:
+                    raise
+                raise TruncatedObjectError.of_range(url, start, end, size_of_refused(refused)) from None
             if len(data) != end - start:
-                raise StorageError(url, f"wanted bytes [{start}, {end}) but got {len(data)} bytes (the object is shorter)")
+                raise TruncatedObjectError.of_range(url, start, end, start + len(data) if data else None)
             return data
 
         return self._call(url, f"read of bytes [{start}, {end})", operation, size_of=len)

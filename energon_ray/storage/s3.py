@@ -200,7 +200,12 @@ class S3Backend:
             args["Range"] = f"bytes={start}-{end - 1}"
 
         def operation() -> bytes:
-            response = client.get_object(**args)
+            try:
+                response = client.get_object(**args)
+            except Exception as exc:
+                if ranged and range_not_satisfiable(exc):
+                    raise TruncatedObjectError.of_range(url, start, end, size_of_refused(exc)) from None
+                raise
             body = response["Body"]
             try:
                 data = body.read()
@@ -209,7 +214,7 @@ class S3Backend:
             if ranged and len(data) != end - start:
                 total = _total_size(response.get("ContentRange"))
                 if total is not None and total < end:
-                    raise TruncatedObjectError(url, f"wanted bytes [{start}, {end}) but the object has {total} bytes")
+                    raise TruncatedObjectError.of_range(url, start, end, total)
                 raise ConnectionError(f"short read: {len(data)} of {end - start} bytes")
             return data
 
@@ -259,6 +264,25 @@ class S3Backend:
     def delete(self, url: str, key: str) -> None:
         client = client_for(self.settings)
         self._call(url, "delete", lambda: client.delete_object(Bucket=self.bucket, Key=key))
+
+
+def range_not_satisfiable(exc: BaseException) -> bool:
+    """Whether ``exc`` is S3's answer to a range that starts past the object's end (HTTP 416)."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return False
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return status == 416 or (response.get("Error") or {}).get("Code") == "InvalidRange"
+
+
+def size_of_refused(exc: BaseException) -> Optional[int]:
+    """The object's size from a 416 answer (S3's ``ActualObjectSize``, else ``Content-Range: bytes */N``)."""
+    response = getattr(exc, "response", None) or {}
+    size = str((response.get("Error") or {}).get("ActualObjectSize") or "")
+    if size.isdigit():
+        return int(size)
+    headers = (response.get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
+    return _total_size(headers.get("content-range"))
 
 
 def _total_size(content_range: Optional[str]) -> Optional[int]:

@@ -314,3 +314,21 @@ def test_lint_and_preview_refuse_a_url_as_local_only(store):
         result = CliRunner().invoke(cli, [command, store["remote"]["cap"]])
         assert result.exit_code == 2 and "does not exist" not in result.output
         assert f"{store['remote']['cap']}: `energon-ray {command}` reads local datasets only" in " ".join(result.output.split())
+
+
+def test_a_shard_cut_short_after_opening_stops_the_loader_naming_the_sample_it_lacks(store):
+    """A shard replaced by a shorter object after the dataset was opened stops the loader with a ShardReadError
+    naming its URL and the first sample past its new end (it named only the bytes of the whole run), no hang."""
+    server, local = store["server"], store["local"]["cap"]
+    url = server.upload(local, BUCKET, "cut")
+    dataset = er.get_val_dataset(url, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=1), batch_size=2)
+    shard = dataset.dataset.shards[-1]
+    offsets = read_tar_index(local / shard.name)
+    cut = int(offsets[1]) + 10
+    server.client().put_object(Bucket=BUCKET, Key=f"cut/{shard.name}", Body=(local / shard.name).read_bytes()[:cut])
+    with pytest.raises(ShardReadError) as exc:
+        _take(dataset, 100)
+    assert str(exc.value) == (
+        f"{url}/{shard.name}: truncated shard: sample #1 (bytes [{offsets[1]}, {offsets[2]})) lies past its end at byte "
+        f"{cut}; the shard changed after the dataset was prepared (its .tar.idx ends at byte {offsets[-1]})"
+    )

@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from energon_ray.errors import UntrustedCodeError
+from energon_ray.errors import ShardReadError, UntrustedCodeError
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_yaml import read_dataset_spec
 from energon_ray.format.indexer import index_shard
@@ -260,3 +260,28 @@ def test_msc_transient_faults_are_retried_by_our_loop_only_and_counted(server, s
     assert path.read_range(100, 400) == open(local, "rb").read()[100:500]
     assert tuple(a - b for a, b in zip(STATS.snapshot(), before)) == (3, 400, 2)
     assert [r.fault for r in server.ranged_gets(key)] == ["503", "503", None]
+
+
+@pytest.mark.parametrize("scheme", ["s3", "msc"])
+def test_a_shard_cut_short_after_prepare_names_the_url_and_the_first_sample_past_its_end(server, shard, tmp_path, monkeypatch, scheme):
+    """A shard object replaced by a shorter one: a run of samples that starts past its new end (HTTP 416) or
+    runs over it is a ShardReadError naming the shard's URL, the first sample it lacks and its size, on
+    s3:// and msc:// alike (s3:// had said 'failed: HTTP 416 InvalidRange', msc:// 'RuntimeError: Failed to
+    GET … status_code: 416', neither which sample); a range read past the end is a TruncatedObjectError."""
+    local, url, offsets = shard
+    key = url[len("s3://unit/"):]
+    if scheme == "msc":
+        _msc_profile(server, tmp_path, monkeypatch)
+    path = as_path(url if scheme == "s3" else f"msc://moto/{key}")
+    cut = int(offsets[5]) + 100
+    server.client().put_object(Bucket="unit", Key=key, Body=open(local, "rb").read()[:cut])
+    reader = RemoteShardReader(path, "s.tar", offsets)
+    for first, last, lacking in ((7, 9, 7), (2, 9, 5)):
+        with pytest.raises(ShardReadError) as exc:
+            list(reader.read_run(first, last))
+        assert str(exc.value) == (
+            f"{path}: truncated shard: sample #{lacking} (bytes [{offsets[lacking]}, {offsets[lacking + 1]})) lies past "
+            f"its end at byte {cut}; the shard changed after the dataset was prepared (its .tar.idx ends at byte {offsets[-1]})"
+        )
+    with pytest.raises(TruncatedObjectError, match=re.escape(f"{path}: wanted bytes [{cut + 10}, {cut + 20}) but the object has {cut} bytes")):
+        path.read_range(cut + 10, 10)
