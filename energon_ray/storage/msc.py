@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 from typing import Any, Dict, Iterator, Optional, Tuple
 
@@ -59,8 +60,7 @@ class MscSettings:
         config, file = StorageClientConfig.read_msc_config()
         profiles = (config or {}).get("profiles") or {}
         if profile not in profiles:
-            where = file or "no MSC config file found (set MSC_CONFIG)"
-            raise StorageError(f"msc://{profile}", f"profile {profile!r} is not defined in the MSC config ({where})")
+            raise StorageError(f"msc://{profile}", f"profile {profile!r} is not defined{_where_config(file)}")
         _register_secrets(config)
         settings = cls(
             profile=profile, config_json=json.dumps(config, sort_keys=True, default=str), config_file=file,
@@ -70,6 +70,16 @@ class MscSettings:
         with _LOCK:
             _SETTINGS[key] = settings
         return settings
+
+
+def _where_config(file: Optional[str]) -> str:
+    """Where the MSC config was looked for, for a message: multi-storage-client passes over an
+    ``MSC_CONFIG`` that does not exist without a word, so a typo in it is said here."""
+    named = os.environ.get("MSC_CONFIG")
+    missing = f"MSC_CONFIG={named} does not exist" if named and not os.path.exists(named) else None
+    if file is None:
+        return f": {missing} (no MSC config file found elsewhere)" if missing else " in the MSC config (no MSC config file found (set MSC_CONFIG))"
+    return f" in the MSC config ({file}; {missing})" if missing else f" in the MSC config ({file})"
 
 
 _LOCK = threading.Lock()

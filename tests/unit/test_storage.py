@@ -20,7 +20,7 @@ from energon_ray.format.tar_reader import RemoteShardReader, ShardReader, merge_
 from energon_ray.plan.stream import SegmentSpec
 from energon_ray.source.reader import ReadSegment, shard_table
 from energon_ray.storage import (
-    STATS, AccessDeniedError, CacheConfig, ObjectNotFoundError, RemotePath, RetryPolicy, ShardCache,
+    STATS, AccessDeniedError, CacheConfig, ObjectNotFoundError, RemotePath, RetryPolicy, ShardCache, StorageError,
     StorageUnavailableError, TruncatedObjectError, as_path, redact,
 )  # fmt: skip
 from energon_ray.storage.s3 import S3Settings
@@ -285,3 +285,19 @@ def test_a_shard_cut_short_after_prepare_names_the_url_and_the_first_sample_past
         )
     with pytest.raises(TruncatedObjectError, match=re.escape(f"{path}: wanted bytes [{cut + 10}, {cut + 20}) but the object has {cut} bytes")):
         path.read_range(cut + 10, 10)
+
+
+def test_an_msc_config_that_does_not_exist_is_named(tmp_path, monkeypatch):
+    """MSC_CONFIG naming a file that does not exist: the error says so (multi-storage-client skips such a
+    path silently, and the message had said 'no MSC config file found (set MSC_CONFIG)', which it was)."""
+    pytest.importorskip("multistorageclient")
+    missing = tmp_path / "nowhere" / "msc.yaml"
+    for name in ("HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS"):
+        monkeypatch.setenv(name, str(tmp_path))  # no config file in msc's default places either
+    monkeypatch.setenv("MSC_CONFIG", str(missing))
+    with pytest.raises(StorageError) as exc:
+        as_path("msc://nowhere_profile/data/s.tar")
+    assert str(exc.value) == (
+        f"msc://nowhere_profile: profile 'nowhere_profile' is not defined: MSC_CONFIG={missing} does not exist "
+        "(no MSC config file found elsewhere)"
+    )
