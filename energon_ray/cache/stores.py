@@ -20,7 +20,7 @@ from energon_ray.decode.media_metadata import MediaMetadataBase, deserialize_med
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.indexer import open_index_readonly
 from energon_ray.samples.base import SourceInfo
-from energon_ray.storage import ObjectNotFoundError, RemotePath, as_path, is_remote
+from energon_ray.storage import BucketNotFoundError, ObjectNotFoundError, RemotePath, as_path, is_remote
 from energon_ray.storage.cache import local_file_copy
 
 PathLike = Union[str, os.PathLike, RemotePath]
@@ -107,6 +107,8 @@ class SystemFileStore(FileStore[bytes]):
         path = self._resolve(key)
         try:
             data = path.read_bytes()
+        except BucketNotFoundError:
+            raise
         except (FileNotFoundError, ObjectNotFoundError):
             raise KeyError(f"{self.get_path()}: no file {key!r} ({path})") from None
         except IsADirectoryError:

@@ -8,13 +8,13 @@ plus ``read_range``) for a URL. Remote requests are retried on transient errors 
 
 from energon_ray.storage.cache import CacheConfig, ShardCache
 from energon_ray.storage.errors import (
-    AccessDeniedError, ObjectNotFoundError, StorageError, StorageUnavailableError, TruncatedObjectError, redact,
+    AccessDeniedError, BucketNotFoundError, ObjectNotFoundError, StorageError, StorageUnavailableError, TruncatedObjectError, redact,
 )  # fmt: skip
 from energon_ray.storage.path import RemoteFile, RemotePath, as_path, is_remote, read_optional, settings_of
 from energon_ray.storage.retry import STATS, RetryPolicy
 
 __all__ = [
-    "STATS", "AccessDeniedError", "CacheConfig", "ObjectNotFoundError", "RemoteFile", "RemotePath", "RetryPolicy",
+    "STATS", "AccessDeniedError", "BucketNotFoundError", "CacheConfig", "ObjectNotFoundError", "RemoteFile", "RemotePath", "RetryPolicy",
     "ShardCache", "StorageError", "StorageUnavailableError", "TruncatedObjectError", "as_path", "is_remote",
     "read_optional", "redact", "settings_of",
 ]  # fmt: skip

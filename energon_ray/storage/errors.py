@@ -61,6 +61,11 @@ class ObjectNotFoundError(StorageError, FileNotFoundError):
     """The object (or its bucket) does not exist."""
 
 
+class BucketNotFoundError(ObjectNotFoundError):
+    """The bucket does not exist (a wrong URL or ``msc://`` profile, not a file that is missing):
+    reads that take a missing file for "none" (``read_optional``, the file stores) raise it."""
+
+
 class AccessDeniedError(StorageError, PermissionError):
     """The store refused the request: missing, wrong or expired credentials, or no permission."""
 

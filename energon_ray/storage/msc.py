@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 from energon_ray.storage.cache import CacheConfig
 from energon_ray.storage.errors import StorageError, TruncatedObjectError, register_secret
 from energon_ray.storage.retry import (
-    DENIED, FATAL, MISSING, TRANSIENT, RetryPolicy, call, describe, env_snapshot, max_gap_from_environment,
+    DENIED, FATAL, MISSING, NO_BUCKET, TRANSIENT, RetryPolicy, call, describe, env_snapshot, max_gap_from_environment,
     transient_os_error,
 )  # fmt: skip
 from energon_ray.storage.s3 import range_not_satisfiable, size_of_refused
@@ -137,6 +137,9 @@ def classify(exc: BaseException) -> Tuple[str, str]:
     """The retry kind of a multi-storage-client exception."""
     from multistorageclient.types import RetryableError
 
+    missing_bucket = _no_such_bucket(exc)
+    if missing_bucket is not None:
+        return NO_BUCKET, describe(missing_bucket)
     if isinstance(exc, FileNotFoundError):
         return MISSING, describe(exc).split(" request_id:")[0]
     if isinstance(exc, PermissionError):
@@ -146,6 +149,17 @@ def classify(exc: BaseException) -> Tuple[str, str]:
     if _s3_cause_is_transient(exc):
         return TRANSIENT, describe(exc).split(" request_id:")[0]
     return FATAL, describe(exc)
+
+
+def _no_such_bucket(exc: BaseException) -> Optional[BaseException]:
+    """The botocore "NoSuchBucket" answer that ``exc`` is or wraps (multi-storage-client raises a
+    ``FileNotFoundError`` that says only that the object does not exist, or a ``RuntimeError`` when
+    it lists), else None."""
+    for candidate in (exc, exc.__cause__, exc.__context__):
+        response = getattr(candidate, "response", None)
+        if isinstance(response, dict) and (response.get("Error") or {}).get("Code") == "NoSuchBucket":
+            return candidate
+    return None
 
 
 def _range_refusal(exc: BaseException) -> Optional[BaseException]:

@@ -15,7 +15,7 @@ import types
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
-from energon_ray.storage.errors import ObjectNotFoundError, StorageError
+from energon_ray.storage.errors import BucketNotFoundError, ObjectNotFoundError, StorageError
 
 SCHEMES = ("s3", "msc")
 _PREFIXES = tuple(f"{s}://" for s in SCHEMES)
@@ -361,11 +361,17 @@ class RemoteFile(io.RawIOBase):
 
 
 def read_optional(path: Any) -> Optional[bytes]:
-    """The bytes of a file or object, or None when it does not exist (one request when remote)."""
+    """The bytes of a file or object, or None when it does not exist (one request when remote).
+
+    Raises:
+        BucketNotFoundError: the bucket does not exist (a wrong URL, not a missing file).
+    """
     p = as_path(path)
     if isinstance(p, RemotePath):
         try:
             return p.read_bytes()
+        except BucketNotFoundError:
+            raise
         except ObjectNotFoundError:
             return None
     return p.read_bytes() if p.is_file() else None

@@ -17,7 +17,7 @@ import time
 from typing import Callable, Optional, Tuple, TypeVar
 
 from energon_ray.storage.errors import (
-    AccessDeniedError, ObjectNotFoundError, StorageError, StorageUnavailableError, redact,
+    AccessDeniedError, BucketNotFoundError, ObjectNotFoundError, StorageError, StorageUnavailableError, redact,
 )  # fmt: skip
 
 logger = logging.getLogger("energon_ray.storage")
@@ -25,6 +25,8 @@ logger = logging.getLogger("energon_ray.storage")
 T = TypeVar("T")
 
 TRANSIENT, MISSING, DENIED, FATAL = "transient", "missing", "denied", "fatal"
+#: the kind of a missing bucket (a ``MISSING`` the caller must not take for an absent file)
+NO_BUCKET = "no bucket"
 
 #: Environment variables (besides AWS_MAX_ATTEMPTS) that tune the retry loop.
 BACKOFF_ENV = "ENERGON_RAY_STORAGE_BACKOFF_S"
@@ -144,6 +146,8 @@ def call(
                 attempt += 1
                 time.sleep(delay)
                 continue
+            if kind == NO_BUCKET:
+                raise BucketNotFoundError(url, f"no such bucket ({description})") from None
             if kind == MISSING:
                 raise ObjectNotFoundError(url, f"no such object ({description})") from None
             if kind == DENIED:

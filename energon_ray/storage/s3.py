@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 from energon_ray.storage.cache import CacheConfig
 from energon_ray.storage.errors import TruncatedObjectError, register_secret
 from energon_ray.storage.retry import (
-    DENIED, FATAL, MISSING, TRANSIENT, RetryPolicy, call, describe, env_snapshot, max_gap_from_environment,
+    DENIED, FATAL, MISSING, NO_BUCKET, TRANSIENT, RetryPolicy, call, describe, env_snapshot, max_gap_from_environment,
     transient_os_error,
 )  # fmt: skip
 
@@ -158,6 +158,8 @@ def classify(exc: BaseException) -> Tuple[str, str]:
         text = f"HTTP {status} {shown}".strip()
         if code == "InvalidRange" or status == 416:
             return FATAL, f"{text}: the object is shorter than the byte range asked for"
+        if code == "NoSuchBucket":
+            return NO_BUCKET, text
         if code in _MISSING_CODES or status == 404:
             return MISSING, text
         if code in _DENIED_CODES or status in (401, 403):

@@ -301,3 +301,24 @@ def test_an_msc_config_that_does_not_exist_is_named(tmp_path, monkeypatch):
         f"msc://nowhere_profile: profile 'nowhere_profile' is not defined: MSC_CONFIG={missing} does not exist "
         "(no MSC config file found elsewhere)"
     )
+
+
+@pytest.mark.parametrize("scheme", ["s3", "msc"])
+def test_a_bucket_that_does_not_exist_is_not_taken_for_a_missing_file(server, tmp_path, monkeypatch, scheme):
+    """Reads that take a missing file for "none" (``read_optional``: a folder's media index; a file
+    store's entries) raise for a bucket that does not exist, naming it, on s3:// and msc:// (the
+    missing bucket read as "no .nv-meta/index.sqlite; run prepare-media", or as a missing file)."""
+    from energon_ray.cache.stores import SystemFileStore
+    from energon_ray.storage import BucketNotFoundError, read_optional
+
+    if scheme == "msc":
+        config = _msc_profile(server, tmp_path, monkeypatch, name="gone")
+        config.write_text(config.read_text().replace("base_path: unit", "base_path: nobucket"))
+    root = "s3://nobucket/x" if scheme == "s3" else "msc://gone/x"
+    with pytest.raises(BucketNotFoundError, match=re.escape(f"{root}/.nv-meta/index.sqlite: no such bucket (") + ".*NoSuchBucket"):
+        read_optional(f"{root}/.nv-meta/index.sqlite")
+    with pytest.raises(BucketNotFoundError, match=re.escape(f"{root}/a.txt: no such bucket")):
+        SystemFileStore(root)["a.txt"]
+    assert read_optional("s3://unit/no/such/file") is None  # a missing file in a bucket that exists: None
+    with pytest.raises(KeyError, match="no file 'a.txt'"):
+        SystemFileStore("s3://unit/nothing")["a.txt"]
