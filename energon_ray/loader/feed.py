@@ -25,7 +25,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from energon_ray.errors import ExecutionLost, unwrap_error
 from energon_ray.loader.group_items import decode_row
 from energon_ray.loader.leaf_feed import LeafFeed
-from energon_ray.loader.merge import Row, place_events
+from energon_ray.loader.events import account_block
+from energon_ray.loader.merge import Row
 from energon_ray.loader.stats import LoaderStats
 from energon_ray.loader.pinning import Pinner, chained
 from energon_ray.loader.restore import restore_reads, restore_streams, run_reads
@@ -340,50 +341,6 @@ class MultiFeed:
             return opened
         return self._open(next(self._windows, None))
 
-    def _account(
-        self, block_rows: List[Row], sources: List[int], positions: List[Optional[List[int]]]
-    ) -> Tuple[Dict[int, Row], Dict[int, Row], Dict[int, List[Any]]]:
-        """Count the block's reports as it arrives (in plan order: the blocks before it are filed),
-        before any of their segments' items is handed out, and place what each asks for among its
-        segment's rows (``place_events``): the user's error handler is called, and a run of failures
-        joined over segments raises, where Energon's worker would meet that failure (after the
-        batches made before the failed sample), not as the report row is reached after the segment's
-        items, nor all of them as the block arrives. Returns the decoded report rows and the
-        ``LEFTOVER`` rows decoded to place events, by row index, and the events to queue before each
-        row (every report row has an entry: counted already)."""
-        reports: Dict[int, Row] = {}
-        leftovers: Dict[int, Row] = {}
-        placed: Dict[int, List[Any]] = {}
-        segment_rows: Dict[Tuple[int, int, int], List[int]] = {}
-        for i, row in enumerate(block_rows):
-            key = (sources[i], row[1], row[2])
-            segment_rows.setdefault(key, []).append(i)
-            if row[0] != rows.REPORT:
-                continue
-            reports[i] = decoded = decode_row(row, self.pin)
-            queues = self.feeds[sources[i]].queues
-            events = queues.account(decoded[4])
-            indices = segment_rows.pop(key)
-            placed[i] = []
-            if not events:
-                continue
-            bounds: List[Optional[int]] = []
-            for j in indices:
-                kind = block_rows[j][0]
-                if queues.hand_out or kind == rows.REPORT:
-                    bounds.append(None)
-                elif kind == rows.ITEM:
-                    bounds.append(max(positions[j]) if positions[j] else None)
-                elif kind == rows.LEFTOVER:
-                    leftovers[j] = left = decode_row(block_rows[j], self.pin)
-                    held = [position for _, _, items in left[4] for position, _, _ in items]
-                    bounds.append(max(held) if held else None)
-                else:
-                    bounds.append(None)
-            for j, queued in zip(indices, place_events(events, bounds)):
-                placed.setdefault(j, []).extend(queued)
-        return reports, leftovers, placed
-
     def _pin_ahead(self, block_rows: List[Row], early: Dict[int, Row], sources: List[int]) -> Dict[int, Row]:
         """With pinning: the block's item rows, by row index, each value a ``Pinning`` linked to its
         worker stream's next one (``pinning.chained``): the copy of the block's first starts when
@@ -414,7 +371,10 @@ class MultiFeed:
                 block_rows = list(rows.iter_rows(block))
                 block_sources = rows.sources(block)
                 block_positions = rows.positions(block)
-                early, leftovers, events = self._account(block_rows, block_sources, block_positions)
+                early, leftovers, events = account_block(
+                    block_rows, block_sources, block_positions, lambda source: self.feeds[source].queues,
+                    lambda row: decode_row(row, self.pin),
+                )
                 pinning = self._pin_ahead(block_rows, early, block_sources)
                 self._rows_left = block.num_rows
                 self.ahead_wanted = max(0, self.ahead_wanted - 1)

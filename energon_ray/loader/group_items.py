@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from energon_ray.errors import unwrap_error
-from energon_ray.loader.merge import Row, place_events
+from energon_ray.loader.events import place_events
+from energon_ray.loader.merge import Row
 from energon_ray.loader.stats import LoaderStats, event_order
 from energon_ray.loader.pinning import Pinner, chained, pin_now
 from energon_ray.pipeline import rows, serde

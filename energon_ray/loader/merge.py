@@ -44,31 +44,6 @@ class Pending:
         self.positions: Optional[List[List[int]]] = None
 
 
-def place_events(events: Sequence[Event], bounds: Sequence[Optional[int]]) -> List[List[Any]]:
-    """Where a segment's report events (``LoaderStats.account``, in ``event_order``) go among
-    its rows: ``bounds`` holds, per row, the largest stream position of the samples it holds (an
-    item's, a ``LEFTOVER`` row's; ``None``: unknown, then the next known one counts). An event goes
-    before the first row that holds a sample after its own (Energon's worker meets a failure while it
-    makes the batch its next good sample goes into: the batches before are given, that one is not);
-    the last row (the report) takes those left. Returns the events to queue before each row."""
-    out: List[List[Any]] = [[] for _ in bounds]
-    if not events or not bounds:
-        return out
-    known: List[Optional[int]] = list(bounds)
-    ahead: Optional[int] = None
-    for j in range(len(known) - 1, -1, -1):
-        if known[j] is None:
-            known[j] = ahead
-        else:
-            ahead = known[j]
-    i, last = 0, len(known) - 1
-    for j, bound in enumerate(known):
-        while i < len(events) and (j == last or (bound is not None and events[i][1] is not None and events[i][1] < bound)):
-            out[j].append(events[i][2])
-            i += 1
-    return out
-
-
 class WorkerQueues:
     """Per-worker queues of one source's items, fed with its rows in plan order.
 
@@ -193,14 +168,14 @@ class WorkerQueues:
 
     def account(self, report: rows.Report) -> List[Event]:
         """Count a segment's report now, before its rows are fed (``LoaderStats.account``): the
-        handler calls and fatal errors it asks for, for ``place_events`` (``feed(events=...)``)."""
+        handler calls and fatal errors it asks for, for ``events.place_events`` (``feed(events=...)``)."""
         return self.stats.account(report, self.chain)
 
     def feed(self, row: Row, last_segment: bool, positions: Optional[List[int]] = None, events: Optional[List[Any]] = None) -> None:
         """Take one row (in plan order). ``last_segment``: its segment ends the worker's stream;
         ``positions``: an item's samples' stream positions. ``events``: the segment's report was
         counted already (``account``): the ``HandlerCall``/``Failed`` events to queue before this row
-        (``place_events``; with ``hand_out``, all at the report, done as it is fed); ``None``: the
+        (``events.place_events``; with ``hand_out``, all at the report, done as it is fed); ``None``: the
         report is counted as it is fed, its events done at once."""
         kind, worker, segment, _, payload = row
         if self.feeding[worker] != segment:

@@ -48,7 +48,7 @@ class DeferredHandler:
     """The user's error handler as Ray tasks see it: each failure is recorded in the stage's run
     (``Failure``: with its stream position) and travels with the segment's report; the loader calls
     the handler with it in the training process (where the handler's state lives) when the consumer
-    reaches the failed sample's place, after the batches made before it (``merge.place_events``), and
+    reaches the failed sample's place, after the batches made before it (``loader.events``), and
     a handler that raises aborts loading there with its own exception (as Energon's)."""
 
     __slots__ = ()

@@ -7,7 +7,8 @@ import gc
 import pytest
 
 from energon_ray.errors import FatalSampleError
-from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, WorkerQueues, place_events
+from energon_ray.loader.events import place_events
+from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, WorkerQueues
 from energon_ray.loader.round_robin import round_robin
 from energon_ray.loader.stats import HandlerCall, LoaderStats
 from energon_ray.pipeline import rows, serde
