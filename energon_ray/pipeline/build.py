@@ -482,8 +482,6 @@ def task_segments(window: int) -> int:
     return max(0, min(32, window // 2))
 
 
-
-
 def _options(remote_args: Optional[Dict[str, Any]], keys: Sequence[str]) -> Dict[str, Any]:
     """Those of ``remote_args`` named in ``keys``."""
     return {k: v for k, v in (remote_args or {}).items() if k in keys}
@@ -502,6 +500,7 @@ def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, 
     options = _options(ray_remote_args, TASK_OPTIONS)
     options.setdefault("scheduling_strategy", "SPREAD")
     return _segment_task.options(**options), _chained_segment_task.options(num_returns=2, **options), float(options.get("num_cpus", 1) or 0)
+
 
 @deaf_to_cancel
 def _batch_groups(config: Any, worker: int, seed: int, groups, source: int) -> "TableParts":
