@@ -14,7 +14,7 @@ def build(cfg: DictConfig) -> Tuple[Any, Any]:
     (the task's backbone, the task encoder's tokenizer … recursively, as their ``_target_`` say).
 
     Raises:
-        ValueError: no task or dataset chosen.
+        ConfigError: no task or dataset chosen.
     """
     from hydra.utils import instantiate
 

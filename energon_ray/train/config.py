@@ -111,20 +111,20 @@ def _local_path(cfg: DictConfig, value: Any, key: str) -> Optional[str]:
     return os.path.expanduser(value)
 
 
+class ConfigError(ValueError):
+    """A composed config's value that cannot work (the message names its key)."""
+
+
 def check_choices(cfg: DictConfig) -> None:
     """Raise a clear error when the task or the dataset was not chosen.
 
     Raises:
-        ValueError: ``task`` or ``dataset`` missing (with the built-in choices).
+        ConfigError: ``task`` or ``dataset`` missing (with the built-in choices).
     """
     missing = [group for group in ("task", "dataset") if group not in cfg or cfg[group] is None]
     if missing:
         choices = ", ".join(f"+task={task} +dataset={dataset}" for task, dataset in BUILTIN_TASKS.items())
-        raise ValueError(f"choose {' and '.join(missing)} on the command line; built in: {choices}")
-
-
-class ConfigError(ValueError):
-    """A composed config's value that cannot work (the message names its key)."""
+        raise ConfigError(f"choose {' and '.join(missing)} on the command line; built in: {choices}")
 
 
 def ray_options(cfg: DictConfig) -> Dict[str, Any]:

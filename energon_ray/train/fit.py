@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 from omegaconf import DictConfig
 
 from energon_ray.train.build import build, make_trainer
-from energon_ray.train.config import ray_options, with_absolute_paths
+from energon_ray.train.config import check_choices, ray_options, with_absolute_paths
 
 
 class LossHistory(pl.Callback):
@@ -55,6 +55,7 @@ def fit(cfg: DictConfig) -> TrainResult:
         >>> from energon_ray.train import compose
         >>> fit(compose(["+task=vision/captioning", "+dataset=vision/captioning/synthetic", "trainer.max_steps=5"]))  # doctest: +SKIP
     """
+    check_choices(cfg)  # here, not only in each ray.train worker
     cfg = with_absolute_paths(cfg)
     if ray_options(cfg)["num_workers"] > 0:
         from energon_ray.train.ray_launch import fit_on_ray

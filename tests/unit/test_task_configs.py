@@ -89,6 +89,22 @@ def test_missing_task_or_dataset_is_a_clear_error():
         build(compose([]))
 
 
+@pytest.mark.parametrize("chosen, missing", [((), "task and dataset"), (("+task=vision/captioning",), "dataset")])
+@pytest.mark.parametrize("ray_workers", [0, 1])
+def test_command_line_without_task_or_dataset_exits_naming_what_to_choose(monkeypatch, tmp_path, chosen, missing, ray_workers):
+    """No +task/+dataset on the command line: "error: choose …" and exit 1, before anything is built or Ray
+    started (before: a Hydra traceback of build()'s ValueError; with ray.train workers, after Ray started)."""
+    from energon_ray.train.__main__ import main
+
+    argv = ["energon_ray.train", *chosen, f"work_dir={tmp_path}", f"trainer.ray.num_workers={ray_workers}", f"hydra.run.dir={tmp_path / 'out'}"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == f"error: choose {missing} on the command line; built in: " + ", ".join(
+        f"+task={task} +dataset={dataset}" for task, dataset in BUILTIN_TASKS.items()
+    )
+
+
 def test_command_line_entry_point_prints_the_composed_config(monkeypatch, capsys):
     """`python -m energon_ray.train … --cfg job` composes from the packaged configs (task folders on the search path)."""
     from energon_ray.train.__main__ import main
