@@ -57,6 +57,21 @@ PATH_KEYS = (
 )  # fmt: skip
 #: the key of a local path in an entry of ``trainer.callbacks`` (a ``ModelCheckpoint``'s folder)
 CALLBACK_PATH_KEY = "dirpath"
+#: ``ckpt_path`` values that ``Trainer.fit`` looks up itself (``last``: the newest of the configured
+#: ``ModelCheckpoint``'s files), not paths; ``registry`` or ``registry:<name>`` too
+LIGHTNING_CKPT_NAMES = ("last", "best", "hpc")
+
+
+def is_lightning_ckpt_name(value: Any) -> bool:
+    """Whether ``value`` of ``ckpt_path`` is one of Lightning's names rather than a path.
+
+    Example:
+        >>> [is_lightning_ckpt_name(v) for v in ("last", "registry:my-model", "ckpts/last.ckpt")]
+        [True, True, False]
+    """
+    if not isinstance(value, str):
+        return False
+    return value in LIGHTNING_CKPT_NAMES or value.lower() == "registry" or value.lower().startswith("registry:")
 
 
 def _path_keys(raw: Dict[str, Any]) -> List[str]:
@@ -83,13 +98,16 @@ def with_absolute_paths(cfg: DictConfig, base: Optional[str] = None) -> DictConf
     """A copy of ``cfg`` whose ``work_dir`` and other local paths (``PATH_KEYS``, the callbacks'
     ``dirpath``) are absolute, so ``ray.train`` workers, whose current directory is their run's folder,
     find and write the same files; a path interpolating ``work_dir`` follows it, one interpolating a
-    relative path (``${oc.env:DATA}``) is resolved here, an object store URL stays as it is."""
+    relative path (``${oc.env:DATA}``) is resolved here, an object store URL and Lightning's names for
+    ``ckpt_path`` (``last``, ``best`` …) stay as they are."""
     base = base or os.getcwd()
     raw = OmegaConf.to_container(cfg, resolve=False)
     cfg = OmegaConf.create(raw)
     cfg.work_dir = os.path.abspath(os.path.join(base, os.path.expanduser(str(cfg.work_dir))))
     for key in _path_keys(raw):
         value = _local_path(cfg, _lookup(raw, key), key)
+        if key == "ckpt_path" and is_lightning_ckpt_name(value):
+            continue
         if value is not None:
             OmegaConf.update(cfg, key, os.path.abspath(os.path.join(base, value)), merge=False)
     return cfg

@@ -295,3 +295,14 @@ def test_relative_paths_are_taken_from_the_callers_directory_also_through_an_int
     assert (cfg.dataset.path, cfg.trainer.callbacks[0].dirpath) == ("/caller/work/data/vision_captioning_synthetic", "/caller/ckpts")
     assert OmegaConf.to_container(cfg.trainer.ray, resolve=False)["storage_path"] == "${work_dir}/rr"
     assert cfg.trainer.ray.storage_path == "/caller/work/rr"
+
+
+@pytest.mark.parametrize("name", ["last", "best", "hpc", "registry", "registry:my-model:v1"])
+def test_lightnings_names_for_ckpt_path_are_not_taken_as_paths(name):
+    """ckpt_path=last asks Lightning for the newest checkpoint of the configured ModelCheckpoint; it stays
+    `last` (it was made `<cwd>/last`, and Lightning then said "Checkpoint file not found: <cwd>/last");
+    a file named so in a folder is still a path."""
+    from energon_ray.train.config import with_absolute_paths
+
+    assert with_absolute_paths(_task("vision/captioning", f"ckpt_path={name}"), base="/caller").ckpt_path == name
+    assert with_absolute_paths(_task("vision/captioning", f"ckpt_path=runs/{name}"), base="/caller").ckpt_path == f"/caller/runs/{name}"
