@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 from omegaconf import DictConfig
 
 from energon_ray.train.build import build, make_trainer
-from energon_ray.train.config import check_choices, ray_options, with_absolute_paths
+from energon_ray.train.config import ConfigError, check_choices, is_lightning_ckpt_name, ray_options, with_absolute_paths
 
 
 class LossHistory(pl.Callback):
@@ -57,6 +57,7 @@ def fit(cfg: DictConfig) -> TrainResult:
     """
     check_choices(cfg)  # here, not only in each ray.train worker
     cfg = with_absolute_paths(cfg)
+    check_ckpt_path(cfg.get("ckpt_path"))
     if ray_options(cfg)["num_workers"] > 0:
         from energon_ray.train.ray_launch import fit_on_ray
 
@@ -86,6 +87,23 @@ def checkpoint_file(path: Optional[str]) -> Optional[str]:
         f"ckpt_path={path} is a folder without {' or '.join(CHECKPOINT_FILES)}"
         + (f"; name one of its checkpoints: {', '.join(found)}" if found else " (and no .ckpt file)")
     )
+
+
+def check_ckpt_path(path: Optional[str]) -> None:
+    """Refuse a local ``ckpt_path`` that names no checkpoint, before anything is built or Ray started
+    (Lightning finds out only after the model, the loaders and, under ray.train, every worker started).
+
+    Raises:
+        ConfigError: no such file or folder, or a folder without ``CHECKPOINT_FILES``.
+    """
+    if not path or is_lightning_ckpt_name(path) or "://" in str(path):
+        return
+    if not os.path.exists(str(path)):
+        raise ConfigError(f"ckpt_path={path} does not exist (name a checkpoint file, or the checkpoint folder a ray.train run printed)")
+    try:
+        checkpoint_file(str(path))
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def fit_here(

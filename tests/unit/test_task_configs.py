@@ -242,6 +242,29 @@ def test_command_line_entry_point_names_a_changed_synthetic_parameter(monkeypatc
     )
 
 
+@pytest.mark.parametrize("ray_workers", [0, 1])
+def test_command_line_entry_point_names_a_ckpt_path_that_holds_no_checkpoint(monkeypatch, tmp_path, ray_workers):
+    """A ckpt_path that does not exist, or a folder without a checkpoint file, exits with "error: …" naming
+    it, before anything is built or Ray started (before: Lightning's FileNotFoundError in a traceback once
+    the model and the loaders were built; under ray.train, in every worker)."""
+    from energon_ray.train.__main__ import main
+
+    (tmp_path / "empty").mkdir()
+    cases = {
+        tmp_path / "nope.ckpt": f"error: ckpt_path={tmp_path / 'nope.ckpt'} does not exist (name a checkpoint file, "
+                                "or the checkpoint folder a ray.train run printed)",
+        tmp_path / "empty": f"error: ckpt_path={tmp_path / 'empty'} is a folder without checkpoint.ckpt or last.ckpt (and no .ckpt file)",
+    }  # fmt: skip
+    for path, message in cases.items():
+        argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
+                f"ckpt_path={path}", f"trainer.ray.num_workers={ray_workers}", f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as caught:
+            main()
+        assert caught.value.code == message
+    assert not (tmp_path / "data").exists()  # nothing was built: the synthetic dataset was not written
+
+
 def test_command_line_help_lists_the_built_in_tasks(monkeypatch, capsys):
     """`--help` names every built-in task with its dataset (Hydra's own listing showed only `task: default`)."""
     from energon_ray.train.__main__ import main
