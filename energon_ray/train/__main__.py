@@ -27,6 +27,8 @@ def main(cfg: DictConfig) -> None:
         result = fit(cfg)
     except (ConfigError, DatasetConfigError, StateError) as exc:  # the user's config, data or checkpoint: the message says what to change
         sys.exit(f"error: {exc}")
+    except ConnectionError as exc:  # RAY_ADDRESS names a cluster nothing answers at
+        sys.exit(f"error: {exc}")
     losses = result.losses
     print(f"trained {result.global_step} steps on {result.world_size} rank(s)")
     if losses:

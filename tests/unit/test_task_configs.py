@@ -265,6 +265,25 @@ def test_command_line_entry_point_names_a_ckpt_path_that_holds_no_checkpoint(mon
     assert not (tmp_path / "data").exists()  # nothing was built: the synthetic dataset was not written
 
 
+@pytest.mark.parametrize("ray_workers", [0, 1])
+def test_command_line_entry_point_names_a_cluster_address_nothing_answers_at(monkeypatch, tmp_path, ray_workers):
+    """RAY_ADDRESS=127.0.0.1:1 (nothing listens): "error: …" naming the address and exit 1, whether the loader
+    (here) or ray.train reaches Ray first (before: a Hydra traceback of ensure_ray's ConnectionError)."""
+    from energon_ray.train.__main__ import main
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
+            "trainer.max_steps=1", "trainer.enable_progress_bar=false",
+            f"trainer.ray.num_workers={ray_workers}", f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == (
+        "error: energon_ray: no Ray cluster at 127.0.0.1:1 (Connection refused): start one there (`ray start --head`), "
+        "or give another address (--address / RAY_ADDRESS); without one a private local Ray is started"
+    )
+
+
 def test_command_line_help_lists_the_built_in_tasks(monkeypatch, capsys):
     """`--help` names every built-in task with its dataset (Hydra's own listing showed only `task: default`)."""
     from energon_ray.train.__main__ import main
