@@ -100,6 +100,11 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
 _private: set = set()
 
 
+class UnschedulableError(ValueError):
+    """Tasks or ``ray.train`` workers that no node of a private local Ray could hold (Ray would wait
+    for them forever); the message names what asked, for what, and what the nodes hold."""
+
+
 def check_resources(needs: Dict[str, float], what: str, count: int = 1) -> None:
     """Refuse ``count`` tasks or workers that each need ``needs`` (``{"CPU": 1, "GPU": 1}``) where
     they could never all run: no live node has ``needs``, or the nodes together hold fewer than
@@ -107,7 +112,7 @@ def check_resources(needs: Dict[str, float], what: str, count: int = 1) -> None:
     cluster a warning (its autoscaler may add such nodes).
 
     Raises:
-        ValueError: on a private local Ray, naming ``what``, ``needs`` and the nodes' resources.
+        UnschedulableError: on a private local Ray, naming ``what``, ``needs`` and the nodes' resources.
     """
     import ray
 
@@ -124,7 +129,7 @@ def check_resources(needs: Dict[str, float], what: str, count: int = 1) -> None:
         "which no node of this Ray has" if max(room) < 1 else f"{count} at once, and its nodes hold {sum(room)}"
     ) + f" (nodes: {have})"
     if connected() in _private:
-        raise ValueError(f"{problem}; this private local Ray has no autoscaler to add a node, so it would wait forever")
+        raise UnschedulableError(f"{problem}; this private local Ray has no autoscaler to add a node, so it would wait forever")
     logger.warning("energon_ray: %s; they wait until the cluster's autoscaler adds such nodes", problem)
 
 
@@ -353,14 +358,18 @@ def train_rank_world() -> Optional[Tuple[int, int]]:
 
 
 def run_torch_trainer(loop: Any, config: dict, *, num_workers: int, use_gpu: bool, cpus_per_worker: float,
-                      name: Optional[str], storage_path: str, max_failures: int) -> Any:  # fmt: skip
+                      name: Optional[str], storage_path: str, max_failures: int, what: str = "a ray.train worker") -> Any:  # fmt: skip
     """``TorchTrainer(loop).fit()`` on the Ray of ``ensure_ray``: ``num_workers`` workers of
-    ``cpus_per_worker`` CPUs each, checkpoints under ``storage_path``; Ray Train's ``Result``."""
+    ``cpus_per_worker`` CPUs each, checkpoints under ``storage_path``; Ray Train's ``Result``.
+
+    Raises:
+        UnschedulableError: workers the private local Ray could never hold (``what`` names them).
+    """
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     ensure_ray()
-    check_resources({"CPU": cpus_per_worker, **({"GPU": 1.0} if use_gpu else {})}, "a ray.train worker", count=num_workers)
+    check_resources({"CPU": cpus_per_worker, **({"GPU": 1.0} if use_gpu else {})}, what, count=num_workers)
     trainer = TorchTrainer(
         loop,
         train_loop_config=config,

@@ -20,12 +20,13 @@ from omegaconf import DictConfig  # noqa: E402
 def main(cfg: DictConfig) -> None:
     from energon_ray.errors import DatasetConfigError
     from energon_ray.loader.state import StateError
+    from energon_ray.ray_env import UnschedulableError
     from energon_ray.train.config import ConfigError
     from energon_ray.train.fit import fit
 
     try:
         result = fit(cfg)
-    except (ConfigError, DatasetConfigError, StateError) as exc:  # the user's config, data or checkpoint: the message says what to change
+    except (ConfigError, DatasetConfigError, StateError, UnschedulableError) as exc:  # the user's config, data, checkpoint or Ray's size: the message says what to change
         sys.exit(f"error: {exc}")
     except ConnectionError as exc:  # RAY_ADDRESS names a cluster nothing answers at
         sys.exit(f"error: {exc}")

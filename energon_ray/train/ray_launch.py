@@ -36,6 +36,7 @@ def fit_on_ray(cfg: DictConfig) -> TrainResult:
         name=options["name"],
         storage_path=os.path.abspath(str(options["storage_path"] or os.path.join(cfg.work_dir, "ray_results"))),
         max_failures=options["max_failures"],
+        what=_workers_asked(options),
     )
     summary = getattr(result, "return_value", None) or (result.metrics or {}).get("summary")
     if summary is None:
@@ -44,6 +45,12 @@ def fit_on_ray(cfg: DictConfig) -> TrainResult:
     if result.checkpoint is not None:
         out.checkpoint = result.checkpoint.path
     return out
+
+
+def _workers_asked(options: Dict[str, Any]) -> str:
+    """The options that size the ray.train workers, as a refusal names them."""
+    asked = f"trainer.ray.num_workers={options['num_workers']}, trainer.ray.cpus_per_worker={options['cpus_per_worker']:g}"
+    return f"a ray.train worker ({asked}{', trainer.ray.use_gpu=true' if options['use_gpu'] else ''})"
 
 
 def _train_loop(config: Dict[str, Any]) -> Dict[str, Any]:

@@ -152,3 +152,27 @@ def test_a_lightning_module_of_your_own_trains_on_batches_that_hold_their_source
     for device, shards, keys in module.seen:
         assert device == "cpu" and len(keys) == 4 and len(shards) == 4
         assert all(shard.startswith("shards/shard_") and shard.endswith(".tar") for shard in shards)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.ray.num_workers=9"], "a ray.train worker (trainer.ray.num_workers=9, trainer.ray.cpus_per_worker=0.25) asks "
+                                        "for CPU 0.25, 9 at once, and its nodes hold 8 (nodes: CPU 2)"),
+        (["trainer.ray.num_workers=1", "trainer.ray.cpus_per_worker=3"], "a ray.train worker (trainer.ray.num_workers=1, "
+                                        "trainer.ray.cpus_per_worker=3) asks for CPU 3, which no node of this Ray has (nodes: CPU 2)"),
+    ],
+)  # fmt: skip
+def test_command_line_names_the_ray_train_options_no_node_could_hold(tmp_path, monkeypatch, overrides, message):
+    """More ray.train workers than the session's 2-CPU private Ray holds: "error: …" naming the trainer.ray
+    options and exit 1 (before: a Hydra traceback of a ValueError that named no option)."""
+    import sys
+
+    from energon_ray.train.__main__ import main
+
+    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
+            *overrides, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == f"error: {message}; this private local Ray has no autoscaler to add a node, so it would wait forever"
