@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Dict, NamedTuple, Optional, Sequence, Tuple
@@ -35,6 +36,7 @@ from torch import nn
 
 import energon_ray as er
 from energon_ray.errors import DatasetConfigError
+from energon_ray.ray_env import ensure_ray
 from energon_ray.tasks.captioning import CaptioningTaskEncoder, default_train_transform
 from energon_ray.tasks.job_args import positive_int
 from energon_ray.tasks.run import synthetic_captioning
@@ -176,6 +178,16 @@ def start_run(plan: RunPlan, run_dir: Path, log_dir: Path, options: Dict[str, in
         (run_dir / RUN_OPTIONS).write_text(json.dumps(options))
 
 
+def start_ray(cpus: int) -> None:
+    """The Ray to train on: the one running, RAY_ADDRESS's cluster, or a private local one of ``cpus`` CPUs.
+
+    Raises:
+        ConnectionError: RAY_ADDRESS names a host:port nothing answers at.
+    """
+    options = {"log_to_driver": False} if os.environ.get("RAY_ADDRESS") else {"num_cpus": cpus, "log_to_driver": False}
+    ensure_ray(**options)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
@@ -233,15 +245,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         parser.error(f"--workdir {args.workdir} / --log-dir {log_dir}: cannot write there: {exc}")
     print(plan.message, flush=True)
 
-    import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(log_to_driver=False)
-        else:
-            ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        start_ray(args.cpus)
+    except ConnectionError as exc:  # RAY_ADDRESS names a cluster nothing answers at (ray.init would wait without end)
+        sys.exit(f"train_captioning: {exc}")
     config = {"path": str(path), "steps": args.steps, "batch_size": args.batch_size, "checkpoint_every": args.checkpoint_every,
               "fail_at": args.fail_at, "log_dir": str(log_dir)}  # fmt: skip
     trainer = TorchTrainer(

@@ -124,3 +124,15 @@ def test_train_captioning_with_a_workdir_that_is_a_file_is_a_usage_error(tmp_pat
     message = _usage_error(capsys, _job().main, ["--workdir", str(afile), "--steps", "1"])
     assert message.startswith(f"--workdir {afile} / --log-dir {afile / 'logs'}: cannot write there: ")
     assert "Not a directory" in message
+
+
+def test_train_captioning_names_a_cluster_address_nothing_answers_at(tmp_path, monkeypatch):
+    """RAY_ADDRESS=127.0.0.1:1 (nothing listens): exit 1 with a line naming the address (ray.init waited
+    for that cluster without end; nothing else stopped the job)."""
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    with pytest.raises(SystemExit) as caught:
+        _job().main(["--workdir", str(tmp_path), "--samples", "40", "--steps", "2"])
+    assert caught.value.code == (
+        "train_captioning: energon_ray: no Ray cluster at 127.0.0.1:1 (Connection refused): start one there (`ray start --head`), "
+        "or give another address (--address / RAY_ADDRESS); without one a private local Ray is started"
+    )
