@@ -36,7 +36,7 @@ from torch import nn
 
 import energon_ray as er
 from energon_ray.errors import DatasetConfigError
-from energon_ray.ray_env import ensure_ray
+from energon_ray.ray_env import UnschedulableError, check_resources, ensure_ray
 from energon_ray.tasks.captioning import CaptioningTaskEncoder, default_train_transform
 from energon_ray.tasks.job_args import positive_int
 from energon_ray.tasks.run import synthetic_captioning
@@ -46,6 +46,8 @@ from energon_ray.tasks.run import synthetic_captioning
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
 #: The options a run was started with (its folder); a resumed run must keep them, or its loaders cannot restore.
 RUN_OPTIONS = "job_options.json"
+#: A train worker's CPUs: a fraction, as it mostly waits for batches and the segment tasks need the cores.
+WORKER_CPUS = 0.25
 
 
 def build_loader(config: dict, worker_config=None):
@@ -178,14 +180,18 @@ def start_run(plan: RunPlan, run_dir: Path, log_dir: Path, options: Dict[str, in
         (run_dir / RUN_OPTIONS).write_text(json.dumps(options))
 
 
-def start_ray(cpus: int) -> None:
-    """The Ray to train on: the one running, RAY_ADDRESS's cluster, or a private local one of ``cpus`` CPUs.
+def start_ray(cpus: int, workers: int) -> None:
+    """The Ray to train on (the one running, RAY_ADDRESS's cluster, or a private local one of ``cpus``
+    CPUs), checked to hold ``workers`` train workers.
 
     Raises:
         ConnectionError: RAY_ADDRESS names a host:port nothing answers at.
+        UnschedulableError: a private local Ray that could never hold the train workers.
     """
     options = {"log_to_driver": False} if os.environ.get("RAY_ADDRESS") else {"num_cpus": cpus, "log_to_driver": False}
     ensure_ray(**options)
+    needs = {"CPU": WORKER_CPUS, **({"GPU": 1.0} if torch.cuda.is_available() else {})}  # as ScalingConfig asks
+    check_resources(needs, f"a train worker (--workers {workers})", count=workers)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -249,16 +255,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from ray.train.torch import TorchTrainer
 
     try:
-        start_ray(args.cpus)
+        start_ray(args.cpus, args.workers)
     except ConnectionError as exc:  # RAY_ADDRESS names a cluster nothing answers at (ray.init would wait without end)
         sys.exit(f"train_captioning: {exc}")
+    except UnschedulableError as exc:  # TorchTrainer would wait without end for workers no node holds
+        parser.error(str(exc))
     config = {"path": str(path), "steps": args.steps, "batch_size": args.batch_size, "checkpoint_every": args.checkpoint_every,
               "fail_at": args.fail_at, "log_dir": str(log_dir)}  # fmt: skip
     trainer = TorchTrainer(
         train_loop,
         train_loop_config=config,
-        # fractional CPUs: the train workers mostly wait for batches, the segment tasks need the cores
-        scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=torch.cuda.is_available(), resources_per_worker={"CPU": 0.25}),
+        scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=torch.cuda.is_available(), resources_per_worker={"CPU": WORKER_CPUS}),
         run_config=RunConfig(
             name=args.name, storage_path=str(workdir / "runs"),
             failure_config=FailureConfig(max_failures=1), checkpoint_config=CheckpointConfig(num_to_keep=2),

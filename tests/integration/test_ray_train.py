@@ -86,3 +86,15 @@ def test_torch_trainer_learns_a_dead_worker_resumes_and_a_second_run_resumes_onl
     assert sorted(got) == [(r, s) for r in (0, 1) for s in range(12)]
     assert {key: keys for key, (keys, _) in got.items()} == expected
     assert {step for (rank, step), (_, again) in got.items() if again} == resumed | {9, 10, 11}
+
+
+def test_more_workers_than_the_private_ray_holds_is_a_usage_error(tmp_path, ray_session, capsys):
+    """--workers 9 at 0.25 CPU each on the session's 2-CPU private Ray: a usage error (exit 2) naming
+    --workers and what the nodes hold (TorchTrainer waited for the 9th worker without end)."""
+    import torch
+
+    from tests.helpers import usage_error
+
+    message = usage_error(capsys, _job().main, ["--workdir", str(tmp_path), "--samples", "40", "--steps", "2", "--workers", "9"])
+    assert message.startswith("a train worker (--workers 9) asks for CPU 0.25" + (", GPU 1, 9 at once" if torch.cuda.is_available() else ", 9 at once"))
+    assert message.endswith("; this private local Ray has no autoscaler to add a node, so it would wait forever")
