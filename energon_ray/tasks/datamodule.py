@@ -314,8 +314,9 @@ def _gather_on_rank_0(state: Optional[Dict[str, Any]]) -> Optional[List[Optional
 
 
 def _whole_number(name: str, value: Any) -> int:
-    """``value`` as an int (a whole number, or its digits as text), else a ValueError naming ``name``
-    (``int()`` said only "invalid literal", and truncated 2.7 to 2)."""
-    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    """``value`` as an int >= 0 (a whole number, or its digits as text), else a ValueError naming ``name``
+    (``int()`` said only "invalid literal", and truncated 2.7 to 2; -1 failed later, in ``setup``, as
+    ``WorkerConfig.num_workers``)."""
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())) or int(value) < 0:
+        raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
     return int(value)

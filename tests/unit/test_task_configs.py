@@ -3,6 +3,7 @@ pieces they build, without Ray: tokenizers, the pixel quantiser, masks, the data
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -177,8 +178,8 @@ def test_datamodule_checks_its_arguments_and_keeps_states_for_later():
         EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"prefetch": 2})
     with pytest.raises(TypeError, match="task_encoder must be a TaskEncoder, got str"):
         EnergonDataModule("/d", "captioning", 4)
-    for bad in ("abc", 2.7, True):  # int() said "invalid literal for int()" (no key), and truncated 2.7
-        with pytest.raises(ValueError, match=f"loader.num_workers must be a whole number, got {bad!r}"):
+    for bad in ("abc", 2.7, True, -1, "-2"):  # int() said "invalid literal for int()" (no key), and truncated 2.7; -1 failed in setup()
+        with pytest.raises(ValueError, match=re.escape(f"loader.num_workers must be a whole number >= 0, got {bad!r}")):
             EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"num_workers": bad})
     assert EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"num_workers": "3"}).num_workers == 3
     data = EnergonDataModule("/d", CaptioningTaskEncoder(), 4, loader={"num_workers": 3, "prefetch_batches": 2}, model_data_kwargs={"num_classes": 5})
