@@ -16,8 +16,20 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 
+def main() -> None:
+    """The command line: the groups it chooses checked (Hydra's own message for a misspelt nested
+    option lists only the group's top level), then Hydra's app."""
+    from energon_ray.train.config import ConfigError, check_group_args
+
+    try:
+        check_group_args(sys.argv[1:])
+    except ConfigError as exc:
+        sys.exit(f"error: {exc}")
+    _app()
+
+
 @hydra.main(version_base="1.3", config_path="pkg://energon_ray.conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def _app(cfg: DictConfig) -> None:
     from energon_ray.errors import DatasetConfigError
     from energon_ray.loader.state import StateError
     from energon_ray.ray_env import UnschedulableError

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -143,6 +145,46 @@ def check_choices(cfg: DictConfig) -> None:
     if missing:
         choices = ", ".join(f"+task={task} +dataset={dataset}" for task, dataset in BUILTIN_TASKS.items())
         raise ConfigError(f"choose {' and '.join(missing)} on the command line; built in: {choices}")
+
+
+#: the config groups a command line chooses from (``+task=…``), whose built-in options are checked
+CHOICE_GROUPS = ("task", "dataset", "backbone", "tokenizer")
+#: command-line options that add config folders of the user's own: then any option may exist
+OWN_CONFIG_OPTIONS = ("--config-dir", "-cd", "--config-path", "-cp", "hydra.searchpath", "+hydra.searchpath")
+
+
+def builtin_options(group: str) -> List[str]:
+    """The options of config ``group`` that ship with energon_ray (the primary config's and each
+    task folder's ``conf/<group>/``), as a command line names them (``vision/captioning``)."""
+    root = Path(__file__).resolve().parents[1]
+    found = set()
+    for conf in [root / "conf", *root.glob("tasks/*/*/conf")]:
+        base = conf / group
+        found.update(p.relative_to(base).with_suffix("").as_posix() for p in base.rglob("*.yaml"))
+    return sorted(found)
+
+
+def check_group_args(args: Sequence[str]) -> None:
+    """Refuse a command-line choice of a config group (``+task=vision/captionin``) that names none of
+    its built-in options, with the closest one and the list: Hydra's own message lists only the
+    group's top level (\"Available options in 'task': default\"). Not checked where the command line
+    adds config folders of the user's own (``--config-dir``, ``hydra.searchpath``).
+
+    Raises:
+        ConfigError: naming the argument, the closest option and the built-in ones.
+    """
+    if any(arg.split("=", 1)[0] in OWN_CONFIG_OPTIONS for arg in args):
+        return
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        group = key.lstrip("+")
+        if not sep or key.startswith("~") or group not in CHOICE_GROUPS or value in ("", "null"):
+            continue
+        options = builtin_options(group)
+        if value not in options:
+            close = difflib.get_close_matches(value, options, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"{arg}: no {group} config of that name{hint}; built in: {', '.join(options)}")
 
 
 def ray_options(cfg: DictConfig) -> Dict[str, Any]:

@@ -349,3 +349,36 @@ def test_lightnings_names_for_ckpt_path_are_not_taken_as_paths(name):
 
     assert with_absolute_paths(_task("vision/captioning", f"ckpt_path={name}"), base="/caller").ckpt_path == name
     assert with_absolute_paths(_task("vision/captioning", f"ckpt_path=runs/{name}"), base="/caller").ckpt_path == f"/caller/runs/{name}"
+
+
+@pytest.mark.parametrize(
+    "arg, said",
+    [
+        ("+task=vision/captionin", "+task=vision/captionin: no task config of that name (did you mean vision/captioning?); built in: default, text/lm_packing, video/vqa, vision/captioning, vision/igpt"),
+        ("+dataset=video/vqa/synthetc", "+dataset=video/vqa/synthetc: no dataset config of that name (did you mean video/vqa/synthetic?); built in: default, text/lm_packing/synthetic, video/vqa/synthetic, vision/captioning/synthetic, vision/igpt/synthetic"),
+        ("tokenizer=bite", "tokenizer=bite: no tokenizer config of that name (did you mean byte?); built in: autotokenizer, byte, hash, pixels"),
+    ],
+)
+def test_a_misspelt_choice_names_the_closest_builtin_option(monkeypatch, tmp_path, arg, said):
+    """A misspelt task, dataset or tokenizer: "error: …" naming the closest built-in option and all of
+    them, exit 1 (Hydra's own message listed only "Available options in 'task': default")."""
+    from energon_ray.train.__main__ import main
+
+    chosen = {"+task": "+task=video/vqa", "+dataset": "+dataset=video/vqa/synthetic"}
+    chosen[arg.split("=")[0]] = arg
+    monkeypatch.setattr(sys, "argv", ["energon_ray.train", *chosen.values(), f"work_dir={tmp_path}", "--cfg", "job"])
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == f"error: {said}"
+
+
+def test_choices_of_the_users_own_config_folders_are_left_to_hydra(monkeypatch, tmp_path, capsys):
+    """With a config folder of the user's own on the command line, a task only it holds is Hydra's to find."""
+    from energon_ray.train.__main__ import main
+
+    (tmp_path / "conf" / "task" / "mine").mkdir(parents=True)
+    (tmp_path / "conf" / "task" / "mine" / "cap.yaml").write_text("# @package _global_\nmine_marker: 7\n")
+    argv = ["energon_ray.train", "--config-dir", str(tmp_path / "conf"), "+task=mine/cap", "+dataset=vision/captioning/synthetic", "--cfg", "job"]
+    monkeypatch.setattr(sys, "argv", argv)
+    main()
+    assert OmegaConf.create(capsys.readouterr().out).mine_marker == 7
