@@ -77,7 +77,7 @@ def _default_settings(scheme: str, netloc: str) -> Any:
     import importlib.util
 
     if importlib.util.find_spec("multistorageclient") is None:
-        raise StorageError(f"msc://{netloc}", "msc:// paths need multi-storage-client (pip install multi-storage-client)")
+        raise StorageError(f"msc://{netloc}", "msc:// paths need multi-storage-client (pip install 'energon-ray[msc]', or multi-storage-client)")
     from energon_ray.storage.msc import MscSettings
 
     return MscSettings.from_environment(netloc)
