@@ -9,11 +9,13 @@ from energon_ray.blend.base import Composition
 from energon_ray.errors import check_keywords
 from energon_ray.loader.loader import DEFAULT_OBJECT_STORE_LIMIT, EnergonLoader
 
-#: ``get_loader`` keywords of Energon that do not apply here (Ray has its own watchdogs and caching).
+#: ``get_loader`` keywords of Energon that do not apply here (Ray has its own watchdogs; the
+#: trainer's heap holds no samples to collect); ``cache_pool`` is taken before they are checked.
 ENERGON_LOADER_OPTIONS = (
-    "cache_pool", "watchdog_timeout_seconds", "watchdog_initial_timeout_seconds", "fail_on_timeout",
+    "watchdog_timeout_seconds", "watchdog_initial_timeout_seconds", "fail_on_timeout",
     "gc_collect_every_n_steps", "gc_freeze_at_start",
 )  # fmt: skip
+
 
 def get_loader(
     dataset: Composition,
