@@ -143,3 +143,18 @@ def usage_error(capsys, call, *args) -> str:
     assert caught.value.code == 2
     err = capsys.readouterr().err
     return err[err.index(": error: ") + len(": error: "):].strip()
+
+
+def stop_abandoned_loader_workers() -> int:
+    """Stop the worker processes of torch DataLoaders (Energon's) that an exception left mid-pass, and
+    say how many there were. Collecting such a loader later waits 5 s per worker for them (torch's
+    shutdown joins each with a 5 s timeout; they do not exit), in whatever test collects it."""
+    import multiprocessing
+
+    # a DataLoader's workers: daemon processes of their own (a pool's are "…PoolWorker-n")
+    workers = [p for p in multiprocessing.active_children() if p.daemon and "PoolWorker" not in p.name]
+    for process in workers:
+        process.terminate()
+    for process in workers:
+        process.join(5)
+    return len(workers)

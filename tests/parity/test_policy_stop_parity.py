@@ -8,7 +8,7 @@ import re
 import pytest
 
 import energon_ray as er
-from tests.helpers import text_dataset
+from tests.helpers import stop_abandoned_loader_workers, text_dataset
 
 pytestmark = pytest.mark.parity
 
@@ -54,6 +54,7 @@ def _until_fatal(lib, path, stage, workers):
     with pytest.raises(lib.FatalSampleError if lib is er else Exception) as raised:
         for batch in lib.get_loader(ds):
             got.append(batch["ii"])
+    stop_abandoned_loader_workers()
     return got, raised.value
 
 
@@ -133,6 +134,7 @@ def _until_abort(lib, path, log, stage, fails, workers, **kwargs):
     with pytest.raises(Exception) as raised:
         for batch in lib.get_loader(ds):
             got.append(batch["ii"])
+    stop_abandoned_loader_workers()
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     log.unlink()
     return got, raised.value, calls
@@ -185,6 +187,7 @@ def test_a_run_of_failures_across_segments_stops_where_energons_does(path, stage
         with pytest.raises(Exception) as raised:
             for batch in lib.get_loader(ds):
                 got.append(batch["ii"])
+        stop_abandoned_loader_workers()
         return got, raised.value
 
     ours, error = until_fatal(er, samples_per_segment=segment)
