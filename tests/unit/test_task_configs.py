@@ -267,22 +267,26 @@ def test_command_line_entry_point_names_a_ckpt_path_that_holds_no_checkpoint(mon
 
 
 @pytest.mark.parametrize("ray_workers", [0, 1])
-def test_command_line_entry_point_names_a_cluster_address_nothing_answers_at(monkeypatch, tmp_path, ray_workers):
+def test_command_line_entry_point_names_a_cluster_address_nothing_answers_at(tmp_path, ray_workers):
     """RAY_ADDRESS=127.0.0.1:1 (nothing listens): "error: …" naming the address and exit 1, whether the loader
-    (here) or ray.train reaches Ray first (before: a Hydra traceback of ensure_ray's ConnectionError)."""
-    from energon_ray.train.__main__ import main
+    or ray.train reaches Ray first (before: a Hydra traceback of ensure_ray's ConnectionError). In a
+    process of its own: one already connected to Ray (the session's) keeps using it."""
+    import os
+    import subprocess
+    from pathlib import Path
 
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
-    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:1", PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = ["+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
             "trainer.max_steps=1", "trainer.enable_progress_bar=false",
             f"trainer.ray.num_workers={ray_workers}", f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as caught:
-        main()
-    assert caught.value.code == (
+    proc = subprocess.run([sys.executable, "-m", "energon_ray.train", *argv], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-1] == (
         "error: energon_ray: no Ray cluster at 127.0.0.1:1 (Connection refused): start one there (`ray start --head`), "
         "or give another address (--address / RAY_ADDRESS); without one a private local Ray is started"
     )
+    assert "Traceback" not in proc.stderr
 
 
 def test_command_line_help_lists_the_built_in_tasks(monkeypatch, capsys):
