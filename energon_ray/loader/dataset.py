@@ -196,6 +196,11 @@ class EnergonDataset(Composition):
         return SegmentLayout(later, first_length=first, first_rounds=FIRST_SEGMENT_ROUNDS)
 
     @property
+    def excluded(self) -> Tuple[int, ...]:
+        """Global indices of the split part's excluded samples (the plan leaves them out)."""
+        return self._excluded
+
+    @property
     def groups_batches(self) -> bool:
         """Whether the task encoder buckets samples with ``batch_group_criterion``."""
         return is_overridden(self.task_encoder, "batch_group_criterion")

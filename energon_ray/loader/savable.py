@@ -77,7 +77,7 @@ def starts_of(state: Optional[LoaderState]) -> Optional[List[List[int]]]:
     return [[stream.checkpoint.segment for stream in per_worker] for per_worker in state.streams]
 
 
-def describe(dataset: Composition, order_only: bool = False, encoders: bool = False) -> Any:
+def describe(dataset: Composition, order_only: bool = False, encoders: bool = False, layout: bool = True) -> Any:
     """What decides a composition's batches, without machine-specific paths (for the fingerprint).
 
     ``order_only``: what decides which samples come in which order, whatever the batch sizes and
@@ -85,6 +85,8 @@ def describe(dataset: Composition, order_only: bool = False, encoders: bool = Fa
     ``encoders``: with each leaf's task encoder class, as states saved before 2026-11-25
     fingerprinted it (a state names the samples consumed, so it restores under another task encoder,
     as Energon's does; ``check_fits`` warns then).
+    ``layout``: with each leaf's samples per shard and excluded samples (a state's positions name
+    other samples when they change); states saved before 2026-12-02 were fingerprinted without.
     """
     options = getattr(dataset, "options", None)
     if options is not None:  # a leaf dataset
@@ -97,6 +99,8 @@ def describe(dataset: Composition, order_only: bool = False, encoders: bool = Fa
             "subflavors": dataset.subflavors,
             "rotation": dataset.rotation_base if order_only else dataset.rotation_offset,
         }
+        if layout:
+            out.update(sample_layout(dataset))
         if encoders:
             out["task_encoder"] = encoder_name(dataset)
         return out
@@ -108,12 +112,22 @@ def describe(dataset: Composition, order_only: bool = False, encoders: bool = Fa
     if parts is None:
         inner = getattr(dataset, "dataset", None) or getattr(dataset, "blend", None)
         parts = [] if inner is None else [inner]
-    out["parts"] = [describe(part, order_only, encoders) for part in parts]
+    out["parts"] = [describe(part, order_only, encoders, layout) for part in parts]
     return out
+
+
+def sample_layout(leaf: Any) -> Dict[str, Any]:
+    """What a leaf's stream positions are positions of: the samples of each shard, in split order,
+    and the global indices of the excluded ones (a shard re-written with another count, or an
+    exclude added, keeps the shard names and maybe the total)."""
+    starts = [int(x) for x in leaf.dataset.shard_starts]
+    return {"shard_counts": [b - a for a, b in zip(starts, starts[1:])], "excluded": list(leaf.excluded)}
 
 
 #: the description's names that ``order_only`` leaves out or replaces (another world size changes them)
 ORDER_FREE = ("batch_size", "rotation")
+#: the description's names that states saved before 2026-12-02 lack (``describe(layout=False)``)
+LAYOUT = ("shard_counts", "excluded")
 
 
 def what_differs(state: LoaderState, dataset: Composition, order_only: bool = False) -> str:
@@ -121,7 +135,10 @@ def what_differs(state: LoaderState, dataset: Composition, order_only: bool = Fa
     words it (``""``: nothing to name, as for a state saved before summaries); ``order_only``: only
     what changes the sample order."""
     current = summarize(describe(dataset), max_chars=None)
-    return explain(differences(state.config_summary, current, ignore=ORDER_FREE if order_only else ()))
+    ignore = ORDER_FREE if order_only else ()
+    if not any(path.endswith(LAYOUT) for path in state.config_summary):  # saved before it was recorded
+        ignore += LAYOUT
+    return explain(differences(state.config_summary, current, ignore=ignore))
 
 
 def encoder_name(leaf: Any) -> str:
@@ -141,10 +158,15 @@ def check_seed(saved: Optional[int], dataset: Composition) -> None:
         )
 
 
-def fingerprints(dataset: Composition, order_only: bool = False) -> Tuple[str, str]:
-    """The fingerprint a state saved now has, and the one states saved before 2026-11-25 have (with
-    the task encoders' classes): a state with either fits."""
-    return fingerprint(describe(dataset, order_only)), fingerprint(describe(dataset, order_only, encoders=True))
+def fingerprints(dataset: Composition, order_only: bool = False) -> Tuple[str, ...]:
+    """The fingerprint a state saved now has, and those older states have: before 2026-12-02 without
+    the leaves' sample layouts, before 2026-11-25 also with the task encoders' classes. A state with
+    any of them fits."""
+    return (
+        fingerprint(describe(dataset, order_only)),
+        fingerprint(describe(dataset, order_only, layout=False)),
+        fingerprint(describe(dataset, order_only, encoders=True, layout=False)),
+    )
 
 
 def warn_other_encoders(saved: List[str], dataset: Composition) -> None:

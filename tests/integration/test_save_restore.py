@@ -14,6 +14,7 @@ from collections import Counter
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,7 @@ import torch
 import energon_ray as er
 from energon_ray.format.jsonl import prepare_jsonl
 from energon_ray.tasks.text_packing import PackedTextBatch, TextPackingTaskEncoder, lognormal_corpus
-from tests.helpers import kill_batch_makers, prefixed_text_dataset
+from tests.helpers import kill_batch_makers, prefixed_text_dataset, text_dataset
 from tests.roundtrip import END, assert_round_trip, json_transport
 
 WC = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
@@ -433,6 +434,62 @@ def test_a_state_of_another_batch_size_or_weight_is_refused_naming_it(roots):
     same.close()
 
 
+def test_a_state_of_a_dataset_whose_shards_were_recounted_or_excluded_is_refused_naming_it(tmp_path):
+    """Another dataset folder of the same samples restores exactly; shards re-written with other counts
+    (same names and total) or a sample excluded since are refused, naming the counts and the exclude;
+    a state saved before layouts were recorded (no entries, older fingerprint) still restores."""
+    import yaml
+
+    from energon_ray.loader.savable import describe
+    from energon_ray.loader.state import fingerprint
+
+    def loader(path):
+        return er.get_savable_loader(er.get_train_dataset(
+            path, batch_size=3, worker_config=WC, shuffle_buffer_size=None, max_samples_per_sequence=None,
+        ))  # fmt: skip
+
+    saved = loader(text_dataset(tmp_path / "a", [8, 8, 8, 8]))
+    it = iter(saved)
+    next(it), next(it)
+    state = saved.save_state_rank().to_dict()
+    rest = [list(next(it).__key__) for _ in range(4)]
+    saved.close()
+
+    moved = loader(shutil.copytree(tmp_path / "a", tmp_path / "moved"))
+    moved.restore_state_rank(state)
+    it = iter(moved)
+    assert [list(next(it).__key__) for _ in range(4)] == rest
+    moved.close()
+
+    excluded = shutil.copytree(tmp_path / "a", tmp_path / "excluded")
+    split = excluded / ".nv-meta" / "split.yaml"
+    split.write_text(yaml.safe_dump({**yaml.safe_load(split.read_text()), "exclude": ["shards/part00_0000.tar/000001"]}))
+    for path, named in [
+        (text_dataset(tmp_path / "recounted", [7, 9, 8, 8]), r"shard_counts was \[8, 8, 8, 8\], is now \[7, 9, 8, 8\]"),
+        (excluded, r"excluded was \[\], is now \[1\]"),
+    ]:
+        other = loader(path)
+        with pytest.raises(er.StateError, match=f"another dataset configuration: {named}; build the loader with"):
+            other.restore_state_rank(state)
+        other.close()
+
+    def without_layout(value):
+        if isinstance(value, dict):
+            return {k: without_layout(v) for k, v in value.items() if k not in ("shard_counts", "excluded")}
+        return [without_layout(v) for v in value] if isinstance(value, list) else value
+
+    same = loader(tmp_path / "a")
+    old = {
+        **state,
+        "fingerprint": fingerprint(without_layout(describe(same.dataset))),
+        "config_summary": {k: v for k, v in state["config_summary"].items() if k not in ("shard_counts", "excluded")},
+    }
+    same.restore_state_rank(old)
+    it = iter(same)
+    assert [list(next(it).__key__) for _ in range(4)] == rest
+    same.close()
+
+
 class Upper(Augmented):
     """Another task encoder class: the same samples, texts upper-cased in the batch."""
 
@@ -474,7 +531,7 @@ def test_a_state_restores_under_another_task_encoder_with_a_warning(roots, caplo
     legacy = build(Augmented())
     old = {**state, "task_encoders": None}
     old.pop("task_encoders")  # states saved before had no such field, and the encoder in the fingerprint
-    old["fingerprint"] = fingerprint(describe(legacy.dataset, encoders=True))
+    old["fingerprint"] = fingerprint(describe(legacy.dataset, encoders=True, layout=False))  # saved before layouts too
     assert old["fingerprint"] != state["fingerprint"]
     legacy.restore_state_rank(old)
     it = iter(legacy)

@@ -22,7 +22,8 @@ class FakeLeaf:
     def __init__(self, batch_size=8, shards=3, split_part="train", shuffle_buffer_size=None):
         self.options = PlanOptions(training=True, repeat=True, batch_size=batch_size, shuffle_buffer_size=shuffle_buffer_size)
         names = [SimpleNamespace(name=f"shards/shard_{i:05d}.tar") for i in range(shards)]
-        self.dataset = SimpleNamespace(split_part=split_part, total=10 * shards, shards=names)
+        self.dataset = SimpleNamespace(split_part=split_part, total=10 * shards, shards=names, shard_starts=range(0, 10 * shards + 1, 10))
+        self.excluded = ()
         self.subflavors = {}
         self.rotation_offset = self.rotation_base = 0
         self.worker_config = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
@@ -53,7 +54,8 @@ def test_a_leaf_is_summarized_by_readable_paths_with_its_shard_names_as_a_digest
     assert summary["options.batch_size"] == 8 and summary["options.shuffle_buffer_size"] is None
     assert summary["rotation"] == 0 and summary["subflavors"] == {}
     assert summary["dataset.shards"].startswith("<6 items, sha1 ") and len(summary["dataset.shards"]) == 26
-    assert list(summary)[0] == "rotation"  # own values before nested ones
+    assert summary["shard_counts"] == [10] * 6 and summary["excluded"] == []
+    assert list(summary)[:2] == ["excluded", "rotation"]  # own values before nested ones
 
 
 def test_a_leaf_of_ten_thousand_shards_keeps_the_state_small():
@@ -133,6 +135,7 @@ def test_an_old_state_without_a_summary_keeps_the_fingerprint_message_and_the_le
     old = dataclasses.replace(new_state(leaf, 1, 0), config_summary={})
     with pytest.raises(StateError, match=r"options or weights differ: fingerprint \w+ vs \w+\); build the loader"):
         check_fits(old, FakeLeaf(batch_size=4))
-    legacy = dataclasses.replace(old, fingerprint=fingerprint(describe(leaf, encoders=True)))
+    legacy = dataclasses.replace(old, fingerprint=fingerprint(describe(leaf, encoders=True, layout=False)))
     check_fits(legacy, leaf)
+    check_fits(dataclasses.replace(old, fingerprint=fingerprint(describe(leaf, layout=False))), leaf)  # before layouts
     check_fits(dataclasses.replace(legacy, config_summary={"options.batch_size": 99}), leaf)  # the fingerprint decides
