@@ -44,10 +44,30 @@ class Redistribution:
         return leaf.streams(self.first_epoch, worker_config=worker_config, prefixes=self.prefixes[source])
 
 
-def needs_redistribution(states: Sequence[LoaderState], wc: WorkerConfig) -> bool:
-    """Whether saved states come from another world size or worker count than ``wc``."""
+def needs_redistribution(states: Sequence[LoaderState], wc: WorkerConfig, entries: Optional[int] = None) -> bool:
+    """Whether saved states come from another world size or worker count than ``wc`` (``entries``:
+    how many ranks ``save_state_global`` listed, ``None`` for those saved before their first batch)."""
     first = states[0]
-    return (len(states), first.world_size, first.num_workers) != (wc.world_size, wc.world_size, max(1, wc.num_workers))
+    count = len(states) if entries is None else entries
+    return (count, first.world_size, first.num_workers) != (wc.world_size, wc.world_size, max(1, wc.num_workers))
+
+
+def own_state(entries: Sequence[Any], states: Sequence[LoaderState], rank: int) -> Optional[LoaderState]:
+    """``rank``'s state among ``save_state_global``'s entries of this world size (``states``: those
+    not ``None``); ``None`` when the rank saved before its first batch (it starts afresh, as Energon's).
+
+    Raises:
+        StateError: no state of ``rank`` where its entry is not ``None``, or more than one.
+    """
+    mine = [s for s in states if s.rank == rank]
+    if len(mine) == 1:
+        return mine[0]
+    if not mine and entries[rank] is None:
+        return None
+    raise StateError(
+        f"restore_state_global wants the state of each of the {len(entries)} ranks, in rank order (None for a rank "
+        f"saved before its first batch); for rank {rank} it got the states of ranks {[s.rank for s in states]}"
+    )
 
 
 def redistribute(dataset: Any, states: Sequence[LoaderState]) -> Tuple[LoaderState, Optional[Redistribution]]:

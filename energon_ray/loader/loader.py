@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from energon_ray.blend.base import Composition, PassContext
-from energon_ray.loader.elastic import Redistribution, from_origin, needs_redistribution, redistribute
+from energon_ray.loader.elastic import Redistribution, from_origin, needs_redistribution, own_state, redistribute
 from energon_ray.loader.feed import MultiFeed, check_executor
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.stats import LoaderStats
@@ -325,8 +325,10 @@ class EnergonLoader:
         if not states:  # saved before any iteration
             return
         wc = self.dataset.worker_config
-        if not needs_redistribution(states, wc):
-            self.restore_state_rank(next((s for s in states if s.rank == wc.rank), states[min(wc.rank, len(states) - 1)]))
+        if not needs_redistribution(states, wc, len(state)):
+            mine = own_state(state, states, wc.rank)
+            if mine is not None:
+                self.restore_state_rank(mine)
             return
         mine, redist = redistribute(self.dataset, states)
         self._start_restore(mine, redist)

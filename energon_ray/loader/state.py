@@ -293,7 +293,8 @@ def save_loader_state(loader: Any, directory: str) -> Optional[str]:
 
 def restore_loader_state(loader: Any, directory: str) -> bool:
     """Restore ``loader`` from its rank's file in ``directory`` (see ``save_loader_state``); ``False``
-    if the folder has none (a checkpoint taken before the loader first iterated). When the files were
+    if the folder has none (a checkpoint taken before the loader first iterated, here or on every
+    rank: the loader starts afresh). When the files were
     saved by another world size or worker count, every rank's file is read and the rest of the epoch
     is shared out anew (``restore_state_global``).
 
@@ -319,5 +320,7 @@ def restore_loader_state(loader: Any, directory: str) -> bool:
     for name in names:
         with open(os.path.join(directory, name)) as f:
             states.append(LoaderState.coerce(f.read()))
+    if all((s.world_size, s.num_workers) == (wc.world_size, max(1, wc.num_workers)) for s in states):
+        return False  # this rank saved before its first batch, the others after theirs: it starts afresh
     loader.restore_state_global(states)
     return True

@@ -597,6 +597,38 @@ def test_restore_state_global_refuses_one_state_naming_what_it_got(roots):
     loader.close()
 
 
+def test_a_rank_saved_before_its_first_batch_starts_afresh_beside_a_restored_one(roots, tmp_path):
+    """save_state_global's [state, None] (rank 1 had not iterated): rank 0 goes on, rank 1 starts afresh
+    (as Energon's), from the list and from a checkpoint folder holding rank 0's file only."""
+
+    def build(rank):
+        wc = er.WorkerConfig(rank=rank, world_size=2, num_workers=2)
+        return er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=2, worker_config=wc))
+
+    first = build(0)
+    it = iter(first)
+    next(it), next(it)
+    saved = first.save_state_rank()
+    er.save_loader_state(first, str(tmp_path))
+    rest = [list(next(it).__key__) for _ in range(3)]
+    first.close()
+    second = build(1)
+    assert second.save_state_rank() is None and er.save_loader_state(second, str(tmp_path)) is None
+    fresh = [list(b.__key__) for _, b in zip(range(3), second)]
+    second.close()
+    for rank, expected in ((0, rest), (1, fresh)):
+        for restore in (lambda loader: loader.restore_state_global([saved.to_json(), None]),
+                        lambda loader: er.restore_loader_state(loader, str(tmp_path))):  # fmt: skip
+            loader = build(rank)
+            restore(loader)
+            assert [list(b.__key__) for _, b in zip(range(3), loader)] == expected
+            loader.close()
+    loader = build(1)
+    with pytest.raises(er.StateError, match=r"the state of each of the 2 ranks, in rank order .*for rank 1 it got the states of ranks \[0, 0\]"):
+        loader.restore_state_global([saved, saved])
+    loader.close()
+
+
 @pytest.mark.parametrize("repeat", [False, True])
 def test_an_iterator_opened_before_a_restore_refuses_to_go_on(roots, repeat):
     """After a restore only a new iter() continues from the state: an iterator opened before it (started
