@@ -152,6 +152,11 @@ class LoaderState:
         Raises:
             StateError: not a loader state, or saved by another state version.
         """
+        if isinstance(data, (list, tuple)):
+            raise StateError(
+                f"not one rank's loader state: a {type(data).__name__} of {len(data)} (save_state_global's states?); "
+                "pass such a list to restore_state_global(states)"
+            )
         if not isinstance(data, dict) or "version" not in data:
             raise StateError(f"not an energon_ray loader state: {type(data).__name__} without a 'version'")
         if data["version"] != STATE_VERSION:

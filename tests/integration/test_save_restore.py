@@ -586,7 +586,7 @@ def test_global_save_and_restore_without_distributed(roots):
 
 
 def test_restore_state_global_refuses_one_state_naming_what_it_got(roots):
-    """One state (the object, its dict or its JSON text) is not the list of one state per rank."""
+    """One state (the object, its dict or its JSON text) is not the list of one state per rank, nor the list one state."""
     loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=2, worker_config=WC))
     next(iter(loader))
     state = loader.save_state_rank()
@@ -594,6 +594,9 @@ def test_restore_state_global_refuses_one_state_naming_what_it_got(roots):
         with pytest.raises(er.StateError, match=rf"wants one state per rank \(a list.*got a {name}; .*restore_state_rank"):
             loader.restore_state_global(one)
     loader.restore_state_global([state.to_json()])
+    for many in ([state], [state.to_dict()], json.dumps([state.to_dict()])):
+        with pytest.raises(er.StateError, match=r"not one rank's loader state: a list of 1 \(save_state_global's states\?\); pass such a list to restore_state_global"):
+            loader.restore_state_rank(many)
     loader.close()
 
 
