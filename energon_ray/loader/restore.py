@@ -8,6 +8,7 @@ restore segments (``SegmentSpec.keep``), ``run_reads`` runs those in one small R
 from __future__ import annotations
 
 import dataclasses
+from numbers import Integral
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -15,6 +16,8 @@ import numpy as np
 from energon_ray.errors import reraise_exception, unwrap_error
 from energon_ray.loader.state import StateError, StreamState
 from energon_ray.pipeline import rows, serde
+from energon_ray.pipeline.batch_stages import BATCHED
+from energon_ray.pipeline.packing import restore_key_of
 from energon_ray.pipeline.policy import DeferredHandler
 from energon_ray.plan.stream import SegmentPlan, SegmentSpec
 
@@ -131,10 +134,13 @@ def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -
     return found
 
 
-def rebuild_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], remote_args=None) -> Any:
+def rebuild_batch(
+    leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], remote_args=None, output: Optional[Tuple[int, int]] = None,
+) -> Any:  # fmt: skip
     """One batch made again from its samples' restore keys ``("Webdataset", index, leaf, worker,
     position, hook seed)``: the samples are re-read and encoded at their positions and batched by
-    the seam-batch task, with the hook seeds they had."""
+    the seam-batch task, with the hook seeds they had (``output``: which of generator batch hooks'
+    outputs, see ``split_output``)."""
     spec = _reread_spec(leaf, source, worker, seed, keys, index=-1)
     config = leaf.stage_config()
     found = run_reads([spec], {source: leaf.reader()}, {source: config}, remote_args, {source: leaf})
@@ -145,10 +151,12 @@ def rebuild_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tup
     # its index in the worker stream, by its first sample (a short last batch too; a validation
     # metadataset's stream counts on over the datasets before this one)
     index = (config.index_offset(worker) + group[0][0]) // size
-    return _batch_once(config, source, worker, seed, group, remote_args, index)
+    return _batch_once(config, source, worker, seed, group, remote_args, index, output)
 
 
-def rebuild_chained_batch(leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], remote_args=None) -> Any:
+def rebuild_chained_batch(
+    leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], remote_args=None, output: Optional[Tuple[int, int]] = None,
+) -> Any:  # fmt: skip
     """A batch of a chained stream (a generator ``encode_sample``) made again from its outputs' keys
     ``("Webdataset", index, leaf, worker, position, hook seed, sub, output index)``: each sample
     re-read and encoded with the outputs its stream had before it, the named outputs batched."""
@@ -165,12 +173,13 @@ def rebuild_chained_batch(leaf: Any, source: int, worker: int, seed: int, keys: 
     except Exception as exc:
         ours = unwrap_error(exc)
         raise StateError(f"restore_sample: {ours if ours is not None else exc}") from None
-    if len(made) != 1:
-        raise StateError(f"restore_sample: the batch hooks made {len(made)} batches from {len(keys)} samples, not one")
-    return made[0]
+    return one_made(made, output, f"{len(keys)} samples")
 
 
-def rebuild_packed_batch(leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[int, int, List[tuple]]], remote_args=None) -> Any:
+def rebuild_packed_batch(
+    leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[int, int, List[tuple]]], remote_args=None,
+    output: Optional[Tuple[int, int]] = None,
+) -> Any:  # fmt: skip
     """A packed batch made again from its packs' restore keys ``("Packed", position, sub, *members)``:
     the members re-read and encoded at their positions (not packed, not post-encoded), then each
     pack made again from its members (``postencode_sample``, ``pack_selected_samples``) and the packs
@@ -184,12 +193,12 @@ def rebuild_packed_batch(leaf: Any, source: int, worker: int, seed: int, packs: 
     groups = [(position, sub, [(int(k[4]), 0, found[(source, worker, int(k[4]), 0)]) for k in keys]) for position, sub, keys in packs]
     table = repack(leaf.stage_config(), source, worker, seed, groups, leaf.options.batch_size, remote_args)
     items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
-    if len(items) != 1:
-        raise StateError(f"restore_sample: the pack and batch hooks made {len(items)} items from {len(packs)} pack(s), not one")
-    return items[0]
+    return one_made(items, output, f"{len(packs)} pack(s)")
 
 
-def rebuild_blended_batch(blend_leaves: List[Any], sources: List[int], keys: List[tuple], remote_args=None) -> Any:
+def rebuild_blended_batch(
+    blend_leaves: List[Any], sources: List[int], keys: List[tuple], remote_args=None, output: Optional[Tuple[int, int]] = None,
+) -> Any:  # fmt: skip
     """A sample blend's batch made again (``blend.sample_blend``): each sample re-read at its own
     leaf's position with its own hook seed, then all batched in the batch's order with the seed
     and the task encoder the blend's batching used (its first leaf's, for the pass the keys name).
@@ -208,7 +217,7 @@ def rebuild_blended_batch(blend_leaves: List[Any], sources: List[int], keys: Lis
     first, first_source = blend_leaves[0], sources[0]
     seed = _pass_seed(first.plan().streams[worker].config, by_source[keys[0][2]].plan().streams[worker].config, keys[0][5])
     group = [(int(k[4]), 0, found[(k[2], worker, int(k[4]), 0)]) for k in keys]
-    return _batch_once(first.stage_config(), first_source, worker, seed, group, remote_args)
+    return _batch_once(first.stage_config(), first_source, worker, seed, group, remote_args, None, output)
 
 
 def _reread_spec(leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], index: int) -> SegmentSpec:
@@ -225,15 +234,51 @@ def _reread_spec(leaf: Any, source: int, worker: int, seed: int, keys: List[tupl
 
 def _batch_once(
     config: Any, source: int, worker: int, seed: int, group: List[Tuple[int, int, Any]], remote_args, index: Optional[int] = None,
-) -> Any:
-    """The one batch the seam-batch task makes of ``group`` (``index``: its batch index in the stream)."""
+    output: Optional[Tuple[int, int]] = None,
+) -> Any:  # fmt: skip
+    """The batch the seam-batch task makes of ``group`` (``index``: its batch index in the stream;
+    ``output``: which of generator batch hooks' outputs, else the only one)."""
     from energon_ray.pipeline.seam_tasks import SeamTasks
 
     table = SeamTasks(config, source, remote_args).submit(worker, seed, [(len(group), group, index)])()
     items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
-    if len(items) != 1:
-        raise StateError(f"restore_sample: the batch hooks made {len(items)} batches from the {len(group)} samples, not one")
-    return items[0]
+    return one_made(items, output, f"the {len(group)} samples")
+
+
+def split_output(restore_key: Any) -> Tuple[Optional[Tuple[int, int]], Any]:
+    """A batch key naming output ``j`` of ``encode_batch`` on output ``i`` of a generator ``batch``
+    (``(BATCHED, i, j, *keys)``, see ``pipeline.batch_stages``): ``((i, j), keys)``; any other key:
+    ``(None, key)``.
+
+    Raises:
+        StateError: a ``BATCHED`` key without output indices or samples.
+    """
+    if not (isinstance(restore_key, (tuple, list)) and restore_key and restore_key[0] == BATCHED):
+        return None, restore_key
+    i, j = (list(restore_key[1:3]) + [None, None])[:2]
+    if len(restore_key) < 4 or not all(isinstance(v, Integral) and not isinstance(v, bool) and v >= 0 for v in (i, j)):
+        raise StateError(
+            f"restore key {tuple(restore_key)!r} is not a generator batch's ({BATCHED!r}, batch output, "
+            "encode_batch output, *the samples' keys)"
+        )
+    return (int(i), int(j)), list(restore_key[3:])
+
+
+def one_made(items: List[Any], output: Optional[Tuple[int, int]], source: str) -> Any:
+    """Of the batches the batch hooks made again from ``source`` (words), the one a key names: the
+    only one, or (``output``) the one whose key names that output."""
+    if output is None:
+        if len(items) != 1:
+            raise StateError(f"restore_sample: the batch hooks made {len(items)} batches from {source}, not one")
+        return items[0]
+    for item in items:
+        key = restore_key_of(item)
+        if isinstance(key, tuple) and len(key) > 3 and key[0] == BATCHED and tuple(key[1:3]) == output:
+            return item
+    raise StateError(
+        f"restore_sample: the batch hooks made {len(items)} batches from {source}, none of them their output "
+        f"{output} (the data or the task encoder changed since?)"
+    )
 
 
 def _pass_seed(first: Any, keyed: Any, key_seed: int, passes: int = 4096) -> int:

@@ -18,7 +18,9 @@ from energon_ray.loader.config_summary import differences, explain, summarize
 from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.remake import remade, remakers
-from energon_ray.loader.restore import rebuild_batch, rebuild_chained_batch, rebuild_blended_batch, rebuild_packed_batch, restore_streams
+from energon_ray.loader.restore import (
+    rebuild_batch, rebuild_blended_batch, rebuild_chained_batch, rebuild_packed_batch, restore_streams, split_output,
+)  # fmt: skip
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
 from energon_ray.pipeline.packing import PACKED
 from energon_ray.plan.stream import SegmentLayout
@@ -279,14 +281,18 @@ def pack_keys(restore_key: Any) -> Optional[List[Tuple[int, int, List[tuple]]]]:
 def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional[dict] = None) -> Any:
     """The batch (or sample) whose ``__restore_key__`` this is, made again exactly.
 
+    A key that names one of several batches a generator ``batch``/``encode_batch`` made of the same
+    samples (``("Batched", i, j, *keys)``) gets that output; other batches' keys are their samples'.
+
     Raises:
         StateError: an unusable key, samples of several datasets (outside a train metadataset's
             sample blend) or worker streams, packs of a sample blend, or a wrapper above the
             dataset that cannot be applied again (``loader.remake``).
     """
+    output, restore_key = split_output(restore_key)
     packs = pack_keys(restore_key)
     if packs is not None:
-        return _rebuild_packed(dataset, packs, remote_args)
+        return _rebuild_packed(dataset, packs, remote_args, output)
     keys = sample_keys(restore_key)
     if not keys:
         raise StateError(f"restore key {restore_key!r} names no sample")
@@ -295,14 +301,14 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     named = {k[2] for k in keys}
     fns = remakers(dataset, leaves[min(named)])  # before any work: a wrapper it cannot apply again
     if any(leaves[source].options.blend_samples for source in named):
-        return remade(fns, _rebuild_blended(dataset, leaves, keys, remote_args))
+        return remade(fns, _rebuild_blended(dataset, leaves, keys, remote_args, output))
     source, worker, seed = _one_origin(keys, "a batch")
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
         raise StateError(f"restore key {restore_key!r} names samples, not packs, of {leaf!r}, which packs samples")
     if leaf.stage_config().chained:
-        return remade(fns, rebuild_chained_batch(leaf, source, worker, seed, keys, remote_args))
-    return remade(fns, rebuild_batch(leaf, source, worker, seed, keys, remote_args))
+        return remade(fns, rebuild_chained_batch(leaf, source, worker, seed, keys, remote_args, output))
+    return remade(fns, rebuild_batch(leaf, source, worker, seed, keys, remote_args, output))
 
 
 def _check_keys(leaves: List[Any], keys: List[tuple]) -> None:
@@ -334,7 +340,7 @@ def _one_origin(keys: List[tuple], what: str) -> Tuple[int, int, int]:
     return origins.pop()
 
 
-def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple]]], remote_args: Optional[dict]) -> Any:
+def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple]]], remote_args: Optional[dict], output=None) -> Any:
     keys = [k for _, _, members in packs for k in members]
     leaves = dataset.leaves()
     _check_keys(leaves, keys)
@@ -345,10 +351,10 @@ def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple
         raise StateError("restore_sample cannot rebuild the packed batches of a sample blend (packs mix datasets)")
     if not leaf.options.packing_buffer_size:
         raise StateError(f"restore key names packs, but {leaf!r} does not pack samples")
-    return remade(fns, rebuild_packed_batch(leaf, source, worker, seed, packs, remote_args))
+    return remade(fns, rebuild_packed_batch(leaf, source, worker, seed, packs, remote_args, output))
 
 
-def _rebuild_blended(dataset: Composition, leaves: List[Any], keys: List[tuple], remote_args: Optional[dict]) -> Any:
+def _rebuild_blended(dataset: Composition, leaves: List[Any], keys: List[tuple], remote_args: Optional[dict], output=None) -> Any:
     """A batch of a train metadataset's sample blend (samples of several datasets, one worker)."""
     from energon_ray.blend.sample_blend import SampleBlendDataset
 
@@ -366,5 +372,5 @@ def _rebuild_blended(dataset: Composition, leaves: List[Any], keys: List[tuple],
         mine = blend.leaves()
         if named <= {id(leaf) for leaf in mine}:
             index = {id(leaf): i for i, leaf in enumerate(leaves)}
-            return rebuild_blended_batch(mine, [index[id(leaf)] for leaf in mine], keys, remote_args)
+            return rebuild_blended_batch(mine, [index[id(leaf)] for leaf in mine], keys, remote_args, output)
     raise StateError(f"restore key names datasets {sorted({k[2] for k in keys})}, which no sample blend of this loader holds together")

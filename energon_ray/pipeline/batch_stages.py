@@ -52,9 +52,10 @@ class Batcher:
         if raws is HookRunner.FAILED or raws is HookRunner.IGNORED:
             return []
         keys = tuple(restore_key_of(sample) for sample in samples)
+        several = _several(self.batch, raws)
         out: List[Any] = []
         for i, item in enumerate(raws):
-            _key_batch(item, keys)
+            _key_batch(item, keys, (i, 0) if several else None)
             if not self.do_encode_batch:
                 out.append(item)
                 continue
@@ -62,6 +63,9 @@ class Batcher:
                 results = self.encode_batch.call_many(runs[1], item, what, at=group[-1][0])
             if results is HookRunner.FAILED or results is HookRunner.IGNORED:
                 continue
+            if several or _several(self.encode_batch, results):
+                for j, result in enumerate(results):
+                    _key_batch(result, keys, (i, j))
             out.extend(results)
         return out
 
@@ -83,13 +87,26 @@ class Batcher:
         return [(item, positions if i == len(made) - 1 else []) for i, item in enumerate(made)]
 
 
-def _key_batch(batch: Any, keys: Tuple[Any, ...]) -> None:
+#: first element of the ``__restore_key__`` of a batch that a ``batch`` (or ``encode_batch``) hook made
+#: among others from one group of samples (a generator): ``(BATCHED, i, j, *the samples' keys)``,
+#: output ``j`` of ``encode_batch`` on output ``i`` of ``batch`` (``j`` is 0 without ``encode_batch``)
+BATCHED = "Batched"
+
+
+def _several(runner: HookRunner, outputs: List[Any]) -> bool:
+    """Whether a batch hook's outputs need keys naming which output each is: a generator function
+    (however many it yielded, as Energon keys them) or a hook that gave more than one."""
+    return runner.is_generator or len(outputs) > 1
+
+
+def _key_batch(batch: Any, keys: Tuple[Any, ...], output: Optional[Tuple[int, int]] = None) -> None:
     """Give a batch that has a ``__restore_key__`` (an attribute, or a dict's item) its samples' keys,
-    whatever the ``batch`` hook put there, as Energon's batching does (``restore_sample`` reads them).
-    Samples without keys leave it as the hook made it."""
+    whatever the ``batch`` hook put there, as Energon's batching does (``restore_sample`` reads them);
+    ``output``: ``(i, j)`` of an output of generator hooks, put before them (``BATCHED``). Samples
+    without keys leave it as the hook made it."""
     has_key = "__restore_key__" in batch if isinstance(batch, dict) else hasattr(batch, "__restore_key__")
     if has_key and keys and all(key is not None for key in keys):
-        set_restore_key(batch, keys)
+        set_restore_key(batch, keys if output is None else (BATCHED, *output, *keys))
 
 
 class BatchSamples:

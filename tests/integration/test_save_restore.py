@@ -924,6 +924,72 @@ def test_restore_sample_rebuilds_batches_whose_batch_hook_set_no_restore_key(roo
         loader.close()
 
 
+@dataclasses.dataclass
+class HalfBatch(er.Batch):
+    text: list
+    draws: tuple = ()
+
+
+class Halves(Keyed):
+    """Skips samples 3, 4, 11 (seam batches); its ``batch`` is a generator: each group's halves, as
+    two batches drawing from python and torch RNGs."""
+
+    def encode_sample(self, sample):
+        if int(sample.__key__.split("_")[-1]) in (3, 4, 11):
+            raise er.SkipSample()
+        return super().encode_sample(sample)
+
+    def batch(self, samples):
+        cut = (len(samples) + 1) // 2
+        for part in (samples[:cut], samples[cut:]):
+            if part:
+                draws = (self.current_batch_index, random.random(), torch.rand(1).item())
+                yield HalfBatch(__key__=[s.__key__ for s in part], __restore_key__=(), text=[s.text for s in part], draws=draws)
+
+
+class HalvesTwice(Halves):
+    """``Halves``, and ``encode_batch`` a generator too: two outputs per batch, each drawing again."""
+
+    def encode_batch(self, batch):
+        for n in range(2):
+            yield dataclasses.replace(batch, text=[f"{t}#{n}" for t in batch.text], draws=batch.draws + (random.random(),))
+
+
+class SeededHalves(Halves):
+    """``Halves`` with Energon's batch seeds (``restore_seeds``: its worker streams are chained)."""
+
+    @er.stateless(restore_seeds=True)
+    def batch(self, samples):
+        yield from super().batch(samples)
+
+
+@pytest.mark.parametrize("te, outputs", [(Halves(), 2), (HalvesTwice(), 4), (SeededHalves(), 2)], ids=["batch", "both", "chained"])
+def test_restore_sample_rebuilds_each_output_of_a_generator_batch_hook(roots, te, outputs):
+    """A generator ``batch`` (and ``encode_batch``) makes several batches of one group of samples: each
+    gets its own key ``("Batched", batch output, encode_batch output, *the samples' keys)`` and
+    restore_sample rebuilds that very output (keys, texts, index, draws), seam batches and chained
+    streams too: all of a group's outputs had the samples' key and restore_sample raised 'the batch
+    hooks made 2 batches from the 4 samples, not one'."""
+    ds = er.get_train_dataset(roots["b"], batch_size=4, shuffle_buffer_size=5, worker_config=WC, repeat=False,
+                              task_encoder=te, samples_per_segment=5)  # fmt: skip
+    loader = er.get_savable_loader(ds)
+    batches = list(loader)
+    view = lambda b: (b.__key__, b.text, b.draws, b.__restore_key__)  # noqa: E731
+    assert sum(len(b.__key__) for b in batches) == 27 * outputs // 2 and loader.can_restore_sample()
+    assert len({b.__restore_key__ for b in batches}) == len(batches)
+    assert {b.__restore_key__[:3] for b in batches} == {("Batched", i, j) for i in (0, 1) for j in range(outputs // 2)}
+    assert isinstance(te, SeededHalves) or loader.stats.seam_batches > 0
+    last = [b for b in batches if b.__restore_key__[1:3] == (1, outputs // 2 - 1)]  # each group's last output
+    for batch in (batches[0], last[0], last[len(last) // 2], last[-1]):
+        assert view(loader.restore_sample(batch.__restore_key__)) == view(batch)
+    key = last[0].__restore_key__
+    with pytest.raises(er.StateError, match=re.escape("none of them their output (7, 0)")):
+        loader.restore_sample(("Batched", 7, 0) + key[3:])
+    with pytest.raises(er.StateError, match="is not a generator batch's"):
+        loader.restore_sample(("Batched", 1) + key[3:])
+    loader.close()
+
+
 def test_restore_sample_applies_stateless_maps_and_refuses_wrappers_it_cannot_apply(roots):
     """A MapDataset declared stateless: the batch made again went through map_fn (it was returned
     unmapped); a map not so declared, a MixBatchDataset, GroupBatchDataset or IterMapDataset:
