@@ -990,6 +990,31 @@ def test_restore_sample_rebuilds_each_output_of_a_generator_batch_hook(roots, te
     loader.close()
 
 
+def test_restore_sample_rebuilds_each_output_of_a_generator_batch_hook_over_packs(roots):
+    """A generator ``batch`` over packs (its first pack, then the rest, drawing from random): each
+    output's key names it before the packs' keys and restore_sample rebuilds that output."""
+
+    class SplitPacks(TextPackingTaskEncoder):
+        def batch(self, samples):
+            yield super().batch(samples[:1])
+            rest = super().batch(samples[1:])
+            rest.input_ids[0, 0] = int(random.random() * 1000)
+            yield rest
+
+    loader = er.get_savable_loader(
+        er.get_train_dataset(roots["docs"], batch_size=3, shuffle_buffer_size=10, worker_config=WC, repeat=False,
+                             packing_buffer_size=8, task_encoder=SplitPacks(max_length=96), samples_per_segment=16)
+    )  # fmt: skip
+    batches = list(loader)
+    seconds = [b for b in batches if b.__restore_key__[:3] == ("Batched", 1, 0)]
+    assert len(seconds) * 2 == len(batches) and all(k[0] == "Packed" for k in seconds[0].__restore_key__[3:])
+    for batch in (seconds[0], seconds[-1]):
+        again = loader.restore_sample(batch.__restore_key__)
+        assert again.documents == batch.documents and torch.equal(again.input_ids, batch.input_ids)
+        assert again.__restore_key__ == batch.__restore_key__
+    loader.close()
+
+
 def test_restore_sample_applies_stateless_maps_and_refuses_wrappers_it_cannot_apply(roots):
     """A MapDataset declared stateless: the batch made again went through map_fn (it was returned
     unmapped); a map not so declared, a MixBatchDataset, GroupBatchDataset or IterMapDataset:
