@@ -187,6 +187,66 @@ def check_group_args(args: Sequence[str]) -> None:
             raise ConfigError(f"{arg}: no {group} config of that name{hint}; built in: {', '.join(options)}")
 
 
+#: ``trainer`` keys that are not arguments of the Trainer class (``make_trainer`` takes them out)
+TRAINER_OWN_KEYS = ("_target_", "ray", "callbacks")
+
+
+def check_trainer(cfg: DictConfig) -> None:
+    """Refuse ``trainer.*`` values that the Trainer class would take and fail on later, naming the key:
+    an argument it does not have (with the closest one), or text, a list … where its signature wants
+    a whole number, a number or a flag (``trainer.max_steps=abc`` failed deep in Lightning with
+    "'<' not supported between instances of 'str' and 'int'", naming no key).
+
+    Raises:
+        ConfigError: naming the key, the value and what the Trainer wants.
+    """
+    import inspect
+    import typing
+
+    from hydra.utils import get_class
+
+    options = OmegaConf.to_container(cfg.trainer, resolve=True) if "trainer" in cfg else {}
+    try:
+        target = get_class(str(options.get("_target_", "lightning.pytorch.Trainer")))
+        params = inspect.signature(target.__init__).parameters
+        hints = typing.get_type_hints(target.__init__)
+    except Exception:  # a Trainer class of the user's that cannot be inspected: left to it
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        params = {}
+    for name, value in options.items():
+        if name in TRAINER_OWN_KEYS:
+            continue
+        if params and name not in params:
+            close = difflib.get_close_matches(name, list(params), n=1)
+            hint = f" (did you mean trainer.{close[0]}?)" if close else ""
+            raise ConfigError(f"trainer.{name}: not an argument of {target.__name__}{hint}")
+        kinds = _plain_kinds(hints.get(name))
+        if kinds and not _is_kind(value, kinds):
+            names = {bool: "a flag", int: "a whole number", float: "a number"}
+            wanted = " or ".join(sorted({names[k] for k in kinds if k in names and not (k is int and float in kinds)}))
+            raise ConfigError(f"trainer.{name} must be {wanted}{' (or null)' if type(None) in kinds else ''}, got {value!r}")
+
+
+def _plain_kinds(hint: Any) -> Optional[tuple]:
+    """The types of a hint made only of ``int``, ``float``, ``bool`` and ``None`` (``Optional[int]``),
+    else None (a hint that allows text or anything else is not checked)."""
+    import typing
+
+    args = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)
+    kinds = tuple(a for a in args if a in (int, float, bool, type(None)))
+    return kinds if kinds and len(kinds) == len(args) else None
+
+
+def _is_kind(value: Any, kinds: tuple) -> bool:
+    """Whether ``value`` is of one of ``kinds`` (a whole number is a number too; a flag is no number)."""
+    if value is None or isinstance(value, bool):
+        return type(value) in kinds
+    if isinstance(value, int):
+        return int in kinds or float in kinds
+    return isinstance(value, float) and float in kinds
+
+
 def ray_options(cfg: DictConfig) -> Dict[str, Any]:
     """``cfg.trainer.ray`` checked: ``num_workers`` and ``max_failures`` whole numbers (``max_failures``
     -1: without end, as Ray's), ``cpus_per_worker`` a number >= 0, ``use_gpu`` a bool.

@@ -10,7 +10,9 @@ import lightning.pytorch as pl
 from omegaconf import DictConfig
 
 from energon_ray.train.build import build, make_trainer
-from energon_ray.train.config import ConfigError, check_choices, is_lightning_ckpt_name, ray_options, with_absolute_paths
+from energon_ray.train.config import (
+    ConfigError, check_choices, check_trainer, is_lightning_ckpt_name, ray_options, with_absolute_paths,
+)  # fmt: skip
 
 
 class LossHistory(pl.Callback):
@@ -58,6 +60,7 @@ def fit(cfg: DictConfig) -> TrainResult:
     check_choices(cfg)  # here, not only in each ray.train worker
     cfg = with_absolute_paths(cfg)
     check_ckpt_path(cfg.get("ckpt_path"))
+    check_trainer(cfg)
     if ray_options(cfg)["num_workers"] > 0:
         from energon_ray.train.ray_launch import fit_on_ray
 

@@ -386,3 +386,39 @@ def test_choices_of_the_users_own_config_folders_are_left_to_hydra(monkeypatch, 
     monkeypatch.setattr(sys, "argv", argv)
     main()
     assert OmegaConf.create(capsys.readouterr().out).mine_marker == 7
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("trainer.max_steps=abc", "trainer.max_steps must be a whole number, got 'abc'"),
+        ("trainer.max_epochs=1.5", "trainer.max_epochs must be a whole number (or null), got 1.5"),
+        ("trainer.enable_progress_bar=3", "trainer.enable_progress_bar must be a flag (or null), got 3"),
+        ("+trainer.gradient_clip_val=high", "trainer.gradient_clip_val must be a number (or null), got 'high'"),
+        ("+trainer.max_stpes=5", "trainer.max_stpes: not an argument of Trainer (did you mean trainer.max_steps?)"),
+    ],
+)
+def test_a_trainer_value_lightning_would_fail_on_is_named_before_anything_starts(monkeypatch, tmp_path, override, said):
+    """trainer.* values of the wrong kind, or an argument the Trainer lacks: "error: trainer.<key> …",
+    exit 1, nothing built (Lightning failed later with "'<' not supported between instances of 'str'
+    and 'int'", or a TypeError of an unexpected keyword, naming no config key)."""
+    from energon_ray.train.__main__ import main
+
+    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
+            override, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == f"error: {said}"
+    assert not (tmp_path / "data").exists()  # nothing was built: the synthetic dataset was not written
+
+
+def test_trainer_values_of_the_right_kind_pass_the_check():
+    """The built-in tasks' trainer configs and values of each accepted kind pass (val_check_interval
+    takes a whole number or a fraction; a null where the Trainer takes None)."""
+    from energon_ray.train.config import check_trainer
+
+    for task, dataset in BUILTIN_TASKS.items():
+        check_trainer(compose([f"+task={task}", f"+dataset={dataset}"]))
+    check_trainer(compose(["+task=vision/captioning", "+dataset=vision/captioning/synthetic", "trainer.max_epochs=null",
+                           "trainer.val_check_interval=0.5", "+trainer.gradient_clip_val=1", "trainer.enable_progress_bar=false"]))  # fmt: skip
