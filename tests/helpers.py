@@ -158,3 +158,26 @@ def stop_abandoned_loader_workers() -> int:
     for process in workers:
         process.join(5)
     return len(workers)
+
+
+#: what each entry point says when RAY_ADDRESS names a host:port nothing answers at, after its own name
+NO_CLUSTER_AT_PORT_1 = (
+    "energon_ray: no Ray cluster at 127.0.0.1:1 (Connection refused): start one there (`ray start --head`), "
+    "or give another address (--address / RAY_ADDRESS); without one a private local Ray is started"
+)
+
+
+def last_error_line_without_a_cluster(*argv: str) -> str:
+    """Run ``python *argv`` in a process of its own (one already connected to Ray keeps using it) with
+    RAY_ADDRESS at a port nothing answers at; check it exits 1 without a traceback and return the last
+    line it wrote to stderr."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:1", PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=300, cwd=root)
+    if proc.returncode != 1 or "Traceback" in proc.stderr:
+        raise AssertionError(f"exit {proc.returncode}, expected 1 without a traceback:\n{proc.stderr[-3000:]}")
+    return proc.stderr.splitlines()[-1]

@@ -800,6 +800,14 @@ def test_restore_sample_keeps_the_indices_of_a_validation_metadataset(roots):
     loader.close()
 
 
+def _packed_train_loader(roots, encoder):
+    """A savable train loader over the documents, packed (buffers of 8) and batched by 3."""
+    return er.get_savable_loader(
+        er.get_train_dataset(roots["docs"], batch_size=3, shuffle_buffer_size=10, worker_config=WC, repeat=False,
+                             packing_buffer_size=8, task_encoder=encoder, samples_per_segment=16)
+    )  # fmt: skip
+
+
 def test_restore_sample_rebuilds_packed_batches(roots):
     """Packed batches (members post-encoded, packs drawing the hooks' RNG, packs pooled across segments)
     are made again from their restore keys: the same documents, tokens and keys."""
@@ -814,10 +822,7 @@ def test_restore_sample_rebuilds_packed_batches(roots):
             pack.input_ids[-1] = int(random.random() * 1000)
             return pack
 
-    loader = er.get_savable_loader(
-        er.get_train_dataset(roots["docs"], batch_size=3, shuffle_buffer_size=10, worker_config=WC, repeat=False,
-                             packing_buffer_size=8, task_encoder=RandomPacks(max_length=96), samples_per_segment=16)
-    )  # fmt: skip
+    loader = _packed_train_loader(roots, RandomPacks(max_length=96))
     batches = list(loader)
     assert loader.can_restore_sample() and len(batches) > 6
     docs = [d for b in batches for pack in b.documents for d in pack]
@@ -1001,10 +1006,7 @@ def test_restore_sample_rebuilds_each_output_of_a_generator_batch_hook_over_pack
             rest.input_ids[0, 0] = int(random.random() * 1000)
             yield rest
 
-    loader = er.get_savable_loader(
-        er.get_train_dataset(roots["docs"], batch_size=3, shuffle_buffer_size=10, worker_config=WC, repeat=False,
-                             packing_buffer_size=8, task_encoder=SplitPacks(max_length=96), samples_per_segment=16)
-    )  # fmt: skip
+    loader = _packed_train_loader(roots, SplitPacks(max_length=96))
     batches = list(loader)
     seconds = [b for b in batches if b.__restore_key__[:3] == ("Batched", 1, 0)]
     assert len(seconds) * 2 == len(batches) and all(k[0] == "Packed" for k in seconds[0].__restore_key__[3:])

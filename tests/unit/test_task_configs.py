@@ -271,22 +271,12 @@ def test_command_line_entry_point_names_a_cluster_address_nothing_answers_at(tmp
     """RAY_ADDRESS=127.0.0.1:1 (nothing listens): "error: …" naming the address and exit 1, whether the loader
     or ray.train reaches Ray first (before: a Hydra traceback of ensure_ray's ConnectionError). In a
     process of its own: one already connected to Ray (the session's) keeps using it."""
-    import os
-    import subprocess
-    from pathlib import Path
+    from tests.helpers import NO_CLUSTER_AT_PORT_1, last_error_line_without_a_cluster
 
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:1", PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     argv = ["+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
             "trainer.max_steps=1", "trainer.enable_progress_bar=false",
             f"trainer.ray.num_workers={ray_workers}", f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "energon_ray.train", *argv], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.stderr.splitlines()[-1] == (
-        "error: energon_ray: no Ray cluster at 127.0.0.1:1 (Connection refused): start one there (`ray start --head`), "
-        "or give another address (--address / RAY_ADDRESS); without one a private local Ray is started"
-    )
-    assert "Traceback" not in proc.stderr
+    assert last_error_line_without_a_cluster("-m", "energon_ray.train", *argv) == f"error: {NO_CLUSTER_AT_PORT_1}"
 
 
 def test_command_line_help_lists_the_built_in_tasks(monkeypatch, capsys):
