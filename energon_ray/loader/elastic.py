@@ -84,7 +84,7 @@ def redistribute(dataset: Any, states: Sequence[LoaderState]) -> Tuple[LoaderSta
     first = states[0]
     if first.pass_index is None:  # saved between passes: the next pass starts fresh anyway
         return mine, None
-    redist = _prefixes(dataset, states, wc)
+    redist = stream_prefixes(dataset, states, wc)
     origin = [s.to_dict() for s in states]
     mine = dataclasses.replace(mine, pass_index=first.pass_index, elastic={"pass_index": first.pass_index, "states": origin})
     return mine, redist
@@ -93,8 +93,17 @@ def redistribute(dataset: Any, states: Sequence[LoaderState]) -> Tuple[LoaderSta
 def from_origin(dataset: Any, elastic: Dict[str, Any], wc: Optional[WorkerConfig] = None) -> Redistribution:
     """The redistribution a state saved during a redistributed pass was running on (for ``wc``,
     by default the loader's own worker config)."""
+    wc = wc or dataset.worker_config
     states = [LoaderState.coerce(s) for s in elastic["states"]]
-    return _prefixes(dataset, _check(dataset, states), wc or dataset.worker_config)
+    if same_shape(states, wc):  # a smaller batch size's pass (loader.rebatch), checked when it was restored
+        return stream_prefixes(dataset, states, wc)
+    return stream_prefixes(dataset, _check(dataset, states), wc)
+
+
+def same_shape(states: Sequence[LoaderState], wc: WorkerConfig) -> bool:
+    """Whether saved states come from ``wc``'s world size and worker count (only the batch size
+    changed: each worker stream keeps its own rest, see ``loader.rebatch``)."""
+    return all((s.world_size, s.num_workers) == (wc.world_size, max(1, wc.num_workers)) for s in states)
 
 
 def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
@@ -116,6 +125,13 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
             "every rank of one run saved at the same step"
         )
     check_seed(seeds[0], dataset)
+    check_order(dataset, states)
+    check_movable(dataset, states, "restoring on another world size or worker count")
+    return states
+
+
+def check_order(dataset: Any, states: Sequence[LoaderState]) -> None:
+    """Raises ``StateError`` naming what changes the sample order between ``states`` and ``dataset``."""
     accepted = fingerprints(dataset, order_only=True)
     ours = accepted[0]
     for s in states:
@@ -132,6 +148,12 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
                 "worker count, batch size and task encoders may change"
             )
     warn_other_encoders(states[0].task_encoders, dataset)
+
+
+def check_movable(dataset: Any, states: Sequence[LoaderState], what: str) -> None:
+    """Raises ``StateError`` where the unfinished epoch cannot be cut into stream prefixes: a leaf that
+    packs, repeats a set number of times or batches across a validation metadataset's datasets, a
+    ``LimitDataset`` that had counted, a wrapper that held pulled items (``what``: the restore asked for)."""
     for i, leaf in enumerate(dataset.leaves()):
         o = leaf.options
         why = (
@@ -141,29 +163,28 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
         )  # fmt: skip
         if why is not None:
             raise StateError(
-                f"restoring on another world size or worker count is not supported for {leaf!r}: it {why}; restore "
-                "with the world size and num_workers it was saved with"
+                f"{what} is not supported for {leaf!r}: it {why}; restore with the world size, num_workers "
+                "and batch size it was saved with"
             )
     for s in states:
         for per_worker in s.nodes:
             for worker, node in enumerate(per_worker):
                 if isinstance(node, dict) and int(node.get("limited", 0) or 0) > 0:
                     raise StateError(
-                        f"restoring on another world size or worker count: rank {s.rank}'s worker stream {worker} was saved "
+                        f"{what}: rank {s.rank}'s worker stream {worker} was saved "
                         f"after a LimitDataset had counted {node['limited']} of its items; its limit is per rank and worker "
                         "stream, and the items given do not map onto the new ones (the pass would give more than its limit, "
-                        "or fewer than the old ranks had left). Restore with the world size and num_workers it was saved "
-                        "with, or save where the limited pass begins"
+                        "or fewer than the old ranks had left). Restore with the world size, num_workers and batch size "
+                        "it was saved with, or save where the limited pass begins"
                     )
                 if _holds_items(node):
                     raise StateError(
-                        f"restoring on another world size or worker count: rank {s.rank}'s worker stream {worker} was saved "
+                        f"{what}: rank {s.rank}'s worker stream {worker} was saved "
                         "while a wrapper held items it had pulled (a ShuffleBufferDataset or GroupBatchDataset buffer, "
                         "a PackingDataset or generator batcher/map_fn/IterMapDataset half-way through its outputs); "
-                        "which of its samples were given is not in the state. Restore with the world size and "
-                        "num_workers it was saved with"
+                        "which of its samples were given is not in the state. Restore with the world size, "
+                        "num_workers and batch size it was saved with"
                     )
-    return states
 
 
 def _holds_items(node: Any) -> bool:
@@ -180,14 +201,15 @@ def _old_config(wc: WorkerConfig, state: LoaderState) -> WorkerConfig:
     return dataclasses.replace(wc, rank=state.rank, world_size=state.world_size, num_workers=state.num_workers)
 
 
-def _prefixes(dataset: Any, states: List[LoaderState], wc: WorkerConfig) -> Redistribution:
-    """Every leaf's unfinished epoch over the old global workers, cut into ``wc``'s share."""
-    leaves = dataset.leaves()
+def stream_prefixes(dataset: Any, states: List[LoaderState], wc: WorkerConfig) -> Redistribution:
+    """Every leaf's unfinished epoch over the old global workers, cut into ``wc``'s share; states of
+    ``wc``'s own world size and worker count (another batch size): each stream's own rest, every
+    leaf's up to one common epoch, so each stream goes on exactly as the saved one would have."""
     pass_index = states[0].pass_index
     new_workers = max(1, wc.num_workers)
-    global_workers = new_workers * wc.world_size
-    prefixes: List[List[np.ndarray]] = []
-    next_epoch = pass_index
+    own = same_shape(states, wc)
+    if own:
+        states = [s for s in states if s.rank == wc.rank]
     # each old rank's own redistribution (a state saved during a redistributed pass), computed once
     olds = [
         (state, _old_config(wc, state),
@@ -195,32 +217,39 @@ def _prefixes(dataset: Any, states: List[LoaderState], wc: WorkerConfig) -> Redi
          if state.elastic is not None and state.elastic.get("pass_index") == pass_index else None)
         for state in states
     ]  # fmt: skip
-    for i, leaf in enumerate(leaves):
-        chained = leaf.stage_config().chained
-        progress = []  # (stream, worker, start, pooled, consumed, reached) of every old worker stream
-        for state, old_wc, origin in olds:
-            if origin is not None:
-                old = origin.streams(leaf, i, old_wc)
-            else:
-                old = leaf.streams(pass_index, worker_config=old_wc)
-            progress += [(stream, w, *_progress(stream, state, i, w, chained)) for w, stream in enumerate(old)]
-        # the epoch no old stream had begun: a stream that gave (or pooled) items of a later epoch than
-        # its checkpoint's segment (a segment across an epoch boundary of an endless stream) had begun
-        # that epoch, and every other stream gives its share of it too, so none of it comes twice
-        target = max((stream.epoch_at(stream.epoch_end(reached)) for stream, *_, reached in progress), default=pass_index)
+    progress = [_leaf_progress(leaf, i, olds, pass_index) for i, leaf in enumerate(dataset.leaves())]
+    # the epoch no old stream had begun: a stream that gave (or pooled) items of a later epoch than
+    # its checkpoint's segment (a segment across an epoch boundary of an endless stream) had begun
+    # that epoch, and every other stream gives its share of it too, so none of it comes twice
+    targets = [max((stream.epoch_at(stream.epoch_end(reached)) for stream, *_, reached in p), default=pass_index) for p in progress]
+    if own and targets:
+        targets = [max(targets)] * len(targets)
+    prefixes: List[List[np.ndarray]] = []
+    next_epoch = pass_index
+    for i, (leaf_progress, target) in enumerate(zip(progress, targets)):
         rest: List[np.ndarray] = []
-        for stream, w, start, pooled, consumed, _ in progress:
+        for stream, w, start, pooled, consumed, _ in leaf_progress:
             samples, epoch = _rest(stream, start, pooled, consumed, target, w, i)
             rest.append(samples)
             next_epoch = max(next_epoch, epoch)
+        if own:
+            prefixes.append(rest)
+            continue
         everything = np.concatenate(rest) if rest else np.empty(0, dtype=np.int64)
-        cuts = _balanced(len(everything), global_workers)
-        mine = []
-        for local in range(new_workers):
-            g = wc.rank * new_workers + local
-            mine.append(everything[cuts[g] : cuts[g + 1]])
-        prefixes.append(mine)
+        cuts = _balanced(len(everything), new_workers * wc.world_size)
+        first = wc.rank * new_workers
+        prefixes.append([everything[cuts[g] : cuts[g + 1]] for g in range(first, first + new_workers)])
     return Redistribution(pass_index, next_epoch, prefixes, [s.to_dict() for s in states])
+
+
+def _leaf_progress(leaf: Any, i: int, olds: List[Tuple[LoaderState, WorkerConfig, Any]], pass_index: int) -> List[tuple]:
+    """``(stream, worker, start, pooled, consumed, reached)`` of each old worker stream of leaf ``i``."""
+    chained = leaf.stage_config().chained
+    out = []
+    for state, old_wc, origin in olds:
+        old = origin.streams(leaf, i, old_wc) if origin is not None else leaf.streams(pass_index, worker_config=old_wc)
+        out += [(stream, w, *_progress(stream, state, i, w, chained)) for w, stream in enumerate(old)]
+    return out
 
 
 def _given_by_nodes(state: LoaderState, leaf: int, worker: int) -> set:

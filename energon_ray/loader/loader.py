@@ -24,6 +24,7 @@ from energon_ray.loader.feed import MultiFeed, check_executor
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.stats import LoaderStats
 from energon_ray.loader.remake import blocker
+from energon_ray.loader.rebatch import batch_size_changes, rebatch
 from energon_ray.loader.savable import PassRun, adopt_layouts, check_fits, new_state, restore_sample, starts_of
 from energon_ray.errors import DatasetConfigError, log_exception
 from energon_ray.loader.state import LoaderState, StateError
@@ -243,7 +244,9 @@ class EnergonLoader:
 
         Raises:
             StateError: another state version, dataset configuration or WorkerConfig (for another world
-                size or worker count, pass every rank's state to ``restore_state_global``).
+                size or worker count, pass every rank's state to ``restore_state_global``); a batch size
+                that is larger than the saved one or does not divide it (a divisor is restored as in
+                Energon: each worker stream goes on with the samples it had not given, ``loader.rebatch``).
         """
         if state is None:
             return
@@ -256,6 +259,10 @@ class EnergonLoader:
                 "worker count, pass the states of all saved ranks to restore_state_global(states) (or use "
                 "restore_loader_state(loader, folder) on a folder holding every rank's file)"
             )
+        changes = batch_size_changes(state, self.dataset)
+        if changes:  # a smaller batch size: each worker stream goes on with its own rest (loader.rebatch)
+            self._start_restore(*rebatch(self.dataset, state, changes))
+            return
         check_fits(state, self.dataset)
         adopt_layouts(state, self.dataset)
         redist = None
@@ -420,6 +427,8 @@ class EnergonLoader:
         try:
             if restore is not None and restore.streams:
                 run.restore(restore)
+            elif restore is not None and restore.round_robin is not None:  # a rebatched pass: its worker next
+                run.round_robin.restore(restore.round_robin)
             self._live = run
             for item in run.round_robin:
                 yielded += 1
