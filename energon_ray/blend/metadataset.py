@@ -20,9 +20,8 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-import yaml
-
 from energon_ray.errors import DatasetConfigError
+from energon_ray.format import energon_yaml
 from energon_ray.storage import RemotePath, as_path, is_remote
 
 _REF_KEYS = {"path", "split_part", "subflavors", "subflavor", "subset", "shuffle_over_epochs_multiplier",
@@ -380,7 +379,7 @@ def read_file(path: Path | str | RemotePath) -> Any:
     """The parsed YAML of a metadataset file (local or remote)."""
     path = _as_path(path)
     try:
-        return yaml.safe_load(path.read_text())
+        return energon_yaml.load(path.read_text())
     except Exception as exc:
         raise DatasetConfigError(f"{path}: cannot parse metadataset: {exc}") from None
 

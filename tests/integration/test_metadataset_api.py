@@ -204,3 +204,22 @@ def test_caller_subflavors_override_every_level_of_the_tree(root):
     theirs = me.get_val_datasets(root / "outer.yaml", split_part="train", worker_config=_energon_wc(), batch_size=2,
                                  subflavors={"level": "caller"})  # fmt: skip
     assert [leaf.subflavors for _, leaf in pairs] == [info.subflavors for _, info in theirs]
+
+
+def test_yaml_scalars_are_read_as_energon_reads_them(root):
+    """Unquoted 010, 2024-01-01, 1e-3, on, 1:20 and a key 1 are 10, '2024-01-01', 0.001, 'on', '1:20'
+    and '1' (Energon's rules, not PyYAML's 8, date, '1e-3', True, 80, 1), in weights and subflavors."""
+    import megatron.energon as me
+
+    (root / "scalars.yaml").write_text(
+        _HEAD + "  train:\n    blend:\n"
+        "      - {weight: 010, path: a, subflavors: {ver: 2024-01-01, lr: 1e-3, flag: on, t: 1:20, 1: one, q: '5'}}\n"
+        "      - {weight: 1e1, path: b}\n"
+    )
+    subflavors = {"ver": "2024-01-01", "lr": 0.001, "flag": "on", "t": "1:20", "1": "one", "q": "5"}
+    ours = er.load_dataset(root / "scalars.yaml").get_datasets(training=True, split_part="train", worker_config=None)
+    theirs = me.load_dataset(root / "scalars.yaml").get_datasets(training=True, split_part="train", worker_config=_energon_wc())
+    assert _summary(ours) == [(0.5, None, "a", {"origin": "a", "level": "dataset", **subflavors}, 20), (0.5, None, "b", {}, 24)]
+    assert _summary(ours) == _summary(theirs)
+    (first, _) = er.traverse_metadataset(root / "scalars.yaml", split_part="train")
+    assert first.subflavors == subflavors == me.traverse_metadataset(root / "scalars.yaml", split_part="train")[0].subflavors

@@ -117,7 +117,9 @@ def test_a_bad_v1_split_names_file_node_and_value(tree, split, got):
     "body,message",
     [
         ("blend: [{weight: -1, path: coco}]", r"splits.train.blend\[0\]: weight must be a finite number >= 0, got -1"),
-        ("blend: [{weight: .nan, path: coco}]", r"weight must be a finite number >= 0, got nan"),
+        ("blend: [{weight: .nan, path: coco}]", r"weight must be a number, got '.nan'"),  # text in Energon's YAML too
+        ("blend: [{weight: nan, path: coco}]", r"weight must be a finite number >= 0, got 'nan'"),
+        ("blend: [{weight: 1e999, path: coco}]", r"weight must be a finite number >= 0, got inf"),
         ("blend: [{weight: 0, path: coco}, {weight: 0, path: coyo}]", r"splits.train.blend: weights \[0.0, 0.0\] are all zero"),
         ("blend: [{weight: 1e308, path: coco}, {weight: 1e308, path: coyo}]", r"splits.train.blend: weights \[1e\+308, 1e\+308\] sum to inf \(too large for a float\); scale them down"),
         ("blend: [{weight: 1, path: missing}]", r"splits.train.blend\[0\]: path 'missing' does not exist"),

@@ -1,0 +1,77 @@
+"""YAML read with Energon's scalar rules, so a config file means the same values here as there.
+
+Energon parses its YAML files (metadatasets, ``dataset.yaml``, split files) with rapidyaml and types
+the unquoted scalars itself, not by YAML 1.1's rules that PyYAML's ``safe_load`` follows. The two
+disagree on values a user writes: ``2024-01-01`` (a date in PyYAML, text in Energon), ``1e-3``
+(text / a float), ``on`` (True / text), ``010`` (8 / 10), ``1:20`` (80 / text), and mapping keys
+(``1:`` is the int 1 in PyYAML, the text ``'1'`` in Energon). Those values become weights,
+subset bounds and the ``__subflavors__`` every sample carries, so they must be Energon's.
+
+The rules for an unquoted scalar: ``null``/``~`` is None, ``true``/``yes`` and ``false``/``no``
+(any case) are booleans, text holding ``.`` or ``e`` is a float if Python's ``float`` reads it,
+other text an int if ``int`` reads it, anything else stays text. Quoted and block scalars stay text;
+keys stay as written. An empty value is None (Energon cannot read one at all).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+_NULL = frozenset({"null", "~", ""})
+_TRUE = frozenset({"true", "yes"})
+_FALSE = frozenset({"false", "no"})
+
+
+def plain_scalar(text: str) -> Any:
+    """The value Energon gives an unquoted YAML scalar.
+
+    Example:
+        >>> [plain_scalar(t) for t in ("1e-3", "010", "Yes", "on", "2024-01-01", "~")]
+        [0.001, 10, True, 'on', '2024-01-01', None]
+    """
+    lower = text.lower()
+    if lower in _NULL:
+        return None
+    if lower in _TRUE:
+        return True
+    if lower in _FALSE:
+        return False
+    try:
+        return float(text) if ("." in text or "e" in lower) else int(text)
+    except ValueError:
+        return text
+
+
+class _EnergonLoader(yaml.SafeLoader):
+    """A safe loader whose plain scalars all resolve to text first, then get :func:`plain_scalar`."""
+
+    yaml_implicit_resolvers: dict = {}
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        out = {}
+        for key_node, value_node in node.value:
+            # Energon keeps every key as the text written (``1:`` is ``'1'``); a key that is a
+            # list or mapping is unhashable and refused by the caller's parse error
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else self.construct_object(key_node, deep=deep)
+            out[key] = self.construct_object(value_node, deep=deep)
+        return out
+
+
+def _construct_text(loader: _EnergonLoader, node: yaml.ScalarNode) -> Any:
+    text = loader.construct_scalar(node)
+    return plain_scalar(text) if node.style is None else text
+
+
+_EnergonLoader.add_constructor("tag:yaml.org,2002:str", _construct_text)
+
+
+def load(text: str) -> Any:
+    """Parse YAML ``text`` as Energon does (see the module's rules); raises ``yaml.YAMLError``.
+
+    Example:
+        >>> load("subflavors: {ver: 2024-01-01, lr: 1e-3, 1: x, q: '5'}")
+        {'subflavors': {'ver': '2024-01-01', 'lr': 0.001, '1': 'x', 'q': '5'}}
+    """
+    return yaml.load(text, Loader=_EnergonLoader)
