@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 import yaml
 
 from energon_ray.errors import DatasetConfigError, parse_problem
+from energon_ray.format import energon_yaml
 from energon_ray.format.dataset_code import RemoteFiles, load_function, named_sample_type
 from energon_ray.format.field_access import parse_field_access
 from energon_ray.format.info import check_write_target, meta_dir, write_file
@@ -195,7 +196,7 @@ def _read_yaml(file: Any, files: Optional[RemoteFiles]) -> Dict[str, Any]:
     elif not file.is_file():
         raise DatasetConfigError(f"{file}: dataset config not found")
     try:
-        data = yaml.safe_load(text if text is not None else file.read_text()) or {}
+        data = energon_yaml.load(text if text is not None else file.read_text()) or {}
     except Exception as exc:
         raise DatasetConfigError(f"{file}: cannot parse: {parse_problem(exc)}") from None
     if not isinstance(data, dict):

@@ -223,3 +223,20 @@ def test_yaml_scalars_are_read_as_energon_reads_them(root):
     assert _summary(ours) == _summary(theirs)
     (first, _) = er.traverse_metadataset(root / "scalars.yaml", split_part="train")
     assert first.subflavors == subflavors == me.traverse_metadataset(root / "scalars.yaml", split_part="train")[0].subflavors
+
+
+def test_dataset_yaml_and_a_dataset_config_override_read_scalars_as_energon(tmp_path):
+    """subflavors in dataset.yaml and in a YAML's dataset_config file (1e-3, 2024-01-01, on, 010)
+    reach the leaf as Energon reads them: 0.001, '2024-01-01', 'on', 10."""
+    import megatron.energon as me
+
+    ds = prefixed_text_dataset(tmp_path / "c", "c", 12)
+    spec = (ds / ".nv-meta" / "dataset.yaml").read_text().split("subflavors:")[0]
+    (ds / ".nv-meta" / "dataset.yaml").write_text(spec + "subflavors: {lr: 1e-3, ver: 2024-01-01}\n")
+    (ds / ".nv-meta" / "alt.yaml").write_text(spec + "subflavors: {flag: on, n: 010}\n")
+    (tmp_path / "alt.yaml").write_text(_HEAD + "  train:\n    path: c\n    dataset_config: alt.yaml\n")
+    cases = ((ds, {"lr": 0.001, "ver": "2024-01-01"}), (tmp_path / "alt.yaml", {"flag": "on", "n": 10}))
+    for path, subflavors in cases:
+        (ours,) = er.load_dataset(path).get_datasets(training=False, split_part="train", worker_config=None).datasets
+        (theirs,) = me.load_dataset(path).get_datasets(training=False, split_part="train", worker_config=_energon_wc()).datasets
+        assert ours.dataset.subflavors == subflavors == theirs.dataset.subflavors
