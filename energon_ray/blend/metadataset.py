@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -170,9 +171,11 @@ def start_context(split_part: str, subflavors: Optional[Dict[str, Any]] = None, 
 
 
 def _as_path(value: Any) -> Path | RemotePath:
+    """A YAML's or a caller's path; a local one made absolute and free of ``.``/``..`` (as Energon's
+    paths are: ``sub/../a`` in a YAML is ``<folder>/a``; symlinks are kept)."""
     if isinstance(value, RemotePath):
         return value
-    return as_path(str(value)) if is_remote(str(value)) else Path(str(value))
+    return as_path(str(value)) if is_remote(str(value)) else Path(os.path.abspath(str(value)))
 
 
 class _Parser:
@@ -257,8 +260,8 @@ class _Parser:
 
     def resolve(self, raw: Any) -> Path | RemotePath:
         """A path of the YAML, relative to its folder unless absolute."""
-        path = _as_path(raw)
-        return path if path.is_absolute() else self.base / path
+        path = _as_path(raw) if is_remote(str(raw)) or Path(str(raw)).is_absolute() else self.base / str(raw)
+        return _as_path(path)
 
     def blend(self, node: dict, kind: str, where: str, ctx: _Ctx) -> List[LeafSpec]:
         entries = node[kind]
@@ -288,9 +291,7 @@ class _Parser:
 
     def reference(self, node: dict, where: str, ctx: _Ctx) -> List[LeafSpec]:
         raw = node["path"]
-        path = _as_path(raw)
-        if not path.is_absolute():
-            path = self.base / path
+        path = self.resolve(raw)
         if self.check and not path.exists():
             raise _err(self.file, where, f"path {str(raw)!r} does not exist ({path})")
         _, absolute = _subset(node, self.file, where)
@@ -337,8 +338,7 @@ class _Parser:
                 ref = url.group("rest")
             elif protocol is not None and protocol.startswith("filesystem+"):
                 ref = f"{protocol[len('filesystem+'):]}://{url.group('rest')}"
-            path = _as_path(ref)
-            out[name] = path if path.is_absolute() else self.base / path
+            out[name] = self.resolve(ref)
         return out
 
 

@@ -240,3 +240,23 @@ def test_dataset_yaml_and_a_dataset_config_override_read_scalars_as_energon(tmp_
         (ours,) = er.load_dataset(path).get_datasets(training=False, split_part="train", worker_config=None).datasets
         (theirs,) = me.load_dataset(path).get_datasets(training=False, split_part="train", worker_config=_energon_wc()).datasets
         assert ours.dataset.subflavors == subflavors == theirs.dataset.subflavors
+
+
+def test_leaf_paths_are_absolute_and_normalised_like_energons(root, monkeypatch):
+    """'../a' in sub/inner.yaml, opened as the relative 'sub/inner.yaml', is <root>/a in traversal
+    and in the loaded leaves (was 'sub/../a'), as Energon's paths are; aux paths too."""
+    import megatron.energon as me
+
+    (root / "sub").mkdir(exist_ok=True)
+    (root / "sub" / "inner.yaml").write_text(
+        _HEAD + "  train:\n    blend:\n      - {path: ../a, aux: {media: filesystem://../media}}\n      - {path: ./../sub/../b}\n"
+    )
+    monkeypatch.chdir(root)
+    ours = er.traverse_metadataset("sub/inner.yaml", split_part="train")
+    assert [(r.path, r.aux) for r in ours] == [(root / "a", {"media": root / "media"}), (root / "b", {})]
+    theirs = me.traverse_metadataset("sub/inner.yaml", split_part="train")
+    assert [(str(r.path), {k: str(v) for k, v in r.aux.items()}) for r in ours] == [
+        (str(r.path), {k: str(v) for k, v in r.aux.items()}) for r in theirs
+    ]
+    loaded = er.load_dataset("sub/inner.yaml").get_datasets(training=False, split_part="train", worker_config=None)
+    assert [d.dataset.paths[0] for d in loaded.datasets] == [root / "a", root / "b"]
