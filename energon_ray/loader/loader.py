@@ -122,9 +122,15 @@ class EnergonLoader:
     def __iter__(self) -> Iterator[Any]:
         self._check_something_to_repeat()
         epoch_len = self.dataset.virtual_epoch_length()
-        if epoch_len or self.dataset.is_endless():
+        if epoch_len or self.dataset.is_endless() or self._repeats_passes():
             return self._continue(epoch_len or None, self._restores)
         return self._pass(self._restores)
+
+    def _repeats_passes(self) -> bool:
+        """A ``repeat=True`` training loader whose pass ends (its sources repeat a set number of
+        times: ``blend_epochized`` repetitions, a ``RepeatDataset(repeats=k)``) goes on with the next
+        pass in the same ``iter()``, as Energon repeats the whole blend without end."""
+        return all(leaf.options.training and leaf.options.repeat for leaf in self.dataset.leaves())
 
     def _check_something_to_repeat(self) -> None:
         """Training sources that repeat without end but hold no sample on this rank (more ranks
@@ -355,7 +361,8 @@ class EnergonLoader:
         restore, self._restore = self._restore, None
         while True:
             produced = False
-            if restore is not None and restore.pass_index is not None:
+            restored = restore is not None and restore.pass_index is not None
+            if restored:
                 items = self._one_pass(restore.pass_index, restore, endless=True)
             else:
                 items = self._one_pass(self._next_pass(), endless=True)
@@ -363,7 +370,7 @@ class EnergonLoader:
             for item in items:
                 produced = True
                 yield item
-            if not produced:
+            if not produced and not restored:  # a pass restored at its very end gives nothing; the next goes on
                 return
 
     def _remember(self, leaf_name: str):

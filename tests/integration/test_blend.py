@@ -332,3 +332,26 @@ def test_bad_blends_fail_clearly(sources):
     with pytest.raises(TypeError, match="batch_mix_fn '<lambda>' returned None"):
         next(iter(loader))
     loader.close()
+
+
+def test_repeating_blend_epochized_restores_at_an_epoch_boundary(sources):
+    """An endless blend_epochized loader saved at the end of its first epoch (3 batches) restores
+    into a new loader that gives exactly the original's batches 4..9 (the next epochs)."""
+    path = sources["root"] / "tiny_epochized.yaml"
+    path.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend_epochized:\n"
+        "      - {repetitions: 1, path: a, subset: {range: [0, 1]}}\n      - {repetitions: 2, path: b, subset: {range: [0, 2]}}\n"
+    )
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    loader = er.get_savable_loader(_train(path, wc=wc))
+    it = iter(loader)
+    first = [next(it).__key__[0] for _ in range(5)]
+    state = loader.save_state_rank()
+    rest = [next(it).__key__[0] for _ in range(10)]
+    loader.close()
+    assert sorted(first) == ["a_000000", "b_000000", "b_000000", "b_000001", "b_000001"]
+    again = er.get_savable_loader(_train(path, wc=wc))
+    again.restore_state_rank(state)
+    it = iter(again)
+    assert [next(it).__key__[0] for _ in range(10)] == rest
+    again.close()

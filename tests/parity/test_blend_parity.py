@@ -68,6 +68,19 @@ def test_blend_epochized_epoch_matches_energon(root):
     assert sum(ours.values()) == sum(theirs.values())
 
 
+def test_repeating_blend_epochized_goes_on_past_its_first_epoch_like_energon(root):
+    """A train blend_epochized (repeat=True, the default) is endless, as Energon's: 18 batches over 2
+    workers of epochs of 2 a-samples x1 and 2 b-samples x2 are 3 whole epochs of each worker (was:
+    6 batches, then the iteration ended)."""
+    (root / "tiny_epochized.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend_epochized:\n"
+        "      - {repetitions: 1, path: a, subset: {range: [0, 2]}}\n      - {repetitions: 2, path: b, subset: {range: [0, 2]}}\n"
+    )
+    want = {"a_000000": 3, "a_000001": 3, "b_000000": 6, "b_000001": 6}
+    for keys in (_our_keys(root / "tiny_epochized.yaml", batches=18), _energon_keys(root / "tiny_epochized.yaml", batches=18)):
+        assert len(keys) == 18 and dict(collections.Counter(keys)) == want
+
+
 def test_blend_shares_agree_with_energon(root):
     """Over 1500 batches both libraries give source shares within ±4 points of 70/30 and of each other."""
     ours = _our_keys(root / "blend.yaml", batches=1500)
