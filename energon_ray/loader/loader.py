@@ -23,7 +23,7 @@ from energon_ray.loader.elastic import Redistribution, from_origin, needs_redist
 from energon_ray.loader.feed import MultiFeed, check_executor
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.stats import LoaderStats
-from energon_ray.loader.remake import blocker
+from energon_ray.loader.remake import blocker, walk
 from energon_ray.loader.rebatch import batch_size_changes, rebatch
 from energon_ray.loader.savable import PassRun, adopt_layouts, check_fits, new_state, restore_sample, starts_of
 from energon_ray.errors import DatasetConfigError, log_exception
@@ -127,10 +127,15 @@ class EnergonLoader:
         return self._pass(self._restores)
 
     def _repeats_passes(self) -> bool:
-        """A ``repeat=True`` training loader whose pass ends (its sources repeat a set number of
-        times: ``blend_epochized`` repetitions, a ``RepeatDataset(repeats=k)``) goes on with the next
-        pass in the same ``iter()``, as Energon repeats the whole blend without end."""
-        return all(leaf.options.training and leaf.options.repeat for leaf in self.dataset.leaves())
+        """A ``repeat=True`` training loader whose pass ends because its sources repeat a set number
+        of times (``blend_epochized`` repetitions) goes on with the next pass in the same ``iter()``,
+        as Energon repeats the whole blend without end; not under a ``LimitDataset``, which ends the
+        loader's ``iter()`` after its items, as Energon's does."""
+        leaves = self.dataset.leaves()
+        repeating = all(leaf.options.training and leaf.options.repeat for leaf in leaves)
+        if not repeating or not any(leaf.options.repetitions is not None for leaf in leaves):
+            return False
+        return not any(type(node).__name__ == "LimitDataset" for node in walk(self.dataset))
 
     def _check_something_to_repeat(self) -> None:
         """Training sources that repeat without end but hold no sample on this rank (more ranks

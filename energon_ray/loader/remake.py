@@ -33,11 +33,12 @@ def _children(node: Composition) -> List[Composition]:
     return [kid for kid in kids if isinstance(kid, Composition)]
 
 
-def _walk(node: Composition) -> Iterator[Composition]:
+def walk(node: Composition) -> Iterator[Composition]:
+    """``node`` and the compositions inside it, down to its leaves."""
     yield node
     if not any(node is leaf for leaf in node.leaves()):
         for kid in _children(node):
-            yield from _walk(kid)
+            yield from walk(kid)
 
 
 def _path(node: Composition, leaf: Any) -> Optional[List[Composition]]:
@@ -70,7 +71,7 @@ def _reason(node: Composition) -> Optional[str]:
 
 def blocker(dataset: Composition) -> Optional[str]:
     """The first wrapper of the loader's tree that ``restore_sample`` cannot apply again, as a reason."""
-    for node in _walk(dataset):
+    for node in walk(dataset):
         reason = _reason(node)
         if reason is not None:
             return reason

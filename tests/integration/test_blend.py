@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import re
 from dataclasses import dataclass
 from typing import List
@@ -355,3 +356,16 @@ def test_repeating_blend_epochized_restores_at_an_epoch_boundary(sources):
     it = iter(again)
     assert [next(it).__key__[0] for _ in range(10)] == rest
     again.close()
+
+
+def test_a_limit_over_a_repeating_blend_epochized_still_ends_the_iteration(sources):
+    """A LimitDataset over a training blend_epochized (which goes on past its epoch) ends the loader's
+    iter() after its items, as Energon's LimitDataset does (it ran on without end)."""
+    path = sources["root"] / "tiny_epochized_limited.yaml"
+    path.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend_epochized:\n"
+        "      - {repetitions: 1, path: a, subset: {range: [0, 1]}}\n      - {repetitions: 2, path: b, subset: {range: [0, 2]}}\n"
+    )
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    loader = er.get_loader(er.LimitDataset(_train(path, wc=wc), length=4, worker_config=wc))
+    assert len(list(itertools.islice(loader, 50))) == 4
