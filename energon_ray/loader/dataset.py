@@ -119,6 +119,9 @@ class EnergonDataset(Composition):
         #: (``savable.adopt_layouts``): kept on this dataset, so the restored pass goes on as the saved
         #: one would have and the states saved from it record that layout again
         self.restored_layout: Optional[SegmentLayout] = None
+        #: a restored state saved before packs were pooled (``savable.adopt_pack_batching``): its
+        #: segments batched their own packs, so this dataset's do too
+        self.segment_pack_batches = False
 
     def _check_hooks(self) -> None:
         te, spec = self.task_encoder, self.dataset.spec
@@ -200,10 +203,19 @@ class EnergonDataset(Composition):
         """Global indices of the split part's excluded samples (the plan leaves them out)."""
         return self._excluded
 
+    def batch_packs_in_segments(self, value: bool) -> None:
+        """``True``: each segment batches its own packs (a restored state saved before packs were
+        pooled, ``savable.adopt_pack_batching``); ``False``: the trainer's pool batches them."""
+        if value != self.segment_pack_batches:
+            self.segment_pack_batches = value
+            self._stages = None
+
     @property
     def groups_batches(self) -> bool:
-        """Whether the task encoder buckets samples with ``batch_group_criterion``."""
-        return is_overridden(self.task_encoder, "batch_group_criterion")
+        """Whether every batch is made from the trainer's pools, numbered by the batches the worker
+        stream made before it: the task encoder buckets samples with ``batch_group_criterion``, or
+        the segments pack (``StageConfig.pool_packs``)."""
+        return is_overridden(self.task_encoder, "batch_group_criterion") or self.stage_config().pool_packs
 
     def streams(
         self, first_epoch: int = 0, worker_config: Optional[WorkerConfig] = None, prefixes: Optional[Sequence[Any]] = None
@@ -301,6 +313,7 @@ class EnergonDataset(Composition):
                 # a sample blend packs the drawn samples itself (``SampleBlendDataset``)
                 packing_buffer_size=packing,
                 batch_across_sources=across,
+                pool_packs=bool(packing) and self.options.batch_size is not None and not self.segment_pack_batches,
                 aux=AuxConfig(self.aux, as_path(self.dataset.root, self.dataset.storage), self.decoder, self.cache_pool),
                 postencode=postencode,
                 num_workers=max(1, self.worker_config.num_workers),

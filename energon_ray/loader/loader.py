@@ -25,7 +25,9 @@ from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.stats import LoaderStats
 from energon_ray.loader.remake import blocker, walk
 from energon_ray.loader.rebatch import batch_size_changes, rebatch
-from energon_ray.loader.savable import PassRun, adopt_layouts, check_fits, new_state, restore_sample, starts_of
+from energon_ray.loader.savable import (
+    PassRun, adopt_layouts, adopt_pack_batching, check_fits, new_state, restore_sample, starts_of,
+)  # fmt: skip
 from energon_ray.errors import DatasetConfigError, log_exception
 from energon_ray.loader.state import LoaderState, StateError
 from energon_ray.pipeline.remote_args import check_remote_args, task_needs
@@ -276,6 +278,7 @@ class EnergonLoader:
             return
         check_fits(state, self.dataset)
         adopt_layouts(state, self.dataset)
+        adopt_pack_batching(state, self.dataset)
         redist = None
         if state.elastic is not None and state.pass_index == state.elastic["pass_index"]:
             redist = from_origin(self.dataset, state.elastic)

@@ -198,6 +198,7 @@ def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderStat
         task_encoders=[encoder_name(leaf) for leaf in dataset.leaves()],
         config_summary=summarize(description),
         seed_offset=wc.seed_offset,
+        packs_pooled=not any(leaf.segment_pack_batches for leaf in dataset.leaves()),
     )
 
 
@@ -245,6 +246,14 @@ def adopt_layouts(state: LoaderState, dataset: Composition) -> None:
             logger.info("energon_ray: leaf %d restored with the segment layout it was saved with (%s, not %s)",
                         i, layout.to_list(), planned.to_list())  # fmt: skip
             leaf.restored_layout = layout
+
+
+def adopt_pack_batching(state: LoaderState, dataset: Composition) -> None:
+    """Batch packs as the loader that saved ``state`` did: a state saved before packs were pooled
+    (``packs_pooled`` False) counts items of segments that batched their own packs, so its packed
+    leaves do that again (and the states saved from them record it); others pool them."""
+    for leaf in dataset.leaves():
+        leaf.batch_packs_in_segments(not state.packs_pooled)
 
 
 def sample_keys(restore_key: Any) -> List[tuple]:

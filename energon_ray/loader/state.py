@@ -136,6 +136,10 @@ class LoaderState:
     #: ``WorkerConfig.seed_offset`` (it decides the sample order; ``None`` in states saved before it
     #: was recorded, which are not checked)
     seed_offset: Optional[int] = None
+    #: packed datasets' batches are made from the trainer's pool of each worker stream's packs
+    #: (``StageConfig.pool_packs``); ``False`` in states saved before, whose segments batched their
+    #: own packs (``savable.adopt_pack_batching`` restores them so)
+    packs_pooled: bool = False
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -188,6 +192,7 @@ class LoaderState:
             task_encoders=list(data.get("task_encoders", [])),
             config_summary=dict(data.get("config_summary", {})),
             seed_offset=data.get("seed_offset"),
+            packs_pooled=bool(data.get("packs_pooled", False)),
         )
 
     @classmethod

@@ -255,7 +255,7 @@ class BatchSamples:
             return [], grouper(entries, run)  # batched where the buckets fill, across segments
         if size is None:
             return [(item, [position]) for position, _, item in entries], []
-        if self.config.batch_across_sources:
+        if self.config.batch_across_sources or self.config.pool_packs:
             return [], ([(None, size, entries)] if entries else [])
         if eager is not None:
             batcher, runs = eager.batcher, eager.runs

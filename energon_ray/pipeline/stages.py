@@ -39,6 +39,9 @@ class StageConfig:
     #: Leave every sample to the trainer's pool, batched across datasets (a validation metadataset
     #: batches its datasets' streams as one, like Energon's concatenation before batching).
     batch_across_sources: bool = False
+    #: Leave every pack to the trainer's pool, which batches a worker stream's packs in order (Energon
+    #: batches them as one stream; a segment cannot know how many packs the segments before it made).
+    pool_packs: bool = False
     #: The dataset's auxiliary stores, its own path and the loader's cache pool (for cookers).
     aux: Optional[AuxConfig] = None
     #: Run ``postencode_sample`` here (off where the samples are packed later: a sample blend's

@@ -1071,3 +1071,38 @@ def test_losing_a_node_mid_epoch_loses_and_repeats_nothing_and_a_later_state_res
     assert result["both_nodes"] and result["alive_after"] == 1
     assert result["same"] and result["restored_same"]
     assert result["two_node_state_same"]  # a state saved on 2 nodes restores on 1 node: same batches
+
+
+def test_packed_states_saved_before_packs_were_pooled_restore_as_saved(roots):
+    """A packed loader's state without ``packs_pooled`` (saved when each segment batched its own packs
+    and pooled only the rest) restores into that batching, so it gives exactly the rest of the saved
+    run, and states saved from it say so; today's loaders batch a stream's packs from the pool."""
+
+    def dataset(segment_batches=False):
+        ds = er.get_val_dataset(roots["docs"], batch_size=3, worker_config=WC, packing_buffer_size=8,
+                                task_encoder=TextPackingTaskEncoder(max_length=96), samples_per_segment=16)  # fmt: skip
+        ds.batch_packs_in_segments(segment_batches)
+        return ds
+
+    def build(segment_batches):
+        return er.get_savable_loader(dataset(segment_batches))
+
+    def docs(batch):
+        return tuple(tuple(d) for d in batch.documents)
+
+    new, old = build(False), build(True)
+    pooled, it = [docs(b) for b in new], iter(old)
+    reference = [docs(next(it)) for _ in range(4)]
+    state = old.save_state_rank().to_dict()
+    reference += [docs(b) for b in it]
+    assert pooled != reference and sorted(d for b in pooled for p in b for d in p) == sorted(d for b in reference for p in b for d in p)
+    assert state.pop("packs_pooled") is False  # (and a state saved before the field was added has none)
+    fresh = build(False)
+    fresh.restore_state_rank(state)
+    it = iter(fresh)
+    assert [docs(next(it))] == reference[4:5]
+    assert fresh.save_state_rank().packs_pooled is False
+    assert [docs(b) for b in it] == reference[5:]
+    for loader in (new, old, fresh):
+        loader.close()
+    round_trip(dataset, [2, 5, 9], count=len(pooled) + 1)  # pooled packs restore exactly too

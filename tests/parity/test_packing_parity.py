@@ -172,3 +172,39 @@ def test_buffers_without_a_pack_are_counted_across_segments_like_energon(text):
     # at the buffer that makes 6, as Energon (the message named the second segment's 8 and its last buffer)
     with pytest.raises(er.FatalSampleError, match=r"^select_samples_to_pack returned no packs for 6 buffers in a row of worker stream 0 \(failure_tolerance=5; last: no pack from the buffer starting at 't_000015'\)"):
         _keys(ours(True))
+
+
+class PairHooks(JoinedPack):
+    """Pairs of the buffer (a buffer of 5 gives 3 packs); ``batch`` records the indices it sees."""
+
+    def select_samples_to_pack(self, samples):
+        return [samples[i : i + 2] for i in range(0, len(samples), 2)]
+
+    def batch(self, packs):
+        return [self.current_batch_index, self.current_sample_index, *(p.__key__ for p in packs)]
+
+
+class OurPairs(PairHooks, er.DefaultTaskEncoder):
+    sample_cls = er.TextSample
+
+
+class TheirPairs(PairHooks, me.DefaultTaskEncoder):
+    sample_cls = me.TextSample
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_of_packs_run_across_segments_like_energon(text, workers):
+    """A worker stream's packs are batched in order, as Energon batches them, also where a segment's
+    packs (12 per 20 samples here) do not fill whole batches of 5, and ``batch`` sees Energon's
+    ``current_batch_index``/``current_sample_index`` (each segment batched its own packs and its last
+    two waited in a pool for later segments' leftovers: batch 2 was packs 12-16, not 10-14; indices
+    were the first member's position over the batch size)."""
+    wc = dict(rank=0, world_size=1, num_workers=workers)
+    ours = er.get_val_dataset(text, split_part="train", worker_config=er.WorkerConfig(**wc), batch_size=5, packing_buffer_size=5,
+                              task_encoder=OurPairs(), samples_per_segment=20)  # fmt: skip
+    theirs = me.get_val_dataset(text, split_part="train", worker_config=me.WorkerConfig(**wc), batch_size=5, packing_buffer_size=5, task_encoder=TheirPairs())
+    got, expected = list(er.get_loader(ours)), list(me.get_loader(theirs))
+    assert got == expected
+    assert [b[:2] for b in got] == [[i, i] for i in range(len(got))]
+    if workers == 0:
+        assert got[2] == [2, 2, "t_000017+t_000018", "t_000019", "t_000020+t_000021", "t_000022+t_000023", "t_000024"]

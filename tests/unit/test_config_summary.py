@@ -29,6 +29,7 @@ class FakeLeaf:
         self.worker_config = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
         self.num_workers = 1
         self.segment_layout = SegmentLayout(length=8)
+        self.segment_pack_batches = False
         self.task_encoder = er.DefaultTaskEncoder()
 
     def leaves(self):
