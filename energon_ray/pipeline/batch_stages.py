@@ -239,7 +239,7 @@ class BatchSamples:
         if data.fatal is not None and not self._plain(data):
             return [], []
         if self.config.packing_buffer_size:
-            packer = Packer(te, self.config.packing_buffer_size, handler)
+            packer = Packer(te, self.config.packing_buffer_size, handler, size, self.config.index_offset(data.spec.worker))
             runs = packer.new_runs()
             data.runs.extend(runs)
             entries = packer(entries, seed, runs)

@@ -96,11 +96,17 @@ class EmptyRounds(StageRun):
 
 
 class Packer:
-    """Runs a task encoder's packing hooks over one segment's encoded samples."""
+    """Runs a task encoder's packing hooks over one segment's encoded samples.
 
-    def __init__(self, te: TaskEncoder, buffer_size: int, handler: Any):
+    ``batch_size`` and ``before`` (the samples of the stream in the datasets before this one) give
+    the hooks' ``current_batch_index``: their first sample's position over the batch size, as a
+    sample hook's (Energon's counts the batches made, which a segment cannot know)."""
+
+    def __init__(self, te: TaskEncoder, buffer_size: int, handler: Any, batch_size: Optional[int] = None, before: int = 0):
         self.te = te
         self.buffer_size = buffer_size
+        self.per_batch = batch_size or 1
+        self.before = before
         tol = te.__default_failure_tolerance__
         self.select = HookRunner("select_samples_to_pack", te.select_samples_to_pack, get_failure_tolerance(te.select_samples_to_pack, tol), handler)
         pack, post = te.pack_selected_samples, te.postencode_sample
@@ -113,11 +119,14 @@ class Packer:
         empty = EmptyRounds(stage="select_samples_to_pack (no pack)", tolerance=self.tolerance)
         return [self.select.new_run(), self.post.new_run(), self.pack.new_run(), empty]
 
+    def _batch_of(self, position: int) -> int:
+        return (self.before + position) // self.per_batch
+
     def _groups(self, buffer: List[Item], seed: int, runs: List[StageRun]) -> List[List[Item]]:
         samples = [item for _, _, item in buffer]
         by_id = {id(item): entry for entry, item in zip(buffer, samples)}
         what = f"select_samples_to_pack on {len(samples)} samples starting at {_key(samples[0])!r}"
-        with hook_call(seed, "pre_pack", buffer[0][0], sample_index=buffer[0][0]):
+        with hook_call(seed, "pre_pack", buffer[0][0], sample_index=buffer[0][0], batch_index=self._batch_of(buffer[0][0])):
             groups = self.select.call(runs[0], samples, what, at=buffer[-1][0])
         if groups is HookRunner.FAILED or groups is HookRunner.IGNORED:
             return []
@@ -145,10 +154,10 @@ class Packer:
     def pack_group(self, group: List[Item], seed: int, runs: List[StageRun]) -> List[Item]:
         """The packs of one selected group: ``postencode_sample`` on its members, then
         ``pack_selected_samples``, as ``(position, sub, pack)`` items."""
-        members = []
+        members, index = [], self._batch_of(group[0][0])
         for position, sub, sample in group:
             if self.do_post:
-                with hook_call(seed, "postencode", position, sample_index=position):
+                with hook_call(seed, "postencode", position, sample_index=position, batch_index=index):
                     sample = self.post.call(runs[1], sample, f"postencode_sample of {_key(sample)!r}", at=position)
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue
@@ -157,7 +166,7 @@ class Packer:
             return []
         position, sub = group[0][0], group[0][1]
         keys = [_key(m) for m in members]
-        with hook_call(seed, "pack", position, sample_index=position):
+        with hook_call(seed, "pack", position, sample_index=position, batch_index=index):
             packs = self.pack.call_many(runs[2], members, f"pack_selected_samples of {keys}", at=position)
         if packs is HookRunner.FAILED or packs is HookRunner.IGNORED:
             return []

@@ -40,7 +40,7 @@ def seam_packs(
     its own, so a batching call reads them from the store by ``Located``), their ``(position, sub)``
     and a report."""
     te: TaskEncoder = config.task_encoder.get()
-    packer = Packer(te, buffer_size, config.error_handler)
+    packer = Packer(te, buffer_size, config.error_handler, config.batch_size)
     runs = packer.new_runs()
     fatal, packs = None, []
     try:
@@ -69,7 +69,7 @@ def repacked_batches(
     encoded, not post-encoded) with the hook seeds they had, then batched as ``batch_size`` packs
     (``None``: the packs themselves): ``restore_sample`` of a packed batch. ``ITEM`` rows and a ``REPORT``."""
     te: TaskEncoder = config.task_encoder.get()
-    packer = Packer(te, 1, config.error_handler)
+    packer = Packer(te, 1, config.error_handler, batch_size, config.index_offset(worker))
     runs = packer.new_runs()
     fatal, made = None, []
     try:

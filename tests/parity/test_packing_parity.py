@@ -208,3 +208,42 @@ def test_batches_of_packs_run_across_segments_like_energon(text, workers):
     assert [b[:2] for b in got] == [[i, i] for i in range(len(got))]
     if workers == 0:
         assert got[2] == [2, 2, "t_000017+t_000018", "t_000019", "t_000020+t_000021", "t_000022+t_000023", "t_000024"]
+
+
+class IndexHooks:
+    """Packs of three, each recording the ``current_batch_index`` its buffer's selection, its first
+    member's ``postencode_sample`` and its ``pack_selected_samples`` saw."""
+
+    def select_samples_to_pack(self, samples):
+        for sample in samples:
+            sample.text = f"s{self.current_batch_index}"
+        return [samples[i : i + 3] for i in range(0, len(samples), 3)]
+
+    def postencode_sample(self, sample):
+        sample.text += f"e{self.current_batch_index}"
+        return sample
+
+    def pack_selected_samples(self, samples):
+        return self.sample_cls(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text=f"{samples[0].text}p{self.current_batch_index}")
+
+
+class OurIndexed(IndexHooks, er.DefaultTaskEncoder):
+    sample_cls = er.TextSample
+
+
+class TheirIndexed(IndexHooks, me.DefaultTaskEncoder):
+    sample_cls = me.TextSample
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packing_hooks_read_current_batch_index(text, workers):
+    """current_batch_index inside select_samples_to_pack, postencode_sample and pack_selected_samples
+    is the first sample's position over the batch size, as in sample hooks (it raised RuntimeError
+    there, so every buffer failed and the loader gave no batch); the packs and batches are Energon's."""
+    wc = dict(rank=0, world_size=1, num_workers=workers)
+    ours = er.get_val_dataset(text, split_part="train", worker_config=er.WorkerConfig(**wc), batch_size=2, packing_buffer_size=5, task_encoder=OurIndexed())
+    theirs = me.get_val_dataset(text, split_part="train", worker_config=me.WorkerConfig(**wc), batch_size=2, packing_buffer_size=5, task_encoder=TheirIndexed())
+    got = list(er.get_loader(ours))
+    assert _keys(got) == _keys(me.get_loader(theirs))
+    if workers == 0:  # buffers start at 0, 5, ...; their packs at 0, 3, 5, 8, ...
+        assert [b.text for b in got[:3]] == [["s0e0p0", "s0e1p1"], ["s2e2p2", "s2e4p4"], ["s5e5p5", "s5e6p6"]]
