@@ -184,12 +184,16 @@ class PairHooks(JoinedPack):
         return [self.current_batch_index, self.current_sample_index, *(p.__key__ for p in packs)]
 
 
-class OurPairs(PairHooks, er.DefaultTaskEncoder):
-    sample_cls = er.TextSample
-
-
-class TheirPairs(PairHooks, me.DefaultTaskEncoder):
-    sample_cls = me.TextSample
+def _packed_val_loaders(text, workers, hooks, batch_size, **ours_kwargs):
+    """Our and Energon's packed validation loaders (buffers of 5) with task encoders made of
+    ``hooks`` over each library's ``DefaultTaskEncoder`` and ``TextSample``."""
+    out = []
+    for lib, kwargs in ((er, ours_kwargs), (me, {})):
+        encoder = type(hooks.__name__, (hooks, lib.DefaultTaskEncoder), {"sample_cls": lib.TextSample})()
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+        out.append(lib.get_loader(lib.get_val_dataset(text, split_part="train", worker_config=wc, batch_size=batch_size,
+                                                      packing_buffer_size=5, task_encoder=encoder, **kwargs)))  # fmt: skip
+    return out
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -199,11 +203,8 @@ def test_batches_of_packs_run_across_segments_like_energon(text, workers):
     ``current_batch_index``/``current_sample_index`` (each segment batched its own packs and its last
     two waited in a pool for later segments' leftovers: batch 2 was packs 12-16, not 10-14; indices
     were the first member's position over the batch size)."""
-    wc = dict(rank=0, world_size=1, num_workers=workers)
-    ours = er.get_val_dataset(text, split_part="train", worker_config=er.WorkerConfig(**wc), batch_size=5, packing_buffer_size=5,
-                              task_encoder=OurPairs(), samples_per_segment=20)  # fmt: skip
-    theirs = me.get_val_dataset(text, split_part="train", worker_config=me.WorkerConfig(**wc), batch_size=5, packing_buffer_size=5, task_encoder=TheirPairs())
-    got, expected = list(er.get_loader(ours)), list(me.get_loader(theirs))
+    ours, theirs = _packed_val_loaders(text, workers, PairHooks, 5, samples_per_segment=20)
+    got, expected = list(ours), list(theirs)
     assert got == expected
     assert [b[:2] for b in got] == [[i, i] for i in range(len(got))]
     if workers == 0:
@@ -227,23 +228,13 @@ class IndexHooks:
         return self.sample_cls(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text=f"{samples[0].text}p{self.current_batch_index}")
 
 
-class OurIndexed(IndexHooks, er.DefaultTaskEncoder):
-    sample_cls = er.TextSample
-
-
-class TheirIndexed(IndexHooks, me.DefaultTaskEncoder):
-    sample_cls = me.TextSample
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 def test_packing_hooks_read_current_batch_index(text, workers):
     """current_batch_index inside select_samples_to_pack, postencode_sample and pack_selected_samples
     is the first sample's position over the batch size, as in sample hooks (it raised RuntimeError
     there, so every buffer failed and the loader gave no batch); the packs and batches are Energon's."""
-    wc = dict(rank=0, world_size=1, num_workers=workers)
-    ours = er.get_val_dataset(text, split_part="train", worker_config=er.WorkerConfig(**wc), batch_size=2, packing_buffer_size=5, task_encoder=OurIndexed())
-    theirs = me.get_val_dataset(text, split_part="train", worker_config=me.WorkerConfig(**wc), batch_size=2, packing_buffer_size=5, task_encoder=TheirIndexed())
-    got = list(er.get_loader(ours))
-    assert _keys(got) == _keys(me.get_loader(theirs))
+    ours, theirs = _packed_val_loaders(text, workers, IndexHooks, 2)
+    got = list(ours)
+    assert _keys(got) == _keys(theirs)
     if workers == 0:  # buffers start at 0, 5, ...; their packs at 0, 3, 5, 8, ...
         assert [b.text for b in got[:3]] == [["s0e0p0", "s0e1p1"], ["s2e2p2", "s2e4p4"], ["s5e5p5", "s5e6p6"]]
