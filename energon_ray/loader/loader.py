@@ -16,20 +16,20 @@ import weakref
 from typing import Any, Dict, Iterator, List, Optional
 
 import torch
-import torch.distributed as dist
 
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.elastic import Redistribution, from_origin, needs_redistribution, own_state, redistribute
 from energon_ray.loader.feed import MultiFeed, check_executor
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.stats import LoaderStats
-from energon_ray.loader.remake import blocker, walk
+from energon_ray.loader.passes import check_something_to_repeat, repeats_passes
+from energon_ray.loader.remake import blocker
 from energon_ray.loader.rebatch import batch_size_changes, rebatch
 from energon_ray.loader.savable import (
     PassRun, adopt_layouts, adopt_pack_batching, check_fits, new_state, restore_sample, starts_of,
 )  # fmt: skip
-from energon_ray.errors import DatasetConfigError, log_exception
-from energon_ray.loader.state import LoaderState, StateError
+from energon_ray.errors import log_exception
+from energon_ray.loader.state import LoaderState, StateError, broadcast_states, gather_states
 from energon_ray.pipeline.remote_args import check_remote_args, task_needs
 from energon_ray.ray_env import check_resources, ensure_ray, warm_up
 
@@ -122,41 +122,11 @@ class EnergonLoader:
         return len(self.dataset)
 
     def __iter__(self) -> Iterator[Any]:
-        self._check_something_to_repeat()
+        check_something_to_repeat(self.dataset)
         epoch_len = self.dataset.virtual_epoch_length()
-        if epoch_len or self.dataset.is_endless() or self._repeats_passes():
+        if epoch_len or self.dataset.is_endless() or repeats_passes(self.dataset):
             return self._continue(epoch_len or None, self._restores)
         return self._pass(self._restores)
-
-    def _repeats_passes(self) -> bool:
-        """A ``repeat=True`` training loader whose pass ends because its sources repeat a set number
-        of times (``blend_epochized`` repetitions) goes on with the next pass in the same ``iter()``,
-        as Energon repeats the whole blend without end; not under a ``LimitDataset``, which ends the
-        loader's ``iter()`` after its items, as Energon's does."""
-        leaves = self.dataset.leaves()
-        repeating = all(leaf.options.training and leaf.options.repeat for leaf in leaves)
-        if not repeating or not any(leaf.options.repetitions is not None for leaf in leaves):
-            return False
-        return not any(type(node).__name__ == "LimitDataset" for node in walk(self.dataset))
-
-    def _check_something_to_repeat(self) -> None:
-        """Training sources that repeat without end but hold no sample on this rank (more ranks
-        than samples or shards) would give a pass with no batch: the loop would end at once and this
-        rank leave training while the others go on. Energon refuses to repeat such an empty dataset;
-        so do we, naming the rank and the sources. (A rank that some sources give samples repeats
-        those. A restore on another world size is no exception: such a rank would give its share of
-        the unfinished epoch, if any, and then end while the others go on.)"""
-        leaves = self.dataset.leaves()
-        if not all(leaf.repeats_forever() for leaf in leaves):
-            return
-        if any(leaf.has_rank_samples() for leaf in leaves):
-            return
-        wc = leaves[0].worker_config
-        raise DatasetConfigError(
-            f"rank {wc.rank} of world size {wc.world_size} ({wc.num_workers} workers) holds no sample of "
-            f"{', '.join(repr(leaf) for leaf in leaves)}: a training dataset that repeats (repeat=True) has "
-            "nothing to repeat on this rank; use fewer ranks than the dataset has samples, or repeat=False"
-        )
 
     def _check_restores(self, restores: int) -> None:
         """An iterator opened before a restore would go on with its old pass (or take the restored
@@ -319,22 +289,13 @@ class EnergonLoader:
     def save_state_global(self, global_dst_rank: int) -> Optional[List[Optional[LoaderState]]]:
         """Every rank's state, gathered on ``global_dst_rank`` (``torch.distributed``; a list of one
         without it); ``None`` on the other ranks."""
-        state = self.save_state_rank()
-        if not (dist.is_available() and dist.is_initialized()):
-            return [state]
-        out: Optional[List[Any]] = [None] * dist.get_world_size() if dist.get_rank() == global_dst_rank else None
-        dist.gather_object(state, out, dst=global_dst_rank)
-        return out
+        return gather_states(self.save_state_rank(), global_dst_rank)
 
     def restore_state_global(self, state: Optional[List[Any]], src_rank: Optional[int] = None) -> None:
         """Restore from ``save_state_global``'s list (with ``src_rank``, only that rank passes it and it is
         broadcast). Each rank takes its own entry; states of another world size or worker count are
         shared out anew (``loader.elastic``: the rest of the epoch, nothing lost or repeated)."""
-        distributed = dist.is_available() and dist.is_initialized()
-        if src_rank is not None and distributed:
-            box: List[Any] = [state if dist.get_rank() == src_rank else None]
-            dist.broadcast_object_list(box, src=src_rank)
-            state = box[0]
+        state = broadcast_states(state, src_rank)
         if state is None:
             raise StateError("restore_state_global needs the list of states (or src_rank to broadcast it from)")
         if not isinstance(state, (list, tuple)):

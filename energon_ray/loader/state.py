@@ -281,6 +281,35 @@ def _unjson(value: Any) -> Any:
 STATE_FILE = "energon_ray_loader_rank{rank}.json"
 
 
+def _distributed() -> Any:
+    """``torch.distributed`` when a process group is up, else None (imported here: states travel
+    without torch)."""
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def gather_states(state: Optional[LoaderState], dst_rank: int) -> Optional[List[Optional[LoaderState]]]:
+    """Every rank's ``state`` gathered on ``dst_rank`` (``torch.distributed``; a list of one without
+    it); ``None`` on the other ranks."""
+    dist = _distributed()
+    if dist is None:
+        return [state]
+    out: Optional[List[Any]] = [None] * dist.get_world_size() if dist.get_rank() == dst_rank else None
+    dist.gather_object(state, out, dst=dst_rank)
+    return out
+
+
+def broadcast_states(states: Any, src_rank: Optional[int]) -> Any:
+    """``states`` as rank ``src_rank`` passed them, on every rank (``None``: each rank's own)."""
+    dist = _distributed()
+    if src_rank is None or dist is None:
+        return states
+    box: List[Any] = [states if dist.get_rank() == src_rank else None]
+    dist.broadcast_object_list(box, src=src_rank)
+    return box[0]
+
+
 def save_loader_state(loader: Any, directory: str) -> Optional[str]:
     """Write ``loader.save_state_rank()`` into ``directory`` as ``energon_ray_loader_rank{rank}.json``
     (nothing before the first iteration); returns the file's path.
