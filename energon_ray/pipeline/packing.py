@@ -151,27 +151,32 @@ class Packer:
             out.append(entries)
         return out
 
-    def pack_group(self, group: List[Item], seed: int, runs: List[StageRun]) -> List[Item]:
+    def pack_group(self, group: List[Item], seed: int, runs: List[StageRun], at: Optional[Tuple[int, int]] = None) -> List[Item]:
         """The packs of one selected group: ``postencode_sample`` on its members, then
-        ``pack_selected_samples``, as ``(position, sub, pack)`` items."""
-        members, index = [], self._batch_of(group[0][0])
-        for position, sub, sample in group:
+        ``pack_selected_samples``, as ``(position, sub, pack)`` items. ``at``: the group's first
+        sample's ``(position, sub)``, where ``group`` holds only the members a pack's restore key
+        names (those ``postencode_sample`` kept): its packs' positions and hook seeds stay the same."""
+        position, sub = at if at is not None else group[0][:2]
+        members, keys_of_members, index = [], [], self._batch_of(position)
+        for member_at, _, sample in group:
+            key = restore_key_of(sample)
             if self.do_post:
-                with hook_call(seed, "postencode", position, sample_index=position, batch_index=index):
-                    sample = self.post.call(runs[1], sample, f"postencode_sample of {_key(sample)!r}", at=position)
+                with hook_call(seed, "postencode", member_at, sample_index=member_at, batch_index=index):
+                    sample = self.post.call(runs[1], sample, f"postencode_sample of {_key(sample)!r}", at=member_at)
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue
             members.append(sample)
+            keys_of_members.append(key)
         if not members:
             return []
-        position, sub = group[0][0], group[0][1]
         keys = [_key(m) for m in members]
         with hook_call(seed, "pack", position, sample_index=position, batch_index=index):
             packs = self.pack.call_many(runs[2], members, f"pack_selected_samples of {keys}", at=position)
         if packs is HookRunner.FAILED or packs is HookRunner.IGNORED:
             return []
-        # as Energon's: a pack's restore key names its members (restore_sample packs them again)
-        member_keys = tuple(restore_key_of(sample) for _, _, sample in group)
+        # as Energon's: a pack's restore key names its members, those postencode_sample kept
+        # (restore_sample packs them again)
+        member_keys = tuple(keys_of_members)
         out = []
         for i, pack in enumerate(packs):
             set_restore_key(pack, (PACKED, position, sub * 1000 + i) + member_keys)

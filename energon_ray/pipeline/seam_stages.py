@@ -76,7 +76,7 @@ def repacked_batches(
         items = []
         for position, sub, members in packs:
             group = [(p, s, serde.loads(payload, copy=False)) for p, s, payload in members]
-            items += [item for item in packer.pack_group(group, seed, runs) if item[1] == sub]
+            items += [item for item in packer.pack_group(group, seed, runs, (position, sub // 1000)) if item[1] == sub]
         if batch_size is None:
             made = [(pack, [position]) for position, _, pack in items]
         elif items:

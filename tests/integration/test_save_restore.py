@@ -836,6 +836,35 @@ def test_restore_sample_rebuilds_packed_batches(roots):
     loader.close()
 
 
+def test_pack_restore_key_names_only_members_that_postencode_kept(roots):
+    """A member that ``postencode_sample`` skipped is not in its pack's restore key (Energon's key lists
+    the post-encoded members); the key listed every selected sample, skipped ones too. The batches
+    are still made again exactly."""
+
+    class SkipEveryThird(TextPackingTaskEncoder):
+        def postencode_sample(self, sample):
+            if int(sample.__key__.rsplit("_", 1)[-1]) % 3 == 0:
+                raise er.SkipSample()
+            return sample
+
+    loader = _packed_train_loader(roots, SkipEveryThird(max_length=96))
+    batches = list(loader)
+    docs = [d for b in batches for pack in b.documents for d in pack]
+    assert len(docs) == len(set(docs)) and 100 < len(docs) < 160 and all(int(d.rsplit("_", 1)[-1]) % 3 for d in docs)
+    positions = {}  # document -> (worker stream, position), from the member keys of packs that have one document
+    for batch in batches:
+        for pack_key, members in zip(batch.__restore_key__, batch.documents):
+            assert pack_key[0] == "Packed" and len(pack_key) - 3 == len(members), (pack_key, members)
+            if len(members) == 1:
+                positions[members[0]] = pack_key[3][3:5]
+    assert len(set(positions.values())) == len(positions) > 0
+    for batch in [batches[0], batches[len(batches) // 2], batches[-1]]:
+        again = loader.restore_sample(batch.__restore_key__)
+        assert again.documents == batch.documents and torch.equal(again.input_ids, batch.input_ids)
+        assert again.__restore_key__ == batch.__restore_key__
+    loader.close()
+
+
 def test_restore_sample_rebuilds_batches_exactly(roots):
     """Batches of both passes (their own hook seeds), of a short last batch and of a grouped loader."""
     loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=4, shuffle_buffer_size=5, worker_config=WC,
