@@ -275,9 +275,7 @@ class SampleDecoder:
 
     def decode(self, fname: str, raw: bytes) -> Any:
         """Decode a file by its name (``"images/0001.jpg"``), e.g. an auxiliary file of a crude sample."""
-        base = fname.rsplit("/", 1)[-1]
-        part = base.split(".", 1)[1] if "." in base else base
-        return self.decode_part(part, raw)
+        return self.decode_part(file_part_name(fname), raw)
 
     def __call__(self, sample: Dict[str, Any]) -> Dict[str, Any]:
         """Decode every non-meta part of a raw sample dict (keys starting with ``__`` pass through)."""
@@ -307,6 +305,28 @@ class SampleDecoder:
     def is_av_part(part: str) -> bool:
         """Whether a part name has an audio/video extension."""
         return part.rsplit(".", 1)[-1].lower() in AV_EXTENSIONS
+
+
+def file_part_name(fname: str) -> str:
+    """The part name (extension) of a file name as webdataset names a sample's files, or ``"."``.
+
+    The part follows the first dot of the base name (``"a/b.c.json"`` -> ``"c.json"``); a base
+    name that starts with a dot takes the folder before it as its key (``"d/.json"`` -> ``"json"``)
+    when that folder's name has no dot. A name without a key or a part (``"json"``, ``".json"``)
+    gets ``"."``, which no handler decodes by name (as Energon, it stays bytes unless the content
+    is guessed).
+
+    Example:
+        >>> file_part_name("images/0001.jpg"), file_part_name("json"), file_part_name("d/.json")
+        ('jpg', '.', 'json')
+    """
+    folder, slash, base = fname.rpartition("/")
+    key, dot, part = base.partition(".")
+    if not dot:
+        return "."
+    if key or (slash and "." not in folder.rpartition("/")[2]):
+        return part
+    return "."
 
 
 def decodes_by_part(decoder: Any) -> bool:

@@ -189,6 +189,21 @@ def test_decode_by_file_name_for_aux_files():
     assert dec.decode("images/0001.jpg", ENCODED["jpg"]).shape == (H, W, 3)
 
 
+@pytest.mark.parametrize(
+    "fname", ["json", ".json", "dir/json", "a.b/.json", "..json", "a/b.c/d", "a.", "x.JSON", "d/.json", "a..json"]
+)
+def test_decode_by_file_name_splits_the_name_as_energon(fname):
+    """decode(fname, raw) keeps bytes for names without a key or extension ("json", ".json") and decodes the rest, as Energon's decoder."""
+    raw = json.dumps({"a": 1}).encode()
+    assert SampleDecoder().decode(fname, raw) == EnergonSampleDecoder().decode(fname, raw)
+
+
+def test_decode_by_file_name_guesses_content_of_names_without_extension():
+    """With guess_content, a file named only "png" (no key) is decoded from its content, as Energon's."""
+    assert SampleDecoder(guess_content=True, image_decode="rgb8").decode("png", ENCODED["png"]).shape == (H, W, 3)
+    assert SampleDecoder(image_decode="rgb8").decode("png", ENCODED["png"]) == ENCODED["png"]
+
+
 def test_is_av_part_recognises_audio_and_video_extensions():
     """is_av_part is True for mp4/wav style names (any case) and False for images and text."""
     assert SampleDecoder.is_av_part("clip.mp4") and SampleDecoder.is_av_part("WAV")
