@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import pickle
 import random
 
 import pytest
 import torch
+from megatron.energon.av import AVDecoder as EnergonAVDecoder
 from tests.unit.test_av_media import (  # noqa: F401  (media_dir is a fixture)
     FPS,
     HEIGHT,
@@ -187,8 +189,16 @@ def test_video_metadata(media_dir):
         assert dec.get_video_fps() == pytest.approx(FPS), name
         duration, count = dec.get_video_duration(get_frame_count=True)
         assert duration == pytest.approx(N_FRAMES / FPS, abs=1e-6) and count == N_FRAMES, name
-        assert dec.get_video_duration() == (pytest.approx(N_FRAMES / FPS, abs=1e-6), None)
         assert dec.has_video_stream() and dec.has_audio_stream() == (name == "h264_aac.mp4")
+
+
+def test_video_duration_counts_frames_when_the_header_has_no_duration(media_dir):
+    """get_video_duration() gives the frame count also unasked where the duration needed it (mkv), as Energon's."""
+    for name in VIDEO_NAMES:
+        counted = N_FRAMES if name.endswith(".mkv") else None
+        expected = (pytest.approx(N_FRAMES / FPS, abs=1e-6), counted)
+        assert decoder(media_dir, name).get_video_duration() == expected, name
+        assert EnergonAVDecoder(io.BytesIO((media_dir / name).read_bytes())).get_video_duration() == expected, name
 
 
 def test_decoder_pickles_only_bytes_and_settings(media_dir, references):

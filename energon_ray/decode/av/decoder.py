@@ -311,18 +311,20 @@ class AVDecoder:
 
         Returns:
             ``(duration, frame_count)``; ``(None, None)`` without a video stream; the count is ``None``
-            unless asked for.
+            unless asked for or the header holds no duration (then the frames were counted to find
+            it, and the count is returned as Energon's does).
         """
         with self._open() as container:
             stream = video_stream(container)
             if stream is None:
                 return None, None
             duration = float(stream.duration * stream.time_base) if stream.duration else None
-            if duration is None or get_frame_count:
-                index = self._video_index(container, stream)
-                if duration is None:
-                    duration = index.seconds(index.end_ts - index.pts[0])
-        return duration, (len(self._index) if get_frame_count else None)
+            if duration is not None and not get_frame_count:
+                return duration, None
+            index = self._video_index(container, stream)
+            if duration is None:
+                duration = index.seconds(index.end_ts - index.pts[0])
+        return duration, len(index)
 
     def get_audio_duration(self) -> Optional[float]:
         """Duration of the audio stream in seconds, or ``None`` without an audio stream."""
