@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import lightning.pytorch as pl
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from energon_ray.train.build import build, make_trainer
 from energon_ray.train.config import (
@@ -59,7 +60,7 @@ def fit(cfg: DictConfig) -> TrainResult:
     """
     check_choices(cfg)  # here, not only in each ray.train worker
     cfg = with_absolute_paths(cfg)
-    check_ckpt_path(cfg.get("ckpt_path"))
+    check_ckpt_path(cfg.get("ckpt_path"), root_dir=OmegaConf.select(cfg, "trainer.default_root_dir"))
     check_trainer(cfg)
     if ray_options(cfg)["num_workers"] > 0:
         from energon_ray.train.ray_launch import fit_on_ray
@@ -92,14 +93,24 @@ def checkpoint_file(path: Optional[str]) -> Optional[str]:
     )
 
 
-def check_ckpt_path(path: Optional[str]) -> None:
-    """Refuse a local ``ckpt_path`` that names no checkpoint, before anything is built or Ray started
-    (Lightning finds out only after the model, the loaders and, under ray.train, every worker started).
+def check_ckpt_path(path: Optional[str], root_dir: Optional[str] = None) -> None:
+    """Refuse a local ``ckpt_path`` that names no checkpoint, or a Lightning name that ``Trainer.fit``
+    would refuse in a new process, before anything is built or Ray started (Lightning finds out only
+    after the model, the loaders and, under ray.train, every worker started).
+
+    Args:
+        path: the config's ``ckpt_path``.
+        root_dir: ``trainer.default_root_dir``, where ``ckpt_path=hpc`` looks for its checkpoints.
 
     Raises:
-        ConfigError: no such file or folder, or a folder without ``CHECKPOINT_FILES``.
+        ConfigError: no such file or folder, a folder without ``CHECKPOINT_FILES``, ``best`` (a new
+            run has no best checkpoint), ``hpc`` without an ``hpc_ckpt_*`` file in ``root_dir``, or
+            ``registry`` without the ``litmodels`` package.
     """
-    if not path or is_lightning_ckpt_name(path) or "://" in str(path):
+    if is_lightning_ckpt_name(path):
+        _check_lightning_ckpt_name(str(path), root_dir)
+        return
+    if not path or "://" in str(path):
         return
     if not os.path.exists(str(path)):
         raise ConfigError(f"ckpt_path={path} does not exist (name a checkpoint file, or the checkpoint folder a ray.train run printed)")
@@ -107,6 +118,31 @@ def check_ckpt_path(path: Optional[str]) -> None:
         checkpoint_file(str(path))
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
+
+
+#: what to name instead of a Lightning name that finds no checkpoint
+CKPT_PATH_HINT = "name a checkpoint file, or the checkpoint folder a ray.train run printed"
+
+
+def _check_lightning_ckpt_name(name: str, root_dir: Optional[str]) -> None:
+    """Refuse the Lightning names for ``ckpt_path`` whose ``Trainer.fit`` in a new process would raise."""
+    if name == "best":
+        raise ConfigError(
+            "ckpt_path=best: a new run has no best checkpoint (Lightning knows it only after a fit in the "
+            f"same process); {CKPT_PATH_HINT}, or ckpt_path=last for the configured ModelCheckpoint's newest"
+        )
+    if name == "hpc" and not _has_hpc_checkpoint(root_dir):
+        raise ConfigError(f"ckpt_path=hpc: no hpc_ckpt_*.ckpt file in trainer.default_root_dir={root_dir}; {CKPT_PATH_HINT}")
+    if name.lower().startswith("registry") and importlib.util.find_spec("litmodels") is None:
+        raise ConfigError(f"ckpt_path={name} needs the litmodels package (pip install litmodels); or {CKPT_PATH_HINT}")
+
+
+def _has_hpc_checkpoint(root_dir: Optional[str]) -> bool:
+    """Whether ``root_dir`` holds a checkpoint Lightning's ``ckpt_path=hpc`` finds (an object store URL: left to it)."""
+    if root_dir and "://" in str(root_dir):
+        return True
+    folder = str(root_dir) if root_dir else os.getcwd()
+    return os.path.isdir(folder) and any("hpc_ckpt_" in name for name in os.listdir(folder))
 
 
 def fit_here(

@@ -3,6 +3,7 @@ pieces they build, without Ray: tokenizers, the pixel quantiser, masks, the data
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 
@@ -264,6 +265,49 @@ def test_command_line_entry_point_names_a_ckpt_path_that_holds_no_checkpoint(mon
             main()
         assert caught.value.code == message
     assert not (tmp_path / "data").exists()  # nothing was built: the synthetic dataset was not written
+
+
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ("best", "error: ckpt_path=best: a new run has no best checkpoint (Lightning knows it only after a fit in the same "
+                 "process); name a checkpoint file, or the checkpoint folder a ray.train run printed, or ckpt_path=last "
+                 "for the configured ModelCheckpoint's newest"),
+        ("hpc", "error: ckpt_path=hpc: no hpc_ckpt_*.ckpt file in trainer.default_root_dir={root}/lightning; name a "
+                "checkpoint file, or the checkpoint folder a ray.train run printed"),
+        ("registry:my-model", "error: ckpt_path=registry:my-model needs the litmodels package (pip install litmodels); or "
+                              "name a checkpoint file, or the checkpoint folder a ray.train run printed"),
+    ],
+)  # fmt: skip
+def test_command_line_entry_point_names_a_lightning_ckpt_name_that_finds_no_checkpoint(monkeypatch, tmp_path, name, said):
+    """ckpt_path=best (never a checkpoint in a new run), hpc without hpc_ckpt_* files, registry without litmodels:
+    one "error: …" line before anything is built (before: Lightning's ValueError in a Hydra traceback once the
+    model and the loaders were built)."""
+    from energon_ray.train.__main__ import main
+
+    if name.startswith("registry") and importlib.util.find_spec("litmodels") is not None:
+        said = None  # Lightning resolves it with litmodels: nothing to refuse here
+    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
+            f"ckpt_path={name}", f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    if said is None:
+        from energon_ray.train.fit import check_ckpt_path
+
+        check_ckpt_path(name)
+        return
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == said.format(root=tmp_path)
+    assert not (tmp_path / "data").exists()  # nothing was built: the synthetic dataset was not written
+
+
+def test_ckpt_path_hpc_passes_where_lightning_finds_an_hpc_checkpoint(tmp_path):
+    """ckpt_path=hpc is left to Lightning when trainer.default_root_dir holds an hpc_ckpt_<n>.ckpt file; last always is."""
+    from energon_ray.train.fit import check_ckpt_path
+
+    (tmp_path / "hpc_ckpt_3.ckpt").write_bytes(b"")
+    check_ckpt_path("hpc", root_dir=str(tmp_path))
+    check_ckpt_path("last", root_dir=str(tmp_path / "missing"))
 
 
 @pytest.mark.parametrize("ray_workers", [0, 1])
