@@ -47,7 +47,8 @@ def get_loader(
             ``gc_freeze_at_start``: accepted and ignored (a warning, once each).
 
     Raises:
-        TypeError: any other keyword.
+        TypeError: any other keyword, or a pin_memory that is not a bool or None.
+        ValueError: prefetch_batches or object_store_limit not a whole number >= 0.
 
     Returns:
         An iterable of the task encoder's batches; ``len()`` is batches per rank and epoch.

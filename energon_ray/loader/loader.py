@@ -20,6 +20,7 @@ import torch
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.elastic import Redistribution, from_origin, needs_redistribution, own_state, redistribute
 from energon_ray.loader.feed import MultiFeed, check_executor
+from energon_ray.loader.options import check_object_store_limit, check_pin_memory, check_prefetch_batches
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.stats import LoaderStats
 from energon_ray.loader.passes import check_something_to_repeat, repeats_passes
@@ -70,14 +71,13 @@ class EnergonLoader:
                 "get_loader expects the result of get_train_dataset/get_val_dataset (or a blend of them), "
                 f"got {type(dataset).__name__}"
             )
-        if pin_memory is not None and not isinstance(pin_memory, bool):
-            raise TypeError(f"pin_memory must be a bool or None, got {pin_memory!r}")
+        pin_memory = check_pin_memory(pin_memory)
         if pin_memory and not torch.cuda.is_available():
             raise ValueError(
                 "pin_memory=True needs CUDA, and this torch has no CUDA device; leave it unset to pin only when CUDA is available"
             )
         self.dataset = dataset
-        self.prefetch_batches = prefetch_batches
+        self.prefetch_batches = check_prefetch_batches(prefetch_batches)
         self.ray_remote_args = check_remote_args(ray_remote_args)
         self.pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.stats = LoaderStats()
@@ -98,7 +98,7 @@ class EnergonLoader:
         #: restores so far: an iterator opened before the latest one refuses to go on (``_check_restores``)
         self._restores = 0
         self._executions: Dict[str, Any] = {}
-        self.object_store_limit = object_store_limit
+        self.object_store_limit = check_object_store_limit(object_store_limit)
         self.executor = check_executor(executor)
         leaves = dataset.leaves()
         if len({id(leaf) for leaf in leaves}) != len(leaves):

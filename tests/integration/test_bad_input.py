@@ -350,6 +350,30 @@ def test_bool_options_refuse_other_values(good, build, message):
         build(good)
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"prefetch_batches": "x"}, "prefetch_batches must be a whole number >= 0, got 'x'"),
+        ({"prefetch_batches": -1, "executor": "ray_data"}, "prefetch_batches must be a whole number >= 0, got -1"),
+        ({"prefetch_factor": 1.5}, "prefetch_batches must be a whole number >= 0, got 1.5"),
+        ({"object_store_limit": "1GiB"}, "object_store_limit must be a whole number of bytes >= 0 (or null), got '1GiB'"),
+        ({"object_store_limit": True}, "object_store_limit must be a whole number of bytes >= 0 (or null), got True"),
+    ],
+)
+def test_loader_amounts_refuse_other_values(good, options, message):
+    """prefetch_batches and object_store_limit that are not whole numbers >= 0 are refused by get_loader with
+    their name and value (before: accepted, and failed inside a pass's Ray calls, or never read)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        er.get_loader(er.get_val_dataset(good, split_part="train", batch_size=2), **options)
+
+
+def test_loader_amounts_take_whole_numbers_given_as_floats(good):
+    """object_store_limit=1e9 (a float without fraction) and prefetch_batches=0 are taken, as whole numbers."""
+    loader = er.get_loader(er.get_val_dataset(good, split_part="train", batch_size=2), object_store_limit=1e9, prefetch_batches=0)
+    assert (loader.object_store_limit, loader.prefetch_batches) == (10**9, 0)
+    loader.close()
+
+
 @pytest.mark.parametrize("get", [er.get_train_dataset, er.get_val_dataset, er.get_val_datasets])
 @pytest.mark.parametrize("value", [[1, 2], "aug"])
 def test_subflavors_that_are_not_a_mapping_are_refused(good, get, value):
