@@ -49,12 +49,12 @@ MAX_RECOVERIES = 3
 EXECUTORS = ("tasks", "ray_data")
 
 
-def check_executor(executor: Optional[str]) -> str:
-    """``executor`` checked; ``None``: ``$ENERGON_RAY_EXECUTOR`` or the default, ``"tasks"``."""
+def check_executor(executor: Optional[str], name: str = "executor") -> str:
+    """``executor`` checked (an error names it ``name``); ``None``: ``$ENERGON_RAY_EXECUTOR`` or the default, ``"tasks"``."""
     if executor is None:
         executor = os.environ.get("ENERGON_RAY_EXECUTOR", "").strip() or EXECUTORS[0]
     if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {', '.join(map(repr, EXECUTORS))}, not {executor!r}")
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, EXECUTORS))}, not {executor!r}")
     return executor
 
 

@@ -25,9 +25,10 @@ _OURS = {
 }
 
 
-def check_remote_args(remote_args: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+def check_remote_args(remote_args: Optional[Mapping[str, Any]], name: str = "ray_remote_args") -> Dict[str, Any]:
     """``remote_args`` as a dict, refused where a key is not a task option the loader passes on or a
-    resource amount is not a number ≥ 0.
+    resource amount is not a number ≥ 0; errors call it ``name`` (``loader.ray_remote_args`` in the
+    training config).
 
     Raises:
         TypeError: not a mapping.
@@ -44,7 +45,7 @@ def check_remote_args(remote_args: Optional[Mapping[str, Any]]) -> Dict[str, Any
     if remote_args is None:
         return {}
     if not isinstance(remote_args, Mapping):
-        raise TypeError(f"ray_remote_args must be a dict of Ray task options, got {type(remote_args).__name__}")
+        raise TypeError(f"{name} must be a dict of Ray task options, got {type(remote_args).__name__}")
     out = dict(remote_args)
     for key in out:
         if key in TASK_OPTIONS:
@@ -53,17 +54,17 @@ def check_remote_args(remote_args: Optional[Mapping[str, Any]]) -> Dict[str, Any
         close = difflib.get_close_matches(str(key), TASK_OPTIONS, n=1)
         hint = f" ({why})" if why else f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
-            f"ray_remote_args: {'unsupported' if why else 'unknown'} key {key!r}{hint}; the loader's tasks take "
+            f"{name}: {'unsupported' if why else 'unknown'} key {key!r}{hint}; the loader's tasks take "
             + ", ".join(TASK_OPTIONS)
         )
     for key in ("num_cpus", "num_gpus", "memory"):
-        _amount(key, out.get(key))
+        _amount(name, key, out.get(key))
     resources = out.get("resources")
     if resources is not None:
         if not isinstance(resources, Mapping):
-            raise ValueError(f"ray_remote_args: 'resources' must map resource names to amounts, got {resources!r}")
-        for name, amount in resources.items():
-            _amount(f"resources[{name!r}]", amount, optional=False)
+            raise ValueError(f"{name}: 'resources' must map resource names to amounts, got {resources!r}")
+        for resource, amount in resources.items():
+            _amount(name, f"resources[{resource!r}]", amount, optional=False)
     return out
 
 
@@ -79,8 +80,8 @@ def task_needs(remote_args: Mapping[str, Any], keys=TASK_OPTIONS) -> Dict[str, f
     return {k: v for k, v in needs.items() if v}
 
 
-def _amount(key: str, value: Any, optional: bool = True) -> None:
+def _amount(name: str, key: str, value: Any, optional: bool = True) -> None:
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
-        raise ValueError(f"ray_remote_args: {key} must be a number ≥ 0, got {value!r}")
+        raise ValueError(f"{name}: {key} must be a number ≥ 0, got {value!r}")

@@ -30,6 +30,8 @@ logger = logging.getLogger("energon_ray")
 #: ``loader`` keys besides ``get_loader``'s keywords.
 _LOADER_OWN_KEYS = ("num_workers",)
 _GET_LOADER_KEYS = ("prefetch_batches", "pin_memory", "ray_remote_args", "object_store_limit", "executor")
+#: every key the ``loader`` mapping (the training config's ``loader`` group) may hold
+LOADER_KEYS = _LOADER_OWN_KEYS + _GET_LOADER_KEYS
 
 
 class EnergonDataModule(pl.LightningDataModule):

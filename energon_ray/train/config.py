@@ -247,6 +247,44 @@ def _is_kind(value: Any, kinds: tuple) -> bool:
     return isinstance(value, float) and float in kinds
 
 
+def check_loader(cfg: DictConfig) -> None:
+    """Refuse ``loader.*`` values that ``get_loader`` would refuse only once the data module built its
+    loaders (in a Hydra traceback naming the keyword, not the config key), naming the key: one the
+    loader does not take (with the closest one), a bad ``num_workers``, ``prefetch_batches``,
+    ``pin_memory``, ``object_store_limit``, ``executor`` or ``ray_remote_args``.
+
+    Raises:
+        ConfigError: naming ``loader.<key>``, the value and what is wanted.
+    """
+    from energon_ray.loader.feed import check_executor
+    from energon_ray.loader.options import check_object_store_limit, check_pin_memory, check_prefetch_batches
+    from energon_ray.pipeline.remote_args import check_remote_args
+    from energon_ray.tasks.datamodule import LOADER_KEYS
+
+    options = OmegaConf.to_container(cfg.loader, resolve=True) if cfg.get("loader") is not None else {}
+    if not isinstance(options, dict):
+        raise ConfigError(f"loader must be a mapping of {', '.join(LOADER_KEYS)}, got {options!r}")
+    for key in options:
+        if key not in LOADER_KEYS:
+            close = difflib.get_close_matches(str(key), LOADER_KEYS, n=1)
+            hint = f" (did you mean loader.{close[0]}?)" if close else ""
+            raise ConfigError(f"loader.{key}: not a loader option{hint}; the loader takes {', '.join(LOADER_KEYS)}")
+    workers = options.get("num_workers", 2)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ConfigError(f"loader.num_workers must be a whole number >= 0, got {workers!r}")
+    checks = (
+        ("prefetch_batches", check_prefetch_batches), ("pin_memory", check_pin_memory),
+        ("object_store_limit", check_object_store_limit), ("executor", check_executor),
+        ("ray_remote_args", check_remote_args),
+    )  # fmt: skip
+    for key, check in checks:
+        if key in options:
+            try:
+                check(options[key], name=f"loader.{key}")
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(str(exc)) from None
+
+
 def ray_options(cfg: DictConfig) -> Dict[str, Any]:
     """``cfg.trainer.ray`` checked: ``num_workers`` and ``max_failures`` whole numbers (``max_failures``
     -1: without end, as Ray's), ``cpus_per_worker`` a number >= 0, ``use_gpu`` a bool.

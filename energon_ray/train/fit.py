@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from energon_ray.train.build import build, make_trainer
 from energon_ray.train.config import (
-    ConfigError, check_choices, check_trainer, is_lightning_ckpt_name, ray_options, with_absolute_paths,
+    ConfigError, check_choices, check_loader, check_trainer, is_lightning_ckpt_name, ray_options, with_absolute_paths,
 )  # fmt: skip
 
 
@@ -62,6 +62,7 @@ def fit(cfg: DictConfig) -> TrainResult:
     cfg = with_absolute_paths(cfg)
     check_ckpt_path(cfg.get("ckpt_path"), root_dir=OmegaConf.select(cfg, "trainer.default_root_dir"))
     check_trainer(cfg)
+    check_loader(cfg)
     if ray_options(cfg)["num_workers"] > 0:
         from energon_ray.train.ray_launch import fit_on_ray
 

@@ -361,6 +361,38 @@ def test_command_line_entry_point_names_a_bad_ray_option(monkeypatch, tmp_path, 
     assert caught.value.code == f"error: {message}"
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+loader.ray_remote_args.num_cpu=1", "loader.ray_remote_args: unknown key 'num_cpu' (did you mean 'num_cpus'?); the "
+                                              "loader's tasks take num_cpus, num_gpus, memory, resources, accelerator_type, "
+                                              "scheduling_strategy, label_selector"),
+        ("+loader.ray_remote_args.num_gpus=-1", "loader.ray_remote_args: num_gpus must be a number ≥ 0, got -1"),
+        ("loader.ray_remote_args=5", "loader.ray_remote_args must be a dict of Ray task options, got int"),
+        ("loader.executor=threads", "loader.executor must be one of 'tasks', 'ray_data', not 'threads'"),
+        ("loader.prefetch_batches=x", "loader.prefetch_batches must be a whole number >= 0, got 'x'"),
+        ("loader.pin_memory=maybe", "loader.pin_memory must be a bool or None, got 'maybe'"),
+        ("+loader.object_store_limit=1GiB", "loader.object_store_limit must be a whole number of bytes >= 0 (or null), got '1GiB'"),
+        ("loader.num_workers=-1", "loader.num_workers must be a whole number >= 0, got -1"),
+        ("+loader.prefetch_batch=2", "loader.prefetch_batch: not a loader option (did you mean loader.prefetch_batches?); the "
+                                     "loader takes num_workers, prefetch_batches, pin_memory, ray_remote_args, object_store_limit, executor"),
+    ],
+)  # fmt: skip
+def test_command_line_entry_point_names_a_bad_loader_option(monkeypatch, tmp_path, override, message):
+    """A bad loader.* value exits with "error: loader.<key> …" before anything is built (before: a Hydra
+    traceback once the loaders were built, naming get_loader's keyword, not the config key; a misspelt
+    key or prefetch_batches=x were no error at all or one from the data module's constructor)."""
+    from energon_ray.train.__main__ import main
+
+    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
+            override, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == f"error: {message}"
+    assert not (tmp_path / "data").exists()  # nothing was built: the synthetic dataset was not written
+
+
 def test_relative_paths_are_taken_from_the_callers_directory_also_through_an_interpolation(monkeypatch):
     """ray.train workers run in their run's folder: every local path of the config is made absolute from
     the caller's directory, also one an interpolation resolves to a relative path (it stayed relative, so
