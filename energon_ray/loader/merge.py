@@ -17,7 +17,8 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.loader.pinning import handed_out
 from energon_ray.loader.state import QueueCheckpoint, SampleRef, StreamState, expand_ranges, to_ranges
-from energon_ray.loader.stats import Event, Failed, HandlerCall, LoaderStats
+from energon_ray.loader.ledger import ReportLedger
+from energon_ray.loader.stats import Event, Failed, HandlerCall, LoaderStats, report_counts
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.policy import FailureChain
 
@@ -113,6 +114,8 @@ class WorkerQueues:
         self.pools: List[Dict[Any, Tuple[int, List[Any]]]] = [{} for _ in range(num_workers)]
         self.done = [False] * num_workers
         self.chain = FailureChain()
+        #: what each counted segment added, taken back when a restore makes it again
+        self.ledger = ReportLedger(num_workers)
         #: the next source of a concatenation batched as one stream: it takes over our remainders
         self.downstream: Optional["WorkerQueues"] = None
         #: per worker: the upstream's remainder has not arrived yet (hold rows' samples, cut nothing)
@@ -168,8 +171,14 @@ class WorkerQueues:
 
     def account(self, report: rows.Report) -> List[Event]:
         """Count a segment's report now, before its rows are fed (``LoaderStats.account``): the
-        handler calls and fatal errors it asks for, for ``events.place_events`` (``feed(events=...)``)."""
-        return self.stats.account(report, self.chain)
+        handler calls and fatal errors it asks for, for ``events.place_events`` (``feed(events=...)``).
+        What it added is noted (``ledger``), so a restore that makes the segment again takes it back."""
+        worker = report.worker
+        runs_before = self.chain.runs_of(worker)
+        events = self.stats.account(report, self.chain)
+        self.ledger.note(worker, report.segment, report_counts(report), runs_before)
+        self.ledger.forget_before(worker, self._checkpoint_segment(worker))
+        return events
 
     def feed(self, row: Row, last_segment: bool, positions: Optional[List[int]] = None, events: Optional[List[Any]] = None) -> None:
         """Take one row (in plan order). ``last_segment``: its segment ends the worker's stream;
@@ -201,7 +210,8 @@ class WorkerQueues:
         elif kind == rows.REPORT:
             try:
                 if events is None:
-                    self.stats.add_report(payload, self.chain)
+                    for _, _, event in self.account(payload):
+                        self.stats.run_event(event)
             except (FatalSampleError, ShardReadError) as exc:
                 if self.hand_out:  # samples handed out from the pool: no queue to hold it
                     raise
@@ -358,6 +368,19 @@ class WorkerQueues:
             groups_made=self.groups_made[worker] if self.grouped else 0,
         )
 
+    def _checkpoint_segment(self, worker: int) -> int:
+        """``state(worker).checkpoint.segment`` without building the checkpoint: where a restore now
+        would make ``worker``'s stream again from."""
+        if self.hand_out:
+            return self.next_segment[worker]
+        if self.restored[worker] is not None:
+            return self.restored[worker].checkpoint.segment
+        if self.tags[worker]:
+            return self.records[worker][self.tags[worker][0]][0].segment
+        if self.feeding[worker] is not None:
+            return self.records[worker][self.current[worker]][0].segment
+        return self.next_segment[worker]
+
     def state(self, worker: int) -> StreamState:
         """Where ``worker``'s stream stands: the checkpoint of its oldest unconsumed item (or of now)."""
         if self.hand_out:  # the pool now and the segment to feed next (a half-fed one is fed again)
@@ -376,6 +399,7 @@ class WorkerQueues:
         """Put ``worker``'s stream where ``state`` says: pools from ``payloads`` (re-read samples by
         ``(worker, leaf, position, sub)``), the checkpoint's event replayed, its consumed items to be dropped."""
         cp = state.checkpoint
+        self.ledger.take_back(worker, cp.segment, self.stats, self.chain)
 
         def item(ref: SampleRef) -> Tuple[int, int, Any, int]:
             leaf, position, sub = ref

@@ -4,6 +4,7 @@ reports are filed: skips logged, and the user's error handler calls and fatal er
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -51,6 +52,30 @@ def event_order(event: Event) -> Tuple[float, float]:
     comparable within one process only; a segment's stages may run in several); unknown positions last."""
     seq, at, _ = event
     return (float("inf") if at is None else at, seq)
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """What one segment's report adds to ``LoaderStats``' counters (``report_counts``)."""
+
+    samples_read: int
+    samples_encoded: int
+    read_requests: int
+    read_bytes: int
+    read_retries: int
+    node: Optional[str]
+    skipped: Tuple[Tuple[str, int], ...]
+    ignored: Tuple[Tuple[str, int], ...]
+
+
+def report_counts(report: rows.Report) -> Counts:
+    """The counters ``report`` adds (its samples, reads, node, skipped and ignored per stage)."""
+    return Counts(
+        report.samples_read, report.samples_encoded, getattr(report, "read_requests", 0), getattr(report, "read_bytes", 0),
+        getattr(report, "read_retries", 0), report.node,
+        tuple((run.stage, run.failures) for run in report.runs if run.failures),
+        tuple((run.stage, run.ignored) for run in report.runs if run.ignored),
+    )  # fmt: skip
 
 
 class LoaderStats:
@@ -156,23 +181,31 @@ class LoaderStats:
         failure = event.failure
         self.handle_failure(event.stage, failure.exc, failure.item, failure.sources, failure.trace)
 
+    def add_counts(self, counts: Counts, sign: int = 1) -> None:
+        """Add a report's ``counts`` to the counters (``sign=-1``: take them back, the segment is
+        made again after Ray lost its execution: ``loader.ledger``)."""
+        self.samples_read += sign * counts.samples_read
+        self.samples_encoded += sign * counts.samples_encoded
+        self.read_requests += sign * counts.read_requests
+        self.read_bytes += sign * counts.read_bytes
+        self.read_retries += sign * counts.read_retries
+        if counts.node is not None:
+            _add(self.segments_per_node, counts.node, sign)
+        for stage, n in counts.skipped:
+            _add(self.skipped, stage, sign * n)
+        for stage, n in counts.ignored:
+            _add(self.ignored, stage, sign * n)
+
     def account(self, report: rows.Report, chain: FailureChain) -> List[Event]:
         """Count a segment's report and log its skips; the user's error handler calls (``HandlerCall``)
         and the fatal errors (``Failed``: a run joined over segments that became too long, the
         segment's own) it asks for, as ``(seq, at, event)`` in the order they happened (``event_order``)."""
         events: List[Event] = []
-        self.samples_read += report.samples_read
-        self.samples_encoded += report.samples_encoded
-        self.read_requests += getattr(report, "read_requests", 0)
-        self.read_bytes += getattr(report, "read_bytes", 0)
-        self.read_retries += getattr(report, "read_retries", 0)
-        if report.node is not None:
-            self.segments_per_node[report.node] = self.segments_per_node.get(report.node, 0) + 1
+        self.add_counts(report_counts(report))
         for run in report.runs:
             if self.error_handler is not None:
                 events.extend((failure.seq, failure.at, HandlerCall(run.stage, failure)) for failure in run.deferred)
             if run.failures:
-                self.skipped[run.stage] = self.skipped.get(run.stage, 0) + run.failures
                 for message in run.messages:
                     logger.warning("skipped (%s): %s", run.stage, message)
                 if run.failures > len(run.messages):
@@ -180,8 +213,6 @@ class LoaderStats:
                         "skipped (%s): %d more in segment %d of worker %d",
                         run.stage, run.failures - len(run.messages), report.segment, report.worker,
                     )  # fmt: skip
-            if run.ignored:
-                self.ignored[run.stage] = self.ignored.get(run.stage, 0) + run.ignored
             fatal = chain.check(report.worker, run)
             if fatal is not None:
                 events.append((fatal.seq, fatal.at, Failed(FatalSampleError(fatal.message))))
@@ -192,3 +223,12 @@ class LoaderStats:
             events.append((float("inf"), None, Failed(error)))
         events.sort(key=event_order)
         return events
+
+
+def _add(counter: Dict[str, int], key: str, n: int) -> None:
+    """Add ``n`` to ``counter[key]``; a count taken back to 0 leaves the dict, as if never counted."""
+    total = counter.get(key, 0) + n
+    if total:
+        counter[key] = total
+    else:
+        counter.pop(key, None)

@@ -182,6 +182,15 @@ class FailureChain:
             return ChainFatal(run.too_many(carried + n, where), seq + 0.5, at)
         return ChainFatal(run.too_many(joined, where), float("inf"), None)
 
+    def runs_of(self, worker: int) -> Dict[Tuple[int, str], int]:
+        """``worker``'s open runs (per stage), to put back with ``put_runs``."""
+        return {key: n for key, n in self._runs.items() if key[0] == worker}
+
+    def put_runs(self, worker: int, runs: Dict[Tuple[int, str], int]) -> None:
+        """Make ``worker``'s open runs ``runs`` again (from ``runs_of``): its later segments not counted."""
+        self._runs = {key: n for key, n in self._runs.items() if key[0] != worker}
+        self._runs.update(runs)
+
     def add(self, worker: int, run: StageRun) -> None:
         """Account for one segment's run of ``run.stage``; raise when the joined run is too long."""
         fatal = self.check(worker, run)

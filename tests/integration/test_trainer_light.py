@@ -254,6 +254,45 @@ def test_a_dead_feeder_is_replaced_and_the_loader_goes_on_exactly(tmp_path, capl
     assert sum(len(b.__key__) for b in again) == 30
 
 
+class _FailSome(er.DefaultTaskEncoder):
+    """encode_sample fails on samples 1, 2, 3, 14 (worker stream 0's first segment) and 20 (stream 1's)."""
+
+    def encode_sample(self, sample):
+        if int(sample.__key__.rsplit("_", 1)[-1]) in (1, 2, 3, 14, 20):
+            raise ValueError("bad sample")
+        return super().encode_sample(sample)
+
+
+def test_a_dead_feeder_counts_each_segment_once(tmp_path, caplog):
+    """After the feeder is killed, the segments made again from the worker streams' checkpoints are not
+    counted twice: loader.stats at the end of the pass is the undisturbed run's (before: stream 1's first
+    segment, half consumed at the loss, was counted again: 39 samples read of 30, 6 skipped of 5)."""
+    path = captioning_dataset(tmp_path / "ds", n=30, per_shard=7)
+
+    def build():  # stream 0's first segment gives 1 batch, stream 1's 2: the loss finds stream 1 half way
+        return er.get_loader(er.get_train_dataset(path, batch_size=3, shuffle_buffer_size=5, samples_per_segment=9, repeat=False,
+                                                  task_encoder=_FailSome(),
+                                                  worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2)),
+                             executor="ray_data")  # fmt: skip
+
+    reference = build()
+    expected = [list(batch.__key__) for batch in reference]
+    counted = ("samples_read", "samples_encoded", "skipped", "segments_per_node", "read_requests", "read_bytes")
+    want = {key: reference.stats.as_dict()[key] for key in counted}
+    reference.close()
+    loader = build()
+    it = iter(loader)
+    got = [list(next(it).__key__)]
+    ray.kill(feeder())
+    with caplog.at_level(logging.WARNING, logger="energon_ray"):
+        got += [list(batch.__key__) for batch in it]
+    assert "restarting it from the worker streams' checkpoints (1/3)" in caplog.text
+    assert got == expected
+    assert {key: loader.stats.as_dict()[key] for key in counted} == want
+    assert want["samples_read"] == 30 and want["skipped"] == {"encode_sample": 5}
+    loader.close()
+
+
 def test_the_executors_make_the_same_batches(tmp_path, monkeypatch):
     """By default every segment of a pass is a plain Ray task submitted by the loader (no feeder, no
     Ray Data execution); ``executor="ray_data"`` runs the first segments as tasks and the rest in the

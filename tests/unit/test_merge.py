@@ -115,6 +115,31 @@ def test_failures_are_counted_and_joined_across_segments():
             q.pop(0)
 
 
+def test_segments_made_again_after_a_restore_are_counted_once():
+    """A restore to a checkpoint (Ray lost the execution) takes back what the segments from there were
+    counted for, so the segments made again count once: counters, and the worker's run of failures
+    (it ends the segment and goes on into the next one) as before them."""
+    q = WorkerQueues(1, 1, _pool_batches)
+    ok = rows.Report(0, 0, 4, 4, 4, [StageRun(stage="load", tolerance=5, had_success=True)], node="n1")
+    q.feed((rows.ITEM, 0, 0, 0, "b0"), False, [0], q.account(ok))
+    q.feed((rows.REPORT, 0, 0, 9, ok), False, None, [])
+    tail = rows.Report(0, 1, 4, 1, 1, [StageRun(stage="load", tolerance=5, trail=3, had_success=True, failures=3)], node="n1")
+    events = q.account(tail)
+    q.feed((rows.ITEM, 0, 1, 0, "b1"), False, [4], events)
+    q.feed((rows.REPORT, 0, 1, 9, tail), False, None, [])
+    assert q.pop(0) == "b0"
+    state = q.state(0)
+    assert (state.checkpoint.segment, q.chain.runs_of(0)) == (1, {(0, "load"): 3})
+    q.restore(0, state, {})
+    assert (q.stats.samples_read, q.stats.skipped, q.stats.segments_per_node, q.chain.runs_of(0)) == (4, {}, {"n1": 1}, {(0, "load"): 0})
+    events = q.account(tail)  # made again
+    q.feed((rows.ITEM, 0, 1, 0, "b1"), False, [4], events)
+    q.feed((rows.REPORT, 0, 1, 9, tail), True, None, [])
+    assert _drain(q, 0) == ["b1"] and q.done[0]
+    assert (q.stats.samples_read, q.stats.skipped, q.stats.segments_per_node) == (8, {"load": 3}, {"n1": 2})
+    assert q.chain.runs_of(0) == {(0, "load"): 3}  # not 6: the segment's trailing failures once
+
+
 def test_fatal_report_raises_in_plan_order():
     """A report carrying a fatal error raises it when the consumer reaches it: after the items
     queued before it (the segment's own, made before the error), as Energon's worker raises it."""
