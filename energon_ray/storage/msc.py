@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import threading
 from typing import Any, Dict, Iterator, Optional, Tuple
 
@@ -114,21 +115,28 @@ def client_for(settings: MscSettings) -> Any:
         return _CLIENTS.setdefault(key, client)
 
 
+#: retries of multi-storage-client's ``rust_client`` (object_store's ``max_retries``): none, ours count
+RUST_CLIENT_RETRIES = 0
 #: multi-storage-client providers that are botocore S3 clients (their ``retries`` option is botocore's).
 _BOTOCORE_PROVIDERS = ("s3", "s8k", "ais_s3", "gcs_s3", "s3_cuobject")
 
 
 def _without_own_retries(config: Dict[str, Any], profile: str) -> Dict[str, Any]:
-    """``config`` with ``profile`` making one attempt per request, in multi-storage-client's loop and in
-    botocore's: :func:`~energon_ray.storage.retry.call` retries (and counts) them, as for ``s3://``;
+    """``config`` with ``profile`` making one attempt per request, in multi-storage-client's loop, in
+    botocore's and in its ``rust_client``'s (when the profile reads through it): :func:`~energon_ray.storage.retry.call` retries (and counts) them, as for ``s3://``;
     both loops at once had made up to 3 x 3 hidden attempts, sleeping a second or more, per one of ours."""
     node = (config.get("profiles") or {}).get(profile)
     if not isinstance(node, dict):
         return config
     node = {**node, "retry": {**(node.get("retry") or {}), "attempts": 1}}
     provider = node.get("storage_provider")
-    if isinstance(provider, dict) and provider.get("type") in _BOTOCORE_PROVIDERS:
-        options = {**(provider.get("options") or {}), "retries": {"total_max_attempts": 1}}
+    if isinstance(provider, dict):
+        options = dict(provider.get("options") or {})
+        if provider.get("type") in _BOTOCORE_PROVIDERS:
+            options["retries"] = {"total_max_attempts": 1}
+        rust = options.get("rust_client")
+        if isinstance(rust, dict):  # its requests bypass botocore, with a retry loop of their own
+            options["rust_client"] = {**rust, "retry": {**(rust.get("retry") or {}), "attempts": RUST_CLIENT_RETRIES}}
         node["storage_provider"] = {**provider, "options": options}
     return {**config, "profiles": {**config["profiles"], profile: node}}
 
@@ -146,7 +154,7 @@ def classify(exc: BaseException) -> Tuple[str, str]:
         return DENIED, describe(exc).split(" request_id:")[0]
     if isinstance(exc, RetryableError) or transient_os_error(exc):
         return TRANSIENT, describe(exc).split(" request_id:")[0]
-    if _s3_cause_is_transient(exc):
+    if _s3_cause_is_transient(exc) or _rust_answer_is_transient(exc):
         return TRANSIENT, describe(exc).split(" request_id:")[0]
     return FATAL, describe(exc)
 
@@ -181,6 +189,21 @@ def _s3_cause_is_transient(exc: BaseException) -> bool:
     from energon_ray.storage.s3 import classify as classify_s3
 
     return classify_s3(cause)[0] == TRANSIENT
+
+
+#: the HTTP status in a ``rust_client`` error ("Server returned non-2xx status code: 503 Service Unavailable")
+_RUST_STATUS = re.compile(r"status code: (\d{3})\b")
+
+
+def _rust_answer_is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` wraps a ``rust_client`` error whose store answered 429 or 5xx (SlowDown …): with
+    its own retries off (``RUST_CLIENT_RETRIES``), multi-storage-client raises that as a ``RuntimeError``
+    around the client's, where ``s3://`` retries such an answer."""
+    cause = exc.__cause__
+    if cause is None or type(cause).__module__.startswith("botocore"):
+        return False
+    match = _RUST_STATUS.search(str(cause))
+    return match is not None and (int(match.group(1)) == 429 or int(match.group(1)) >= 500)
 
 
 class MscBackend:

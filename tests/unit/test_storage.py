@@ -233,13 +233,14 @@ def test_an_msc_profile_whose_store_refuses_connections_is_retried_then_names_th
     assert SECRET_KEY not in str(exc.value) and STATS.snapshot()[2] - before[2] == 3
 
 
-def _msc_profile(server, tmp_path, monkeypatch, name="moto"):
-    """An MSC config with profile ``name`` on the test server's bucket ``unit``; MSC_CONFIG points at it."""
+def _msc_profile(server, tmp_path, monkeypatch, name="moto", extra_options=""):
+    """An MSC config with profile ``name`` on the test server's bucket ``unit``; MSC_CONFIG points at it.
+    ``extra_options``: more lines of the storage provider's options (8 spaces in)."""
     pytest.importorskip("multistorageclient")
     config = tmp_path / "msc.yaml"
     config.write_text(
         f"profiles:\n  {name}:\n    storage_provider:\n      type: s3\n      options:\n        base_path: unit\n"
-        f"        endpoint_url: {server.endpoint}\n        region_name: us-east-1\n"
+        f"        endpoint_url: {server.endpoint}\n        region_name: us-east-1\n{extra_options}"
         f"    credentials_provider:\n      type: S3Credentials\n      options:\n        access_key: AK\n        secret_key: {SECRET_KEY}\n"
     )
     monkeypatch.setenv("MSC_CONFIG", str(config))
@@ -254,6 +255,22 @@ def test_msc_transient_faults_are_retried_by_our_loop_only_and_counted(server, s
     _msc_profile(server, tmp_path, monkeypatch)
     key = url[len("s3://unit/"):]
     path = as_path(f"msc://moto/{key}")
+    server.app.clear()
+    server.app.fail("503", 2)
+    before = STATS.snapshot()
+    assert path.read_range(100, 400) == open(local, "rb").read()[100:500]
+    assert tuple(a - b for a, b in zip(STATS.snapshot(), before)) == (3, 400, 2)
+    assert [r.fault for r in server.ranged_gets(key)] == ["503", "503", None]
+
+
+def test_msc_rust_client_faults_are_retried_by_our_loop_only_and_counted(server, shard, tmp_path, monkeypatch):
+    """A profile reading through multi-storage-client's rust_client: its own retry loop (10 attempts by
+    default, unseen and uncounted) is turned off as botocore's is; two 503s are retried by our loop, counted."""
+    pytest.importorskip("multistorageclient_rust")
+    local, url, _ = shard
+    _msc_profile(server, tmp_path, monkeypatch, name="rusty", extra_options="        rust_client: {allow_http: true}\n")
+    key = url[len("s3://unit/"):]
+    path = as_path(f"msc://rusty/{key}")
     server.app.clear()
     server.app.fail("503", 2)
     before = STATS.snapshot()
