@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, List, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from energon_ray.train.config import check_choices
+from energon_ray.train.config import ConfigError, check_choices
 
 
 def build(cfg: DictConfig) -> Tuple[Any, Any]:
@@ -14,14 +15,27 @@ def build(cfg: DictConfig) -> Tuple[Any, Any]:
     (the task's backbone, the task encoder's tokenizer … recursively, as their ``_target_`` say).
 
     Raises:
-        ConfigError: no task or dataset chosen.
+        ConfigError: no task or dataset chosen, or a constructor refused a value of ``dataset.*`` or
+            ``task.*`` (``ValueError``/``TypeError``: the group and the constructor's message; with
+            ``HYDRA_FULL_ERROR=1``, Hydra's own error and traceback instead).
     """
+    check_choices(cfg)
+    return _instantiate(cfg, "dataset"), _instantiate(cfg, "task")
+
+
+def _instantiate(cfg: DictConfig, group: str) -> Any:
+    """``cfg[group]`` instantiated; an argument its constructor refuses is a ``ConfigError`` naming the
+    group (Hydra's message was several lines around the constructor's, then a hint)."""
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
-    check_choices(cfg)
-    datamodule = instantiate(cfg.dataset)
-    task = instantiate(cfg.task)
-    return datamodule, task
+    try:
+        return instantiate(cfg[group])
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        if not isinstance(cause, (ValueError, TypeError)) or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        raise ConfigError(f"{group}: {cause}") from exc
 
 
 def make_trainer(cfg: DictConfig, callbacks: Sequence[Any] = (), **overrides: Any) -> Any:

@@ -247,6 +247,21 @@ def _is_kind(value: Any, kinds: tuple) -> bool:
     return isinstance(value, float) and float in kinds
 
 
+def check_run(cfg: DictConfig) -> None:
+    """Refuse a ``seed`` that is not a whole number (``int()`` failed on it with no key, after the
+    config was composed) and a ``test`` that is not a flag (``test=maybe`` ran the test split).
+
+    Raises:
+        ConfigError: naming the key and its value.
+    """
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed must be a whole number, got {seed!r}")
+    test = cfg.get("test")
+    if test is not None and not isinstance(test, bool):
+        raise ConfigError(f"test must be true or false, got {test!r}")
+
+
 def check_loader(cfg: DictConfig) -> None:
     """Refuse ``loader.*`` values that ``get_loader`` would refuse only once the data module built its
     loaders (in a Hydra traceback naming the keyword, not the config key), naming the key: one the

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from energon_ray.train.build import build, make_trainer
 from energon_ray.train.config import (
-    ConfigError, check_choices, check_loader, check_trainer, is_lightning_ckpt_name, ray_options, with_absolute_paths,
+    ConfigError, check_choices, check_loader, check_run, check_trainer, is_lightning_ckpt_name, ray_options, with_absolute_paths,
 )  # fmt: skip
 
 
@@ -61,6 +61,7 @@ def fit(cfg: DictConfig) -> TrainResult:
     check_choices(cfg)  # here, not only in each ray.train worker
     cfg = with_absolute_paths(cfg)
     check_ckpt_path(cfg.get("ckpt_path"), root_dir=OmegaConf.select(cfg, "trainer.default_root_dir"))
+    check_run(cfg)
     check_trainer(cfg)
     check_loader(cfg)
     if ray_options(cfg)["num_workers"] > 0:

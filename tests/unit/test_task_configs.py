@@ -393,6 +393,31 @@ def test_command_line_entry_point_names_a_bad_loader_option(monkeypatch, tmp_pat
     assert not (tmp_path / "data").exists()  # nothing was built: the synthetic dataset was not written
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("dataset.batch_size=0", "dataset: EnergonDataModule: batch_size must be a positive int, got 0"),
+        ("+dataset.batch_sise=4", "dataset: EnergonDataModule.__init__() got an unexpected keyword argument 'batch_sise'"),
+        ("+task.foo=1", "task: TaskModule.__init__() got an unexpected keyword argument 'foo'"),
+        ("seed=abc", "seed must be a whole number, got 'abc'"),
+        ("test=maybe", "test must be true or false, got 'maybe'"),
+    ],
+)
+def test_command_line_entry_point_names_a_value_the_constructors_refuse(monkeypatch, tmp_path, override, message):
+    """A dataset or task value its constructor refuses, a seed that is no number, a test that is no flag: one
+    "error: …" line naming the group or key (before: Hydra's "Error in call to target …" lines and a hint;
+    int()'s "invalid literal" with no key; test=maybe ran the test split)."""
+    from energon_ray.train.__main__ import main
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
+            "trainer.max_steps=1", override, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == f"error: {message}"
+
+
 def test_relative_paths_are_taken_from_the_callers_directory_also_through_an_interpolation(monkeypatch):
     """ray.train workers run in their run's folder: every local path of the config is made absolute from
     the caller's directory, also one an interpolation resolves to a relative path (it stayed relative, so
