@@ -25,13 +25,21 @@ def repeats_passes(dataset: Composition) -> bool:
     return not any(isinstance(node, LimitDataset) for node in walk(dataset))
 
 
+def _drawn(dataset: Composition, leaves: list) -> list:
+    """The leaves a pass can take items from: those with a share above 0 (a blend weight of 0 gives
+    its sources none)."""
+    shares = dataset.leaf_shares()
+    return [leaf for leaf in leaves if shares.get(id(leaf), (1.0, 0.0))[0] > 0]
+
+
 def check_something_to_repeat(dataset: Composition) -> None:
     """Refuse training sources that repeat without end but hold no sample on this rank (more ranks
     than samples or shards): the pass would give no batch, the loop end at once and this rank leave
     training while the others go on. Energon refuses to repeat such an empty dataset; so do we,
-    naming the rank and the sources. (A rank that some sources give samples repeats those. A restore
-    on another world size is no exception: such a rank would give its share of the unfinished
-    epoch, if any, and then end while the others go on.)
+    naming the rank and the sources. The same holds where this rank's only samples are of sources a
+    blend gives weight 0 (Energon refuses any weight 0). (A rank that some sources give samples
+    repeats those. A restore on another world size is no exception: such a rank would give its share
+    of the unfinished epoch, if any, and then end while the others go on.)
 
     Raises:
         DatasetConfigError: naming the rank, the world size and the sources.
@@ -39,11 +47,21 @@ def check_something_to_repeat(dataset: Composition) -> None:
     leaves = dataset.leaves()
     if not all(leaf.repeats_forever() for leaf in leaves):
         return
-    if any(leaf.has_rank_samples() for leaf in leaves):
+    drawn = _drawn(dataset, leaves)
+    if any(leaf.has_rank_samples() for leaf in drawn):
         return
     wc = leaves[0].worker_config
+    rank = f"rank {wc.rank} of world size {wc.world_size} ({wc.num_workers} workers)"
+    drawn_ids = {id(leaf) for leaf in drawn}
+    idle = [leaf for leaf in leaves if id(leaf) not in drawn_ids and leaf.has_rank_samples()]
+    if idle:
+        raise DatasetConfigError(
+            f"{rank} holds samples only of sources with weight 0 ({', '.join(repr(leaf) for leaf in idle)}), none of "
+            f"{', '.join(repr(leaf) for leaf in drawn)}: a training blend that repeats (repeat=True) has nothing to "
+            "draw on this rank; give those sources a weight above 0, or use fewer ranks than the weighted sources have samples"
+        )
     raise DatasetConfigError(
-        f"rank {wc.rank} of world size {wc.world_size} ({wc.num_workers} workers) holds no sample of "
+        f"{rank} holds no sample of "
         f"{', '.join(repr(leaf) for leaf in leaves)}: a training dataset that repeats (repeat=True) has "
         "nothing to repeat on this rank; use fewer ranks than the dataset has samples, or repeat=False"
     )

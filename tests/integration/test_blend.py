@@ -369,3 +369,27 @@ def test_a_limit_over_a_repeating_blend_epochized_still_ends_the_iteration(sourc
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
     loader = er.get_loader(er.LimitDataset(_train(path, wc=wc), length=4, worker_config=wc))
     assert len(list(itertools.islice(loader, 50))) == 4
+
+
+def test_a_rank_whose_only_samples_have_weight_zero_is_refused(sources, tmp_path):
+    """A training blend whose only sources with samples on rank 1 have weight 0 (the weighted one
+    holds a single sample, on rank 0): rank 1 would draw nothing and end its pass silently while
+    rank 0 goes on; its iter() raises DatasetConfigError naming the rank and the zero weight
+    (Energon refuses any weight 0), in a metadataset's blend and in a BlendDataset alike."""
+    path = sources["root"] / "zero_weight_on_a_rank.yaml"
+    path.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - {weight: 1, path: a, subset: {range: [0, 1]}}\n      - {weight: 0, path: b}\n"
+    )
+    wc = er.WorkerConfig(rank=1, world_size=2, num_workers=1)
+    single = _train(prefixed_text_dataset(tmp_path / "one", "o", 1), wc=wc)
+    direct = er.BlendDataset((single, 1.0), (_train(sources["b"], wc=wc), 0.0))
+    for dataset in (_train(path, wc=wc), direct):
+        loader = er.get_loader(dataset)
+        with pytest.raises(er.DatasetConfigError, match=r"rank 1 of world size 2 \(1 workers\) holds samples only of sources with weight 0"):
+            next(iter(loader))
+        loader.close()
+    rank0 = er.get_loader(_train(path, wc=er.WorkerConfig(rank=0, world_size=2, num_workers=1)))
+    it = iter(rank0)
+    assert [next(it).__key__[0] for _ in range(3)] == ["a_000000"] * 3
+    rank0.close()
