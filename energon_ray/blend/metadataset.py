@@ -28,7 +28,7 @@ from energon_ray.storage import RemotePath, as_path, is_remote
 _REF_KEYS = {"path", "split_part", "subflavors", "subflavor", "subset", "shuffle_over_epochs_multiplier",
              "dataset_config", "split_config", "weight", "repetitions", "aux"}  # fmt: skip
 _NODE_KEYS = _REF_KEYS | {"blend", "blend_epochized", "join", "joiner"}
-_TOP_KEYS = {"__module__", "__class__", "splits"}
+_TOP_KEYS = {"__module__", "__class__", "splits", "path"}
 #: keys that only a reference to a prepared dataset reads (anywhere else they would do nothing)
 _DATASET_ONLY = ("dataset_config", "split_config", "aux")
 _URL = re.compile(r"^(?P<protocol>[a-z][a-z0-9+.-]*)://(?P<rest>.*)", re.IGNORECASE)
@@ -360,6 +360,7 @@ def parse(data: Any, file: str, base: Path | RemotePath, split_part: str, *, sta
     unknown = set(data) - _TOP_KEYS
     if unknown:  # Energon refuses them too ("Unexpected arguments"): a misspelled key did nothing
         raise _err(file, "top level", f"unknown keys {sorted(map(str, unknown))}; a metadataset has {sorted(_TOP_KEYS)}")
+    located = stands_for(data, file)
     cls = data.get("__class__")
     if cls in (None, "Metadataset"):
         data = _v1_to_v2(data, file)
@@ -368,11 +369,27 @@ def parse(data: Any, file: str, base: Path | RemotePath, split_part: str, *, sta
     splits = data["splits"]
     if split_part not in splits:
         raise _err(file, "splits", f"unknown split part {split_part!r}; the file defines {sorted(splits)}")
-    parser = _Parser(file, base, stack, check)
+    parser = _Parser(file, base if located is None else located.parent, stack, check)
     ctx = ctx or _Ctx(split_part=split_part)
     leaves = parser.node(splits[split_part], f"splits.{split_part}", dataclasses.replace(ctx, split_part=split_part))
     mode = next(iter(parser.modes), "none")
     return Flattened(leaves=leaves, mode=mode)
+
+
+def stands_for(data: dict, file: str) -> Optional[Path | RemotePath]:
+    """Where a metadataset says it lives: its top-level ``path:`` (a relative one from the working
+    directory), as Energon's ``path`` field, which overrides the file's own location; ``None``
+    without one. Its relative paths then start from that file's folder.
+
+    Raises:
+        DatasetConfigError: a ``path:`` that is not a non-empty string.
+    """
+    if "path" not in data:
+        return None
+    raw = data["path"]
+    if not isinstance(raw, str) or not raw.strip():
+        raise _err(file, "path", f"a metadataset's top-level path is the file it stands for (its relative paths start from that file's folder), a string; got {raw!r}")
+    return _as_path(raw)
 
 
 def read_file(path: Path | str | RemotePath) -> Any:

@@ -36,13 +36,14 @@ from energon_ray.blend.metadataset import (
     parse,
     parse_subset,
     read_file,
+    stands_for,
     start_context,
 )
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.info import INFO_JSON, INFO_YAML, meta_dir
 from energon_ray.worker import WorkerConfig
 
-_DICT_LABEL = "<metadataset dict>"
+DICT_LABEL = "<metadataset dict>"
 
 
 def _check_worker_config(worker_config: Any) -> None:
@@ -121,10 +122,13 @@ class _YamlMetadataset(DatasetLoaderInterface):
     _CLASS = ""
 
     def __init__(self, path: Any, splits: Dict[str, Any]) -> None:
+        #: where the metadataset stands: its relative paths start from this file's folder
         self.path = _as_path(path)
         self.splits = splits
-        #: set by load_dataset for a dict: relative paths are relative to the working directory
+        #: the file (or dict) it was read from, for messages, where it is not ``path`` (set by load_dataset)
         self._label: Optional[str] = None
+        #: the files being read, outermost first (a file including itself is refused)
+        self._stack: Optional[tuple] = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(path={self._file()!r}, splits={sorted(self.splits)})"
@@ -134,9 +138,8 @@ class _YamlMetadataset(DatasetLoaderInterface):
 
     def _flatten(self, split_part: str, ctx, check: bool = True) -> Flattened:
         data = {"__class__": self._CLASS, "splits": self.splits}
-        stack = () if self._label else (str(self.path.resolve()),)
-        base = Path.cwd() if self._label else self.path.parent
-        return parse(data, self._file(), base, split_part, stack=stack, ctx=ctx, check=check)
+        stack = self._stack if self._stack is not None else (str(self.path.resolve()),)
+        return parse(data, self._file(), self.path.parent, split_part, stack=stack, ctx=ctx, check=check)
 
     def post_initialize(self, mds_path: Optional[AnyPath] = None) -> None:
         """Parse every split: unknown keys, bad weights and missing paths raise here, before any loading."""
@@ -206,13 +209,28 @@ def _metadataset(data: Any, file: str) -> type:
     raise DatasetConfigError(f"{file}: __class__: unknown metadataset class {cls!r} (MetadatasetV2 or Metadataset)")
 
 
+def _yaml_metadataset(source: Any) -> "_YamlMetadataset":
+    """The metadataset of a YAML file or a dict, standing where its top-level ``path:`` says, else
+    where the file is (a dict: in the working directory)."""
+    file = DICT_LABEL if isinstance(source, dict) else str(source)
+    data = source if isinstance(source, dict) else read_file(source)
+    cls = _metadataset(data, file)
+    own = Path.cwd() / DICT_LABEL if isinstance(source, dict) else _as_path(source)
+    located = stands_for(data, file)
+    mds = cls(own if located is None else located, data["splits"])
+    mds._label = DICT_LABEL if isinstance(source, dict) else str(own)
+    mds._stack = () if isinstance(source, dict) else (str(own.resolve()),)
+    return mds
+
+
 def load_dataset(path: Any, **kwargs: Any) -> DatasetLoaderInterface:
     """A prepared dataset (a :class:`DatasetLoader`) or a metadataset YAML/dict (a
     :class:`MetadatasetV2` or V1 :class:`Metadataset`), validated.
 
     Args:
         path: a dataset folder, a ``.jsonl`` file, a ``.yaml``/``.yml`` metadataset, or a metadataset
-            as a dict (its relative paths are relative to the working directory).
+            as a dict (its relative paths are relative to the working directory, unless its top-level
+            ``path:`` names where it stands).
         **kwargs: for a dataset: :class:`DatasetLoader`'s arguments (``split_part``, ``subflavors``,
             ``dataset_config``, ``split_config``…); a metadataset takes none (``None`` values are ignored).
 
@@ -224,10 +242,7 @@ def load_dataset(path: Any, **kwargs: Any) -> DatasetLoaderInterface:
         extra = sorted(k for k, v in kwargs.items() if v is not None)
         if extra:
             raise TypeError(f"load_dataset: a metadataset takes no {extra} (set them on its references)")
-        file = _DICT_LABEL if isinstance(path, dict) else str(path)
-        data = path if isinstance(path, dict) else read_file(path)
-        mds = _metadataset(data, file)(Path.cwd() / _DICT_LABEL if isinstance(path, dict) else path, data["splits"])
-        mds._label = _DICT_LABEL if isinstance(path, dict) else None
+        mds = _yaml_metadataset(path)
         mds.post_initialize()
         return mds
     if not _as_path(path).exists():
@@ -248,9 +263,7 @@ def traverse_metadataset(path: Any, *, split_part: str, **kwargs: Any) -> List[T
     """
     if not (str(path).endswith((".yaml", ".yml")) and _as_path(path).is_file()):
         raise DatasetConfigError(f"traverse_metadataset only supports metadatasets (a .yaml file), got {path}")
-    data = read_file(path)
-    mds = _metadataset(data, str(path))(path, data["splits"])
-    return mds.traverse(split_part=split_part)
+    return _yaml_metadataset(path).traverse(split_part=split_part)
 
 
 def prepare_metadataset(path: Any) -> None:

@@ -260,3 +260,23 @@ def test_leaf_paths_are_absolute_and_normalised_like_energons(root, monkeypatch)
     ]
     loaded = er.load_dataset("sub/inner.yaml").get_datasets(training=False, split_part="train", worker_config=None)
     assert [d.dataset.paths[0] for d in loaded.datasets] == [root / "a", root / "b"]
+
+
+def test_a_top_level_path_moves_where_relative_paths_start_as_energons(root, monkeypatch):
+    """A YAML in another folder whose top-level ``path:`` names a file beside the datasets (relative:
+    from the working directory) was refused as an unknown key; load_dataset, traverse_metadataset and
+    get_train_dataset now read its relative paths from that file's folder, as Energon's do."""
+    import megatron.energon as me
+
+    (root / "moved").mkdir(exist_ok=True)
+    moved = root / "moved" / "m.yaml"
+    moved.write_text("__module__: megatron.energon\n__class__: MetadatasetV2\npath: stands_for.yaml\n" + "splits:\n  train:\n    blend:\n      - {weight: 1, path: a}\n      - {weight: 3, path: b}\n")
+    monkeypatch.chdir(root)
+    ours = [(str(r.path), r.split_part) for r in er.traverse_metadataset(moved, split_part="train")]
+    assert ours == [(str(root / "a"), "train"), (str(root / "b"), "train")]
+    assert ours == [(str(r.path), r.split_part) for r in me.traverse_metadataset(moved, split_part="train")]
+    loaded = er.load_dataset(moved).get_datasets(training=True, split_part="train", worker_config=None)
+    assert [(d.weight, d.dataset.paths[0]) for d in loaded.datasets] == [(0.25, root / "a"), (0.75, root / "b")]
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    train = er.get_train_dataset(moved, batch_size=1, worker_config=wc, shuffle_buffer_size=None, max_samples_per_sequence=None)
+    assert sorted(os.path.basename(str(leaf.dataset.root)) for leaf in train.leaves()) == ["a", "b"]

@@ -149,7 +149,7 @@ def test_an_unknown_top_level_key_is_refused_as_energon_refuses_it(tree):
     """``subflavours:`` beside ``splits:`` (misspelled) would do nothing: named, with the keys a
     metadataset has (Energon: "Unexpected arguments")."""
     f = _write(tree / "top.yaml", "__module__: megatron.energon\n__class__: MetadatasetV2\nsubflavours: {x: 1}\nsplits:\n  train: {path: coco}\n")
-    with pytest.raises(DatasetConfigError, match=r"top.yaml.*top level.*unknown keys \['subflavours'\]; a metadataset has \['__class__', '__module__', 'splits'\]"):
+    with pytest.raises(DatasetConfigError, match=r"top.yaml.*top level.*unknown keys \['subflavours'\]; a metadataset has \['__class__', '__module__', 'path', 'splits'\]"):
         parse_file(f, "train")
 
 
@@ -180,6 +180,21 @@ def test_a_key_the_node_would_ignore_is_refused_naming_file_and_node(tree, body,
     f = _write(tree / "bad.yaml", f"__class__: MetadatasetV2\nsplits:\n  train: {node}\n")
     with pytest.raises(DatasetConfigError, match=message):
         parse_file(f, "train")
+
+
+def test_a_top_level_path_says_where_relative_paths_start(tree, monkeypatch):
+    """Energon's top-level ``path:`` (the file a metadataset stands for) was refused as an unknown
+    key: relative paths start from its folder (a relative one from the working directory), in V2 and
+    V1 alike, as in Energon; one that is not a string is named."""
+    (tree / "elsewhere").mkdir()
+    v2 = _write(tree / "elsewhere" / "v2.yaml", "__class__: MetadatasetV2\npath: ../stands.yaml\nsplits:\n  train: {blend: [{path: coco}, {path: ocr}]}\n")
+    v1 = _write(tree / "elsewhere" / "v1.yaml", f"__class__: Metadataset\npath: {tree / 'x.yaml'}\nsplits:\n  train: {{datasets: [{{path: coyo}}]}}\n")
+    monkeypatch.chdir(tree / "elsewhere")
+    assert [leaf.path for leaf in parse_file(v2, "train").leaves] == [tree / "coco", tree / "ocr"]
+    assert [leaf.path for leaf in parse_file(v1, "train").leaves] == [tree / "coyo"]
+    bad = _write(tree / "bad.yaml", "__class__: MetadatasetV2\npath: 3\nsplits:\n  train: {path: coco}\n")
+    with pytest.raises(DatasetConfigError, match=r"bad.yaml: path: a metadataset's top-level path is the file it stands for .*, a string; got 3"):
+        parse_file(bad, "train")
 
 
 def test_unknown_split_and_detection(tree):
