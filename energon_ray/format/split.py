@@ -15,6 +15,7 @@ import braceexpand
 import yaml
 
 from energon_ray.errors import DatasetConfigError, parse_problem
+from energon_ray.format import energon_yaml
 from energon_ray.format.info import check_write_target, meta_dir, write_file
 
 
@@ -42,7 +43,7 @@ def read_split_file(path: Path | str, split_config: str = "split.yaml") -> Dict:
         raise DatasetConfigError(f"{file}: split file not found")
     try:
         text = file.read_text()
-        data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if file.suffix == ".json" else energon_yaml.load(text)
     except Exception as exc:
         raise DatasetConfigError(f"{file}: cannot parse: {parse_problem(exc)}") from None
     if not isinstance(data, dict) or not isinstance(data.get("split_parts"), dict):

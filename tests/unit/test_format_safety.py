@@ -422,3 +422,23 @@ def test_an_unknown_dataset_yaml_key_is_warned_about_once_naming_file_key_and_cl
         f"{config}: unknown key 'zzz'; it is ignored",
     ]
     assert first.spec.subflavors == {}
+
+
+def test_split_part_names_are_read_as_energon_reads_them(tmp_path):
+    """Split parts named yes, on, 1, 2024-01-01 or 1e3 are those names, as in Energon's split.yaml
+    reader (PyYAML made them True, True, 1, a date and '1e3': 'unknown split part', or a crash when
+    sorting the mixed names); the same shards as Energon's WebdatasetMeta for each."""
+    from megatron.energon.epathlib import EPath
+    from megatron.energon.flavors.webdataset.metadata import WebdatasetMeta
+
+    from energon_ray.format.split import resolve_split_part
+
+    root = prepared_text(tmp_path / "ds")
+    names = ["yes", "on", "1", "2024-01-01", "1e3"]
+    (root / ".nv-meta" / "split.yaml").write_text(
+        "split_parts:\n" + "".join(f"  {name}: [shards/shard_000{i % 2}.tar]\n" for i, name in enumerate(names)) + "exclude: []\n"
+    )
+    for i, name in enumerate(names):
+        ours = resolve_split_part(root, name, read_info(root)).shards
+        theirs = WebdatasetMeta.from_config(EPath(root), split_part=name).split_part_files
+        assert list(ours) == theirs == [f"shards/shard_000{i % 2}.tar"], name
