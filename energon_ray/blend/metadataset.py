@@ -252,7 +252,9 @@ class _Parser:
 
         if any(k in node for k in ("path", "blend", "blend_epochized")):
             raise _err(self.file, where, "a 'join' node cannot also have path, blend or blend_epochized")
-        ctx = self._descend(node, where, ctx)
+        # the join's own shuffle_over_epochs_multiplier is checked but not applied: Energon's join
+        # shuffles by its caller's, so applying it gave other batches than Energon's
+        ctx = dataclasses.replace(self._descend(node, where, ctx), shuffle_over_epochs=ctx.shuffle_over_epochs)
         spec = parse_join(node, self, where, ctx)
         primary = spec.members[0]
         _, absolute = _subset(node, self.file, where)  # of the joined rows

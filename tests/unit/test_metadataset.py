@@ -203,3 +203,18 @@ def test_unknown_split_and_detection(tree):
     with pytest.raises(DatasetConfigError, match=r"unknown split part 'val'; the file defines \['train'\]"):
         parse_file(f, "val")
     assert is_metadataset_path(f) and is_metadataset_path({"splits": {}}) and not is_metadataset_path(tree / "coco")
+
+
+def test_a_joins_own_shuffle_over_epochs_multiplier_is_not_applied_as_in_energon(tree):
+    """Energon's join shuffles by its caller's multiplier and ignores its own node's (its batches are
+    those without it); it was applied (3 here), giving other batches. A referencing entry's still
+    multiplies, as for any dataset; a bad value on the join is still named."""
+    join = ("{shuffle_over_epochs_multiplier: 3, join: [{path: coco}, {path: coyo}], "
+            "joiner: {__module__: megatron.energon, __class__: TextSample}}")
+    inner = _write(tree / "inner.yaml", f"__class__: MetadatasetV2\nsplits:\n  train: {join}\n")
+    outer = _write(tree / "outer.yaml", "__class__: MetadatasetV2\nsplits:\n  train: {blend: [{path: inner.yaml, shuffle_over_epochs_multiplier: 2}]}\n")
+    assert [leaf.shuffle_over_epochs for leaf in parse_file(inner, "train").leaves] == [1]
+    assert [leaf.shuffle_over_epochs for leaf in parse_file(outer, "train").leaves] == [2]
+    bad = _write(tree / "bad.yaml", "__class__: MetadatasetV2\nsplits:\n  train: " + join.replace(": 3,", ": 0,") + "\n")
+    with pytest.raises(DatasetConfigError, match=r"bad.yaml: splits.train: shuffle_over_epochs_multiplier must be .*, got 0"):
+        parse_file(bad, "train")
