@@ -8,6 +8,7 @@ the joiner.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -107,6 +108,12 @@ class JoinedEnergonDataset(EnergonDataset):
             [shard_table(ds) for ds in self.datasets], filters, self.join,
             tolerance=self.task_encoder.__default_failure_tolerance__,
         )  # fmt: skip
+
+    def joined_rows_digest(self) -> str:
+        """A digest of the join table (the sample of each dataset every row joins): a state's positions
+        are rows of it, and an exclude or a key changed in any dataset can change them, count or not."""
+        table = np.ascontiguousarray(self.join, dtype=np.int64)
+        return hashlib.sha256(repr(table.shape).encode() + table.tobytes()).hexdigest()[:16]
 
     def config(self) -> Dict[str, Any]:
         out = super().config()

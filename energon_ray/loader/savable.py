@@ -79,7 +79,8 @@ def starts_of(state: Optional[LoaderState]) -> Optional[List[List[int]]]:
     return [[stream.checkpoint.segment for stream in per_worker] for per_worker in state.streams]
 
 
-def describe(dataset: Composition, order_only: bool = False, encoders: bool = False, layout: bool = True) -> Any:
+def describe(dataset: Composition, order_only: bool = False, encoders: bool = False, layout: bool = True,
+             joins: bool = True) -> Any:
     """What decides a composition's batches, without machine-specific paths (for the fingerprint).
 
     ``order_only``: what decides which samples come in which order, whatever the batch sizes and
@@ -89,6 +90,9 @@ def describe(dataset: Composition, order_only: bool = False, encoders: bool = Fa
     as Energon's does; ``check_fits`` warns then).
     ``layout``: with each leaf's samples per shard and excluded samples (a state's positions name
     other samples when they change); states saved before 2026-12-02 were fingerprinted without.
+    ``joins``: with a joined leaf's digest of its join table (its rows change with an exclude or a
+    key in any joined dataset, their count may not); states saved before the digest was recorded
+    (after 2026-12-02's layouts) were fingerprinted without.
     """
     options = getattr(dataset, "options", None)
     if options is not None:  # a leaf dataset
@@ -102,7 +106,7 @@ def describe(dataset: Composition, order_only: bool = False, encoders: bool = Fa
             "rotation": dataset.rotation_base if order_only else dataset.rotation_offset,
         }
         if layout:
-            out.update(sample_layout(dataset))
+            out.update(sample_layout(dataset, joins))
         if encoders:
             out["task_encoder"] = encoder_name(dataset)
         return out
@@ -114,22 +118,28 @@ def describe(dataset: Composition, order_only: bool = False, encoders: bool = Fa
     if parts is None:
         inner = getattr(dataset, "dataset", None) or getattr(dataset, "blend", None)
         parts = [] if inner is None else [inner]
-    out["parts"] = [describe(part, order_only, encoders, layout) for part in parts]
+    out["parts"] = [describe(part, order_only, encoders, layout, joins) for part in parts]
     return out
 
 
-def sample_layout(leaf: Any) -> Dict[str, Any]:
+def sample_layout(leaf: Any, joins: bool = True) -> Dict[str, Any]:
     """What a leaf's stream positions are positions of: the samples of each shard, in split order,
     and the global indices of the excluded ones (a shard re-written with another count, or an
-    exclude added, keeps the shard names and maybe the total)."""
+    exclude added, keeps the shard names and maybe the total); of a join (``joins``), its rows."""
     starts = [int(x) for x in leaf.dataset.shard_starts]
-    return {"shard_counts": [b - a for a, b in zip(starts, starts[1:])], "excluded": list(leaf.excluded)}
+    out = {"shard_counts": [b - a for a, b in zip(starts, starts[1:])], "excluded": list(leaf.excluded)}
+    digest = getattr(leaf, "joined_rows_digest", None)
+    if joins and digest is not None:
+        out[JOINED_ROWS] = digest()
+    return out
 
 
 #: the description's names that ``order_only`` leaves out or replaces (another world size changes them)
 ORDER_FREE = ("batch_size", "rotation")
 #: the description's names that states saved before 2026-12-02 lack (``describe(layout=False)``)
 LAYOUT = ("shard_counts", "excluded")
+#: the description's name of a join's rows, which older states lack (``describe(joins=False)``)
+JOINED_ROWS = "joined_rows"
 
 
 def what_differs(state: LoaderState, dataset: Composition, order_only: bool = False) -> str:
@@ -140,6 +150,8 @@ def what_differs(state: LoaderState, dataset: Composition, order_only: bool = Fa
     ignore = ORDER_FREE if order_only else ()
     if not any(path.endswith(LAYOUT) for path in state.config_summary):  # saved before it was recorded
         ignore += LAYOUT
+    if not any(path.endswith(JOINED_ROWS) for path in state.config_summary):
+        ignore += (JOINED_ROWS,)
     return explain(differences(state.config_summary, current, ignore=ignore))
 
 
@@ -161,11 +173,12 @@ def check_seed(saved: Optional[int], dataset: Composition) -> None:
 
 
 def fingerprints(dataset: Composition, order_only: bool = False) -> Tuple[str, ...]:
-    """The fingerprint a state saved now has, and those older states have: before 2026-12-02 without
-    the leaves' sample layouts, before 2026-11-25 also with the task encoders' classes. A state with
-    any of them fits."""
+    """The fingerprint a state saved now has, and those older states have: before the joins' rows were
+    recorded without them, before 2026-12-02 without the leaves' sample layouts, before 2026-11-25 also
+    with the task encoders' classes. A state with any of them fits."""
     return (
         fingerprint(describe(dataset, order_only)),
+        fingerprint(describe(dataset, order_only, joins=False)),
         fingerprint(describe(dataset, order_only, layout=False)),
         fingerprint(describe(dataset, order_only, encoders=True, layout=False)),
     )

@@ -256,3 +256,54 @@ def test_stale_index_sqlite_is_refused_naming_the_datasets(ray_session, data, tm
         "an index.sqlite no longer matches its shards (stale); prepare the datasets again"
     )
     assert all(text in (f"p:{key}", f"s:{key}") for key, text in got)
+
+
+def test_a_join_whose_rows_changed_but_not_their_count_refuses_a_saved_state(ray_session, data, tmp_path):
+    """The primary excluded s_002 when the state was saved and excludes s_004 now: the same 9 joined rows
+    in count, other samples. The state restored silently (a join reported no excludes, and its row count
+    was all the fingerprint saw), its positions naming other samples; now check_fits raises StateError
+    naming the join's rows. With the exclude unchanged it restores as before, and so does a state saved
+    before the join's rows were recorded (its fingerprint and summary without them)."""
+    from energon_ray.loader.savable import describe
+    from energon_ray.loader.state import fingerprint
+
+    import shutil
+
+    primary = tmp_path / "primary"
+    shutil.copytree(data["primary"], primary)
+    split = primary / ".nv-meta" / "split.yaml"
+    original = split.read_text()
+    join = f"      - path: {primary}\n      - path: {data['secondary']}\n        nonmatch: skip\n"
+    path = _yaml({"root": tmp_path}, "rows", join, "      __module__: megatron.energon\n      __class__: TextSample\n")
+
+    def saved_with(excluded_key):
+        split.write_text(original.replace("exclude: []", f"exclude: [shards/shard_0000.tar/{excluded_key}]"))
+        return er.get_savable_loader(er.get_val_dataset(path, split_part="train", worker_config=WC, batch_size=2))
+
+    loader = saved_with("s_002")
+    it = iter(loader)
+    assert list(next(it).__key__) == ["s_000", "s_004"]
+    state = loader.save_state_rank()
+    loader.close()
+    moved = saved_with("s_004")
+    with pytest.raises(er.StateError, match=r"the state was saved for another dataset configuration: .*joined_rows"):
+        moved.restore_state_rank(state)
+    moved.close()
+    rest = ["s_006", "s_008", "s_010", "s_012", "s_014", "s_016", "s_018"]
+    same = saved_with("s_002")
+    same.restore_state_rank(state)
+    try:
+        assert [k for b in same for k in b.__key__] == rest
+    finally:
+        same.close()
+    legacy = saved_with("s_002")
+    old = state.to_dict()
+    old["fingerprint"] = fingerprint(describe(legacy.dataset, joins=False))
+    old["order_fingerprint"] = fingerprint(describe(legacy.dataset, order_only=True, joins=False))
+    old["config_summary"] = {k: v for k, v in old["config_summary"].items() if not k.endswith("joined_rows")}
+    assert old["fingerprint"] != state.fingerprint and len(old["config_summary"]) == len(state.config_summary) - 1
+    legacy.restore_state_rank(old)
+    try:
+        assert [k for b in legacy for k in b.__key__] == rest
+    finally:
+        legacy.close()
