@@ -18,11 +18,16 @@ def repeats_passes(dataset: Composition) -> bool:
     """Whether a ``repeat=True`` training loader's pass ends because its sources repeat a set number
     of times (``blend_epochized`` repetitions), so its ``iter()`` goes on with the next pass; not
     under a ``LimitDataset``, which ends the loader's ``iter()`` after its items, as Energon's does."""
-    leaves = dataset.leaves()
-    repeating = all(leaf.options.training and leaf.options.repeat for leaf in leaves)
-    if not repeating or not any(leaf.options.repetitions is not None for leaf in leaves):
+    if not _repeats_set_times(dataset.leaves()):
         return False
     return not any(isinstance(node, LimitDataset) for node in walk(dataset))
+
+
+def _repeats_set_times(leaves: list) -> bool:
+    """Training sources that repeat (``repeat=True``), some a set number of times (``blend_epochized``
+    repetitions): the loader repeats their passes without end."""
+    repeating = all(leaf.options.training and leaf.options.repeat for leaf in leaves)
+    return repeating and any(leaf.options.repetitions is not None for leaf in leaves)
 
 
 def _drawn(dataset: Composition, leaves: list) -> list:
@@ -37,7 +42,8 @@ def check_something_to_repeat(dataset: Composition) -> None:
     than samples or shards): the pass would give no batch, the loop end at once and this rank leave
     training while the others go on. Energon refuses to repeat such an empty dataset; so do we,
     naming the rank and the sources. The same holds where this rank's only samples are of sources a
-    blend gives weight 0 (Energon refuses any weight 0). (A rank that some sources give samples
+    blend gives weight 0 (Energon refuses any weight 0), and for a repeating ``blend_epochized``
+    (its passes, each of no batch, ended the loop; Energon refuses it too). (A rank that some sources give samples
     repeats those. A restore on another world size is no exception: such a rank would give its share
     of the unfinished epoch, if any, and then end while the others go on.)
 
@@ -45,7 +51,7 @@ def check_something_to_repeat(dataset: Composition) -> None:
         DatasetConfigError: naming the rank, the world size and the sources.
     """
     leaves = dataset.leaves()
-    if not all(leaf.repeats_forever() for leaf in leaves):
+    if not (all(leaf.repeats_forever() for leaf in leaves) or _repeats_set_times(leaves)):
         return
     drawn = _drawn(dataset, leaves)
     if any(leaf.has_rank_samples() for leaf in drawn):

@@ -393,3 +393,22 @@ def test_a_rank_whose_only_samples_have_weight_zero_is_refused(sources, tmp_path
     it = iter(rank0)
     assert [next(it).__key__[0] for _ in range(3)] == ["a_000000"] * 3
     rank0.close()
+
+
+def test_a_repeating_blend_epochized_on_a_rank_without_samples_is_refused(sources):
+    """A training blend_epochized (repeat=True) whose sources hold one sample each, both on rank 0:
+    rank 1's iter() ended at once with no batch while rank 0 repeats without end (Energon raises
+    "Cannot blend all empty datasets"); it raises DatasetConfigError naming the rank."""
+    path = sources["root"] / "epochized_one_sample_each.yaml"
+    path.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend_epochized:\n"
+        "      - {repetitions: 1, path: a, subset: {range: [0, 1]}}\n      - {repetitions: 2, path: b, subset: {range: [0, 1]}}\n"
+    )
+    loader = er.get_loader(_train(path, wc=er.WorkerConfig(rank=1, world_size=2, num_workers=1)))
+    with pytest.raises(er.DatasetConfigError, match=r"rank 1 of world size 2 \(1 workers\) holds no sample of .*nothing to repeat on this rank"):
+        next(iter(loader))
+    loader.close()
+    rank0 = er.get_loader(_train(path, wc=er.WorkerConfig(rank=0, world_size=2, num_workers=1)))
+    it = iter(rank0)
+    assert sorted(next(it).__key__[0] for _ in range(6)) == ["a_000000"] * 2 + ["b_000000"] * 4
+    rank0.close()
