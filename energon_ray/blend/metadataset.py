@@ -29,10 +29,6 @@ _REF_KEYS = {"path", "split_part", "subflavors", "subflavor", "subset", "shuffle
              "dataset_config", "split_config", "weight", "repetitions", "aux"}  # fmt: skip
 _NODE_KEYS = _REF_KEYS | {"blend", "blend_epochized", "join", "joiner"}
 _TOP_KEYS = {"__module__", "__class__", "splits", "path"}
-#: how messages name a metadataset given as a dict, and where it stands (Energon's ``/dict``: its
-#: relative paths start from ``/``)
-DICT_LABEL = "<metadataset dict>"
-DICT_PATH = Path("/dict")
 #: keys that only a reference to a prepared dataset reads (anywhere else they would do nothing)
 _DATASET_ONLY = ("dataset_config", "split_config", "aux")
 _URL = re.compile(r"^(?P<protocol>[a-z][a-z0-9+.-]*)://(?P<rest>.*)", re.IGNORECASE)

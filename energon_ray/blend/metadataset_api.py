@@ -17,6 +17,7 @@ Example (traversal opens nothing, so the referenced folders need not exist):
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from energon_ray.blend.loaded import (
@@ -27,8 +28,6 @@ from energon_ray.blend.loaded import (
     loaded_list,
 )
 from energon_ray.blend.metadataset import (
-    DICT_LABEL,
-    DICT_PATH,
     Flattened,
     LeafSpec,
     _as_path,
@@ -43,6 +42,8 @@ from energon_ray.blend.metadataset import (
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.info import INFO_JSON, INFO_YAML, meta_dir
 from energon_ray.worker import WorkerConfig
+
+DICT_LABEL = "<metadataset dict>"
 
 
 def _check_worker_config(worker_config: Any) -> None:
@@ -210,11 +211,11 @@ def _metadataset(data: Any, file: str) -> type:
 
 def _yaml_metadataset(source: Any) -> "_YamlMetadataset":
     """The metadataset of a YAML file or a dict, standing where its top-level ``path:`` says, else
-    where the file is (a dict: at ``/dict``, as Energon's, so its relative paths start from ``/``)."""
+    where the file is (a dict: in the working directory)."""
     file = DICT_LABEL if isinstance(source, dict) else str(source)
     data = source if isinstance(source, dict) else read_file(source)
     cls = _metadataset(data, file)
-    own = DICT_PATH if isinstance(source, dict) else _as_path(source)
+    own = Path.cwd() / DICT_LABEL if isinstance(source, dict) else _as_path(source)
     located = stands_for(data, file)
     mds = cls(own if located is None else located, data["splits"])
     mds._label = DICT_LABEL if isinstance(source, dict) else str(own)
@@ -228,8 +229,8 @@ def load_dataset(path: Any, **kwargs: Any) -> DatasetLoaderInterface:
 
     Args:
         path: a dataset folder, a ``.jsonl`` file, a ``.yaml``/``.yml`` metadataset, or a metadataset
-            as a dict (its relative paths start from ``/``, as Energon's, unless its top-level ``path:``
-            names where it stands).
+            as a dict (its relative paths are relative to the working directory, unless its top-level
+            ``path:`` names where it stands).
         **kwargs: for a dataset: :class:`DatasetLoader`'s arguments (``split_part``, ``subflavors``,
             ``dataset_config``, ``split_config``…); a metadataset takes none (``None`` values are ignored).
 

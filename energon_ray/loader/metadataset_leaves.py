@@ -5,13 +5,14 @@ concatenated (validation), as Energon's ``get_train_dataset``/``get_val_dataset`
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition
 from energon_ray.blend.compose import PooledBlendDataset
 from energon_ray.blend.concat import ConcatDataset
 from energon_ray.blend.epoch_map import EpochizeDataset
-from energon_ray.blend.metadataset import DICT_LABEL, DICT_PATH, Flattened, LeafSpec, start_context
+from energon_ray.blend.metadataset import Flattened, LeafSpec, start_context
 from energon_ray.blend.metadataset import parse as parse_metadataset
 from energon_ray.blend.metadataset import parse_file as parse_metadataset_file
 from energon_ray.blend.sample_blend import SampleBlendDataset
@@ -34,7 +35,7 @@ def metadataset_composition(path: Any, split_part: str, options: PlanOptions, co
     if isinstance(path, Flattened):
         flat = path
     elif isinstance(path, dict):
-        flat = parse_metadataset(path, DICT_LABEL, DICT_PATH.parent, split_part, ctx=ctx)
+        flat = parse_metadataset(path, "<metadataset dict>", Path.cwd(), split_part, ctx=ctx)
     else:
         flat = parse_metadataset_file(path, split_part, ctx=ctx)
     blend_samples = _blends_samples(path, flat, options, common["task_encoder"])

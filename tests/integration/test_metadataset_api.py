@@ -280,24 +280,3 @@ def test_a_top_level_path_moves_where_relative_paths_start_as_energons(root, mon
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
     train = er.get_train_dataset(moved, batch_size=1, worker_config=wc, shuffle_buffer_size=None, max_samples_per_sequence=None)
     assert sorted(os.path.basename(str(leaf.dataset.root)) for leaf in train.leaves()) == ["a", "b"]
-
-
-def test_a_dict_metadatasets_relative_paths_start_from_the_root_as_energons(root, monkeypatch):
-    """A metadataset given as a dict stands at /dict in Energon, so its relative paths start from /
-    (they started from the working directory: another folder, or another dataset); load_dataset and
-    get_train_dataset read them as Energon does, and refuse one that exists only under the working directory."""
-    import megatron.energon as me
-
-    monkeypatch.chdir(root)
-    from_root = {"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {"train": {"path": str(root / "a").lstrip("/")}}}
-    theirs = me.load_dataset(from_root).get_datasets(training=False, split_part="train", worker_config=_energon_wc())
-    ours = er.load_dataset(from_root).get_datasets(training=False, split_part="train", worker_config=None)
-    assert [d.dataset.paths[0] for d in ours.datasets] == [root / "a"] == [Path(str(d.dataset.paths[0])) for d in theirs.datasets]
-    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
-    train = er.get_train_dataset(from_root, batch_size=1, worker_config=wc, shuffle_buffer_size=None, max_samples_per_sequence=None)
-    assert [str(leaf.dataset.root) for leaf in train.leaves()] == [str(root / "a")]
-    beside = {"__module__": "megatron.energon", "__class__": "MetadatasetV2", "splits": {"train": {"path": "b"}}}
-    with pytest.raises(DatasetConfigError, match=r"<metadataset dict>: splits.train: path 'b' does not exist \(/b\)"):
-        er.load_dataset(beside)
-    with pytest.raises(DatasetConfigError, match=r"<metadataset dict>: splits.train: path 'b' does not exist \(/b\)"):
-        er.get_train_dataset(beside, batch_size=1, worker_config=wc)
