@@ -15,7 +15,7 @@ compositions and round-robin are exercised for every ``k`` in milliseconds.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, WorkerQueues
@@ -29,25 +29,32 @@ END = "<end of pass>"
 
 
 def assert_round_trip(
-    make: Callable[[], Any], ks: Iterable[int], *, count: Optional[int] = None, transport: Callable[[Any], Any] = lambda s: s
+    make: Callable[[], Any], ks: Iterable[Union[int, str]], *, count: Optional[int] = None, transport: Callable[[Any], Any] = lambda s: s
 ) -> List[Any]:
     """``make()`` → a fresh object with ``__next__``, ``save()`` and ``restore(state)``.
 
+    A ``k`` below 0 counts from the reference's end (``-1``: before its last item) and ``"mid"`` is
+    half its length; with such ``ks`` the reference is saved before every item.
     Returns the reference items (at most ``count``; ``None``: until ``StopIteration``).
     """
-    wanted = sorted(set(ks))
+    ks = list(ks)
+    every = any(k == "mid" or k < 0 for k in ks)
+    wanted = sorted({k for k in ks if k != "mid" and k >= 0})
     ref = make()
     items: List[Any] = []
     states: Dict[int, Any] = {}
     while count is None or len(items) < count:
-        if len(items) in wanted:
+        if every or len(items) in wanted:
             states[len(items)] = transport(ref.save())
         try:
             items.append(next(ref))
         except StopIteration:
             break
-    if len(items) in wanted and len(items) not in states:
+    if (every or len(items) in wanted) and len(items) not in states:
         states[len(items)] = transport(ref.save())
+    if every:
+        wanted = sorted(set(wanted) | {len(items) // 2 if k == "mid" else len(items) + k for k in ks if k == "mid" or k < 0})
+        states = {k: states[k] for k in wanted if k in states}
     ended = count is None or len(items) < count
     missing = [k for k in wanted if k not in states]
     if missing:

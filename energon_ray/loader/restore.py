@@ -144,7 +144,7 @@ def rebuild_batch(
     spec = _reread_spec(leaf, source, worker, seed, keys, index=-1)
     config = leaf.stage_config()
     found = run_reads([spec], {source: leaf.reader()}, {source: config}, remote_args, {source: leaf})
-    group = [(int(p), 0, found[(source, worker, int(p), 0)]) for p in spec.positions]
+    group = [(int(k[4]), output_sub(k), found[(source, worker, int(k[4]), output_sub(k))]) for k in _in_stream_order(keys)]
     size = leaf.options.batch_size
     if size is None:
         return serde.loads(group[0][2])
@@ -186,11 +186,14 @@ def rebuild_packed_batch(
     batched, all with the hook seeds they had. ``packs``: ``(position, sub, member keys)``."""
     from energon_ray.pipeline.build import repack
 
-    members = list({k[4]: k for _, _, keys in packs for k in keys}.values())  # each position read once
+    members = [k for _, _, keys in packs for k in keys]
     spec = _reread_spec(leaf, source, worker, seed, members, index=-1)
     config = dataclasses.replace(leaf.stage_config(), packing_buffer_size=None, postencode=False)
     found = run_reads([spec], {source: leaf.reader()}, {source: config}, remote_args, {source: leaf})
-    groups = [(position, sub, [(int(k[4]), 0, found[(source, worker, int(k[4]), 0)]) for k in keys]) for position, sub, keys in packs]
+    groups = [
+        (position, sub, [(int(k[4]), output_sub(k), found[(source, worker, int(k[4]), output_sub(k))]) for k in keys])
+        for position, sub, keys in packs
+    ]
     table = repack(leaf.stage_config(), source, worker, seed, groups, leaf.options.batch_size, remote_args)
     items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
     return one_made(items, output, f"{len(packs)} pack(s)")
@@ -210,25 +213,37 @@ def rebuild_blended_batch(
     specs, readers, configs = [], {}, {}
     for source in sorted({k[2] for k in keys}):
         leaf = by_source[source]
-        mine = list({k[4]: k for k in keys if k[2] == source}.values())  # each position read once
+        mine = [k for k in keys if k[2] == source]
         specs.append(_reread_spec(leaf, source, worker, mine[0][5], mine, index=-1 - len(specs)))
         readers[source], configs[source] = leaf.reader(), leaf.stage_config()
     found = run_reads(specs, readers, configs, remote_args, by_source)
     first, first_source = blend_leaves[0], sources[0]
     seed = _pass_seed(first.plan().streams[worker].config, by_source[keys[0][2]].plan().streams[worker].config, keys[0][5])
-    group = [(int(k[4]), 0, found[(k[2], worker, int(k[4]), 0)]) for k in keys]
+    group = [(int(k[4]), output_sub(k), found[(k[2], worker, int(k[4]), output_sub(k))]) for k in keys]
     return _batch_once(first.stage_config(), first_source, worker, seed, group, remote_args, None, output)
 
 
+def output_sub(key: tuple) -> int:
+    """Which output of its sample a key names: ``sub`` of a generator ``encode_sample``'s output in a
+    stream that is not chained (``("Webdataset", index, leaf, worker, position, seed, sub)``), else 0."""
+    return int(key[6]) if len(key) == 7 else 0
+
+
+def _in_stream_order(keys: List[tuple]) -> List[tuple]:
+    """The keys by (position, sub), each once: the order a batch of one worker stream holds them."""
+    return sorted({(int(k[4]), output_sub(k)): k for k in keys}.values(), key=lambda k: (int(k[4]), output_sub(k)))
+
+
 def _reread_spec(leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], index: int) -> SegmentSpec:
-    """A restore segment that re-reads the samples the keys name (of one leaf and worker), by position."""
-    ordered = sorted(((k[4], k[1]) for k in keys), key=lambda pair: pair[0])
+    """A restore segment that re-reads the samples the keys name (of one leaf and worker), by
+    position, each once, keeping the outputs the keys name."""
+    ordered = sorted({int(k[4]): int(k[1]) for k in keys}.items())
     positions = np.array([p for p, _ in ordered], dtype=np.int64)
     stream = leaf.plan().streams[worker].config
     return SegmentSpec(
         worker=worker, global_worker=stream.global_worker, seed=seed, index=index, start=int(positions[0]),
         samples=np.array([i for _, i in ordered], dtype=np.int64), last=False, source=source, positions=positions,
-        keep=tuple((int(p), 0) for p in positions),
+        keep=tuple((int(k[4]), output_sub(k)) for k in _in_stream_order(keys)),
     )  # fmt: skip
 
 

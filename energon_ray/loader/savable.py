@@ -272,11 +272,11 @@ def adopt_pack_batching(state: LoaderState, dataset: Composition) -> None:
 def sample_keys(restore_key: Any) -> List[tuple]:
     """The samples' restore keys inside a batch's ``__restore_key__`` (nested tuples or lists)."""
     if isinstance(restore_key, (tuple, list)) and restore_key and restore_key[0] == "Webdataset":
-        if len(restore_key) not in (6, 8):
+        if len(restore_key) not in (6, 7, 8):
             raise StateError(
                 f"restore key {tuple(restore_key)!r} has no plan position (an Energon key, or one made by another "
                 "energon_ray version); energon_ray keys are ('Webdataset', index, dataset, worker, position, seed), "
-                "plus (sub, output index) for the outputs of a generator encode_sample"
+                "plus (sub, output index) for the outputs of a generator encode_sample, (sub) where its stream is not chained"
             )
         return [tuple(restore_key)]
     if isinstance(restore_key, (tuple, list)):

@@ -41,13 +41,14 @@ def chains_outputs(te: TaskEncoder, batch_size: Optional[int], packing: bool, ac
         batch_size is not None
         and not packing
         and not across_sources
-        and (_generator_encoder(te) or _restore_seeded_batch_hook(te))
+        and (is_generator_encoder(te) or _restore_seeded_batch_hook(te))
         and not is_overridden(te, "batch_group_criterion")
         and not (postencode and is_overridden(te, "postencode_sample"))
     )
 
 
-def _generator_encoder(te: TaskEncoder) -> bool:
+def is_generator_encoder(te: TaskEncoder) -> bool:
+    """Whether the sample encode hook is a generator function (any number of outputs per sample)."""
     hook = sample_encode_hook(te)
     return is_overridden(te, hook) and inspect.isgeneratorfunction(inspect.unwrap(own_hook(te, hook)))
 
@@ -81,6 +82,16 @@ def chain_restore_key(output: Any, key: Any, sub: int, index: int) -> None:
     if not isinstance(key, tuple) or len(key) != 6 or key[0] != "Webdataset" or restore_key_of(output) != key:
         return
     set_restore_key(output, key + (sub, index))
+
+
+def sub_restore_key(output: Any, key: Any, sub: int) -> None:
+    """An output of a generator ``encode_sample`` in a stream that is not chained keeps its sample's
+    restore key plus ``sub`` (which of the sample's outputs it is), so ``restore_sample`` rebuilds a
+    batch, pack or blend batch with that very output, not the sample's first (an output whose encoder
+    set a key of its own keeps that)."""
+    if not isinstance(key, tuple) or len(key) != 6 or key[0] != "Webdataset" or restore_key_of(output) != key:
+        return
+    set_restore_key(output, key + (sub,))
 
 
 def chained_segment(

@@ -15,7 +15,7 @@ import pyarrow as pa
 from energon_ray.cache.cooking import AuxConfig, cook_aux, cook_context
 from energon_ray.errors import FatalSampleError, log_exception
 from energon_ray.pipeline import rows, serde
-from energon_ray.pipeline.chained import chain_restore_key
+from energon_ray.pipeline.chained import chain_restore_key, is_generator_encoder, sub_restore_key
 from energon_ray.pipeline.load import SampleLoader
 from energon_ray.pipeline.packing import restore_key_of
 from energon_ray.pipeline.policy import HookRunner
@@ -158,6 +158,7 @@ class EncodeSamples:
 
     def _encode_all(self, data, te, loader, load, cook, encode, runs, sink) -> None:
         do_encode = is_overridden(te, sample_encode_hook(te))
+        generator = do_encode and is_generator_encoder(te)
         seed = data.spec.seed
         # a hook marked @stateless(restore_seeds=True) gets Energon's seed for the sample (hook_seed)
         encode_kind = None if getattr(encode.fn, "__restore_seeds__", False) else "encode"
@@ -210,6 +211,10 @@ class EncodeSamples:
                     for n, item in enumerate(outputs):
                         chain_restore_key(item, key, n, produced[0] + n)
                     produced[0] += len(outputs)
+                elif generator:
+                    key = restore_key_of(sample)
+                    for n, item in enumerate(outputs):
+                        sub_restore_key(item, key, n)
                 for sub, item in enumerate(outputs):
                     data.encoded.append((position, sub, item))
             del sample
