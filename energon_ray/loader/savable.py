@@ -367,10 +367,10 @@ def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple
     leaves = dataset.leaves()
     _check_keys(leaves, keys)
     fns = remakers(dataset, leaves[min(k[2] for k in keys)])
+    if any(leaves[k[2]].options.blend_samples for k in keys):  # before their origins: packs that mix datasets
+        raise StateError("restore_sample cannot rebuild the packed batches of a sample blend (packs mix datasets)")
     source, worker, seed = _one_origin(keys, "packed batches")
     leaf = leaves[source]
-    if leaf.options.blend_samples:
-        raise StateError("restore_sample cannot rebuild the packed batches of a sample blend (packs mix datasets)")
     if not leaf.options.packing_buffer_size:
         raise StateError(f"restore key names packs, but {leaf!r} does not pack samples")
     return remade(fns, rebuild_packed_batch(leaf, source, worker, seed, packs, remote_args, output))

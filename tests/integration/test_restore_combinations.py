@@ -172,8 +172,8 @@ class OnePass:
 #: get_savable_loader and MixBatchDataset): (the StateError's message, why)
 REFUSED = {
     "mix": ("MixBatchDataset: its batches are mixed by batch_mix_fn", "a mixed batch is not made again (as in Energon)"),
-    "meta-packing": ("restore_sample", "a sample blend's packs mix datasets"),
-    "epochized-packing": ("restore_sample", "a sample blend's packs mix datasets"),
+    "meta-packing": ("cannot rebuild the packed batches of a sample blend (packs mix datasets)", "a sample blend's packs mix datasets"),
+    "epochized-packing": ("cannot rebuild the packed batches of a sample blend (packs mix datasets)", "a sample blend's packs mix datasets"),
 }
 
 
