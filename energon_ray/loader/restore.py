@@ -234,6 +234,28 @@ def _in_stream_order(keys: List[tuple]) -> List[tuple]:
     return sorted({(int(k[4]), output_sub(k)): k for k in keys}.values(), key=lambda k: (int(k[4]), output_sub(k)))
 
 
+def rebuild_concat_batch(leaves: Dict[int, Any], keys: List[tuple], remote_args=None, output: Optional[Tuple[int, int]] = None) -> Any:
+    """A validation metadataset's batch that runs from one dataset into the next, made again: each
+    sample re-read at its own dataset's position with its own hook seed, then batched in the batch's
+    order as the loader batched it: by the dataset of its last sample (it took the remainder of the
+    ones before), at the index its first sample has in the concatenated worker stream.
+
+    ``leaves``: the datasets the keys name, by source index; ``keys``: the samples, in batch order.
+    """
+    worker = keys[0][3]
+    specs, readers, configs = [], {}, {}
+    for source, leaf in leaves.items():
+        mine = [k for k in keys if k[2] == source]
+        specs.append(_reread_spec(leaf, source, worker, mine[0][5], mine, index=-1 - len(specs)))
+        readers[source], configs[source] = leaf.reader(), leaf.stage_config()
+    found = run_reads(specs, readers, configs, remote_args, leaves)
+    group = [(int(k[4]), output_sub(k), found[(k[2], worker, int(k[4]), output_sub(k))]) for k in keys]
+    first, last = keys[0], keys[-1]
+    size = leaves[last[2]].options.batch_size
+    index = (configs[first[2]].index_offset(worker) + int(first[4])) // size
+    return _batch_once(configs[last[2]], last[2], worker, last[5], group, remote_args, index, output)
+
+
 def _reread_spec(leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], index: int) -> SegmentSpec:
     """A restore segment that re-reads the samples the keys name (of one leaf and worker), by
     position, each once, keeping the outputs the keys name."""

@@ -19,7 +19,7 @@ from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.remake import remade, remakers
 from energon_ray.loader.restore import (
-    rebuild_batch, rebuild_blended_batch, rebuild_chained_batch, rebuild_packed_batch, restore_streams, split_output,
+    rebuild_batch, rebuild_blended_batch, rebuild_chained_batch, rebuild_concat_batch, rebuild_packed_batch, restore_streams, split_output,
 )  # fmt: skip
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
 from energon_ray.pipeline.packing import PACKED
@@ -308,7 +308,7 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
 
     Raises:
         StateError: an unusable key, samples of several datasets (outside a train metadataset's
-            sample blend) or worker streams, packs of a sample blend, or a wrapper above the
+            sample blend or a validation metadataset's concatenation) or worker streams, packs of a sample blend, or a wrapper above the
             dataset that cannot be applied again (``loader.remake``).
     """
     output, restore_key = split_output(restore_key)
@@ -324,6 +324,8 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     fns = remakers(dataset, leaves[min(named)])  # before any work: a wrapper it cannot apply again
     if any(leaves[source].options.blend_samples for source in named):
         return remade(fns, _rebuild_blended(dataset, leaves, keys, remote_args, output))
+    if len(named) > 1 and all(leaves[source].options.batch_across_sources for source in named):
+        return remade(fns, _rebuild_concatenated(leaves, keys, remote_args, output))
     source, worker, seed = _one_origin(keys, "a batch")
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
@@ -349,6 +351,15 @@ def _check_keys(leaves: List[Any], keys: List[tuple]) -> None:
             )
         if not isinstance(worker, Integral) or worker < 0 or not isinstance(position, Integral) or position < 0:
             raise StateError(f"restore key {key!r} names worker stream {worker!r}, position {position!r}: not a plan position")
+
+
+def _rebuild_concatenated(leaves: List[Any], keys: List[tuple], remote_args: Optional[dict], output=None) -> Any:
+    """A validation metadataset's batch of samples of several datasets (one worker stream)."""
+    workers = {k[3] for k in keys}
+    if len(workers) != 1:
+        raise StateError(f"restore_sample rebuilds a batch of one worker stream; this key holds samples of workers {sorted(workers)}")
+    named = sorted({k[2] for k in keys})
+    return rebuild_concat_batch({source: leaves[source] for source in named}, keys, remote_args, output)
 
 
 def _one_origin(keys: List[tuple], what: str) -> Tuple[int, int, int]:

@@ -127,16 +127,24 @@ def view(item) -> Any:
     return (tuple(item.__key__), tuple(item.text))
 
 
-def _train(path, feature: str, num_workers: int, batch_size: int = 3):
-    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+def _options(feature: str, num_workers: int, batch_size: int) -> dict:
     packing = {"packing_buffer_size": 5} if feature.endswith("packing") else {}
-    return er.get_train_dataset(path, batch_size=batch_size, shuffle_buffer_size=4, max_samples_per_sequence=3, worker_config=wc,
-                                repeat=False, task_encoder={**FEATURES, **PAIRED}[feature](), samples_per_segment=4, **packing)  # fmt: skip
+    return dict(batch_size=batch_size, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=num_workers),
+                task_encoder={**FEATURES, **PAIRED}[feature](), samples_per_segment=4, **packing)  # fmt: skip
+
+
+def _train(path, feature: str, num_workers: int, batch_size: int = 3, repeat: bool = False):
+    options = _options(feature, num_workers, batch_size)
+    return er.get_train_dataset(path, shuffle_buffer_size=4, max_samples_per_sequence=3, repeat=repeat, **options)
 
 
 def build(roots, composition: str, feature: str, num_workers: int):
     if composition == "single":
         return _train(roots["a"], feature, num_workers)
+    if composition == "endless":  # across epochs
+        return _train(roots["b"], feature, num_workers, repeat=True)
+    if composition == "val":  # a validation metadataset: its datasets concatenated per worker stream
+        return er.get_val_dataset(roots["blend"], split_part="train", **_options(feature, num_workers, 3))
     if composition == "blend":
         return er.BlendDataset((_train(roots["a"], feature, num_workers), 2), (_train(roots["b"], feature, num_workers), 1))
     if composition == "mix":
@@ -186,7 +194,13 @@ CASES = [
     _case(composition, feature, (1, 3)[(i + j) % 2])
     for i, composition in enumerate(["single", "blend", "meta", "mix", "epochized"])
     for j, feature in enumerate(FEATURES)
-] + [_case("single", "generator-grouped", 3), _case("single", "generator-packing", 1)]
+] + [_case("single", "generator-grouped", 3), _case("single", "generator-packing", 1)] + [
+    _case(composition, feature, workers)
+    for composition, feature, workers in [
+        ("endless", "plain", 3), ("endless", "skip", 1), ("endless", "packing", 3), ("endless", "generator", 1),
+        ("val", "plain", 1), ("val", "generator", 3), ("val", "skip", 3), ("val", "grouped", 1), ("val", "packing", 1),
+    ]
+]
 
 
 @pytest.mark.parametrize("composition, feature, workers", CASES)
@@ -199,7 +213,7 @@ def test_restore_is_exact_after_0_1_mid_and_all_but_the_last_batch(roots, compos
         return runs[-1]
 
     try:
-        items = assert_round_trip(make, [0, 1, "mid", -1], transport=json_transport)
+        items = assert_round_trip(make, [0, 1, "mid", -1], transport=json_transport, count=14 if composition == "endless" else None)
         assert len(items) >= 4
         reference = runs[0]
         refused = REFUSED.get(composition) or REFUSED.get(f"{composition}-{feature}")
