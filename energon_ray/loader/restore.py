@@ -184,6 +184,14 @@ def rebuild_packed_batch(
     the members re-read and encoded at their positions (not packed, not post-encoded), then each
     pack made again from its members (``postencode_sample``, ``pack_selected_samples``) and the packs
     batched, all with the hook seeds they had. ``packs``: ``(position, sub, member keys)``."""
+    table = _repacked(leaf, source, worker, seed, packs, leaf.options.batch_size, remote_args)
+    items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
+    return one_made(items, output, f"{len(packs)} pack(s)")
+
+
+def _repacked(leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[int, int, List[tuple]]], batch_size: Optional[int],
+              remote_args=None) -> Any:  # fmt: skip
+    """The table of the packs made again from their members (batched by ``batch_size``; ``None``: the packs)."""
     from energon_ray.pipeline.build import repack
 
     members = [k for _, _, keys in packs for k in keys]
@@ -194,9 +202,28 @@ def rebuild_packed_batch(
         (position, sub, [(int(k[4]), output_sub(k), found[(source, worker, int(k[4]), output_sub(k))]) for k in keys])
         for position, sub, keys in packs
     ]
-    table = repack(leaf.stage_config(), source, worker, seed, groups, leaf.options.batch_size, remote_args)
-    items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
-    return one_made(items, output, f"{len(packs)} pack(s)")
+    return repack(leaf.stage_config(), source, worker, seed, groups, batch_size, remote_args)
+
+
+def rebuild_concat_packed_batch(
+    leaves: Dict[int, Any], packs: List[Tuple[int, int, List[tuple]]], remote_args=None, output: Optional[Tuple[int, int]] = None,
+) -> Any:  # fmt: skip
+    """A validation metadataset's batch of packs of several datasets (each pack of one), made again:
+    each dataset's packs from their members, then all batched in the batch's order as the loader
+    batched them (see ``rebuild_concat_batch``). ``packs``: ``(position, sub, member keys)``."""
+    worker = packs[0][2][0][3]
+    made: Dict[Tuple[int, int, int], Any] = {}
+    for source, leaf in leaves.items():
+        mine = [pack for pack in packs if pack[2][0][2] == source]
+        table = _repacked(leaf, source, worker, mine[0][2][0][5], mine, None, remote_args)
+        payloads = [payload for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
+        made.update({(source, position, sub): payload for (position, sub, _), payload in zip(mine, payloads)})
+    first, last = packs[0], packs[-1]
+    group = [(position, sub, made[(keys[0][2], position, sub)]) for position, sub, keys in packs]
+    size = leaves[last[2][0][2]].options.batch_size
+    index = (leaves[first[2][0][2]].stage_config().index_offset(worker) + first[0]) // size
+    last_leaf = leaves[last[2][0][2]]
+    return _batch_once(last_leaf.stage_config(), last[2][0][2], worker, last[2][0][5], group, remote_args, index, output)
 
 
 def rebuild_blended_batch(

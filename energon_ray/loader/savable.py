@@ -19,7 +19,8 @@ from energon_ray.loader.feed import MultiFeed
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.remake import remade, remakers
 from energon_ray.loader.restore import (
-    rebuild_batch, rebuild_blended_batch, rebuild_chained_batch, rebuild_concat_batch, rebuild_packed_batch, restore_streams, split_output,
+    rebuild_batch, rebuild_blended_batch, rebuild_chained_batch, rebuild_concat_batch, rebuild_concat_packed_batch,
+    rebuild_packed_batch, restore_streams, split_output,
 )  # fmt: skip
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
 from energon_ray.pipeline.packing import PACKED
@@ -324,8 +325,9 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     fns = remakers(dataset, leaves[min(named)])  # before any work: a wrapper it cannot apply again
     if any(leaves[source].options.blend_samples for source in named):
         return remade(fns, _rebuild_blended(dataset, leaves, keys, remote_args, output))
-    if len(named) > 1 and all(leaves[source].options.batch_across_sources for source in named):
-        return remade(fns, _rebuild_concatenated(leaves, keys, remote_args, output))
+    if len(named) > 1 and all(leaves[source].options.batch_across_sources for source in named):  # a val concatenation
+        _one_worker(keys)
+        return remade(fns, rebuild_concat_batch({source: leaves[source] for source in sorted(named)}, keys, remote_args, output))
     source, worker, seed = _one_origin(keys, "a batch")
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
@@ -353,13 +355,10 @@ def _check_keys(leaves: List[Any], keys: List[tuple]) -> None:
             raise StateError(f"restore key {key!r} names worker stream {worker!r}, position {position!r}: not a plan position")
 
 
-def _rebuild_concatenated(leaves: List[Any], keys: List[tuple], remote_args: Optional[dict], output=None) -> Any:
-    """A validation metadataset's batch of samples of several datasets (one worker stream)."""
+def _one_worker(keys: List[tuple]) -> None:
     workers = {k[3] for k in keys}
     if len(workers) != 1:
         raise StateError(f"restore_sample rebuilds a batch of one worker stream; this key holds samples of workers {sorted(workers)}")
-    named = sorted({k[2] for k in keys})
-    return rebuild_concat_batch({source: leaves[source] for source in named}, keys, remote_args, output)
 
 
 def _one_origin(keys: List[tuple], what: str) -> Tuple[int, int, int]:
@@ -380,6 +379,10 @@ def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple
     fns = remakers(dataset, leaves[min(k[2] for k in keys)])
     if any(leaves[k[2]].options.blend_samples for k in keys):  # before their origins: packs that mix datasets
         raise StateError("restore_sample cannot rebuild the packed batches of a sample blend (packs mix datasets)")
+    named = sorted({k[2] for k in keys})
+    if len(named) > 1 and all(leaves[source].options.batch_across_sources for source in named):
+        _one_worker(keys)
+        return remade(fns, rebuild_concat_packed_batch({source: leaves[source] for source in named}, packs, remote_args, output))
     source, worker, seed = _one_origin(keys, "packed batches")
     leaf = leaves[source]
     if not leaf.options.packing_buffer_size:

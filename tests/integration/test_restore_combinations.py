@@ -27,8 +27,8 @@ from tests.roundtrip import assert_round_trip, json_transport
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory):
     base = tmp_path_factory.mktemp("combos")
-    a = prefixed_text_dataset(base / "a", "a", 16, per_shard=5)
-    b = prefixed_text_dataset(base / "b", "b", 11, per_shard=4)
+    a = prefixed_text_dataset(base / "a", "a", 13, per_shard=5)
+    b = prefixed_text_dataset(base / "b", "b", 9, per_shard=4)
     for name, mode, key in (("blend", "blend", "weight"), ("epochized", "blend_epochized", "repetitions")):
         (base / f"{name}.yaml").write_text(
             f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    {mode}:\n"
@@ -38,7 +38,7 @@ def roots(tmp_path_factory):
 
 
 def _index(sample) -> int:
-    return int(sample.__key__.split("_")[-1].split("#")[0])
+    return int(sample.__key__.split("_")[-1].split("#")[0].split("+")[0])
 
 
 def _draws() -> str:
@@ -129,6 +129,7 @@ def view(item) -> Any:
 
 def _options(feature: str, num_workers: int, batch_size: int) -> dict:
     packing = {"packing_buffer_size": 5} if feature.endswith("packing") else {}
+    batch_size = min(batch_size, 2) if packing else batch_size  # packs hold 2 or 3 samples: batches of 2 packs
     return dict(batch_size=batch_size, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=num_workers),
                 task_encoder={**FEATURES, **PAIRED}[feature](), samples_per_segment=4, **packing)  # fmt: skip
 
@@ -197,8 +198,7 @@ CASES = [
 ] + [_case("single", "generator-grouped", 3), _case("single", "generator-packing", 1)] + [
     _case(composition, feature, workers)
     for composition, feature, workers in [
-        ("endless", "plain", 3), ("endless", "skip", 1), ("endless", "packing", 3), ("endless", "generator", 1),
-        ("val", "plain", 1), ("val", "generator", 3), ("val", "skip", 3), ("val", "grouped", 1), ("val", "packing", 1),
+        ("endless", "skip", 1), ("endless", "packing", 3), ("val", "plain", 1), ("val", "generator", 3), ("val", "packing", 1),
     ]
 ]
 
@@ -213,8 +213,10 @@ def test_restore_is_exact_after_0_1_mid_and_all_but_the_last_batch(roots, compos
         return runs[-1]
 
     try:
-        items = assert_round_trip(make, [0, 1, "mid", -1], transport=json_transport, count=14 if composition == "endless" else None)
-        assert len(items) >= 4
+        items = assert_round_trip(make, [0, 1, "mid", -1], transport=json_transport, count=12 if composition == "endless" else None)
+        assert len(items) >= 3
+        if composition == "val":  # some batch runs from one dataset into the next
+            assert any(len({key[0] for key in item[0]}) == 2 for item in items)
         reference = runs[0]
         refused = REFUSED.get(composition) or REFUSED.get(f"{composition}-{feature}")
         if refused is not None:
