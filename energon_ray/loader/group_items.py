@@ -29,14 +29,16 @@ def _ours(exc: BaseException) -> BaseException:
 
 def seam_items(
     wait: Callable[[], Any], pinner: Optional[Pinner], stats: LoaderStats, chain: Any
-) -> Tuple[List[Any], List[List[int]]]:
-    """The items a seam-batch task made (``wait`` gives its table) with their samples' positions; its
-    report is counted in ``stats`` (skips joined by ``chain``), and the user's error handler calls and
+) -> Tuple[List[Any], List[List[int]], List[rows.Report]]:
+    """The items a seam-batch task made (``wait`` gives its table) with their samples' positions, and
+    its reports; they are counted in ``stats`` (skips joined by ``chain``), and the user's error handler calls and
     fatal errors it asks for are placed among the items as ``HandlerCall``/``Failed`` entries (with
     no positions) where they happened, for ``WorkerQueues.pop``; a task's error is raised as ours.
     With a ``pinner`` (pinning), the items are ``Pinning``s chained in order (``pinning.chained``), to
     be handed out with ``pinning.handed_out``: the pin thread copies each while the one before it trains."""
-    return GroupItems(wait, pinner, stats, chain)(placed=True)
+    group = GroupItems(wait, pinner, stats, chain)
+    items, spans = group(placed=True)
+    return items, spans, group.reports
 
 
 def read_finished(groups: Dict[int, "GroupItems"]) -> None:
@@ -91,6 +93,11 @@ class GroupItems:
         if self._pinner is not None:
             items = chained(self._pinner, items, stream=self._stream)
         self._read = (items, spans, reports)
+
+    @property
+    def reports(self) -> List[rows.Report]:
+        """The task's reports (none before its table is read)."""
+        return self._read[2] if self._read is not None else []
 
     def __call__(self, placed: bool = False) -> Tuple[List[Any], List[List[int]]]:
         """The items and their positions; ``placed``: with the report's events among them (``seam_items``),

@@ -72,7 +72,7 @@ class LeafFeed:
         wait = self._seams.submit(worker, self.plan.streams[worker].config.hook_seed, groups)
 
         def resolve() -> List[Any]:
-            items, pending.positions = seam_items(wait, self.multi.pinner, self.queues.stats, self.queues.chain)
+            items, pending.positions, pending.reports = seam_items(wait, self.multi.pinner, self.queues.stats, self.queues.chain)
             return items
 
         pending = Pending(resolve)

@@ -37,12 +37,14 @@ class Pending:
         resolve: returns the finished items (0, 1 or more), waiting for them if needed.
     """
 
-    __slots__ = ("resolve", "positions")
+    __slots__ = ("resolve", "positions", "reports")
 
     def __init__(self, resolve: Callable[[], List[Any]]):
         self.resolve = resolve
         #: set by ``resolve`` where known: the stream positions of each made item's samples
         self.positions: Optional[List[List[int]]] = None
+        #: set by ``resolve`` where known: the task's reports it counted (``loader.stats``, the failure runs)
+        self.reports: List[rows.Report] = []
 
 
 class WorkerQueues:
@@ -291,8 +293,7 @@ class WorkerQueues:
                     self.stats.run_event(item)  # a handler that raises stops the stream here
                 continue
             if type(item) is Pending:
-                made = item.resolve()  # (with the handler calls and fatal errors of its task among them)
-                self.stats.seam_batches += sum(1 for m in made if type(m) not in (HandlerCall, Failed))
+                made = self._resolve(worker, item, tag)
                 queue.extendleft(reversed(made))
                 tags.extendleft([tag] * len(made))
                 spans.extendleft(reversed(item.positions or [[] for _ in made]))
@@ -310,6 +311,20 @@ class WorkerQueues:
                 del records[oldest]
             return handed_out(item)
         return NOTHING
+
+    def _resolve(self, worker: int, pending: Pending, tag: int) -> List[Any]:
+        """A seam task's items (with the handler calls and fatal errors of its task among them), its
+        batches counted; what it added is noted under its event's checkpoint segment (``ledger``): a
+        restore to that segment or before queues, makes and counts it again."""
+        runs_before = self.chain.runs_of(worker)
+        made = pending.resolve()
+        batches = sum(1 for m in made if type(m) not in (HandlerCall, Failed))
+        self.stats.seam_batches += batches
+        counts = [report_counts(report) for report in pending.reports]
+        record = self.records[worker].get(tag)
+        segment = record[0].segment if record is not None else self.next_segment[worker]
+        self.ledger.note_seams(worker, segment, counts, runs_before, batches)
+        return made
 
     # -- save/restore ---------------------------------------------------------------------------
     def _event(self, worker: int, event: str, carried: Optional[list] = None) -> None:

@@ -293,6 +293,45 @@ def test_a_dead_feeder_counts_each_segment_once(tmp_path, caplog):
     loader.close()
 
 
+class _BadGroups(er.DefaultTaskEncoder):
+    """Grouped batching (odd and even keys; every batch a seam batch); batch fails on samples 5, 14 and 21."""
+
+    def batch_group_criterion(self, sample):
+        return int(sample.__key__[-6:]) % 2, None
+
+    def batch(self, samples):
+        if any(int(s.__key__[-6:]) in (5, 14, 21) for s in samples):
+            raise ValueError("bad batch")
+        return super().batch(samples)
+
+
+def test_a_dead_feeder_makes_and_counts_grouped_batches_once(tmp_path):
+    """A grouped dataset after the feeder is killed: the batches are the undisturbed run's, and the
+    seam batches made again from the checkpoints are counted once (before: 11 seam batches of 9)."""
+    path = captioning_dataset(tmp_path / "ds", n=30, per_shard=7)
+
+    def build():
+        return er.get_loader(er.get_train_dataset(path, batch_size=3, shuffle_buffer_size=5, samples_per_segment=6, repeat=False,
+                                                  task_encoder=_BadGroups(),
+                                                  worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2)),
+                             executor="ray_data")  # fmt: skip
+
+    counted = ("samples_read", "samples_encoded", "batches", "seam_batches", "skipped", "segments_per_node")
+    reference = build()
+    expected = [list(batch.__key__) for batch in reference]
+    want = {key: reference.stats.as_dict()[key] for key in counted}
+    reference.close()
+    loader = build()
+    it = iter(loader)
+    got = [list(next(it).__key__)]
+    ray.kill(feeder())
+    got += [list(batch.__key__) for batch in it]
+    assert got == expected
+    assert {key: loader.stats.as_dict()[key] for key in counted} == want
+    assert (want["batches"], want["seam_batches"], want["skipped"]) == (9, 9, {"batch": 3})
+    loader.close()
+
+
 def test_the_executors_make_the_same_batches(tmp_path, monkeypatch):
     """By default every segment of a pass is a plain Ray task submitted by the loader (no feeder, no
     Ray Data execution); ``executor="ray_data"`` runs the first segments as tasks and the rest in the

@@ -331,3 +331,39 @@ def test_a_run_joined_across_segments_is_fatal_at_the_failure_that_makes_the_tol
     kinds = [(at, type(event).__name__) for _, at, event in events]
     assert kinds == [(10, "HandlerCall"), (11, "HandlerCall"), (11, "Failed")]
     assert str(events[-1][2].error).endswith("last: bad 11")
+
+
+def test_seam_batches_made_again_after_a_restore_are_counted_once():
+    """A seam task reached before Ray lost the execution (its batches partly consumed) is made again
+    from the restored checkpoint: its skip, its batches and its failure run count once, not twice."""
+    failed = rows.Report(0, -1, 0, 0, 2, [StageRun(stage="batch", tolerance=5, trail=1, had_success=True, failures=1)])
+
+    def seam(worker, groups):  # as ``seam_items``: the third group's batch fails
+        def resolve():
+            for _, _, event in q.stats.account(failed, q.chain):
+                q.stats.run_event(event)
+            pending.reports = [failed]
+            return ["+".join(str(x[2]) for x in group) for _, group in groups[:2]]
+
+        pending = Pending(resolve)
+        return [pending]
+
+    q = WorkerQueues(1, 2, seam)
+    segment = rows.Report(0, 0, 6, 6, 0, [], node="n1")
+    leftovers = (rows.LEFTOVER, 0, 0, 0, [(None, 2, [(i, 0, f"s{i}") for i in range(6)])])
+
+    def feed_segment():
+        q.feed(leftovers, False, None, q.account(segment))
+        q.feed((rows.REPORT, 0, 0, 9, segment), True, None, [])
+
+    feed_segment()
+    assert q.pop(0) == "s0+s1"
+    assert (q.stats.skipped, q.stats.seam_batches, q.chain.runs_of(0)) == ({"batch": 1}, 2, {(0, "batch"): 1})
+    state = q.state(0)
+    assert (state.checkpoint.segment, state.consumed) == (0, 1)
+    q.restore(0, state, {})
+    assert (q.stats.samples_read, q.stats.skipped, q.stats.seam_batches, q.chain.runs_of(0)) == (0, {}, 0, {})
+    feed_segment()  # made again
+    assert _drain(q, 0) == ["s2+s3"] and q.done[0]
+    assert (q.stats.samples_read, q.stats.skipped, q.stats.seam_batches) == (6, {"batch": 1}, 2)
+    assert q.chain.runs_of(0) == {(0, "batch"): 1}  # not 2: the seam task's failure once
