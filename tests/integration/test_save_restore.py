@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections import Counter
 import os
 import random
@@ -21,10 +22,12 @@ import textwrap
 
 import numpy as np
 import pytest
+import ray
 import torch
 
 import energon_ray as er
 from energon_ray.format.jsonl import prepare_jsonl
+from energon_ray.pipeline.build import feeder
 from energon_ray.tasks.text_packing import PackedTextBatch, TextPackingTaskEncoder, lognormal_corpus
 from tests.helpers import kill_batch_makers, prefixed_text_dataset, text_dataset
 from tests.roundtrip import END, assert_round_trip, json_transport
@@ -717,6 +720,54 @@ def test_killed_ray_workers_lose_and_repeat_nothing_and_a_later_state_restores(r
     fresh.restore_state_rank(json_transport(state))
     assert [tuple(b["keys"]) for b in fresh] == reference[7:]
     fresh.close()
+
+
+class _SkipSomeA(er.DefaultTaskEncoder):
+    """encode_sample fails on dataset a's samples ending in 3 or 7; batches record the hooks' RNG and index."""
+
+    def encode_sample(self, sample):
+        if sample.__key__.startswith("a") and sample.__key__.endswith(("3", "7")):
+            raise ValueError("bad")
+        return sample
+
+    def batch(self, samples):
+        return {"keys": [s.__key__ for s in samples], "texts": [s.text for s in samples], "r": (random.random(), self.current_batch_index)}
+
+
+@pytest.mark.parametrize("kind", ["packed", "sample_blend"])
+def test_a_dead_feeder_gives_the_batches_and_counts_of_an_undisturbed_run(roots, tmp_path, caplog, kind):
+    """Killing the feeder actor after the first batch (Ray lost the execution) of a packed dataset, or
+    of a train metadataset blending samples: the same batches (packs, keys, hooks' RNG) and loader.stats."""
+    (tmp_path / "train.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        f"      - {{weight: 2, path: {roots['a']}}}\n      - {{weight: 1, path: {roots['b']}}}\n"
+    )
+
+    def build():
+        if kind == "packed":
+            dataset = er.get_train_dataset(roots["docs"], batch_size=3, shuffle_buffer_size=10, worker_config=WC, repeat=False,
+                                           packing_buffer_size=12, task_encoder=TextPackingTaskEncoder(max_length=96),
+                                           samples_per_segment=24)  # fmt: skip
+        else:
+            dataset = er.get_train_dataset(tmp_path / "train.yaml", batch_size=3, shuffle_buffer_size=4, worker_config=WC, repeat=False,
+                                           task_encoder=_SkipSomeA(), samples_per_segment=6, blend_samples=True)  # fmt: skip
+        return er.get_loader(dataset, executor="ray_data")
+
+    counted = ("samples_read", "samples_encoded", "batches", "skipped", "segments_per_node")
+    reference = build()
+    expected = [describe(item) for item in reference]
+    want = {key: reference.stats.as_dict()[key] for key in counted}
+    reference.close()
+    loader = build()
+    it = iter(loader)
+    got = [describe(next(it))]
+    ray.kill(feeder())
+    with caplog.at_level(logging.WARNING, logger="energon_ray"):
+        got += [describe(item) for item in it]
+    assert "restarting it from the worker streams' checkpoints (1/3)" in caplog.text
+    assert got == expected and len(expected) > 5
+    assert {key: loader.stats.as_dict()[key] for key in counted} == want
+    loader.close()
 
 
 class Keyed(er.DefaultTaskEncoder):
