@@ -23,6 +23,18 @@ def build(cfg: DictConfig) -> Tuple[Any, Any]:
     return _instantiate(cfg, "dataset"), _instantiate(cfg, "task")
 
 
+def check_build(cfg: DictConfig) -> None:
+    """Instantiate ``cfg.dataset`` and ``cfg.task`` once here and drop them, before ray.train workers
+    build them each: a value a constructor refuses is then one ``ConfigError`` line in the driver,
+    not a traceback per worker after the ``TorchTrainer`` started. (No data is written or read:
+    the datamodule's ``prepare`` and its loaders run in the workers' ``fit``.)
+
+    Raises:
+        ConfigError: as ``build``.
+    """
+    build(cfg)
+
+
 def _instantiate(cfg: DictConfig, group: str) -> Any:
     """``cfg[group]`` instantiated; an argument its constructor refuses is a ``ConfigError`` naming the
     group (Hydra's message was several lines around the constructor's, then a hint)."""

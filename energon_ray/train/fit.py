@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import lightning.pytorch as pl
 from omegaconf import DictConfig, OmegaConf
 
-from energon_ray.train.build import build, make_trainer
+from energon_ray.train.build import build, check_build, make_trainer
 from energon_ray.train.config import (
     ConfigError, check_choices, check_loader, check_run, check_trainer, is_lightning_ckpt_name, ray_options, with_absolute_paths,
 )  # fmt: skip
@@ -67,6 +67,7 @@ def fit(cfg: DictConfig) -> TrainResult:
     if ray_options(cfg)["num_workers"] > 0:
         from energon_ray.train.ray_launch import fit_on_ray
 
+        check_build(cfg)
         return fit_on_ray(cfg)
     return fit_here(cfg)
 

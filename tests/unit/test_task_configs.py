@@ -418,6 +418,30 @@ def test_command_line_entry_point_names_a_value_the_constructors_refuse(monkeypa
     assert caught.value.code == f"error: {message}"
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("dataset.batch_size=0", "dataset: EnergonDataModule: batch_size must be a positive int, got 0"),
+        ("+task.foo=1", "task: TaskModule.__init__() got an unexpected keyword argument 'foo'"),
+    ],
+)
+def test_command_line_entry_point_names_a_refused_value_before_ray_train_starts(monkeypatch, tmp_path, override, message):
+    """With trainer.ray.num_workers=1, a dataset or task value its constructor refuses is the same one "error: …"
+    line, said in the driver before Ray or a TorchTrainer starts (before: each ray.train worker's traceback, ~150 lines)."""
+    import ray
+
+    from energon_ray.train.__main__ import main
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
+            "trainer.max_steps=1", "trainer.ray.num_workers=1", override, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as caught:
+        main()
+    assert caught.value.code == f"error: {message}"
+    assert not ray.is_initialized() and not (tmp_path / "data").exists()
+
+
 def test_relative_paths_are_taken_from_the_callers_directory_also_through_an_interpolation(monkeypatch):
     """ray.train workers run in their run's folder: every local path of the config is made absolute from
     the caller's directory, also one an interpolation resolves to a relative path (it stayed relative, so
