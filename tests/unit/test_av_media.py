@@ -80,8 +80,10 @@ def write_video(
     options: Optional[Dict[str, str]] = None,
     audio: bool = False,
     n_frames: int = N_FRAMES,
+    first_pts: int = 0,
 ) -> Path:
-    """Encode ``n_frames`` numbered frames (plus an AAC tone if ``audio``) into ``path``."""
+    """Encode ``n_frames`` numbered frames (plus an AAC tone if ``audio``) into ``path``; the first
+    is shown at ``first_pts`` frame durations (a stream that starts after 0)."""
     forced = set(keyframes)
     with av.open(str(path), "w") as out:
         stream = out.add_stream(codec, rate=FPS, options=dict(options or {}))
@@ -91,7 +93,7 @@ def write_video(
         sound = _add_tone(out) if audio else None
         for i in range(n_frames):
             frame = av.VideoFrame.from_ndarray(index_image(i), format="rgb24")
-            frame.pts = i
+            frame.pts = first_pts + i
             if i in forced:
                 frame.pict_type = PictureType.I
             out.mux(stream.encode(frame))

@@ -201,6 +201,25 @@ def test_video_duration_counts_frames_when_the_header_has_no_duration(media_dir)
         assert EnergonAVDecoder(io.BytesIO((media_dir / name).read_bytes())).get_video_duration() == expected, name
 
 
+def test_a_video_starting_after_0_lasts_as_long_as_its_frames_in_any_container(tmp_path):
+    """A 2 s video whose first frame is shown at 0.4 s: its duration is 2 s in mp4 (header) and mkv (demuxed), and
+    its uniform clips are the same frames in both. Energon subtracts the start from the mp4 header's duration
+    (1.6 s; its mkv says 2 s), a documented difference (docs/compatibility.md, AVDecoder)."""
+    from tests.unit.test_av_media import write_video
+
+    from energon_ray.av import get_clips_uniform
+
+    clips = {}
+    for name in ("late.mp4", "late.mkv"):
+        raw = write_video(tmp_path / name, codec="libx264", gop=10, options={"bf": "0"}, first_pts=10).read_bytes()
+        counted = N_FRAMES if name.endswith(".mkv") else None
+        assert AVDecoder(raw).get_video_duration() == (pytest.approx(2.0, abs=1e-6), counted), name
+        assert AVDecoder(raw).get_metadata().video_duration == pytest.approx(2.0, abs=1e-6), name
+        clips[name] = [read_indices(c) for c in get_clips_uniform(AVDecoder(raw), 0.4, 3, request_video=True).video_clips]
+    assert clips["late.mp4"] == clips["late.mkv"] == [[0], list(range(10, 21)), list(range(30, 41))]
+    assert EnergonAVDecoder(io.BytesIO((tmp_path / "late.mp4").read_bytes())).get_video_duration() == (pytest.approx(1.6, abs=1e-6), None)
+
+
 def test_decoder_pickles_only_bytes_and_settings(media_dir, references):
     """A used decoder pickles to its bytes plus a few settings, and decodes the same after unpickling."""
     raw = (media_dir / "h264_bframes.mkv").read_bytes()
