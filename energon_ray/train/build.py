@@ -24,15 +24,42 @@ def build(cfg: DictConfig) -> Tuple[Any, Any]:
 
 
 def check_build(cfg: DictConfig) -> None:
-    """Instantiate ``cfg.dataset`` and ``cfg.task`` once here and drop them, before ray.train workers
-    build them each: a value a constructor refuses is then one ``ConfigError`` line in the driver,
-    not a traceback per worker after the ``TorchTrainer`` started. (No data is written or read:
-    the datamodule's ``prepare`` and its loaders run in the workers' ``fit``.)
+    """Before ray.train workers build the run each: ``cfg.dataset`` instantiated once here and
+    dropped (a datamodule only keeps its settings; no data is read or written: ``prepare`` and the
+    loaders run in the workers' ``fit``), and ``cfg.task``'s arguments matched to its constructor's
+    (the task itself, with its backbone's weights, is not built in the driver). A value a
+    constructor refuses, or an argument the task does not take, is then one ``ConfigError`` line in
+    the driver, not a traceback per worker after the ``TorchTrainer`` started.
 
     Raises:
-        ConfigError: as ``build``.
+        ConfigError: as ``build`` (an argument the task does not take, or one it lacks, also).
     """
-    build(cfg)
+    check_choices(cfg)
+    _instantiate(cfg, "dataset")
+    _check_arguments(cfg, "task")
+
+
+def _check_arguments(cfg: DictConfig, group: str) -> None:
+    """``cfg[group]``'s keys bound to its ``_target_``'s signature, without calling it."""
+    import inspect
+
+    from hydra.utils import get_method
+
+    node = cfg[group]
+    target = node.get("_target_")
+    if target is None or node.get("_partial_", False):
+        return
+    try:
+        fn = get_method(str(target))
+        signature = inspect.signature(fn)
+    except (ImportError, ValueError, TypeError):  # instantiating it in the workers says what is wrong
+        return
+    arguments = {key: value for key, value in node.items() if not str(key).startswith("_")}
+    try:
+        signature.bind(**arguments)
+    except TypeError as exc:
+        name = getattr(fn, "__name__", str(target))
+        raise ConfigError(f"{group}: {name}.__init__() {exc}" if inspect.isclass(fn) else f"{group}: {name}() {exc}") from None
 
 
 def _instantiate(cfg: DictConfig, group: str) -> Any:
