@@ -122,6 +122,9 @@ class EnergonDataset(Composition):
         #: a restored state saved before packs were pooled (``savable.adopt_pack_batching``): its
         #: segments batched their own packs, so this dataset's do too
         self.segment_pack_batches = False
+        #: each segment packs its own samples, its packing buffers restarting there (a restored state
+        #: saved before packing buffers ran across segments: ``savable.adopt_pack_batching``)
+        self.segment_packs = False
 
     def _check_hooks(self) -> None:
         te, spec = self.task_encoder, self.dataset.spec
@@ -208,6 +211,13 @@ class EnergonDataset(Composition):
         pooled, ``savable.adopt_pack_batching``); ``False``: the trainer's pool batches them."""
         if value != self.segment_pack_batches:
             self.segment_pack_batches = value
+            self._stages = None
+
+    def pack_in_segments(self, value: bool) -> None:
+        """``True``: each segment packs its own samples, buffers restarting at its start (a restored
+        state saved before packs were chained); ``False``: packing buffers run across segments."""
+        if value != self.segment_packs:
+            self.segment_packs = value
             self._stages = None
 
     @property
@@ -317,7 +327,10 @@ class EnergonDataset(Composition):
                 aux=AuxConfig(self.aux, as_path(self.dataset.root, self.dataset.storage), self.decoder, self.cache_pool),
                 postencode=postencode,
                 num_workers=max(1, self.worker_config.num_workers),
-                chained=chains_outputs(self.task_encoder, self.options.batch_size, bool(packing), across, postencode),
+                chained=chains_outputs(
+                    self.task_encoder, self.options.batch_size, bool(packing), across, postencode,
+                    chain_packs=not (self.segment_packs or self.segment_pack_batches),
+                ),
                 drop_last=self.options.drop_last,
                 index_offsets=self.options.batch_index_offsets,
             )

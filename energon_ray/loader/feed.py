@@ -139,8 +139,8 @@ class MultiFeed:
         chained = [leaf for leaf in self.leaves if leaf.stage_config().chained]
         if chained and self.executor == "ray_data":
             logger.warning(
-                "energon_ray: executor='ray_data' cannot chain the segments of a generator encode_sample "
-                "(%s); running this pass as plain Ray tasks", type(chained[0].task_encoder).__name__,
+                "energon_ray: executor='ray_data' cannot chain segments (packing buffers, a generator encode_sample "
+                "or a restore_seeds batch hook of %s); running this pass as plain Ray tasks", type(chained[0].task_encoder).__name__,
             )  # fmt: skip
             self.executor = "tasks"
         self.endless = any(s.plan.num_rounds is None for s in self.schedules)

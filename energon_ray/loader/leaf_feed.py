@@ -24,10 +24,12 @@ class LeafFeed:
         self.pin = pin
         self.source = source
         self._seams = None
+        config = dataset.stage_config()
         self.queues = WorkerQueues(
             len(plan.streams), dataset.options.batch_size, self._seam_batches, drop_last=dataset.options.drop_last,
             stats=stats, leaf=source, hand_out=dataset.options.blend_samples, chained=dataset.stage_config().chained,
             index_offsets=dataset.options.batch_index_offsets, grouped=dataset.groups_batches,
+            chain_unit=config.packing_buffer_size if config.chained and config.packing_buffer_size else None,
         )  # fmt: skip
         for w in range(len(plan.streams)):
             if plan.num_segments(w) == 0:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.loader.pinning import handed_out
 from energon_ray.loader.state import QueueCheckpoint, SampleRef, StreamState, expand_ranges, to_ranges
+from energon_ray.loader.chain_points import ChainPoints
 from energon_ray.loader.ledger import ReportLedger
 from energon_ray.loader.stats import Event, Failed, HandlerCall, LoaderStats, report_counts
 from energon_ray.pipeline import rows
@@ -91,6 +92,7 @@ class WorkerQueues:
         chained: bool = False,
         index_offsets: Optional[Sequence[int]] = None,
         grouped: bool = False,
+        chain_unit: Optional[int] = None,
     ):
         self.num_workers = num_workers
         #: leaf → per worker, its samples' offset in the concatenated stream (shared along a chain)
@@ -99,10 +101,9 @@ class WorkerQueues:
         self.grouped = grouped
         #: per worker (``grouped``): groups made so far (shared along a concatenation's chain)
         self.groups_made = [0] * num_workers
-        #: per worker (chained): ``(segment, outputs before it, its outputs, tail_from)`` of the last
-        #: segments reported, as many as a batch can reach back; where a restore started the chain
-        self.chain_log: List[Deque[Tuple[int, int, int, Optional[int]]]] = [deque() for _ in range(num_workers)]
-        self.chain_base: List[Optional[Tuple[int, ...]]] = [None] * num_workers
+        #: per worker (chained): where a restore rebuilds the carry (``QueueCheckpoint.chain``); with
+        #: ``chain_unit`` (packs chained: the packing buffer size) reaching back to the oldest pooled pack
+        self.chains = ChainPoints(num_workers, chain_unit or batch_size or 1, packs=chain_unit is not None) if chained else None
         self.batch_size = batch_size
         self.make_batches = make_batches
         self.drop_last = drop_last
@@ -205,6 +206,8 @@ class WorkerQueues:
             self.spans[worker].append(positions or [])
         elif kind == rows.LEFTOVER:
             entries = [(key, size, (*item, self.leaf)) for key, size, items in payload for item in items]
+            if self.chains is not None:
+                self.chains.pack_made(worker, segment, ((item[0], item[1]) for _, _, item in entries))
             if self.hand_out:
                 self.staged[worker].extend(entries)
             else:
@@ -218,8 +221,9 @@ class WorkerQueues:
                 if self.hand_out:  # samples handed out from the pool: no queue to hold it
                     raise
                 self._put(worker, [Failed(exc)])
-            if self.chained and payload.outputs_before is not None:
-                self._log_outputs(worker, segment, payload.outputs_before, payload.samples_encoded, payload.tail_from)
+            if self.chains is not None and payload.outputs_before is not None:
+                entry = (segment, payload.outputs_before, payload.samples_encoded, payload.tail_from)
+                self.chains.reported(worker, entry, self._pooled(worker))
             if self.hand_out:
                 staged, self.staged[worker] = self.staged[worker], []
                 self.pools[worker].setdefault(None, (0, []))[1].extend(item for _, _, item in staged)
@@ -340,34 +344,13 @@ class WorkerQueues:
         records[tag] = [checkpoint, consumed, positions]
         self.current[worker] = tag
 
-    def _log_outputs(self, worker: int, segment: int, before: int, outputs: int, tail_from: Optional[int]) -> None:
-        log = self.chain_log[worker]
-        log.append((segment, before, outputs, tail_from))
-        # keep the segments whose outputs a batch open at the end can reach (fewer than batch_size)
-        while len(log) > 1 and sum(entry[2] for entry in list(log)[1:]) >= (self.batch_size or 1):
-            log.popleft()
-
     def chain_point(self, worker: int) -> Optional[Tuple[int, ...]]:
-        """Where a chained stream restored here rebuilds its carry: ``(segment, outputs before it,
-        position of the open batch's first sample or None)``, the segment such that the samples of
-        the batch open at the next segment all come from it on (the next segment itself when no
-        batch is open). ``None``: from the stream's start."""
-        if not self.chained:
-            return None
-        log = self.chain_log[worker]
-        if not log:
-            return self.chain_base[worker]
-        last, before, outputs, tail_from = log[-1]
-        total = before + outputs
-        need = total % (self.batch_size or 1)
-        if need == 0:
-            return (last + 1, total, None)
-        covered = 0
-        for segment, before, outputs, _ in reversed(log):
-            covered += outputs
-            if covered >= need:
-                return (segment, before, tail_from)
-        return self.chain_base[worker]  # the open batch reaches back before the restore it started from
+        """Where a chained stream restored now rebuilds its carry (``ChainPoints.point``); ``None``:
+        not chained, or nothing fed since the pass began."""
+        return None if self.chains is None else self.chains.point(worker, self._pooled(worker))
+
+    def _pooled(self, worker: int) -> List[Tuple[int, int]]:
+        return [(item[0], item[1]) for _, items in self.pools[worker].values() for item in items]
 
     def _checkpoint(self, worker: int, event: str, carried: list) -> QueueCheckpoint:
         chain = self.chain_point(worker)
@@ -433,8 +416,8 @@ class WorkerQueues:
         self.staged[worker] = []
         self.skip[worker] = state.consumed
         self.restored[worker] = state
-        self.chain_log[worker].clear()
-        self.chain_base[worker] = None if cp.chain is None else tuple(cp.chain)
+        if self.chains is not None:
+            self.chains.restored(worker, cp.chain, [(p, s) for _, _, refs in cp.pools for _, p, s in refs])
         self.groups_made[worker] = cp.groups_made
         if cp.event == "carry":
             self.carry_in(worker, {key: (size, [item(r) for r in refs]) for key, size, refs in cp.carried})

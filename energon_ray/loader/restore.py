@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from numbers import Integral
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -33,20 +33,58 @@ def restore_streams(
             feed.queues.restore(worker, state, payloads)
 
 
-def restore_reads(leaves: Sequence[Any], plans: Sequence[SegmentPlan], streams: Sequence[Sequence[StreamState]]) -> List[SegmentSpec]:
+@dataclasses.dataclass
+class ChainedRead:
+    """The pooled packs of a chained worker stream made again (``chained.replay_chain``): the
+    segments from where its checkpoint's chain starts up to the checkpoint's segment, one after
+    another, as the stream made them (a packing buffer runs across segments)."""
+
+    #: the carry into ``specs[0]``, or (``rebuild`` set) into ``rebuild``, whose outputs give it
+    carry: Any
+    rebuild: Optional[SegmentSpec]
+    #: each with ``keep``: the pooled packs
+    specs: List[SegmentSpec]
+
+
+def _chained_read(plan: SegmentPlan, worker: int, state: StreamState, refs: Sequence[Tuple[int, int]]) -> ChainedRead:
+    """The ``ChainedRead`` that makes ``refs`` (pooled packs of a chained stream) again: the
+    checkpoint's ``chain`` is ``[segment, outputs before it, first position of the buffer open there
+    or None]``, reaching back to the segment that made the oldest pooled pack (``WorkerQueues``)."""
+    from energon_ray.pipeline.chained import Carry
+
+    cp = state.checkpoint
+    first, outputs, open_from = (0, 0, None) if cp.chain is None else cp.chain
+    keep = tuple(sorted(refs))
+    if open_from is None:  # no buffer open into ``first``
+        carry, rebuild, start = Carry(int(outputs), []), None, int(first)
+    else:
+        carry, rebuild, start = Carry(int(outputs), None), plan.segment(worker, int(first)), int(first) + 1
+    specs = [SegmentSpec(**{**_spec_fields(plan.segment(worker, index)), "keep": keep}) for index in range(start, cp.segment)]
+    if not specs:
+        raise StateError(f"restoring the loader state: worker stream {worker}'s pooled packs {list(keep)[:4]} come from no segment before {cp.segment}")
+    return ChainedRead(carry, rebuild, specs)
+
+
+def restore_reads(
+    leaves: Sequence[Any], plans: Sequence[SegmentPlan], streams: Sequence[Sequence[StreamState]]
+) -> List[Union[SegmentSpec, ChainedRead]]:
     """Segments that make the pooled samples of a saved state again, returning only those.
 
     A plain sample is re-read at its own position (hook seeds follow positions, so it comes out the
-    same); a pack is only defined by its segment's packing buffer, so its whole segment is re-run.
+    same); a pack is only defined by its segment's packing buffer, so its whole segment is re-run
+    (a chained stream's: the segments from where its chain starts, ``ChainedRead``).
     """
     wanted: Dict[Tuple[int, int], set] = {}
     for per_worker in streams:
         for worker, state in enumerate(per_worker):
             for leaf, position, sub in state.checkpoint.refs():
                 wanted.setdefault((leaf, worker), set()).add((int(position), int(sub)))
-    specs: List[SegmentSpec] = []
+    specs: List[Union[SegmentSpec, ChainedRead]] = []
     for (leaf, worker), refs in sorted(wanted.items()):
         plan = plans[leaf]
+        if leaves[leaf].options.packing_buffer_size and leaves[leaf].stage_config().chained:
+            specs.append(_chained_read(plan, worker, streams[leaf][worker], sorted(refs)))
+            continue
         if leaves[leaf].options.packing_buffer_size:
             index_of = plan.layout.index
             for index in sorted({index_of(p) for p, _ in refs}):
@@ -87,16 +125,27 @@ def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -
     """
     if not specs:
         return {}
+    from energon_ray.pipeline.build import replay_chain
     from energon_ray.pipeline.streams import BlockStream
 
-    wanted = {(spec.source, spec.worker, p, s) for spec in specs for p, s in spec.keep}
+    chains = [spec for spec in specs if isinstance(spec, ChainedRead)]
+    specs = [spec for spec in specs if not isinstance(spec, ChainedRead)]
+    wanted = {(spec.source, spec.worker, p, s) for spec in specs + [c.specs[0] for c in chains] for p, s in spec.keep}
     found: Dict[Tuple[int, int, int, int], Any] = {}
     # every failure travels back with its exception, for the restore handler
     configs = {source: dataclasses.replace(config, error_handler=DeferredHandler()) for source, config in configs.items()}
     failures: List[str] = []
-    stream = BlockStream(specs, readers, configs, 2, name="EnergonRestore", ray_remote_args=remote_args)
+    stream = BlockStream(specs, readers, configs, 2, name="EnergonRestore", ray_remote_args=remote_args) if specs else None
+
+    def blocks():
+        for chain in chains:
+            source = chain.specs[0].source
+            yield from replay_chain(readers[source], configs[source], chain.carry, chain.rebuild, chain.specs, remote_args)
+        if stream is not None:
+            yield from stream
+
     try:
-        for block in stream:
+        for block in blocks():
             for (kind, worker, _, _, payload), source in zip(rows.iter_rows(block), rows.sources(block)):
                 value = serde.loads(payload, copy=False)
                 if kind == rows.LEFTOVER:
@@ -121,7 +170,8 @@ def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -
             raise StateError(f"restoring: re-reading samples failed: {ours}") from None
         raise
     finally:
-        stream.close()
+        if stream is not None:
+            stream.close()
     missing = sorted(wanted - set(found))
     if missing:
         source, worker, position, sub = missing[0]

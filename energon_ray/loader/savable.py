@@ -213,6 +213,7 @@ def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderStat
         config_summary=summarize(description),
         seed_offset=wc.seed_offset,
         packs_pooled=not any(leaf.segment_pack_batches for leaf in dataset.leaves()),
+        packs_chained=not any(leaf.segment_packs or leaf.segment_pack_batches for leaf in dataset.leaves()),
     )
 
 
@@ -263,11 +264,14 @@ def adopt_layouts(state: LoaderState, dataset: Composition) -> None:
 
 
 def adopt_pack_batching(state: LoaderState, dataset: Composition) -> None:
-    """Batch packs as the loader that saved ``state`` did: a state saved before packs were pooled
-    (``packs_pooled`` False) counts items of segments that batched their own packs, so its packed
-    leaves do that again (and the states saved from them record it); others pool them."""
+    """Pack and batch packs as the loader that saved ``state`` did: a state saved before packs were
+    pooled (``packs_pooled`` False) counts items of segments that batched their own packs, and one
+    saved before packing buffers ran across segments (``packs_chained`` False) names packs of
+    segments that packed their own samples, so its packed leaves do that again (and the states
+    saved from them record it); others pool and chain them."""
     for leaf in dataset.leaves():
         leaf.batch_packs_in_segments(not state.packs_pooled)
+        leaf.pack_in_segments(not state.packs_chained)
 
 
 def sample_keys(restore_key: Any) -> List[tuple]:

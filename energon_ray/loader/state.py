@@ -140,6 +140,9 @@ class LoaderState:
     #: (``StageConfig.pool_packs``); ``False`` in states saved before, whose segments batched their
     #: own packs (``savable.adopt_pack_batching`` restores them so)
     packs_pooled: bool = False
+    #: packing buffers run across each worker stream's segments (``chained.chains_outputs``);
+    #: ``False`` in states saved before, whose segments packed their own samples (restored so)
+    packs_chained: bool = False
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -193,6 +196,7 @@ class LoaderState:
             config_summary=dict(data.get("config_summary", {})),
             seed_offset=data.get("seed_offset"),
             packs_pooled=bool(data.get("packs_pooled", False)),
+            packs_chained=bool(data.get("packs_chained", False)),
         )
 
     @classmethod

@@ -116,6 +116,8 @@ class BatchSamples:
         self.configs = _configs(config)
         #: set by the Ray edge to the node this stage runs on (reported per segment)
         self.node: Optional[str] = None
+        #: the last segment's packing buffer left open (a chained stream's carry)
+        self._open_buffer: List[Any] = []
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out: list = []
@@ -202,6 +204,10 @@ class BatchSamples:
         """A chained segment's end: the samples that did not fill a batch go to the next segment
         (``data.carry_out``) or, in the stream's last segment, make its last, short batch (unless
         ``drop_last``); no ``LEFTOVER`` row."""
+        if self.config.packing_buffer_size:  # the packs go to the pool; the open buffer to the next segment
+            if not data.spec.last:
+                data.carry_out = Carry(data.carry.outputs + encoded, list(self._open_buffer))
+            return items, leftovers
         if eager is None:
             raise RuntimeError(f"energon_ray: chained segment {data.spec.index} of worker {data.spec.worker} cannot batch as it encodes")
         size, total = self.config.batch_size, data.carry.outputs + encoded
@@ -242,7 +248,9 @@ class BatchSamples:
             packer = Packer(te, self.config.packing_buffer_size, handler, size, self.config.index_offset(data.spec.worker))
             runs = packer.new_runs()
             data.runs.extend(runs)
-            entries = packer(entries, seed, runs)
+            final = not (self.config.chained and data.carry is not None) or data.spec.last
+            entries = packer(entries, seed, runs, final=final)
+            self._open_buffer = packer.partial  # a chained stream's next segment packs on from it
         elif self.config.postencode and is_overridden(te, "postencode_sample"):
             entries = _postencode(te, entries, seed, handler, data.runs, size or 1, self.config.index_offset(data.spec.worker))
         if data.spec.keep is not None:  # a restore read: the listed samples (or packs) for the trainer's pools

@@ -465,6 +465,24 @@ def rebuild_chained(spec: "SegmentSpec", reader: Any, config: Any, outputs: List
     return ray.get(task.remote(spec, ship_each({spec.source: reader})[spec.source], ship({spec.source: config}), outputs))
 
 
+@ray.remote(num_cpus=1, max_retries=3)
+@deaf_to_cancel
+def _replay_chain_task(reader: Any, config: Any, carry: Any, rebuild: Optional["SegmentSpec"], specs: List["SegmentSpec"]) -> List[Any]:
+    import_task_modules()
+    from energon_ray.pipeline.chained import replay_chain as replay
+    from energon_ray.pipeline.rows import parts
+
+    _limit_torch_threads()
+    return [parts(table) for table in replay(unship(reader), unship(config), carry, rebuild, specs, node())]
+
+
+def replay_chain(reader: Any, config: Any, carry: Any, rebuild: Optional["SegmentSpec"], specs: List["SegmentSpec"], remote_args=None) -> List[pa.Table]:
+    """``chained.replay_chain`` in a Ray task (where the segment tasks read): the segments' blocks."""
+    source = specs[0].source
+    task = _with_options(_replay_chain_task, remote_args, TASK_OPTIONS)
+    return ray.get(task.remote(ship_each({source: reader})[source], ship({source: config}), carry, rebuild, specs))
+
+
 def cluster_cpus() -> int:
     """The cluster's CPUs now (1 when the GCS does not answer)."""
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
 
@@ -26,20 +26,30 @@ if TYPE_CHECKING:
     from energon_ray.pipeline.stages import StageConfig
 
 
-def chains_outputs(te: TaskEncoder, batch_size: Optional[int], packing: bool, across_sources: bool, postencode: bool) -> bool:
-    """Whether a dataset's segments must be chained: its ``encode_sample`` is a generator (any number
-    of outputs per sample), so where the worker stream's batches start in a segment, and which batch
-    an output goes into (``current_batch_index``), depend on the outputs of every segment before it.
-    Energon batches a worker's outputs as one stream; a chained stream does the same, one segment
-    after another per worker (the rank's worker streams still run side by side). Also where
-    ``batch`` or ``encode_batch`` is marked ``@stateless(restore_seeds=True)``: its seed is Energon's
-    batch count, which samples skipped in earlier segments lower. Not where the
-    segments do not batch their own samples (packing, grouping, ``postencode_sample``, batching
-    across datasets, no batching). An ``encode_sample`` that is a plain function returning a
-    generator is not detected (a generator function is: ``yield`` in its body)."""
+def chains_outputs(
+    te: TaskEncoder, batch_size: Optional[int], packing: bool, across_sources: bool, postencode: bool, chain_packs: bool = True
+) -> bool:
+    """Whether a dataset's segments must be chained.
+
+    Its ``encode_sample`` is a generator (any number of outputs per sample), so where the worker
+    stream's batches start in a segment, and which batch an output goes into
+    (``current_batch_index``), depend on the outputs of every segment before it. Energon batches a
+    worker's outputs as one stream; a chained stream does the same, one segment after another per
+    worker (the rank's worker streams still run side by side). Also where ``batch`` or
+    ``encode_batch`` is marked ``@stateless(restore_seeds=True)``: its seed is Energon's batch
+    count, which samples skipped in earlier segments lower. Not where the segments do not batch
+    their own samples (grouping, ``postencode_sample``, batching across datasets, no batching). An
+    ``encode_sample`` that is a plain function returning a generator is not detected (a generator
+    function is: ``yield`` in its body).
+
+    With packing (``chain_packs``; not across datasets): always. Energon's packing buffers are
+    consecutive runs of ``packing_buffer_size`` outputs of the worker stream, so where they start in
+    a segment depends on every output before it (samples skipped before packing, a generator
+    ``encode_sample``): each segment gets the outputs of the buffer still open (``Carry.tail``)."""
+    if packing:
+        return chain_packs and not across_sources
     return (
         batch_size is not None
-        and not packing
         and not across_sources
         and (is_generator_encoder(te) or _restore_seeded_batch_hook(te))
         and not is_overridden(te, "batch_group_criterion")
@@ -51,6 +61,11 @@ def is_generator_encoder(te: TaskEncoder) -> bool:
     """Whether the sample encode hook is a generator function (any number of outputs per sample)."""
     hook = sample_encode_hook(te)
     return is_overridden(te, hook) and inspect.isgeneratorfunction(inspect.unwrap(own_hook(te, hook)))
+
+
+def chain_unit(config: "StageConfig") -> int:
+    """What a chained stream's carry holds the open one of: a packing buffer, else a batch (outputs)."""
+    return int(config.packing_buffer_size or config.batch_size or 1)
 
 
 def _restore_seeded_batch_hook(te: TaskEncoder) -> bool:
@@ -115,15 +130,16 @@ def chained_segment(
         stage.encode.encode(data)
         if data.fatal is not None:
             return None, None
-        size = stage.encode.config.batch_size
+        size = chain_unit(stage.encode.config)
         total = carry.outputs + len(data.encoded)
         need = total % size
-        if need > len(data.encoded):
+        pool = list(carry.tail or ()) + data.encoded  # the open batch (buffer) may reach back before this segment
+        if need > len(pool):
             raise RuntimeError(
                 f"energon_ray: rebuilding worker {data.spec.worker}'s batch across segment {data.spec.index}: "
                 f"{need} samples needed, the segment gave {len(data.encoded)}"
             )
-        return None, Carry(total, data.encoded[len(data.encoded) - need :])
+        return None, Carry(total, pool[len(pool) - need :])
     data.encoded = list(carry.tail or ())
     eager = stage.batch.eager(data)
     if eager is not None:
@@ -131,6 +147,26 @@ def chained_segment(
     stage.encode.encode(data, eager)
     out = list(stage.batch.explode(data, eager))
     return output_table(out, data.spec.source), data.carry_out
+
+
+def replay_chain(
+    read: Callable[[Any], rows.SegmentData], config: Union[StageConfig, Mapping[int, StageConfig]], carry: Carry,
+    rebuild: Optional[Any], specs: List[Any], node: Optional[str] = None,
+) -> List[pa.Table]:
+    """Segments of one chained worker stream made again one after another, as they were made (a
+    restore re-making the packs a state's pools held): ``rebuild``'s outputs only give the carry
+    into ``specs[0]`` (``carry_only``; ``None``: ``carry`` is that carry), then each of ``specs`` (its
+    ``keep``: the items wanted) gives its block and the carry into the next. ``read``: a segment spec
+    to its ``SegmentData``."""
+    if rebuild is not None:
+        _, carry = chained_segment(read(rebuild), config, carry, carry_only=True, node=node)
+    tables = []
+    for spec in specs:
+        table, carry = chained_segment(read(spec), config, carry, node=node)
+        if table is None:  # a fatal error (its report is in the previous block) or nothing to carry
+            break
+        tables.append(table)
+    return tables
 
 
 def rebuild_chained_batch(

@@ -4,8 +4,9 @@ Fill a reading buffer to ``packing_buffer_size`` encoded samples; when no packs 
 whole buffer to ``select_samples_to_pack`` (samples it does not select are dropped and empty groups
 ignored, as in Energon); emit one ``pack_selected_samples`` per step (after ``postencode_sample`` on
 the pack's members) and top the buffer up; at the end flush pending packs, then pack the partial
-buffer. Each Ray task packs its own segment, so packing restarts at segment boundaries
-(``samples_per_segment`` sets how long).
+buffer. A dataset's segments are chained (``chained.chains_outputs``): each Ray task packs its
+segment's outputs after the partial buffer the previous segment of its worker stream left
+(``Packer.partial``), so buffers run across segments as in Energon's worker.
 """
 
 from __future__ import annotations
@@ -183,8 +184,11 @@ class Packer:
             out.append((position, sub * 1000 + i, pack))
         return out
 
-    def __call__(self, encoded: List[Item], seed: int, runs: List[StageRun]) -> List[Item]:
-        """Packs of one segment, as ``(position, sub, pack)`` items in emission order."""
+    def __call__(self, encoded: List[Item], seed: int, runs: List[StageRun], final: bool = True) -> List[Item]:
+        """Packs of one segment, as ``(position, sub, pack)`` items in emission order. ``final``: the
+        worker stream ends here, the last, partial buffer is packed too; else it is left in
+        ``partial`` (a chained segment hands it to the next one of its worker stream)."""
+        self.partial: List[Item] = []
         source = iter(encoded)
         reading: List[Item] = []
         pending: List[List[Item]] = []
@@ -209,7 +213,9 @@ class Packer:
             out += self.pack_group(pending.pop(0), seed, runs)
         while pending:
             out += self.pack_group(pending.pop(0), seed, runs)
-        if reading:
+        if reading and not final:
+            self.partial = list(reading)
+        elif reading:
             pending = self._groups(list(reading), seed, runs)
             while pending:
                 out += self.pack_group(pending.pop(0), seed, runs)

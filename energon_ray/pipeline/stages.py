@@ -168,8 +168,9 @@ class EncodeSamples:
         cook_kind = None if getattr(own_hook(te, "cook_crude_sample"), "__restore_seeds__", False) else "cook"
         per_batch = self.config.batch_size or 1  # a sample hook sees the index of the batch it will be in
         # a chained stream counts its outputs (Energon's batch index: outputs before it // batch size);
-        # else a sample's position stands for the outputs before it
-        chain = data.carry if self.config.chained else None
+        # else a sample's position stands for the outputs before it (so it does where packs are
+        # chained: a batch holds packs, not outputs)
+        chain = data.carry if self.config.chained and not self.config.packing_buffer_size else None
         produced = None if chain is None else [chain.outputs]
         before = self.config.index_offset(data.spec.worker)
 

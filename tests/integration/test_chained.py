@@ -52,7 +52,7 @@ def build(root, segment, workers=1, **kwargs):
                               samples_per_segment=segment, **kwargs)  # fmt: skip
 
 
-def test_only_generator_encoders_and_restore_seeded_batch_hooks_chain():
+def test_only_generator_encoders_restore_seeded_batch_hooks_and_packing_chain():
     class Plain(er.DefaultTaskEncoder):
         def encode_sample(self, sample):
             return sample
@@ -69,14 +69,16 @@ def test_only_generator_encoders_and_restore_seeded_batch_hooks_chain():
 
     assert chains_outputs(SeededBatch(), 3, False, False, True)
     assert chains_outputs(er.AugmentTaskEncoder(SeededEncodeBatch()), 3, False, False, True)
-    assert not chains_outputs(SeededBatch(), 3, True, False, True)  # packing restarts per segment
+    # packing: always chained (buffers run across segments), not across datasets or for old states
+    assert chains_outputs(SeededBatch(), 3, True, False, True) and chains_outputs(Plain(), None, True, False, True)
+    assert not chains_outputs(Plain(), 3, True, True, True) and not chains_outputs(Plain(), 3, True, False, True, chain_packs=False)
 
     assert chains_outputs(Varying(), 3, False, False, True)
     assert chains_outputs(er.AugmentTaskEncoder(er.AugmentTaskEncoder(Varying())), 3, False, False, True)
     assert not chains_outputs(er.AugmentTaskEncoder(Plain()), 3, False, False, True)
     assert not chains_outputs(Plain(), 3, False, False, True)
     assert not chains_outputs(Varying(), None, False, False, True)  # no batching: nothing to chain
-    assert not chains_outputs(Varying(), 3, True, False, True)  # packing restarts per segment
+    assert chains_outputs(Varying(), 3, True, False, True)
 
 
 def test_batches_run_across_segments_with_energons_batch_index(root, ray_session):
@@ -133,7 +135,7 @@ def test_executor_ray_data_runs_chained_segments_as_tasks(root, ray_session, cap
     whole = texts(er.get_loader(build(root, 1000)))
     with caplog.at_level("WARNING", logger="energon_ray"):
         assert texts(er.get_loader(build(root, 3), executor="ray_data")) == whole
-    assert "cannot chain the segments of a generator encode_sample" in caplog.text
+    assert "cannot chain segments (packing buffers, a generator encode_sample or a restore_seeds batch hook of" in caplog.text
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -196,6 +196,71 @@ def test_packing_restores(roots):
     round_trip(build, [1, 4, 9, 14], count=16)
 
 
+class SplitOrSkipDocs(TextPackingTaskEncoder):
+    """A generator ``encode_sample`` before packing: every third document skipped, every other one
+    split in two halves, so a segment's outputs never fill whole packing buffers."""
+
+    def encode_sample(self, sample):
+        n = int(sample.__key__)
+        doc = super().encode_sample(sample)
+        if n % 3 == 0:
+            return
+        if n % 2 == 0 and len(doc.tokens) > 1:
+            half = len(doc.tokens) // 2
+            yield doc.derive_from(doc, __key__=f"{n}a", tokens=doc.tokens[:half])
+            yield doc.derive_from(doc, __key__=f"{n}b", tokens=doc.tokens[half:])
+        else:
+            yield doc
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_packing_buffers_across_segments_restore(roots, num_workers):
+    """Packing buffers that run across segments (skipped and split documents before packing): states
+    saved anywhere restore exactly, the pooled packs and the buffer open at the checkpoint made again
+    from where the worker stream's chain starts; endless, across epochs."""
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+
+    def build():
+        return er.get_train_dataset(roots["docs"], batch_size=3, shuffle_buffer_size=10, max_samples_per_sequence=10, worker_config=wc,
+                                    packing_buffer_size=7, task_encoder=SplitOrSkipDocs(max_length=96), samples_per_segment=7)  # fmt: skip
+
+    items = round_trip(build, [0, 1, 3, 6, 10, 15, 21], count=24)
+    docs = [d for item in items[:6] for pack in item[0] for d in pack]
+    assert any(d.endswith("a") for d in docs) and not any(int(d.rstrip("ab")) % 3 == 0 for d in docs)
+
+
+def test_packed_states_saved_before_buffers_ran_across_segments_restore_as_saved(roots):
+    """A packed loader's state without ``packs_chained`` (saved when each segment packed its own
+    outputs) restores into that packing: the rest of the saved run exactly; states saved from it say so."""
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+
+    def build(segment_packs):
+        ds = er.get_val_dataset(roots["docs"], batch_size=3, worker_config=wc, packing_buffer_size=7,
+                                task_encoder=SplitOrSkipDocs(max_length=96), samples_per_segment=7)  # fmt: skip
+        ds.pack_in_segments(segment_packs)
+        return er.get_savable_loader(ds)
+
+    def docs(batch):
+        return tuple(tuple(d) for d in batch.documents)
+
+    new, old = build(False), build(True)
+    chained, it = [docs(b) for b in new], iter(old)
+    reference = [docs(next(it)) for _ in range(3)]
+    state = old.save_state_rank().to_dict()
+    reference += [docs(b) for b in it]
+    assert chained != reference
+    assert sorted(d for b in chained for p in b for d in p) == sorted(d for b in reference for p in b for d in p)
+    assert state.pop("packs_chained") is False  # (and a state saved before the field was added has none)
+    fresh = build(False)
+    fresh.restore_state_rank(state)
+    it = iter(fresh)
+    assert [docs(next(it))] == reference[3:4]
+    assert fresh.save_state_rank().packs_chained is False
+    assert [docs(b) for b in it] == reference[4:]
+    for loader in (new, old, fresh):
+        loader.close()
+
+
 def test_blend_and_mix_restore_with_small_states(roots):
     def blend():
         return er.BlendDataset(
@@ -734,20 +799,21 @@ class _SkipSomeA(er.DefaultTaskEncoder):
         return {"keys": [s.__key__ for s in samples], "texts": [s.text for s in samples], "r": (random.random(), self.current_batch_index)}
 
 
-@pytest.mark.parametrize("kind", ["packed", "sample_blend"])
+@pytest.mark.parametrize("kind", ["packed_blend", "sample_blend"])
 def test_a_dead_feeder_gives_the_batches_and_counts_of_an_undisturbed_run(roots, tmp_path, caplog, kind):
-    """Killing the feeder actor after the first batch (Ray lost the execution) of a packed dataset, or
-    of a train metadataset blending samples: the same batches (packs, keys, hooks' RNG) and loader.stats."""
+    """Killing the feeder actor after the first batch (Ray lost the execution) of a train metadataset
+    blending samples, packed or not: the same batches (packs, keys, hooks' RNG) and loader.stats. (A
+    packed dataset's own segments are chained: ``executor="ray_data"`` runs it as plain tasks.)"""
     (tmp_path / "train.yaml").write_text(
         "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
         f"      - {{weight: 2, path: {roots['a']}}}\n      - {{weight: 1, path: {roots['b']}}}\n"
     )
 
     def build():
-        if kind == "packed":
-            dataset = er.get_train_dataset(roots["docs"], batch_size=3, shuffle_buffer_size=10, worker_config=WC, repeat=False,
-                                           packing_buffer_size=12, task_encoder=TextPackingTaskEncoder(max_length=96),
-                                           samples_per_segment=24)  # fmt: skip
+        if kind == "packed_blend":
+            dataset = er.get_train_dataset(tmp_path / "train.yaml", batch_size=3, shuffle_buffer_size=10, worker_config=WC, repeat=False,
+                                           packing_buffer_size=12, task_encoder=TextPackingTaskEncoder(max_length=24),
+                                           samples_per_segment=24, blend_samples=True)  # fmt: skip
         else:
             dataset = er.get_train_dataset(tmp_path / "train.yaml", batch_size=3, shuffle_buffer_size=4, worker_config=WC, repeat=False,
                                            task_encoder=_SkipSomeA(), samples_per_segment=6, blend_samples=True)  # fmt: skip

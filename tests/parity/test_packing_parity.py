@@ -238,3 +238,34 @@ def test_packing_hooks_read_current_batch_index(text, workers):
     assert _keys(got) == _keys(theirs)
     if workers == 0:  # buffers start at 0, 5, ...; their packs at 0, 3, 5, 8, ...
         assert [b.text for b in got[:3]] == [["s0e0p0", "s0e1p1"], ["s2e2p2", "s2e4p4"], ["s5e5p5", "s5e6p6"]]
+
+
+class SkipEveryThird(PairHooks):
+    """Samples 1, 4, 7 … skipped in ``encode_sample``, before the packing buffer."""
+
+    def encode_sample(self, sample):
+        if int(sample.__key__.rsplit("_", 1)[-1]) % 3 == 1:
+            raise er.SkipSample() if isinstance(self, er.DefaultTaskEncoder) else me.SkipSample()
+        return sample
+
+
+class SplitInTwo(PairHooks):
+    """A generator ``encode_sample``: each sample twice (``…a``, ``…b``), every fifth sample once."""
+
+    def encode_sample(self, sample):
+        yield self.sample_cls(__key__=sample.__key__ + "a", __restore_key__=(), text=sample.text)
+        if int(sample.__key__.rsplit("_", 1)[-1]) % 5:
+            yield self.sample_cls(__key__=sample.__key__ + "b", __restore_key__=(), text=sample.text)
+
+
+@pytest.mark.parametrize("hooks", [SkipEveryThird, SplitInTwo], ids=["skipped", "generator"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packing_buffers_run_across_segments_like_energon(text, workers, hooks):
+    """Where samples are skipped before packing, or a generator ``encode_sample`` makes other than
+    one output per sample, a worker stream's packing buffers run across its segments (of 20
+    samples here: ``samples_per_segment`` is rounded up to 4 buffers) as Energon's do: the same packs and batches. Each segment packed its own outputs
+    before (its last buffer short), so the packs differed from Energon's from the first segment on."""
+    ours, theirs = _packed_val_loaders(text, workers, hooks, 3, samples_per_segment=10)
+    got, expected = list(ours), list(theirs)
+    assert got == expected
+    assert sum(len(b) - 2 for b in got) > 20
