@@ -125,6 +125,38 @@ def kill_batch_makers(iterator, count: int) -> Tuple[list, set]:
     return got, killed
 
 
+def killing_the_feeder(build, describe, counted: Sequence[str], caplog=None) -> Tuple[list, list, dict, dict]:
+    """Run ``build()`` (a loader) undisturbed, then again killing the feeder actor after its first
+    item (Ray loses the execution; the loader restarts it from the worker streams' checkpoints):
+    ``(items, undisturbed items, loader.stats counters, undisturbed counters)``, items as
+    ``describe`` shows them, counters the ``counted`` keys of ``loader.stats``. With ``caplog``, the
+    restart's warning must be logged."""
+    import logging
+
+    import ray
+
+    from energon_ray.pipeline.build import feeder
+
+    reference = build()
+    expected = [describe(item) for item in reference]
+    want = {key: reference.stats.as_dict()[key] for key in counted}
+    reference.close()
+    loader = build()
+    it = iter(loader)
+    got = [describe(next(it))]
+    ray.kill(feeder())
+    if caplog is None:
+        got += [describe(item) for item in it]
+    else:
+        with caplog.at_level(logging.WARNING, logger="energon_ray"):
+            got += [describe(item) for item in it]
+        if "restarting it from the worker streams' checkpoints (1/3)" not in caplog.text:
+            raise AssertionError(f"the lost execution was not restarted: {caplog.text!r}")
+    counts = {key: loader.stats.as_dict()[key] for key in counted}
+    loader.close()
+    return got, expected, counts, want
+
+
 def load_job(name: str):
     """The module of ``jobs/<name>.py`` (the jobs are scripts, not a package)."""
     path = Path(__file__).resolve().parents[1] / "jobs" / f"{name}.py"

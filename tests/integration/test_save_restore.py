@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections import Counter
 import os
 import random
@@ -22,14 +21,12 @@ import textwrap
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 import energon_ray as er
 from energon_ray.format.jsonl import prepare_jsonl
-from energon_ray.pipeline.build import feeder
 from energon_ray.tasks.text_packing import PackedTextBatch, TextPackingTaskEncoder, lognormal_corpus
-from tests.helpers import kill_batch_makers, prefixed_text_dataset, text_dataset
+from tests.helpers import kill_batch_makers, killing_the_feeder, prefixed_text_dataset, text_dataset
 from tests.roundtrip import END, assert_round_trip, json_transport
 
 WC = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
@@ -820,20 +817,9 @@ def test_a_dead_feeder_gives_the_batches_and_counts_of_an_undisturbed_run(roots,
         return er.get_loader(dataset, executor="ray_data")
 
     counted = ("samples_read", "samples_encoded", "batches", "skipped", "segments_per_node")
-    reference = build()
-    expected = [describe(item) for item in reference]
-    want = {key: reference.stats.as_dict()[key] for key in counted}
-    reference.close()
-    loader = build()
-    it = iter(loader)
-    got = [describe(next(it))]
-    ray.kill(feeder())
-    with caplog.at_level(logging.WARNING, logger="energon_ray"):
-        got += [describe(item) for item in it]
-    assert "restarting it from the worker streams' checkpoints (1/3)" in caplog.text
+    got, expected, counts, want = killing_the_feeder(build, describe, counted, caplog)
     assert got == expected and len(expected) > 5
-    assert {key: loader.stats.as_dict()[key] for key in counted} == want
-    loader.close()
+    assert counts == want
 
 
 class Keyed(er.DefaultTaskEncoder):

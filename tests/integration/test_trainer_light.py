@@ -18,7 +18,7 @@ import torch
 
 import energon_ray as er
 from energon_ray.pipeline.build import feeder
-from tests.helpers import captioning_dataset
+from tests.helpers import captioning_dataset, killing_the_feeder
 
 
 def _endless_loader(path, batch_size: int):
@@ -275,22 +275,10 @@ def test_a_dead_feeder_counts_each_segment_once(tmp_path, caplog):
                                                   worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2)),
                              executor="ray_data")  # fmt: skip
 
-    reference = build()
-    expected = [list(batch.__key__) for batch in reference]
     counted = ("samples_read", "samples_encoded", "skipped", "segments_per_node", "read_requests", "read_bytes")
-    want = {key: reference.stats.as_dict()[key] for key in counted}
-    reference.close()
-    loader = build()
-    it = iter(loader)
-    got = [list(next(it).__key__)]
-    ray.kill(feeder())
-    with caplog.at_level(logging.WARNING, logger="energon_ray"):
-        got += [list(batch.__key__) for batch in it]
-    assert "restarting it from the worker streams' checkpoints (1/3)" in caplog.text
-    assert got == expected
-    assert {key: loader.stats.as_dict()[key] for key in counted} == want
+    got, expected, counts, want = killing_the_feeder(build, lambda batch: list(batch.__key__), counted, caplog)
+    assert got == expected and counts == want
     assert want["samples_read"] == 30 and want["skipped"] == {"encode_sample": 5}
-    loader.close()
 
 
 class _BadGroups(er.DefaultTaskEncoder):
@@ -317,19 +305,9 @@ def test_a_dead_feeder_makes_and_counts_grouped_batches_once(tmp_path):
                              executor="ray_data")  # fmt: skip
 
     counted = ("samples_read", "samples_encoded", "batches", "seam_batches", "skipped", "segments_per_node")
-    reference = build()
-    expected = [list(batch.__key__) for batch in reference]
-    want = {key: reference.stats.as_dict()[key] for key in counted}
-    reference.close()
-    loader = build()
-    it = iter(loader)
-    got = [list(next(it).__key__)]
-    ray.kill(feeder())
-    got += [list(batch.__key__) for batch in it]
-    assert got == expected
-    assert {key: loader.stats.as_dict()[key] for key in counted} == want
+    got, expected, counts, want = killing_the_feeder(build, lambda batch: list(batch.__key__), counted)
+    assert got == expected and counts == want
     assert (want["batches"], want["seam_batches"], want["skipped"]) == (9, 9, {"batch": 3})
-    loader.close()
 
 
 def test_the_executors_make_the_same_batches(tmp_path, monkeypatch):

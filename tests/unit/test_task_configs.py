@@ -19,6 +19,19 @@ from energon_ray.train import build, compose
 from energon_ray.train.config import BUILTIN_TASKS
 
 
+def captioning_cli_error(monkeypatch, tmp_path, *overrides: str):
+    """The exit code (an "error: …" line) of the train CLI on the captioning task and synthetic
+    dataset with ``overrides``, run in ``tmp_path``; fails if it does not exit."""
+    from energon_ray.train.__main__ import main
+
+    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
+            *overrides, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as caught:
+        main()
+    return caught.value.code
+
+
 def _task(name: str, *overrides: str):
     return compose([f"+task={name}", f"+dataset={BUILTIN_TASKS[name]}", "work_dir=/data/work", *overrides])
 
@@ -351,14 +364,7 @@ def test_command_line_entry_point_names_a_bad_ray_option(monkeypatch, tmp_path, 
     """A bad trainer.ray value exits with "error: …" naming its key, before anything is built or Ray
     started. Before: `int('two')` said "invalid literal for int() with base 10: 'two'" (no key, a
     traceback), 2.5 workers were 2, and use_gpu=no asked for GPUs (bool('no'))."""
-    from energon_ray.train.__main__ import main
-
-    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
-            "trainer.ray.num_workers=1", override, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as caught:
-        main()
-    assert caught.value.code == f"error: {message}"
+    assert captioning_cli_error(monkeypatch, tmp_path, "trainer.ray.num_workers=1", override) == f"error: {message}"
 
 
 @pytest.mark.parametrize(
@@ -382,14 +388,7 @@ def test_command_line_entry_point_names_a_bad_loader_option(monkeypatch, tmp_pat
     """A bad loader.* value exits with "error: loader.<key> …" before anything is built (before: a Hydra
     traceback once the loaders were built, naming get_loader's keyword, not the config key; a misspelt
     key or prefetch_batches=x were no error at all or one from the data module's constructor)."""
-    from energon_ray.train.__main__ import main
-
-    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
-            override, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as caught:
-        main()
-    assert caught.value.code == f"error: {message}"
+    assert captioning_cli_error(monkeypatch, tmp_path, override) == f"error: {message}"
     assert not (tmp_path / "data").exists()  # nothing was built: the synthetic dataset was not written
 
 
@@ -407,15 +406,8 @@ def test_command_line_entry_point_names_a_value_the_constructors_refuse(monkeypa
     """A dataset or task value its constructor refuses, a seed that is no number, a test that is no flag: one
     "error: …" line naming the group or key (before: Hydra's "Error in call to target …" lines and a hint;
     int()'s "invalid literal" with no key; test=maybe ran the test split)."""
-    from energon_ray.train.__main__ import main
-
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
-            "trainer.max_steps=1", override, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as caught:
-        main()
-    assert caught.value.code == f"error: {message}"
+    assert captioning_cli_error(monkeypatch, tmp_path, "trainer.max_steps=1", override) == f"error: {message}"
 
 
 @pytest.mark.parametrize(
@@ -432,16 +424,9 @@ def test_command_line_entry_point_names_a_refused_value_before_ray_train_starts(
     import ray
 
     connected = ray.is_initialized()  # (the suite's shared Ray, if an earlier test started it)
-
-    from energon_ray.train.__main__ import main
-
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
-            "trainer.max_steps=1", "trainer.ray.num_workers=1", override, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as caught:
-        main()
-    assert caught.value.code == f"error: {message}"
+    said = captioning_cli_error(monkeypatch, tmp_path, "trainer.max_steps=1", "trainer.ray.num_workers=1", override)
+    assert said == f"error: {message}"
     assert ray.is_initialized() == connected and not (tmp_path / "data").exists()
 
 
@@ -520,14 +505,7 @@ def test_a_trainer_value_lightning_would_fail_on_is_named_before_anything_starts
     """trainer.* values of the wrong kind, or an argument the Trainer lacks: "error: trainer.<key> …",
     exit 1, nothing built (Lightning failed later with "'<' not supported between instances of 'str'
     and 'int'", or a TypeError of an unexpected keyword, naming no config key)."""
-    from energon_ray.train.__main__ import main
-
-    argv = ["energon_ray.train", "+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={tmp_path}",
-            override, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as caught:
-        main()
-    assert caught.value.code == f"error: {said}"
+    assert captioning_cli_error(monkeypatch, tmp_path, override) == f"error: {said}"
     assert not (tmp_path / "data").exists()  # nothing was built: the synthetic dataset was not written
 
 
