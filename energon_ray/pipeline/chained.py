@@ -1,11 +1,13 @@
-"""Chained segments: a generator ``encode_sample``'s worker stream batched as one stream.
+"""Chained segments: a worker stream batched (or packed) as one stream across its segments.
 
 Where a worker stream's batches start inside a segment, and which batch an output goes into
 (``current_batch_index``), depend on every output before it when a sample may give any number of
-outputs. Such a dataset's segments are chained: each takes the previous segment's ``Carry`` (the
-stream's outputs so far and the samples of the batch still open) and hands on its own, so a
-stream's segments run one after another (``build._chained_segment_task``); the stages themselves
-(``stages``) read ``SegmentData.carry`` to count outputs and open the first batch. No Ray imports.
+outputs (a generator ``encode_sample``); where its packing buffers start, on every output before
+it whenever samples may be skipped. Such a dataset's segments are chained: each takes the previous
+segment's ``Carry`` (the stream's outputs so far and those of the batch, or packing buffer, still
+open) and hands on its own, so a stream's segments run one after another
+(``build._chained_segment_task``); the stages themselves (``stages``, ``batch_stages``) read
+``SegmentData.carry`` to count outputs and open the first batch or buffer. No Ray imports.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ class Carry:
     """What a chained segment hands the next segment of its worker stream.
 
     ``outputs``: encoded samples of the worker stream before the next segment; ``tail``: the last
-    ``outputs % batch_size`` of them, ``(position, sub, sample)``, which open the next segment's first
-    batch (``None``: not known, a replay that only rebuilds the carry, see ``TaskStream``).
+    ``outputs % batch_size`` of them (``% packing_buffer_size`` where packs are chained:
+    ``chain_unit``), ``(position, sub, sample)``, which open the next segment's first batch or
+    buffer (``None``: not known, a replay that only rebuilds the carry, see ``TaskStream``).
     """
 
     outputs: int

@@ -49,8 +49,9 @@ class StageConfig:
     postencode: bool = True
     #: logical workers of the rank (hooks count samples and batches across them, as Energon's do)
     num_workers: int = 1
-    #: Each segment continues its worker stream's batches (``chains_outputs``): it gets the previous
-    #: segment's ``Carry`` and hands its own to the next, so its segments run one after the other.
+    #: Each segment continues its worker stream's batches, or packing buffers (``chains_outputs``): it
+    #: gets the previous segment's ``Carry`` and hands its own to the next, so its segments run one
+    #: after the other.
     chained: bool = False
     #: Drop each worker stream's last, short batch (a chained stream batches it in its last segment).
     drop_last: bool = False
