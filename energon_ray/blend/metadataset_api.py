@@ -260,7 +260,12 @@ def traverse_metadataset(path: Any, *, split_part: str, **kwargs: Any) -> List[T
 
     Raises:
         DatasetConfigError: ``path`` is not a metadataset YAML, or the tree is malformed.
+        TypeError: a keyword argument (Energon hands them to the metadataset's constructor, which
+            takes none that change a traversal; one that is not ``None`` was ignored silently).
     """
+    extra = sorted(k for k, v in kwargs.items() if v is not None)
+    if extra:
+        raise TypeError(f"traverse_metadataset: a metadataset takes no {extra} (set them on its references)")
     if not (str(path).endswith((".yaml", ".yml")) and _as_path(path).is_file()):
         raise DatasetConfigError(f"traverse_metadataset only supports metadatasets (a .yaml file), got {path}")
     return _yaml_metadataset(path).traverse(split_part=split_part)

@@ -126,6 +126,11 @@ def test_traverse_metadataset_matches_energon(root):
     ]
     assert flat(ours) == flat(me.traverse_metadataset(root / "outer.yaml", split_part="train"))
     assert flat(er.traverse_metadataset(root / "outer.yaml", split_part="val")) == [(str(root / "a"), "train", {}, {})]
+    # a keyword it cannot use is refused, as Energon's metadataset constructor refuses it (it was ignored)
+    with pytest.raises(TypeError, match=r"traverse_metadataset: a metadataset takes no \['subflavors'\]"):
+        er.traverse_metadataset(root / "outer.yaml", split_part="train", subflavors={"x": 1})
+    with pytest.raises(ValueError, match="Unexpected arguments"):
+        me.traverse_metadataset(root / "outer.yaml", split_part="train", subflavors={"x": 1})
 
 
 def test_traverse_keeps_missing_leaves_and_resolves_aux_like_energon(root):
