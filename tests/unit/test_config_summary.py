@@ -30,6 +30,7 @@ class FakeLeaf:
         self.num_workers = 1
         self.segment_layout = SegmentLayout(length=8)
         self.segment_pack_batches = False
+        self.segment_packs = False
         self.task_encoder = er.DefaultTaskEncoder()
 
     def leaves(self):
