@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, List, Tuple
 from energon_ray.loader.group_items import seam_items
 from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, WorkerQueues
 from energon_ray.loader.stats import LoaderStats
+from energon_ray.pipeline.chained import chain_unit
 
 if TYPE_CHECKING:
     from energon_ray.loader.feed import MultiFeed
@@ -27,9 +28,9 @@ class LeafFeed:
         config = dataset.stage_config()
         self.queues = WorkerQueues(
             len(plan.streams), dataset.options.batch_size, self._seam_batches, drop_last=dataset.options.drop_last,
-            stats=stats, leaf=source, hand_out=dataset.options.blend_samples, chained=dataset.stage_config().chained,
+            stats=stats, leaf=source, hand_out=dataset.options.blend_samples, chained=config.chained,
             index_offsets=dataset.options.batch_index_offsets, grouped=dataset.groups_batches,
-            chain_unit=config.packing_buffer_size if config.chained and config.packing_buffer_size else None,
+            chain_unit=chain_unit(config) if config.chained and config.packing_buffer_size else None,
         )  # fmt: skip
         for w in range(len(plan.streams)):
             if plan.num_segments(w) == 0:

@@ -287,16 +287,9 @@ def rebuild_blended_batch(
     """
     by_source = dict(zip(sources, blend_leaves))
     worker = keys[0][3]
-    specs, readers, configs = [], {}, {}
-    for source in sorted({k[2] for k in keys}):
-        leaf = by_source[source]
-        mine = [k for k in keys if k[2] == source]
-        specs.append(_reread_spec(leaf, source, worker, mine[0][5], mine, index=-1 - len(specs)))
-        readers[source], configs[source] = leaf.reader(), leaf.stage_config()
-    found = run_reads(specs, readers, configs, remote_args, by_source)
+    group = _reread_each({source: by_source[source] for source in sorted({k[2] for k in keys})}, keys, remote_args)
     first, first_source = blend_leaves[0], sources[0]
     seed = _pass_seed(first.plan().streams[worker].config, by_source[keys[0][2]].plan().streams[worker].config, keys[0][5])
-    group = [(int(k[4]), output_sub(k), found[(k[2], worker, int(k[4]), output_sub(k))]) for k in keys]
     return _batch_once(first.stage_config(), first_source, worker, seed, group, remote_args, None, output)
 
 
@@ -320,17 +313,25 @@ def rebuild_concat_batch(leaves: Dict[int, Any], keys: List[tuple], remote_args=
     ``leaves``: the datasets the keys name, by source index; ``keys``: the samples, in batch order.
     """
     worker = keys[0][3]
+    group = _reread_each(leaves, keys, remote_args)
+    first, last = keys[0], keys[-1]
+    size = leaves[last[2]].options.batch_size
+    index = (leaves[first[2]].stage_config().index_offset(worker) + int(first[4])) // size
+    return _batch_once(leaves[last[2]].stage_config(), last[2], worker, last[5], group, remote_args, index, output)
+
+
+def _reread_each(leaves: Dict[int, Any], keys: List[tuple], remote_args) -> List[Tuple[int, int, Any]]:
+    """The samples ``keys`` name (of one worker stream, of the ``leaves`` by source index), each
+    re-read at its own leaf's position with its own hook seed, as ``(position, sub, payload)`` in
+    the keys' order."""
+    worker = keys[0][3]
     specs, readers, configs = [], {}, {}
     for source, leaf in leaves.items():
         mine = [k for k in keys if k[2] == source]
         specs.append(_reread_spec(leaf, source, worker, mine[0][5], mine, index=-1 - len(specs)))
         readers[source], configs[source] = leaf.reader(), leaf.stage_config()
     found = run_reads(specs, readers, configs, remote_args, leaves)
-    group = [(int(k[4]), output_sub(k), found[(k[2], worker, int(k[4]), output_sub(k))]) for k in keys]
-    first, last = keys[0], keys[-1]
-    size = leaves[last[2]].options.batch_size
-    index = (configs[first[2]].index_offset(worker) + int(first[4])) // size
-    return _batch_once(configs[last[2]], last[2], worker, last[5], group, remote_args, index, output)
+    return [(int(k[4]), output_sub(k), found[(k[2], worker, int(k[4]), output_sub(k))]) for k in keys]
 
 
 def _reread_spec(leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], index: int) -> SegmentSpec:
