@@ -226,6 +226,34 @@ def test_packing_buffers_across_segments_restore(roots, num_workers):
     assert any(d.endswith("a") for d in docs) and not any(int(d.rstrip("ab")) % 3 == 0 for d in docs)
 
 
+def _old_packing_state_restores_as_saved(build, field: str, k: int) -> list:
+    """``build(old)``: a packed savable loader, the old way (``old=True``) or today's. A state of the
+    old way saved after ``k`` batches, without ``field`` (as states saved before it was added),
+    restores into a fresh loader of today's build as saved: the rest of the old run exactly, and
+    states saved from it say ``field`` is false. Returns today's batches (as member documents)."""
+
+    def docs(batch):
+        return tuple(tuple(d) for d in batch.documents)
+
+    new, old = build(False), build(True)
+    today, it = [docs(b) for b in new], iter(old)
+    reference = [docs(next(it)) for _ in range(k)]
+    state = old.save_state_rank().to_dict()
+    reference += [docs(b) for b in it]
+    assert today != reference
+    assert sorted(d for b in today for p in b for d in p) == sorted(d for b in reference for p in b for d in p)
+    assert state.pop(field) is False  # (and a state saved before the field was added has none)
+    fresh = build(False)
+    fresh.restore_state_rank(state)
+    it = iter(fresh)
+    assert [docs(next(it))] == reference[k : k + 1]
+    assert getattr(fresh.save_state_rank(), field) is False
+    assert [docs(b) for b in it] == reference[k + 1 :]
+    for loader in (new, old, fresh):
+        loader.close()
+    return today
+
+
 def test_packed_states_saved_before_buffers_ran_across_segments_restore_as_saved(roots):
     """A packed loader's state without ``packs_chained`` (saved when each segment packed its own
     outputs) restores into that packing: the rest of the saved run exactly; states saved from it say so."""
@@ -237,25 +265,7 @@ def test_packed_states_saved_before_buffers_ran_across_segments_restore_as_saved
         ds.pack_in_segments(segment_packs)
         return er.get_savable_loader(ds)
 
-    def docs(batch):
-        return tuple(tuple(d) for d in batch.documents)
-
-    new, old = build(False), build(True)
-    chained, it = [docs(b) for b in new], iter(old)
-    reference = [docs(next(it)) for _ in range(3)]
-    state = old.save_state_rank().to_dict()
-    reference += [docs(b) for b in it]
-    assert chained != reference
-    assert sorted(d for b in chained for p in b for d in p) == sorted(d for b in reference for p in b for d in p)
-    assert state.pop("packs_chained") is False  # (and a state saved before the field was added has none)
-    fresh = build(False)
-    fresh.restore_state_rank(state)
-    it = iter(fresh)
-    assert [docs(next(it))] == reference[3:4]
-    assert fresh.save_state_rank().packs_chained is False
-    assert [docs(b) for b in it] == reference[4:]
-    for loader in (new, old, fresh):
-        loader.close()
+    _old_packing_state_restores_as_saved(build, "packs_chained", 3)
 
 
 def test_blend_and_mix_restore_with_small_states(roots):
@@ -1221,22 +1231,5 @@ def test_packed_states_saved_before_packs_were_pooled_restore_as_saved(roots):
     def build(segment_batches):
         return er.get_savable_loader(dataset(segment_batches))
 
-    def docs(batch):
-        return tuple(tuple(d) for d in batch.documents)
-
-    new, old = build(False), build(True)
-    pooled, it = [docs(b) for b in new], iter(old)
-    reference = [docs(next(it)) for _ in range(4)]
-    state = old.save_state_rank().to_dict()
-    reference += [docs(b) for b in it]
-    assert pooled != reference and sorted(d for b in pooled for p in b for d in p) == sorted(d for b in reference for p in b for d in p)
-    assert state.pop("packs_pooled") is False  # (and a state saved before the field was added has none)
-    fresh = build(False)
-    fresh.restore_state_rank(state)
-    it = iter(fresh)
-    assert [docs(next(it))] == reference[4:5]
-    assert fresh.save_state_rank().packs_pooled is False
-    assert [docs(b) for b in it] == reference[5:]
-    for loader in (new, old, fresh):
-        loader.close()
+    pooled = _old_packing_state_restores_as_saved(build, "packs_pooled", 4)
     round_trip(dataset, [2, 5, 9], count=len(pooled) + 1)  # pooled packs restore exactly too
