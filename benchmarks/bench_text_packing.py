@@ -3,7 +3,7 @@
 A JSONL corpus with log-normal document lengths (mean ~300 words, sigma 1.0, like web text) is
 tokenized, packed first-fit-decreasing into 2048-token rows on Ray, and batched by 8.
 
-    python benchmarks/bench_text_packing.py [--docs 20000] [--runs 3] [--buffer 512]
+    python benchmarks/bench_text_packing.py [--docs 20000] [--runs 3] [--buffer 512] [--workers 2]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=20000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--buffer", type=int, default=512)
+    parser.add_argument("--workers", type=int, default=2, help="logical worker streams (WorkerConfig.num_workers)")
     parser.add_argument("--max-length", type=int, default=2048)
     parser.add_argument("--workdir", default="/tmp/energon_ray_bench/text")
     args = parser.parse_args()
@@ -44,7 +45,7 @@ def main() -> None:
     results = []
     for run in range(args.runs):
         encoder = TextPackingTaskEncoder(max_length=args.max_length)
-        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=args.workers)
         ds = er.get_val_dataset(path, batch_size=8, worker_config=wc, packing_buffer_size=args.buffer, task_encoder=encoder)
         start = time.perf_counter()
         tokens = rows = docs_seen = 0

@@ -437,7 +437,8 @@ def _chained_segment_task(
 ) -> Tuple[Optional[Any], Any]:
     """A segment of a chained stream (``chained.chained_segment``): its block (``None`` when
     ``carry_only``) and the carry for the next segment of its worker stream, which Ray hands that
-    segment's task (so the stream's segments run one after the other)."""
+    segment's task (so the stream's segments run one after the other, or, given a ``LaterCarry``,
+    encode side by side and pack one after the other)."""
     if is_closed(stream_id) or carry is None:
         return None, None
     import_task_modules()
@@ -445,8 +446,34 @@ def _chained_segment_task(
     from energon_ray.pipeline.chained import chained_segment
 
     _limit_torch_threads()
+    if isinstance(carry, LaterCarry):  # encoded first; Ray lends the CPU back while this waits
+        carry = carry.wait
     table, carry_out = chained_segment(unship(reader)(spec), unship(config), carry, carry_only, node())
     return parts(table), carry_out
+
+
+class LaterCarry:
+    """The previous segment's carry (an object ref) handed to a chained segment's task inside this
+    wrapper, so Ray starts the task at once instead of when that segment is done: the task reads
+    and encodes its samples meanwhile and waits for the carry only to pack them
+    (``chained.encodes_without_carry``)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: Any):
+        self.ref = ref
+
+    def __reduce__(self):
+        return LaterCarry, (self.ref,)
+
+    def wait(self) -> Any:
+        return ray.get(self.ref)
+
+
+def later(carry: Any) -> Any:
+    """``carry`` as a chained segment task's argument that does not wait for it (``LaterCarry``)
+    when it is an object ref; a carry at hand as it is."""
+    return LaterCarry(carry) if isinstance(carry, ray.ObjectRef) else carry
 
 
 @ray.remote(num_cpus=1, max_retries=3)
@@ -518,6 +545,17 @@ def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, 
     options = _options(ray_remote_args, TASK_OPTIONS)
     options.setdefault("scheduling_strategy", "SPREAD")
     return _segment_task.options(**options), _chained_segment_task.options(num_returns=2, **options), float(options.get("num_cpus", 1) or 0)
+
+
+def waits_holding_cpus_only(ray_remote_args: Optional[Dict[str, Any]]) -> bool:
+    """Whether a segment task blocked in ``ray.get`` holds nothing another task needs: Ray lends a
+    blocked task's CPUs back, not its GPUs, memory or custom resources, nor a place in a placement
+    group. Only then may a chained segment's task wait for its carry (``LaterCarry``): else a later
+    segment could hold what the one before it waits for."""
+    options = _options(ray_remote_args, TASK_OPTIONS)
+    if any(options.get(key) for key in ("num_gpus", "memory", "resources", "accelerator_type")):
+        return False
+    return isinstance(options.get("scheduling_strategy", "SPREAD"), str)
 
 
 @deaf_to_cancel

@@ -6,7 +6,8 @@ outputs (a generator ``encode_sample``); where its packing buffers start, on eve
 it whenever samples may be skipped. Such a dataset's segments are chained: each takes the previous
 segment's ``Carry`` (the stream's outputs so far and those of the batch, or packing buffer, still
 open) and hands on its own, so a stream's segments run one after another
-(``build._chained_segment_task``); the stages themselves (``stages``, ``batch_stages``) read
+(``build._chained_segment_task``; a packed stream's segments are read and encoded side by side and
+only pack one after another: ``encodes_without_carry``); the stages themselves (``stages``, ``batch_stages``) read
 ``SegmentData.carry`` to count outputs and open the first batch or buffer. No Ray imports.
 """
 
@@ -112,15 +113,26 @@ def sub_restore_key(output: Any, key: Any, sub: int) -> None:
     set_restore_key(output, key + (sub,))
 
 
+def encodes_without_carry(config: StageConfig) -> bool:
+    """Whether a chained segment encodes its samples without the previous segment's carry: where
+    packs are chained (a sample hook's batch index is the sample's position over the batch size,
+    not a count of outputs), only packing reads the carry, so a segment is read and encoded while
+    the one before it still runs and waits for the carry only to pack (``chained_segment``)."""
+    return bool(config.packing_buffer_size)
+
+
 def chained_segment(
-    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], carry: Optional[Carry],
-    carry_only: bool = False, node: Optional[str] = None,
+    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]],
+    carry: Union[Optional[Carry], Callable[[], Optional[Carry]]], carry_only: bool = False, node: Optional[str] = None,
 ) -> Tuple[Optional[pa.Table], Optional[Carry]]:
     """A segment of a chained stream (``StageConfig.chained``), read into ``data``: its output block
     and the ``Carry`` for the next segment. ``carry``: the previous segment's (its tail opens this
-    segment's first batch; ``None``: the stream failed or closed before, nothing is made).
-    ``carry_only``: only the carry is wanted (a restore rebuilding it from ``carry.outputs``; no
-    batches): the segment's outputs must cover the tail it hands on."""
+    segment's first batch; ``None``: the stream failed or closed before, nothing is made), or a
+    function that waits for it, called once the samples are encoded (only where
+    ``encodes_without_carry``). ``carry_only``: only the carry is wanted (a restore rebuilding it
+    from ``carry.outputs``; no batches): the segment's outputs must cover the tail it hands on."""
+    if callable(carry):
+        return _encode_then_chain(data, config, carry, carry_only, node)
     if carry is None:
         return None, None
     from energon_ray.pipeline.batch_stages import EncodeAndBatch
@@ -131,18 +143,7 @@ def chained_segment(
     data.carry = carry
     if carry_only:
         stage.encode.encode(data)
-        if data.fatal is not None:
-            return None, None
-        size = chain_unit(stage.encode.config)
-        total = carry.outputs + len(data.encoded)
-        need = total % size
-        pool = list(carry.tail or ()) + data.encoded  # the open batch (buffer) may reach back before this segment
-        if need > len(pool):
-            raise RuntimeError(
-                f"energon_ray: rebuilding worker {data.spec.worker}'s batch across segment {data.spec.index}: "
-                f"{need} samples needed, the segment gave {len(data.encoded)}"
-            )
-        return None, Carry(total, pool[len(pool) - need :])
+        return None, _carry_on(data, carry, stage.encode.configs[data.spec.source])
     data.encoded = list(carry.tail or ())
     eager = stage.batch.eager(data)
     if eager is not None:
@@ -150,6 +151,50 @@ def chained_segment(
     stage.encode.encode(data, eager)
     out = list(stage.batch.explode(data, eager))
     return output_table(out, data.spec.source), data.carry_out
+
+
+def _encode_then_chain(
+    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], wait: Callable[[], Optional[Carry]],
+    carry_only: bool, node: Optional[str],
+) -> Tuple[Optional[pa.Table], Optional[Carry]]:
+    """``chained_segment`` with its samples encoded before the carry is waited for: the same block
+    and carry (the encode stage reads no carry where ``encodes_without_carry``)."""
+    from energon_ray.pipeline.batch_stages import EncodeAndBatch
+    from energon_ray.pipeline.stages import output_table
+
+    stage = EncodeAndBatch(config)
+    cfg = stage.encode.configs[data.spec.source]
+    if not encodes_without_carry(cfg):
+        raise RuntimeError(f"energon_ray: worker {data.spec.worker}'s segment {data.spec.index} needs its carry before it encodes")
+    stage.batch.node = node
+    stage.encode.encode(data)
+    carry = wait()
+    if carry is None:  # the stream failed or closed before this segment
+        return None, None
+    data.carry = carry
+    if carry_only:
+        return None, _carry_on(data, carry, cfg)
+    data.encoded = list(carry.tail or ()) + data.encoded
+    out = list(stage.batch.explode(data))
+    return output_table(out, data.spec.source), data.carry_out
+
+
+def _carry_on(data: rows.SegmentData, carry: Carry, config: StageConfig) -> Optional[Carry]:
+    """The carry a segment hands on, rebuilt from its encoded samples (``carry_only``; ``None``
+    after a fatal error): its outputs so far and the open batch (buffer), which may reach back
+    before this segment."""
+    if data.fatal is not None:
+        return None
+    size = chain_unit(config)
+    total = carry.outputs + len(data.encoded)
+    need = total % size
+    pool = list(carry.tail or ()) + data.encoded
+    if need > len(pool):
+        raise RuntimeError(
+            f"energon_ray: rebuilding worker {data.spec.worker}'s batch across segment {data.spec.index}: "
+            f"{need} samples needed, the segment gave {len(data.encoded)}"
+        )
+    return Carry(total, pool[len(pool) - need :])
 
 
 def replay_chain(

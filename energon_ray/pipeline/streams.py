@@ -94,6 +94,14 @@ class BlockStream:
 _RESIZE_EVERY = 32
 
 
+def _encoding_early(chained, configs) -> set:
+    if not chained:
+        return set()
+    from energon_ray.pipeline.chained import encodes_without_carry
+
+    return {source for source in chained if encodes_without_carry(configs[source])}
+
+
 class TaskStream:
     """Segments as plain Ray tasks, one per segment, their blocks given in order.
 
@@ -153,6 +161,8 @@ class TaskStream:
             readers, configs = {0: readers}, {0: configs}
         #: chained leaves, and the carry (ref) each of their worker streams hands its next segment
         self._chained = {source for source, config in configs.items() if getattr(config, "chained", False)}
+        #: chained leaves whose segments encode before their carry comes (``chained.encodes_without_carry``)
+        self._early = _encoding_early(self._chained, configs) if build.waits_holding_cpus_only(ray_remote_args) else set()
         self._carries: Dict[Tuple[int, int], Any] = {}
         self._chain_start = chain_start
         self._segment_spec = segment_spec
@@ -249,7 +259,7 @@ class TaskStream:
             key = (spec.source, spec.worker)
             carry = self._carries[key] if key in self._carries else self._first_carry(spec)
             block, self._carries[key] = self._chained_task.remote(
-                spec, self._reader_refs[spec.source], self._config_ref, carry, self.stream_id, False
+                spec, self._reader_refs[spec.source], self._config_ref, self._carry_arg(spec, carry), self.stream_id, False
             )
             return block
         return self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id, mark)
@@ -271,9 +281,14 @@ class TaskStream:
         for index in range(first, spec.index):
             _, carry = self._chained_task.remote(
                 self._segment_spec(spec.source, spec.worker, index), self._reader_refs[spec.source], self._config_ref,
-                carry, self.stream_id, True,
+                self._carry_arg(spec, carry), self.stream_id, True,
             )  # fmt: skip
         return carry
+
+    def _carry_arg(self, spec: Any, carry: Any) -> Any:
+        """The carry as ``spec``'s chained task takes it: one it waits for only after encoding where
+        its leaf encodes without it (the segments of a worker stream then encode side by side)."""
+        return build.later(carry) if spec.source in self._early else carry
 
     def _fresh_or_unchained(self, spec: Any) -> bool:
         """Whether ``spec``'s block may be made here: any segment of an unchained leaf; of a chained

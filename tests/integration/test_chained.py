@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from collections import Counter
 
 import pytest
@@ -259,3 +260,40 @@ def test_failed_samples_keep_their_outputs_and_the_chain_runs_on(root, ray_sessi
     expected |= {f"a_{i:06d}/kept" for i in (7, 17, 27, 37)}
     assert sorted(names) == sorted(expected)
     assert all(t.split(" ")[1] == f"b{r}" for batch, r in whole for t in batch)  # each output knew its batch
+
+
+class Rendezvous(er.DefaultTaskEncoder):
+    """Packs of two. The worker stream's sample at position 3 waits up to 30 s for a later sample to
+    be encoded and says whether one was: only another segment can get there meanwhile (its own
+    segment waits on it), so a packed stream's segments must encode side by side, packing alone
+    waiting for the previous segment's open buffer."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+
+    def encode_sample(self, sample):
+        marker = os.path.join(self.folder, "later")
+        if self.current_sample_index > 3:
+            open(marker, "w").close()
+        if self.current_sample_index == 3:
+            deadline = time.monotonic() + 30
+            while not os.path.exists(marker) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return er.TextSample.derive_from(sample, text=f"met={os.path.exists(marker)}")
+        return sample
+
+    def select_samples_to_pack(self, samples):
+        return [samples[i : i + 2] for i in range(0, len(samples), 2)]
+
+    def pack_selected_samples(self, samples):
+        return er.TextSample(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text="|".join(s.text for s in samples))
+
+
+def test_packed_segments_encode_before_the_previous_one_ends(root, ray_session, tmp_path):
+    ds = er.get_val_dataset(root, split_part="train", batch_size=2, packing_buffer_size=4, task_encoder=Rendezvous(str(tmp_path)),
+                            worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=1), samples_per_segment=4)  # fmt: skip
+    started = time.monotonic()
+    texts = [text for batch in er.get_loader(ds) for text in batch.text]
+    assert len(texts) == 19 and "met=True" in texts[1].split("|")
+    assert time.monotonic() - started < 25

@@ -46,3 +46,21 @@ def test_a_tasks_needs_default_to_one_cpu():
         "CPU": 0.25, "GPU": 1.0, "memory": 100.0, "ssd": 2.0,
     }  # fmt: skip
     assert task_needs({"num_gpus": 1}, GROUP_TASK_OPTIONS) == {"CPU": 1.0}  # group tasks take no GPU
+
+
+@pytest.mark.parametrize(
+    "args, early",
+    [
+        (None, True),
+        ({"num_cpus": 2, "scheduling_strategy": "DEFAULT", "label_selector": {"zone": "a"}}, True),
+        ({"num_gpus": 1}, False),
+        ({"memory": 2**30}, False),
+        ({"resources": {"ssd": 1}}, False),
+        ({"accelerator_type": "H100"}, False),
+        ({"num_gpus": 0, "resources": {}}, True),
+    ],
+)
+def test_chained_tasks_wait_for_their_carry_only_where_waiting_holds_cpus_alone(args, early):
+    from energon_ray.pipeline.build import waits_holding_cpus_only
+
+    assert waits_holding_cpus_only(args) is early
