@@ -6,6 +6,7 @@ import io
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 from tests.unit.test_av_media import N_FRAMES, media_dir, read_indices  # noqa: F401  (media_dir is a fixture)
@@ -38,6 +39,36 @@ def test_malformed_video_ranges_raise_value_error(media_dir, ranges, unit, messa
     """Malformed, negative, reversed or non-finite video ranges raise ValueError naming key and range."""
     with pytest.raises(ValueError, match="shard_0/h264.mp4: .*" + message):
         decoder(media_dir, "h264.mp4").get_clips(video_clip_ranges=ranges, video_unit=unit)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "tensor", "generator"])
+def test_array_ranges_give_the_clips_of_the_same_list(media_dir, kind):
+    """An (n, 2) numpy array, a tensor or a generator of ranges gives the clips of the list (Energon iterates them)."""
+    as_kind = {
+        "numpy": lambda r: np.array(r),
+        "tensor": lambda r: torch.tensor(r),
+        "generator": lambda r: (pair for pair in r),
+    }[kind]
+    video, audio = decoder(media_dir, "h264.mp4"), decoder(media_dir, "ramp_stereo.wav")
+    for dec, name, unit, ranges in [
+        (video, "video", "seconds", [(0.1, 0.5), (1.0, 1.2)]),
+        (video, "video", "frames", [(3, 7), (20, 29)]),
+        (audio, "audio", "seconds", [(0.1, 0.5), (1.0, 1.2)]),
+        (audio, "audio", "samples", [(800, 4000), (8000, 9600)]),
+    ]:
+        expected = getattr(dec, f"get_{name}_clips")(ranges, unit)
+        got = getattr(dec, f"get_{name}_clips")(as_kind(ranges), unit)
+        assert got[1] == expected[1]
+        assert [tuple(c.shape) for c in got[0]] == [tuple(c.shape) for c in expected[0]]
+        assert all(torch.equal(a, b) for a, b in zip(got[0], expected[0]))
+
+
+def test_array_ranges_are_checked_and_named_as_lists(media_dir):
+    """A bad row of an array of ranges is reported as the plain list it holds."""
+    with pytest.raises(ValueError, match=r"shard_0/h264.mp4: video clip #1 \[0.5, 0.25\] \(seconds\): start is after end"):
+        decoder(media_dir, "h264.mp4").get_clips(video_clip_ranges=np.array([[0.0, 0.5], [0.5, 0.25]]))
+    with pytest.raises(ValueError, match=r"audio_clip_ranges must be a sequence of \(start, end\) pairs, got 5"):
+        decoder(media_dir, "ramp.wav").get_clips(audio_clip_ranges=5)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from fractions import Fraction
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 VIDEO_UNITS = ("seconds", "frames")
 AUDIO_UNITS = ("seconds", "samples")
@@ -28,6 +28,27 @@ def check_unit(unit: Any, allowed: Sequence[str], what: str, key: str) -> str:
     return unit
 
 
+def range_list(ranges: Any, *, what: str, key: str) -> List[Any]:
+    """The user's clip ranges as a list, read once: any iterable of pairs, as Energon iterates them
+    (a list of tuples, a numpy array or torch tensor of shape ``(n, 2)``, a generator).
+
+    Array rows become Python lists (``.tolist()``), so ``np.array([[0.5, 1.0]])`` is checked and
+    reported as ``[0.5, 1.0]``.
+
+    Raises:
+        ValueError: for a string, bytes, a mapping or an object that cannot be iterated.
+
+    Example:
+        >>> range_list(iter([(0, 1)]), what="video", key="s.mp4")
+        [(0, 1)]
+    """
+    if isinstance(ranges, (str, bytes, Mapping)) or not isinstance(ranges, Iterable):
+        raise ValueError(
+            f"{key}: {what}_clip_ranges must be a sequence of (start, end) pairs, got {ranges!r}"
+        )
+    return [r.tolist() if callable(getattr(r, "tolist", None)) else r for r in ranges]
+
+
 def check_ranges(ranges: Any, *, what: str, unit: str, key: str) -> List[Range]:
     """Validate ``[(start, end), ...]`` clip ranges and return them as float pairs.
 
@@ -35,7 +56,7 @@ def check_ranges(ranges: Any, *, what: str, unit: str, key: str) -> List[Range]:
     ``"samples"`` both ends must be whole numbers.
 
     Args:
-        ranges: the user's sequence of ``(start, end)`` pairs.
+        ranges: the user's ``(start, end)`` pairs, as :func:`range_list` returns them.
         what: ``"video"`` or ``"audio"``, for messages.
         unit: the already checked unit.
         key: the sample key, for messages.
@@ -46,10 +67,7 @@ def check_ranges(ranges: Any, *, what: str, unit: str, key: str) -> List[Range]:
     Raises:
         ValueError: for a malformed, negative, non-finite, reversed or (in counted units) fractional range.
     """
-    if isinstance(ranges, (str, bytes)) or not isinstance(ranges, Sequence):
-        raise ValueError(
-            f"{key}: {what}_clip_ranges must be a sequence of (start, end) pairs, got {ranges!r}"
-        )
+    ranges = range_list(ranges, what=what, key=key)
     return [_check_range(r, i, what=what, unit=unit, key=key) for i, r in enumerate(ranges)]
 
 

@@ -21,6 +21,7 @@ from energon_ray.decode.av._ranges import (
     check_frame_size,
     check_ranges,
     check_unit,
+    range_list,
     to_ticks,
 )
 from energon_ray.decode.av._video_index import VideoIndex
@@ -122,8 +123,9 @@ class AVDecoder:
         """Decode the requested video and audio clips.
 
         Args:
-            video_clip_ranges: ``(start, end)`` video ranges in ``video_unit``, or ``None`` for no video.
-            audio_clip_ranges: ``(start, end)`` audio ranges in ``audio_unit``, or ``None`` for no audio.
+            video_clip_ranges: ``(start, end)`` video ranges in ``video_unit`` (pairs, or an ``(n, 2)``
+                numpy array or tensor), or ``None`` for no video.
+            audio_clip_ranges: ``(start, end)`` audio ranges in ``audio_unit`` (likewise), or ``None`` for no audio.
             video_unit: ``"seconds"`` or ``"frames"``.
             audio_unit: ``"seconds"`` or ``"samples"``.
             video_out_frame_size: ``(width, height)`` to scale frames to while decoding (Energon's order).
@@ -160,12 +162,13 @@ class AVDecoder:
             ``(clips, timestamps)``: uint8 tensors ``(frames, 3, height, width)`` and ``(start, end)`` seconds.
         """
         check_unit(video_unit, VIDEO_UNITS, "video", self.key)
+        video_clip_ranges = range_list(video_clip_ranges, what="video", key=self.key)
         ranges = check_ranges(video_clip_ranges, what="video", unit=video_unit, key=self.key)
         size = check_frame_size(video_out_frame_size, self.key)
         if not ranges:
             return [], []
         with self._open() as container:
-            stream = self._require_video(container, f"video clips {list(video_clip_ranges)!r}")
+            stream = self._require_video(container, f"video clips {video_clip_ranges!r}")
             index = self._video_index(container, stream)
         spans = [
             self._video_span(index, rng, i, video_unit, shown)
@@ -192,11 +195,12 @@ class AVDecoder:
             class) and ``(start, end)`` seconds.
         """
         check_unit(audio_unit, AUDIO_UNITS, "audio", self.key)
+        audio_clip_ranges = range_list(audio_clip_ranges, what="audio", key=self.key)
         ranges = check_ranges(audio_clip_ranges, what="audio", unit=audio_unit, key=self.key)
         if not ranges:
             return [], []
         with self._open() as container:
-            stream = self._require_audio(container, f"audio clips {list(audio_clip_ranges)!r}")
+            stream = self._require_audio(container, f"audio clips {audio_clip_ranges!r}")
             rate = stream.sample_rate
             preroll = preroll_samples(stream.codec_context.name, rate)
         spans = [self._audio_span(rate, r, i, audio_unit) for i, r in enumerate(ranges)]
