@@ -50,6 +50,15 @@ def test_clips_in_seconds_are_sample_exact(media_dir, name, channels):
         assert stamps == (first / AUDIO_RATE, stop / AUDIO_RATE)
 
 
+@pytest.mark.parametrize("start", [1 / 128, 5 / 128, 1 + 5 / 128])
+def test_a_start_half_way_between_samples_rounds_up(media_dir, start):
+    """A start exactly half way between two samples begins at the later one, as Energon's does (not half to even)."""
+    first = math.floor(start * AUDIO_RATE) + 1  # start * 8000 ends in .5: 62.5, 312.5, 8312.5
+    data = decoder(media_dir, "ramp.wav").get_clips(audio_clip_ranges=[(start, start + 0.25)])
+    assert torch.equal(data.audio_clips[0], ramp_int16(first, first + 2000))
+    assert data.audio_timestamps == [(first / AUDIO_RATE, (first + 2000) / AUDIO_RATE)]
+
+
 @pytest.mark.parametrize("name", ["ramp.wav", "ramp.flac"])
 def test_clips_in_samples_are_half_open(media_dir, name):
     """A (a, b) samples range holds samples a..b-1; +inf runs to the end."""

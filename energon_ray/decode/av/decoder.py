@@ -6,7 +6,7 @@ import io
 import math
 from contextlib import contextmanager
 from fractions import Fraction
-from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union
 
 import av.container
 import torch
@@ -246,8 +246,8 @@ class AVDecoder:
         else:
             # The length comes from the duration, not from rounding the end on its own: every range
             # of the same duration then holds the same number of samples (Energon's count).
-            first = round(to_ticks(start, Fraction(rate)))
-            length = None if end == math.inf else math.floor(to_ticks(end - start, Fraction(rate)) + Fraction(1, 2))
+            first = _round_half_up(to_ticks(start, Fraction(rate)))
+            length = None if end == math.inf else _round_half_up(to_ticks(end - start, Fraction(rate)))
             stop = None if length is None else first + length
         if stop is not None and stop <= first:
             raise ValueError(
@@ -413,6 +413,11 @@ class AVDecoder:
         if not stream.sample_rate or stream.time_base is None:
             raise SampleException(f"{self.key}: {request} requested, but the audio stream has no sample rate")
         return stream
+
+
+def _round_half_up(ticks: Union[int, Fraction]) -> int:
+    """The nearest whole sample, halves up as Energon's ``int(x + 0.5)`` (``round`` takes halves to even)."""
+    return math.floor(ticks + Fraction(1, 2))
 
 
 def _read_bytes(source: Any, key: str) -> bytes:
