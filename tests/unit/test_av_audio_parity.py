@@ -78,3 +78,24 @@ def test_audio_to_float_scales_each_sample_type():
     assert audio_to_float(floats).dtype == torch.float32 and audio_to_float(floats).tolist() == [[0.25, -0.5]]
     with pytest.raises(TypeError, match="torch.bool"):
         audio_to_float(torch.zeros(1, 2, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", [f[0] for f in FILES])
+@pytest.mark.parametrize("ranges, unit", [([(1.0, 1.0), (0.5, 0.5 + 1e-7), (2.0, 2.5)], "seconds"), ([(800, 800), (0, 16)], "samples")])
+def test_empty_audio_ranges_give_empty_clips_as_energons(media, name, ranges, unit):
+    """An empty range (or one shorter than half a sample) is an empty clip of the stream's channels
+    and type starting where the range starts, beside the other clips, as Energon's from WAV (from
+    FLAC Energon's holds the codec frame there)."""
+    ours_clips, ours_stamps = AVDecoder(media[name], key=name).get_audio_clips(ranges, audio_unit=unit)
+    theirs = EnergonDecoder(io.BytesIO(media[name])).get_clips(audio_clip_ranges=ranges, audio_unit=unit)
+    channels = dict((f[0], f[2]) for f in FILES)[name]
+    assert [tuple(c.shape) for c in ours_clips][:-1] == [(channels, 0)] * (len(ranges) - 1)
+    if name.endswith(".flac"):
+        assert all(c.shape[1] > 0 for c in theirs.audio_clips[:-1])  # Energon's: the samples of the codec frame there
+        ours_clips, ours_stamps, theirs.audio_clips = ours_clips[-1:], ours_stamps[-1:], theirs.audio_clips[-1:]
+        theirs.audio_timestamps = theirs.audio_timestamps[-1:]
+    assert [c.shape for c in ours_clips] == [c.shape for c in theirs.audio_clips]
+    assert all(c.dtype == torch.int16 for c in ours_clips)
+    assert all(torch.equal(a, b) for a, b in zip(ours_clips, theirs.audio_clips))
+    assert [s[0] for s in ours_stamps] == pytest.approx([float(s[0]) for s in theirs.audio_timestamps], abs=1e-4)
+    assert all(s[0] == s[1] for s in ours_stamps[:-1])

@@ -208,7 +208,9 @@ class AVDecoder:
         clips, stamps = [], []
         try:
             for start, end in spans:
-                samples, first = reader.read(start, end)
+                empty = end == start  # an empty range: no samples, in the stream's channels and type (Energon's)
+                samples, first = reader.read(start, start + 1 if empty else end)
+                samples = samples[:, :0] if empty else samples
                 clips.append(torch.from_numpy(samples))
                 stamps.append((first / rate, (first + samples.shape[1]) / rate))
         finally:
@@ -239,7 +241,8 @@ class AVDecoder:
         return index.frame_at(start_ticks), index.frame_at(end_ticks)
 
     def _audio_span(self, rate: int, rng: Range, i: int, unit: str) -> Tuple[int, Optional[int]]:
-        """Turn a checked range into sample numbers ``[start, end)`` (``end=None``: to the end)."""
+        """Turn a checked range into sample numbers ``[start, end)`` (``end=None``: to the end; an
+        empty range, ``end == start``, is an empty clip as in Energon)."""
         start, end = rng
         if unit == "samples":
             first, stop = int(start), (None if end == math.inf else int(end))
@@ -249,10 +252,6 @@ class AVDecoder:
             first = _round_half_up(to_ticks(start, Fraction(rate)))
             length = None if end == math.inf else _round_half_up(to_ticks(end - start, Fraction(rate)))
             stop = None if length is None else first + length
-        if stop is not None and stop <= first:
-            raise ValueError(
-                f"{self.key}: audio clip #{i} {rng!r} ({unit}) holds no sample (audio ranges exclude their end)"
-            )
         return first, stop
 
     # ------------------------------------------------------------ whole file
