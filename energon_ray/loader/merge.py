@@ -16,9 +16,10 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from energon_ray.errors import FatalSampleError, ShardReadError
 from energon_ray.loader.pinning import handed_out
-from energon_ray.loader.state import QueueCheckpoint, SampleRef, StreamState, expand_ranges, to_ranges
 from energon_ray.loader.chain_points import ChainPoints
 from energon_ray.loader.ledger import ReportLedger
+from energon_ray.loader.queue_log import QueueLog
+from energon_ray.loader.state import QueueCheckpoint, SampleRef, StreamState
 from energon_ray.loader.stats import Event, Failed, HandlerCall, LoaderStats, report_counts
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.policy import FailureChain
@@ -53,9 +54,9 @@ class WorkerQueues:
 
     Every event that can queue items (a segment's rows, the previous dataset's remainder, the end of
     the stream) first records a ``QueueCheckpoint`` of the worker's pools in positions, and its items
-    are tagged with it. A save takes the checkpoint of the oldest item not yet consumed and how
-    many of that event's items were; a restore re-reads the pooled samples, replays the event and
-    drops those items (see ``state()``/``restore()``).
+    are tagged with it (``log``: ``queue_log.QueueLog``). A save takes the checkpoint of the oldest
+    item not yet consumed and how many of that event's items were; a restore re-reads the pooled
+    samples, replays the event and drops those items (see ``state()``/``restore()``).
 
     Args:
         num_workers: logical worker streams.
@@ -124,21 +125,11 @@ class WorkerQueues:
         #: per worker: the upstream's remainder has not arrived yet (hold rows' samples, cut nothing)
         self.waiting = [False] * num_workers
         self.held: List[List[Tuple[Any, int, Any]]] = [[] for _ in range(num_workers)]
-        # -- save/restore bookkeeping (positions only) --
-        #: per worker: the checkpoint tag of each queued entry
-        self.tags: List[Deque[int]] = [deque() for _ in range(num_workers)]
-        #: per worker: the stream positions of each queued entry's samples
-        self.spans: List[Deque[List[int]]] = [deque() for _ in range(num_workers)]
-        #: per worker: tag → [checkpoint, items consumed from that event, their samples' positions]
-        self.records: List[Dict[int, list]] = [{} for _ in range(num_workers)]
-        self.current = [-1] * num_workers
+        #: per worker: the segment being fed (``None`` between segments) and the next one
         self.feeding: List[Optional[int]] = [None] * num_workers
         self.next_segment = [0] * num_workers
-        #: per worker: items to drop at the next pops (a restore's consumed items)
-        self.skip = [0] * num_workers
-        #: per worker: the restored ``StreamState`` until the first event after the restore
-        self.restored: List[Optional[StreamState]] = [None] * num_workers
-        self._tag = 0
+        #: save/restore bookkeeping of the queues (positions only)
+        self.log = QueueLog(num_workers)
 
     # -- events ---------------------------------------------------------------------------------
     def chain_to(self, downstream: "WorkerQueues") -> None:
@@ -202,8 +193,7 @@ class WorkerQueues:
                 self._put(worker, list(events))
         if kind == rows.ITEM:
             self.queues[worker].append(payload)
-            self.tags[worker].append(self.current[worker])
-            self.spans[worker].append(positions or [])
+            self.log.queued(worker, [positions or []])
         elif kind == rows.LEFTOVER:
             entries = [(key, size, (*item, self.leaf)) for key, size, items in payload for item in items]
             if self.chains is not None:
@@ -276,8 +266,7 @@ class WorkerQueues:
 
     def _put(self, worker: int, items: List[Any]) -> None:
         self.queues[worker].extend(items)
-        self.tags[worker].extend([self.current[worker]] * len(items))
-        self.spans[worker].extend([[] for _ in items])
+        self.log.queued(worker, [[] for _ in items])
 
     # -- consumption ----------------------------------------------------------------------------
     def pop(self, worker: int) -> Any:
@@ -286,33 +275,25 @@ class WorkerQueues:
         if self.hand_out:
             pool = self.pools[worker].get(None)
             return pool[1].pop(0) if pool and pool[1] else NOTHING
-        queue, tags, spans = self.queues[worker], self.tags[worker], self.spans[worker]
+        queue, log = self.queues[worker], self.log
         while queue:
             if type(queue[0]) is Failed:  # left queued: the stream raises again if asked again
                 error = queue[0].error
                 raise type(error)(str(error))
-            item, tag, span = queue.popleft(), tags.popleft(), spans.popleft()
+            item, (tag, span) = queue.popleft(), log.take(worker)
             if type(item) is HandlerCall:
-                if not self.skip[worker]:  # (else: called before the state this queue was restored from)
+                if not log.skip[worker]:  # (else: called before the state this queue was restored from)
                     self.stats.run_event(item)  # a handler that raises stops the stream here
                 continue
             if type(item) is Pending:
                 made = self._resolve(worker, item, tag)
                 queue.extendleft(reversed(made))
-                tags.extendleft([tag] * len(made))
-                spans.extendleft(reversed(item.positions or [[] for _ in made]))
+                log.put_back(worker, tag, item.positions or [[] for _ in made])
                 continue
-            if self.skip[worker]:  # consumed before the state this queue was restored from
-                self.skip[worker] -= 1
+            if log.skip[worker]:  # consumed before the state this queue was restored from
+                log.skip[worker] -= 1
                 continue
-            records = self.records[worker]
-            records[tag][1] += 1
-            records[tag][2].extend(span)
-            while True:  # events before this one have nothing left in the queue
-                oldest = next(iter(records))
-                if oldest >= tag:
-                    break
-                del records[oldest]
+            log.consumed(worker, tag, span)
             return handed_out(item)
         return NOTHING
 
@@ -325,24 +306,14 @@ class WorkerQueues:
         batches = sum(1 for m in made if type(m) not in (HandlerCall, Failed))
         self.stats.seam_batches += batches
         counts = [report_counts(report) for report in pending.reports]
-        record = self.records[worker].get(tag)
-        segment = record[0].segment if record is not None else self.next_segment[worker]
+        checkpoint = self.log.checkpoint_of(worker, tag)
+        segment = checkpoint.segment if checkpoint is not None else self.next_segment[worker]
         self.ledger.note_seams(worker, segment, counts, runs_before, batches)
         return made
 
     # -- save/restore ---------------------------------------------------------------------------
     def _event(self, worker: int, event: str, carried: Optional[list] = None) -> None:
-        tag, self._tag = self._tag, self._tag + 1
-        checkpoint = self._checkpoint(worker, event, carried or [])
-        records = self.records[worker]
-        if not self.queues[worker]:
-            records.clear()
-        consumed, positions = 0, []
-        restored, self.restored[worker] = self.restored[worker], None
-        if restored is not None:
-            consumed, positions = restored.consumed, expand_ranges(restored.positions)
-        records[tag] = [checkpoint, consumed, positions]
-        self.current[worker] = tag
+        self.log.event(worker, self._checkpoint(worker, event, carried or []), not self.queues[worker])
 
     def chain_point(self, worker: int) -> Optional[Tuple[int, ...]]:
         """Where a chained stream restored now rebuilds its carry (``ChainPoints.point``); ``None``:
@@ -369,29 +340,14 @@ class WorkerQueues:
     def _checkpoint_segment(self, worker: int) -> int:
         """``state(worker).checkpoint.segment`` without building the checkpoint: where a restore now
         would make ``worker``'s stream again from."""
-        if self.hand_out:
-            return self.next_segment[worker]
-        if self.restored[worker] is not None:
-            return self.restored[worker].checkpoint.segment
-        if self.tags[worker]:
-            return self.records[worker][self.tags[worker][0]][0].segment
-        if self.feeding[worker] is not None:
-            return self.records[worker][self.current[worker]][0].segment
-        return self.next_segment[worker]
+        segment = None if self.hand_out else self.log.saved_segment(worker, self.feeding[worker] is not None)
+        return self.next_segment[worker] if segment is None else segment
 
     def state(self, worker: int) -> StreamState:
         """Where ``worker``'s stream stands: the checkpoint of its oldest unconsumed item (or of now)."""
-        if self.hand_out:  # the pool now and the segment to feed next (a half-fed one is fed again)
-            return StreamState(self._checkpoint(worker, "feed", []), 0)
-        if self.restored[worker] is not None:
-            return self.restored[worker]
-        if self.tags[worker]:
-            checkpoint, consumed, positions = self.records[worker][self.tags[worker][0]]
-            return StreamState(checkpoint, consumed, to_ranges(positions))
-        if self.feeding[worker] is not None:  # a segment is half fed: replay it
-            checkpoint, consumed, positions = self.records[worker][self.current[worker]]
-            return StreamState(checkpoint, consumed, to_ranges(positions))
-        return StreamState(self._checkpoint(worker, "feed", []), 0)
+        # with hand_out: the pool now and the segment to feed next (a half-fed one is fed again)
+        saved = None if self.hand_out else self.log.saved(worker, self.feeding[worker] is not None)
+        return StreamState(self._checkpoint(worker, "feed", []), 0) if saved is None else saved
 
     def restore(self, worker: int, state: StreamState, payloads: Dict[Tuple[int, int, int, int], Any]) -> None:
         """Put ``worker``'s stream where ``state`` says: pools from ``payloads`` (re-read samples by
@@ -404,9 +360,7 @@ class WorkerQueues:
             return position, sub, payloads[(worker, leaf, position, sub)], leaf
 
         self.queues[worker].clear()
-        self.tags[worker].clear()
-        self.spans[worker].clear()
-        self.records[worker].clear()
+        self.log.restore(worker, state)
         self.pools[worker] = {key: (size, [item(r) for r in refs]) for key, size, refs in cp.pools}
         self.held[worker] = [(key, size, item(ref)) for key, size, ref in cp.held]
         self.waiting[worker] = cp.waiting
@@ -414,8 +368,6 @@ class WorkerQueues:
         self.next_segment[worker] = cp.segment
         self.feeding[worker] = None
         self.staged[worker] = []
-        self.skip[worker] = state.consumed
-        self.restored[worker] = state
         if self.chains is not None:
             self.chains.restored(worker, cp.chain, [(p, s) for _, _, refs in cp.pools for _, p, s in refs])
         self.groups_made[worker] = cp.groups_made

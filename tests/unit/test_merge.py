@@ -232,7 +232,7 @@ def test_chain_points_reach_back_to_where_the_open_batch_began():
     q.feed((rows.ITEM, 0, 0, 0, "B0"), False)
     q.feed(_chained_report(0, 0, 6, 4), False)  # 6 outputs: one batch, 2 open (positions from 4)
     q.feed((rows.ITEM, 0, 1, 0, "B1"), False)
-    assert q.records[0][q.tags[0][-1]][0].chain == [0, 0, 4]
+    assert q.log.records[0][q.log.tags[0][-1]][0].chain == [0, 0, 4]
     q.feed(_chained_report(1, 6, 1, 4), False)  # 1 output: 3 open, from segment 0 on (its tail: 2 + 1)
     assert q.chain_point(0) == (0, 0, 4)
     q.feed(_chained_report(2, 7, 5, 20), False)  # 12 outputs in all: no batch open
