@@ -12,6 +12,7 @@ import yaml
 
 from energon_ray.cli.prepare import DatasetLocation, user_errors
 from energon_ray.errors import DatasetConfigError, UntrustedCodeError, parse_problem
+from energon_ray.format import energon_yaml
 from energon_ray.format.dataset_code import named_sample_type
 from energon_ray.format.info import INFO_JSON, INFO_YAML, meta_dir, read_info
 from energon_ray.format.split import read_split_file
@@ -48,7 +49,7 @@ def _sample_type(path: Path | RemotePath, dataset_config: str) -> str:
     if not file.is_file():
         return f"none (no .nv-meta/{dataset_config})"
     try:
-        data = yaml.safe_load(file.read_text()) or {}
+        data = energon_yaml.load(file.read_text()) or {}  # the values the loader reads, not YAML 1.1's
     except yaml.YAMLError as exc:
         raise click.ClickException(f"{file}: cannot parse: {parse_problem(exc)}") from None
     if not isinstance(data, dict):

@@ -587,3 +587,16 @@ def test_info_on_a_meta_file_that_is_not_yaml_fails_with_one_line_naming_file_an
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     assert res.output.startswith(f"Error: {file}: cannot parse: line ") and res.output.count("\n") == 1, res.output
     assert "<unicode string>" not in res.output
+
+
+def test_info_shows_dataset_yaml_values_as_the_loader_reads_them_with_energons_scalar_rules(tmp_path):
+    """PyYAML read the part name `on` as True (YAML 1.1), where the loader (and Energon) read the text 'on'."""
+    make_dataset(tmp_path)
+    prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
+    (tmp_path / ".nv-meta" / "dataset.yaml").write_text(
+        "sample_type: {__module__: megatron.energon, __class__: CaptioningSample}\nfield_map: {image: jpg, caption: on}\n"
+    )
+    assert read_dataset_spec(tmp_path).field_map == {"image": [["jpg"]], "caption": [["on"]]}
+    res = run_cli("info", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "Sample type: megatron.energon.CaptioningSample (field_map: image=jpg, caption=on)\n" in res.output
