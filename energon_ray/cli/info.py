@@ -36,7 +36,7 @@ def format_size(size: float) -> str:
 
 
 def _energon_version(path: Path | RemotePath) -> str:
-    for name, loader in ((INFO_JSON, json.loads), (INFO_YAML, yaml.safe_load)):
+    for name, loader in ((INFO_JSON, json.loads), (INFO_YAML, energon_yaml.load)):
         file = meta_dir(path) / name
         if file.is_file():
             return str((loader(file.read_text()) or {}).get("energon_version") or "unknown")

@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 import yaml
 
 from energon_ray.errors import DatasetConfigError, parse_problem
+from energon_ray.format import energon_yaml
 from energon_ray.storage import RemotePath, as_path
 
 META_DIR = ".nv-meta"
@@ -97,7 +98,7 @@ def read_info(path: Path | str) -> Dict[str, int]:
         raise DatasetConfigError(
             f"{root}: not a prepared dataset (missing {META_DIR}/); run `energon-ray prepare {root}`"
         )
-    for name, loader in ((INFO_JSON, json.loads), (INFO_YAML, yaml.safe_load)):
+    for name, loader in ((INFO_JSON, json.loads), (INFO_YAML, energon_yaml.load)):
         file = meta / name
         if file.is_file():
             try:

@@ -14,9 +14,8 @@ import re
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-import yaml
-
 from energon_ray.errors import DatasetConfigError
+from energon_ray.format import energon_yaml
 from energon_ray.format.dataset_yaml import _check_field_map, write_dataset_yaml
 from energon_ray.format.info import (
     INFO_JSON, INFO_YAML, check_write_target, meta_dir, read_info, write_file, write_info,
@@ -252,7 +251,7 @@ def _reindex(
         changed = [n for n in counts if counts[n] != old[n]]
         warnings.append(f"sample counts changed for {changed}; updated .nv-meta/{INFO_JSON}")
     elif not (meta_dir(root) / INFO_JSON).is_file():  # only a legacy .info.yaml: add its .info.json, as Energon does
-        legacy = yaml.safe_load((meta_dir(root) / INFO_YAML).read_text())
+        legacy = energon_yaml.load((meta_dir(root) / INFO_YAML).read_text())
         write_file(root, meta_dir(root) / INFO_JSON, json.dumps(legacy, indent=2).encode())
     return PrepareResult(root, shard_counts=counts, split_parts={}, part_types=part_types, warnings=tuple(warnings))
 

@@ -344,6 +344,14 @@ def test_a_shard_count_that_is_not_a_count_is_a_config_error_naming_file_and_sha
         read_info(tmp_path)
 
 
+def test_a_legacy_info_yaml_is_read_with_energons_scalar_rules_as_energon_reads_it(tmp_path):
+    """PyYAML read the count `010` as 8 (YAML 1.1 octal), where Energon reads 10."""
+    meta = tmp_path / ".nv-meta"
+    meta.mkdir()
+    (meta / ".info.yaml").write_text("energon_version: on\nshard_counts:\n  shards/a.tar: 010\n  1: 2\n")
+    assert read_info(tmp_path) == {"shards/a.tar": 10, "1": 2}
+
+
 @pytest.mark.parametrize("file_name", [".info.json", ".info.yaml"])
 def test_an_info_file_that_is_not_a_mapping_is_a_config_error_naming_it(tmp_path, file_name):
     meta = tmp_path / ".nv-meta"
