@@ -300,6 +300,25 @@ def check_loader(cfg: DictConfig) -> None:
                 raise ConfigError(str(exc)) from None
 
 
+def check_loader_fits(cfg: DictConfig) -> None:
+    """Refuse ``loader.ray_remote_args`` that no node of this Ray could run a segment task with, naming
+    the option as the command line writes it (``get_loader`` names only its keyword, and inside a
+    ray.train worker its refusal came wrapped in Ray Train's error). Starts or joins Ray only when
+    the option is given.
+
+    Raises:
+        UnschedulableError: on a private local Ray, naming ``loader.ray_remote_args`` and the nodes.
+    """
+    args = OmegaConf.to_container(cfg.loader, resolve=True).get("ray_remote_args") if cfg.get("loader") is not None else None
+    if not args:
+        return
+    from energon_ray.pipeline.remote_args import task_needs
+    from energon_ray.ray_env import check_resources, ensure_ray
+
+    ensure_ray()
+    check_resources(task_needs(args), "loader.ray_remote_args: a segment task")
+
+
 def ray_options(cfg: DictConfig) -> Dict[str, Any]:
     """``cfg.trainer.ray`` checked: ``num_workers`` and ``max_failures`` whole numbers (``max_failures``
     -1: without end, as Ray's), ``cpus_per_worker`` a number >= 0, ``use_gpu`` a bool.

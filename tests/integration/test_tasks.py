@@ -161,11 +161,16 @@ def test_a_lightning_module_of_your_own_trains_on_batches_that_hold_their_source
                                         "for CPU 0.25, 9 at once, and its nodes hold 8 (nodes: CPU 2)"),
         (["trainer.ray.num_workers=1", "trainer.ray.cpus_per_worker=3"], "a ray.train worker (trainer.ray.num_workers=1, "
                                         "trainer.ray.cpus_per_worker=3) asks for CPU 3, which no node of this Ray has (nodes: CPU 2)"),
+        (["+loader.ray_remote_args.num_cpus=100"], "loader.ray_remote_args: a segment task asks for CPU 100, which no node "
+                                                   "of this Ray has (nodes: CPU 2)"),
+        (["trainer.ray.num_workers=1", "+loader.ray_remote_args.num_cpus=100"], "loader.ray_remote_args: a segment task asks "
+                                                   "for CPU 100, which no node of this Ray has (nodes: CPU 2)"),
     ],
 )  # fmt: skip
 def test_command_line_names_the_ray_train_options_no_node_could_hold(tmp_path, monkeypatch, overrides, message):
     """More ray.train workers than the session's 2-CPU private Ray holds: "error: …" naming the trainer.ray
-    options and exit 1 (before: a Hydra traceback of a ValueError that named no option)."""
+    options and exit 1 (before: a Hydra traceback of a ValueError that named no option); segment tasks asking
+    for more than a node holds name loader.ray_remote_args as written (before: get_loader's keyword only)."""
     import sys
 
     from energon_ray.train.__main__ import main
