@@ -216,8 +216,9 @@ def _check_combinations(
 _JSONL_OPTIONS = ("path", "progress", "non_interactive", "force_overwrite")
 
 
-def _check_jsonl_options(path: Path) -> None:
-    """Options for tar datasets given with a .jsonl file are a usage error (exit code 2) naming them."""
+def _check_file_options(path: Path, what: str) -> None:
+    """Options for tar datasets given with a file (a .jsonl, a metadataset) are a usage error (exit
+    code 2) naming them; ``what`` says what is done with the file instead."""
     ctx = click.get_current_context()
     given = [
         param.opts[0] for param in ctx.command.params
@@ -225,9 +226,19 @@ def _check_jsonl_options(path: Path) -> None:
         in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
     ]  # fmt: skip
     if given:
-        raise click.UsageError(
-            f"{path}: a .jsonl file is only indexed (no splits, dataset.yaml or media metadata); drop {', '.join(given)}"
-        )
+        raise click.UsageError(f"{path}: {what}; drop {', '.join(given)}")
+
+
+def _check_metadataset(path: Path) -> None:
+    """A metadataset YAML, as Energon's ``prepare`` takes one (it writes the join index of each
+    ``join``): every split and dataset path is loaded and checked; energon_ray joins by key without
+    an index, so nothing is written."""
+    from energon_ray.blend.metadataset_api import prepare_metadataset
+
+    _check_file_options(path, "a metadataset .yaml is only checked (energon_ray writes no join index)")
+    with user_errors():
+        prepare_metadataset(path)
+    click.echo(f"Checked metadataset {path}: every split loads; nothing to write (energon_ray joins by key, without a join index)")
 
 
 def _report(result: PrepareResult) -> None:
@@ -275,18 +286,21 @@ def prepare_command(
     media_metadata_by_header: bool, media_metadata_by_extension: bool,
 ) -> None:  # fmt: skip
     """Index the tar shards under PATH and write PATH/.nv-meta (Energon's format); for a .jsonl
-    file, write its .jsonl.idx. PATH may be an s3:// or msc:// URL: the files are written there.
+    file, write its .jsonl.idx; a metadataset .yaml is checked (energon_ray needs no join index). PATH may be an s3:// or msc:// URL: the files are written there.
 
     \b
     energon-ray prepare ./ds --non-interactive --split-ratio 8,1,1 \\
         --sample-type CaptioningSample --field-map '{"image": "jpg", "caption": "txt"}'
     """
+    if path.is_file() and path.suffix == ".yaml":  # Energon's rule for a metadataset
+        _check_metadataset(path)
+        return
     if path.is_file():
         if path.suffix != ".jsonl":
-            raise click.UsageError(f"{path}: PATH must be a dataset folder or a .jsonl file")
+            raise click.UsageError(f"{path}: PATH must be a dataset folder, a .jsonl file or a metadataset .yaml file")
         from energon_ray.format.jsonl import prepare_jsonl
 
-        _check_jsonl_options(path)
+        _check_file_options(path, "a .jsonl file is only indexed (no splits, dataset.yaml or media metadata)")
         with user_errors():
             count = prepare_jsonl(path, progress=progress)
         click.echo(f"Indexed {count} samples into {path}.idx")

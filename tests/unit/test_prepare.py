@@ -600,3 +600,23 @@ def test_info_shows_dataset_yaml_values_as_the_loader_reads_them_with_energons_s
     res = run_cli("info", tmp_path)
     assert res.exit_code == 0, res.output
     assert "Sample type: megatron.energon.CaptioningSample (field_map: image=jpg, caption=on)\n" in res.output
+
+
+def test_prepare_on_a_metadataset_yaml_checks_it_as_energon_prepare_does_and_writes_nothing(tmp_path):
+    """`energon prepare mix.yaml` prepares a metadataset; ours was a usage error ("must be a dataset folder or a .jsonl file")."""
+    make_dataset(tmp_path / "ds")
+    prepare_dataset(tmp_path / "ds", split_ratio=[1, 0, 0], **CAPTIONING)
+    mix, bad = tmp_path / "mix.yaml", tmp_path / "bad.yaml"
+    head = "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n      - weight: 1\n        path: "
+    mix.write_text(head + "ds\n")
+    bad.write_text(head + "nothere\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    res = run_cli("prepare", mix)
+    assert res.exit_code == 0, res.output
+    assert res.output == f"Checked metadataset {mix}: every split loads; nothing to write (energon_ray joins by key, without a join index)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    res = run_cli("prepare", bad)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert res.output == f"Error: {bad}: splits.train.blend[0]: path 'nothere' does not exist ({tmp_path / 'nothere'})\n"
+    res = run_cli("prepare", mix, "--split-ratio", "8,1,1")
+    assert res.exit_code == 2 and f"Error: {mix}: a metadataset .yaml is only checked (energon_ray writes no join index); drop --split-ratio\n" in res.output
