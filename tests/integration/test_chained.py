@@ -297,3 +297,34 @@ def test_packed_segments_encode_before_the_previous_one_ends(root, ray_session, 
     texts = [text for batch in er.get_loader(ds) for text in batch.text]
     assert len(texts) == 19 and "met=True" in texts[1].split("|")
     assert time.monotonic() - started < 25
+
+
+class PackedPids(er.DefaultTaskEncoder):
+    """Packs of two (of each buffer of 4); a batch names its packs and the process that batched it."""
+
+    def select_samples_to_pack(self, samples):
+        return [samples[i : i + 2] for i in range(0, len(samples), 2)]
+
+    def pack_selected_samples(self, samples):
+        return er.TextSample(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text="|".join(s.text for s in samples))
+
+    def batch(self, samples):
+        return {"texts": [s.text for s in samples], "pid": os.getpid()}
+
+
+def test_killed_ray_workers_break_no_packed_chain(root, ray_session):
+    """SIGKILL the Ray workers that batched the first packs (segment tasks of the packed stream
+    may be waiting there for their carry): the lost tasks run again and the batches equal an
+    undisturbed run's."""
+
+    def build():
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        return er.get_val_dataset(root, split_part="train", batch_size=2, packing_buffer_size=4, worker_config=wc,
+                                  task_encoder=PackedPids(), samples_per_segment=3)  # fmt: skip
+
+    reference = [b["texts"] for b in er.get_loader(build())]
+    it = iter(er.get_loader(build()))
+    got, killed = kill_batch_makers(it, 2)
+    assert killed
+    got += list(it)
+    assert [b["texts"] for b in got] == reference and len(reference) == 10
