@@ -96,6 +96,13 @@ class SampleLoader:
             )
         return {k: v for k, v in fields.items() if k not in ("__key__", "__restore_key__", "__sources__", "__subflavors__")}
 
+    def _crude(self, decoded: Dict[str, Any]) -> CrudeSample:
+        """Energon's crude sample: the reader's meta keys (``__shard__`` too) and the parts in the
+        reader's order, then ``__subflavors__``."""
+        crude = CrudeSample(decoded)
+        crude["__subflavors__"] = dict(self.subflavors)
+        return crude
+
     def __call__(self, raw: Dict[str, Any]) -> Any:
         decoded = self.decode(raw)
         meta = {
@@ -105,10 +112,7 @@ class SampleLoader:
             "__sources__": decoded["__sources__"],
         }
         if self.spec.is_crude:
-            crude = CrudeSample({k: v for k, v in decoded.items() if not k.startswith("__")})
-            crude.update(meta)
-            crude["__subflavors__"] = dict(self.subflavors)
-            return crude
+            return self._crude(decoded)
         fields = self.fields(decoded)
         try:
             return self.spec.sample_type(**fields, **meta)

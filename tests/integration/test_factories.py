@@ -211,7 +211,7 @@ def test_crude_webdataset_yields_parts_and_meta(mixed):
     """CrudeWebdataset: decoded parts plus Energon's meta keys, subflavors set; part_filter limits the parts."""
     out = _read(er.CrudeWebdataset(mixed, split_part="train", training=False, worker_config=_wc(), subflavors={"n": 1}))
     assert isinstance(out[0], er.CrudeSample) and len(out) == 6
-    assert set(out[0]) == {"jpg", "txt", "cls", "json", "__key__", "__restore_key__", "__subflavors__", "__sources__"}
+    assert set(out[0]) == {"jpg", "txt", "cls", "json", "__key__", "__shard__", "__restore_key__", "__subflavors__", "__sources__"}
     assert (out[2]["__key__"], out[2]["txt"], out[2]["json"]["q"], out[2]["__subflavors__"]) == ("k2", "caption 2", "question 2", {"n": 1})
     only = _read(er.CrudeWebdataset(mixed, split_part="train", training=False, worker_config=_wc(), part_filter=["txt"]))
     assert sorted(k for k in only[0] if not k.startswith("__")) == ["txt"]
@@ -279,7 +279,7 @@ def test_crude_jsonl_factories(tmp_path):
     default = er.DefaultCrudeJsonlDatasetFactory(path, training=False, worker_config=_wc(), subflavors={"s": 2})
     out = _read(default)
     assert [s["json"] for s in out] == [{"idx": i} for i in range(7)]
-    assert set(out[0]) == {"json", "__key__", "__restore_key__", "__subflavors__", "__sources__"} and out[0]["__subflavors__"] == {"s": 2}
+    assert set(out[0]) == {"json", "__key__", "__shard__", "__restore_key__", "__subflavors__", "__sources__"} and out[0]["__subflavors__"] == {"s": 2}
     assert len(er.CrudeJsonlDatasetFactory(path, training=False, part_filter=lambda p: p != "json")) == 0
 
 

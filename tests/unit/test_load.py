@@ -333,7 +333,14 @@ def test_crude_dataset_gives_crude_samples_with_decoded_parts(tmp_path):
     assert isinstance(crude, CrudeSample)
     assert crude["txt"] == "t" and crude["jpg"].shape == (3, H, W)
     assert crude["__key__"] == "c1" and crude["__subflavors__"] == {"k": "v"}
-    assert "__shard__" not in crude
+
+
+def test_crude_sample_has_energons_keys_in_energons_order(tmp_path):
+    """A crude sample holds __key__, __shard__, __restore_key__, __sources__, the parts, then __subflavors__ (Energon's dict)."""
+    write_dataset_yaml(tmp_path, "CrudeWebdataset")
+    crude = SampleLoader(read_dataset_spec(tmp_path), SampleDecoder(), {"k": "v"})(_raw("c1", txt=b"t", json=b"{}"))
+    assert list(crude) == ["__key__", "__shard__", "__restore_key__", "__sources__", "txt", "json", "__subflavors__"]
+    assert crude["__shard__"] == SHARD
 
 
 # -- legacy top-level __class__ -------------------------------------------------------------------
