@@ -212,7 +212,8 @@ class SampleChecker:
     def __init__(self, spec: DatasetSpec, decoder: Optional[SampleDecoder]):
         self.spec = spec
         self.decoding = SampleLoader(spec, decoder, spec.subflavors)
-        self.building = SampleLoader(spec, None, spec.subflavors)  # decoded values pass through as they are
+        # decoded values pass through as they are (a JSONL line's json too)
+        self.building = SampleLoader(spec, None, spec.subflavors, parse_json=False)
         self.by_field = {
             name: SampleLoader(dataclasses.replace(spec, field_map={name: options}), None, None)
             for name, options in (spec.field_map or {}).items()

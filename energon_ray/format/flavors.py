@@ -153,6 +153,8 @@ class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample]):
     """
 
     __sample_type__ = CrudeSample
+    #: ``json`` stays bytes (the default factory parses it)
+    _parse_json = False
 
     def __init__(
         self,
@@ -201,10 +203,12 @@ class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample]):
             max_samples_per_sequence=self.max_samples_per_sequence, shuffle_over_epochs=self.shuffle_over_epochs,
             parallel_shard_iters=self.parallel_shard_iters, subset_absolute=absolute, subset_ratio=ratio,
         )  # fmt: skip
-        return EnergonDataset(
+        dataset = EnergonDataset(
             self.prepared, worker_config=self.worker_config, task_encoder=task_encoder or _CrudePassThrough(),
             options=options, decoder=self._decoder(), subflavors=self.subflavors, rotation_offset=worker_rotation_offset,
         )  # fmt: skip
+        dataset.parse_json = self._parse_json
+        return dataset
 
     def config(self) -> Dict[str, Any]:
         return dict(type=type(self).__qualname__, training=self.training, _path=str(self.path),
@@ -216,6 +220,8 @@ class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample]):
 
 class DefaultCrudeJsonlDatasetFactory(CrudeJsonlDatasetFactory):
     """As :class:`CrudeJsonlDatasetFactory`, with ``subflavors`` set and ``"json"`` parsed into a dict."""
+
+    _parse_json = True
 
     def __init__(self, path: Any, *, subflavors: Optional[Dict[str, Any]] = None, **kwargs: Any):
         kwargs.pop("decoder", None)

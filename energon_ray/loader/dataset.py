@@ -85,6 +85,9 @@ class EnergonDataset(Composition):
     Use it with ``get_loader`` (or ``get_savable_loader``): the loader runs its segments on Ray.
     """
 
+    #: a JSONL dataset's ``json`` is parsed (``False``: bytes, a ``CrudeJsonlDatasetFactory``'s)
+    parse_json: bool = True
+
     def __init__(
         self,
         dataset: PreparedDataset,
@@ -310,7 +313,7 @@ class EnergonDataset(Composition):
     # -- stages -------------------------------------------------------------------------------
     def stage_config(self) -> StageConfig:
         if self._stages is None:
-            loader = SampleLoader(self.dataset.spec, self.decoder, self.subflavors)
+            loader = SampleLoader(self.dataset.spec, self.decoder, self.subflavors, parse_json=self.parse_json)
             packing = None if self.options.blend_samples else self.options.packing_buffer_size
             across = self.options.batch_across_sources or self.options.blend_samples
             postencode = not (self.options.blend_samples and self.options.packing_buffer_size)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, Optional
 
 from energon_ray.decode.sample_decoder import SampleDecoder, decodes_by_part
 from energon_ray.errors import SampleException, UntrustedCodeError
 from energon_ray.format.dataset_yaml import DatasetSpec
 from energon_ray.format.field_access import FieldAccessError, field_access
+from energon_ray.format.jsonl import JSONL_CONFIG
 from energon_ray.samples import CrudeSample
 
 META_KEYS = ("__key__", "__shard__", "__restore_key__", "__sources__")
@@ -20,21 +22,33 @@ class SampleLoader:
         spec: the parsed ``dataset.yaml``.
         decoder: the task encoder's decoder (``None`` keeps bytes).
         subflavors: merged subflavors to set on every sample.
+        parse_json: a JSONL sample's ``json`` is parsed with ``json.loads`` whatever the decoder (as
+            Energon's loader reads a ``.jsonl``: ``DefaultCrudeJsonlDatasetFactory``); ``False``
+            keeps its bytes (``CrudeJsonlDatasetFactory``).
 
     Raises (from ``__call__``):
         SampleException: naming shard, key and the part or field that failed.
     """
 
-    def __init__(self, spec: DatasetSpec, decoder: Optional[SampleDecoder], subflavors: Optional[Dict[str, Any]]):
+    def __init__(
+        self,
+        spec: DatasetSpec,
+        decoder: Optional[SampleDecoder],
+        subflavors: Optional[Dict[str, Any]],
+        parse_json: bool = True,
+    ):
         self.spec = spec
         self.decoder = decoder
         self.subflavors = dict(subflavors or {})
+        self.parse_json = parse_json
 
     def _where(self, raw: Dict[str, Any]) -> str:
         return f"{raw['__shard__']}: sample {raw['__key__']!r}"
 
     def decode(self, raw: Dict[str, Any]) -> Dict[str, Any]:
         """Decode every part; an undecodable part raises naming it."""
+        if self.spec.dataset_config == JSONL_CONFIG:
+            return self._decode_jsonl(raw)
         if self.decoder is not None and not decodes_by_part(self.decoder):
             return self._decode_whole(raw)
         out = {k: raw[k] for k in META_KEYS if k in raw}
@@ -52,6 +66,22 @@ class SampleLoader:
                 raise SampleException(
                     f"{self._where(raw)}: cannot decode part {part!r} ({len(data)} bytes): {type(exc).__name__}: {exc}"
                 ) from exc
+        return out
+
+    def _decode_jsonl(self, raw: Dict[str, Any]) -> Dict[str, Any]:
+        """A JSONL line: its ``json`` parsed (or its bytes), the decoder not used, in the order of
+        Energon's keys."""
+        out = {k: raw[k] for k in ("__key__", "__restore_key__", "__shard__", "__sources__") if k in raw}
+        out["__subflavors__"] = dict(self.subflavors)
+        out["json"] = raw["json"]
+        if not self.parse_json:
+            return out
+        try:
+            out["json"] = json.loads(raw["json"])
+        except ValueError as exc:
+            raise SampleException(
+                f"{self._where(raw)}: cannot decode part 'json' ({len(raw['json'])} bytes): {type(exc).__name__}: {exc}"
+            ) from exc
         return out
 
     def _decode_whole(self, raw: Dict[str, Any]) -> Dict[str, Any]:

@@ -592,3 +592,45 @@ def test_a_dataset_yaml_that_is_not_a_mapping_is_refused_naming_the_file(tmp_pat
     (meta / "dataset.yaml").write_text(text)
     with pytest.raises(DatasetConfigError, match=rf"dataset\.yaml: expected a mapping .* got a {kind}"):
         read_dataset_spec(tmp_path)
+
+
+# -- JSONL ----------------------------------------------------------------------------------------
+
+
+def _jsonl_raw(line: bytes, index: int = 2) -> Dict:
+    """A JSONL line as the reader yields it."""
+    return {
+        "json": line,
+        "__key__": str(index),
+        "__shard__": "corpus.jsonl",
+        "__restore_key__": ("Webdataset", index),
+        "__sources__": (SourceInfo(dataset_path="/d/corpus.jsonl", index=index, shard_name="corpus.jsonl", file_names=(f"{index}.json",)),),
+    }
+
+
+@pytest.mark.parametrize("decoder", [None, SampleDecoder(), SampleDecoder(image_decode="pil")])
+def test_jsonl_json_is_parsed_whatever_the_decoder_in_energons_key_order(decoder):
+    """A JSONL sample's json is a dict also with decoder None (Energon's loader always parses it); keys in Energon's order."""
+    from energon_ray.format.jsonl import jsonl_spec
+
+    crude = SampleLoader(jsonl_spec("/d/corpus.jsonl"), decoder, {"k": 1})(_jsonl_raw(b'{"a": [1, 2]}'))
+    assert isinstance(crude, CrudeSample) and crude["json"] == {"a": [1, 2]}
+    assert list(crude) == ["__key__", "__restore_key__", "__shard__", "__sources__", "__subflavors__", "json"]
+    assert crude["__subflavors__"] == {"k": 1} and crude["__shard__"] == "corpus.jsonl"
+
+
+def test_jsonl_json_stays_bytes_for_the_raw_factory():
+    """parse_json=False (CrudeJsonlDatasetFactory) keeps the line's bytes."""
+    from energon_ray.format.jsonl import jsonl_spec
+
+    crude = SampleLoader(jsonl_spec("/d/corpus.jsonl"), None, None, parse_json=False)(_jsonl_raw(b'{"a": 1}'))
+    assert crude["json"] == b'{"a": 1}'
+
+
+def test_a_bad_jsonl_line_names_file_key_and_part():
+    """A line that is no JSON: SampleException naming the file, the sample key (line index) and the part."""
+    from energon_ray.format.jsonl import jsonl_spec
+
+    with pytest.raises(SampleException) as info:
+        SampleLoader(jsonl_spec("/d/corpus.jsonl"), None, None)(_jsonl_raw(b'{"a": 2, bad}', index=5))
+    assert str(info.value).startswith("corpus.jsonl: sample '5': cannot decode part 'json' (13 bytes): JSONDecodeError: ")
