@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional
 
 from energon_ray.cache.base import CachePool, FileStore, PrimaryFileStore
+from energon_ray.cache.jsonl_store import JsonlFileStore
 from energon_ray.cache.stores import DatasetFileStore, DecodeFileStore
 from energon_ray.storage import is_remote
 
@@ -29,12 +30,14 @@ class AuxConfig:
             settings it was opened with).
         decoder: the dataset's decoder (``None``: aux files come as bytes).
         cache_pool: from ``get_loader(cache_pool=…)``.
+        primary_jsonl: the dataset is a ``.jsonl`` file (``primary`` reads its lines by ``"<index>.json"``).
     """
 
     aux: Dict[str, FileStore] = dataclasses.field(default_factory=dict)
     primary_path: Any = None
     decoder: Any = None
     cache_pool: Optional[CachePool] = None
+    primary_jsonl: bool = False
 
     def __post_init__(self) -> None:
         # made where the loader is built: the config goes to Ray workers, whose current directory is another
@@ -107,7 +110,8 @@ def _primary_store(fn: Callable) -> FileStore:
     if config is None or config.primary_path is None:
         raise RuntimeError(f"cooker {getattr(fn, '__name__', fn)!r} needs primary=, which only a loader provides")
     if _ACTIVE.primary is None:
-        _ACTIVE.primary = config.decoded(DatasetFileStore(config.primary_path))
+        store = JsonlFileStore if config.primary_jsonl else DatasetFileStore
+        _ACTIVE.primary = config.decoded(store(config.primary_path))
     return _ACTIVE.primary
 
 

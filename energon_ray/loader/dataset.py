@@ -327,7 +327,10 @@ class EnergonDataset(Composition):
                 packing_buffer_size=packing,
                 batch_across_sources=across,
                 pool_packs=bool(packing) and self.options.batch_size is not None and not self.segment_pack_batches,
-                aux=AuxConfig(self.aux, as_path(self.dataset.root, self.dataset.storage), self.decoder, self.cache_pool),
+                aux=AuxConfig(
+                    self.aux, as_path(self.dataset.root, self.dataset.storage), self.decoder, self.cache_pool,
+                    primary_jsonl=self.dataset.format == "jsonl",
+                ),
                 postencode=postencode,
                 num_workers=max(1, self.worker_config.num_workers),
                 chained=chains_outputs(

@@ -137,3 +137,29 @@ def test_a_relative_metadataset_path_reads_its_aux_from_the_callers_directory(ra
     expected = seen(aux_mds)
     monkeypatch.chdir(aux_mds.parent)
     assert seen(aux_mds.name) == expected and len(expected) == N
+
+
+@er.stateless
+@er.cooker(need_primary=True)
+def cook_jsonl_line_again(sample, primary):
+    again = primary.get(".json", sample)
+    return er.TextSample(**er.basic_sample_keys(sample), text=f"{again['t']}|{primary['0.json'][0]['t']}")
+
+
+class JsonlPrimaryEncoder(er.DefaultTaskEncoder):
+    cookers = [er.Cooker(cook_jsonl_line_again)]
+
+
+def test_need_primary_on_a_jsonl_reads_its_lines_by_index_json(ray_session, tmp_path):
+    """A .jsonl dataset's primary= reads '<index>.json' lines (decoded), its SourceInfo added, as Energon's JsonlFileStore."""
+    from energon_ray.format.jsonl import prepare_jsonl
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"t": "line{i}"}}\n' for i in range(3)))
+    prepare_jsonl(corpus, progress=False)
+    ds = er.get_val_dataset(corpus, split_part="train", batch_size=None, worker_config=WC, task_encoder=JsonlPrimaryEncoder())
+    out = {s.__key__: s for s in er.get_loader(ds)}
+    assert {k: s.text for k, s in out.items()} == {"0": "line0|line0", "1": "line1|line0", "2": "line2|line0"}
+    assert out["2"].__sources__[-1] == er.SourceInfo(
+        dataset_path=str(corpus), index=2, shard_name="corpus.jsonl", file_names=("2.json",)
+    )

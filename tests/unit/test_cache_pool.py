@@ -255,3 +255,21 @@ def test_a_forked_child_starts_its_own_buffer(files, tmp_path):
         assert held.get() == b"a" * 1000 and buffered(pool) == []
     finally:
         pool.close()
+
+
+def test_jsonl_file_store_reads_lines_by_index_json(tmp_path):
+    """JsonlFileStore: '<index>.json' gives the line's bytes (newline kept, as Energon's) and Energon's SourceInfo;
+    other names are KeyErrors naming the file and the form; it pickles as its path."""
+    from energon_ray.cache.jsonl_store import JsonlFileStore
+    from energon_ray.format.jsonl import prepare_jsonl
+    from energon_ray.samples import SourceInfo
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_bytes(b'{"a": 1}\n\n{"a": 2}\n')
+    prepare_jsonl(corpus, progress=False)
+    store = pickle.loads(pickle.dumps(JsonlFileStore(corpus)))
+    assert store["0.json"] == (b'{"a": 1}\n\n', SourceInfo(str(corpus), 0, "c.jsonl", ("0.json",)))
+    assert store["1.json"][0] == b'{"a": 2}\n'
+    for bad, why in (("1", "names are '<line index>.json'"), ("2.json", "the file holds 2 samples"), ("x.json", "names are")):
+        with pytest.raises(KeyError, match=f"{corpus}: no file {bad!r} \\({why}"):
+            store[bad]
