@@ -150,7 +150,7 @@ class ShardSamples:
         name = self.shard.info.name
         _, chunk = next(self.reader.read_run(index, index))
         if self.dataset.format == "jsonl":
-            key, parts, files = str(index), {"json": bytes(chunk).rstrip(b"\r\n")}, [f"{name}#{index}"]
+            key, parts, files = str(index), {"json": bytes(chunk).rstrip(b"\r\n")}, [f"{index}.json"]
         else:
             key, parts, files = self.reader.parse(index, chunk, self.part_filter)
         gindex = self.shard.start + index

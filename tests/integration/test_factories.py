@@ -283,6 +283,17 @@ def test_crude_jsonl_factories(tmp_path):
     assert len(er.CrudeJsonlDatasetFactory(path, training=False, part_filter=lambda p: p != "json")) == 0
 
 
+def test_a_jsonl_samples_source_names_its_line_as_energon_does(tmp_path):
+    """A .jsonl sample's SourceInfo: the file, the line index, the file's name and '<index>.json' (Energon's)."""
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"idx": i}) + "\n" for i in range(3)))
+    er.CrudeJsonlDatasetFactory.prepare_dataset(path)
+    out = _read(er.DefaultCrudeJsonlDatasetFactory(path, training=False, worker_config=_wc()))
+    assert [s["__sources__"] for s in out] == [
+        (er.SourceInfo(dataset_path=str(path), index=i, shard_name="corpus.jsonl", file_names=(f"{i}.json",)),) for i in range(3)
+    ]
+
+
 def test_a_factory_of_a_relative_path_loads_its_sample_loader_file_in_the_workers(tmp_path, monkeypatch):
     """A factory given a folder relative to the caller's directory and sample_loader='file.py:function':
     the segment tasks, whose Ray workers run in another directory (the session Ray's; a cluster's), load
