@@ -105,8 +105,12 @@ class BaseCoreDatasetFactory(Generic[T_sample], ABC):
         """Samples of the split part, over all ranks."""
 
     def as_file_store(self) -> Any:
-        """Random access by sample key (Energon's ``FileStore``): not provided by energon_ray."""
-        raise NotImplementedError(f"{type(self).__name__}.as_file_store: energon_ray has no FileStore")
+        """The dataset's files by name (a ``FileStore``), where a subclass reads files.
+
+        Raises:
+            NotImplementedError: a factory that gives no file store.
+        """
+        raise NotImplementedError(f"{type(self).__name__}.as_file_store: this factory gives no FileStore")
 
 
 class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
@@ -176,6 +180,13 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
     # -- Energon's interface --------------------------------------------------------------------
     def __len__(self) -> int:
         return self.prepared.total
+
+    def as_file_store(self) -> Any:
+        """The dataset's files by ``"<sample key>.<part>"`` (a ``DatasetFileStore``, as Energon's
+        ``WebdatasetFileStore``)."""
+        from energon_ray.cache.stores import DatasetFileStore
+
+        return DatasetFileStore(self.path)
 
     def sample_filter(self, key: str) -> bool:
         """Whether sample ``shard/key`` is not excluded by the split file."""

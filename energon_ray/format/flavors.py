@@ -187,6 +187,12 @@ class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample]):
     def __len__(self) -> int:
         return self._len
 
+    def as_file_store(self) -> Any:
+        """The file's lines by ``"<index>.json"`` (a ``JsonlFileStore``, as Energon's)."""
+        from energon_ray.cache.jsonl_store import JsonlFileStore
+
+        return JsonlFileStore(self.path)
+
     def _decoder(self) -> Any:
         return None
 

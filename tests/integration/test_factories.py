@@ -283,6 +283,18 @@ def test_crude_jsonl_factories(tmp_path):
     assert len(er.CrudeJsonlDatasetFactory(path, training=False, part_filter=lambda p: p != "json")) == 0
 
 
+def test_as_file_store_reads_files_by_name_as_energons(mixed, tmp_path):
+    """as_file_store(): a webdataset factory's files by '<key>.<part>', a JSONL factory's lines by '<index>.json'."""
+    store = er.CrudeWebdataset(mixed, split_part="train", training=False, worker_config=_wc()).as_file_store()
+    data, info = store["k2.txt"]
+    assert (data, info.index, info.file_names, info.dataset_path) == (b"caption 2", 2, ("k2.txt",), str(mixed.absolute()))
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"idx": 0}\n{"idx": 1}\n')
+    er.CrudeJsonlDatasetFactory.prepare_dataset(path)
+    lines = er.DefaultCrudeJsonlDatasetFactory(path, training=False, worker_config=_wc()).as_file_store()
+    assert lines["1.json"] == (b'{"idx": 1}\n', er.SourceInfo(str(path), 1, "corpus.jsonl", ("1.json",)))
+
+
 def test_a_jsonl_samples_source_names_its_line_as_energon_does(tmp_path):
     """A .jsonl sample's SourceInfo: the file, the line index, the file's name and '<index>.json' (Energon's)."""
     path = tmp_path / "corpus.jsonl"
