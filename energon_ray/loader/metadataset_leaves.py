@@ -76,9 +76,20 @@ def _open_leaf(leaf: LeafSpec, trusted: bool) -> Tuple[PreparedDataset, Optional
             leaf.path, leaf.split_part, split_config=leaf.split_config, dataset_config=leaf.dataset_config, trusted=trusted,
         )
         check_parts(prepared)
+        _check_aux(leaf, prepared)
         return prepared, None
     except DatasetConfigError as exc:
         raise DatasetConfigError(f"{leaf.where}: {exc}") from None
+
+
+def _check_aux(leaf: LeafSpec, prepared: PreparedDataset) -> None:
+    """Only cookers read ``aux:`` stores: on a dataset that is not crude they would be ignored, so
+    they are refused, as Energon refuses them."""
+    if leaf.aux and not prepared.spec.is_crude:
+        raise DatasetConfigError(
+            f"aux {sorted(leaf.aux)}: only a crude dataset's cookers read aux data, and {leaf.path} holds "
+            f"{prepared.spec.sample_type.__name__} samples (make it a CrudeWebdataset, or drop aux)"
+        )
 
 
 def _leaves(flat: Flattened, options: PlanOptions, common: dict, trusted: bool, blend_samples: bool) -> List[EnergonDataset]:

@@ -163,3 +163,20 @@ def test_need_primary_on_a_jsonl_reads_its_lines_by_index_json(ray_session, tmp_
     assert out["2"].__sources__[-1] == er.SourceInfo(
         dataset_path=str(corpus), index=2, shard_name="corpus.jsonl", file_names=("2.json",)
     )
+
+
+def test_aux_on_a_dataset_that_is_not_crude_is_refused_naming_file_and_node(tmp_path):
+    """aux: on a typed (not crude) dataset: DatasetConfigError naming the YAML, the node, the aux names and the sample type (Energon refuses it too)."""
+    from tests.helpers import captioning_dataset
+
+    captioning_dataset(tmp_path / "cap", n=4, per_shard=2)
+    (tmp_path / "files").mkdir()
+    mds = tmp_path / "m.yaml"
+    mds.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2",
+                                   "splits": {"train": {"path": "cap", "aux": {"f": "filesystem://files"}}}}))  # fmt: skip
+    with pytest.raises(er.DatasetConfigError) as info:
+        er.get_val_dataset(mds, split_part="train", batch_size=2, worker_config=WC, task_encoder=er.DefaultTaskEncoder())
+    assert str(info.value) == (
+        f"{mds}: splits.train: aux ['f']: only a crude dataset's cookers read aux data, and {tmp_path / 'cap'} holds "
+        "CaptioningSample samples (make it a CrudeWebdataset, or drop aux)"
+    )
