@@ -30,7 +30,8 @@ def prepare_jsonl(path: Path | str, progress: bool = True) -> int:
         The number of samples (non-empty lines).
 
     Raises:
-        DatasetConfigError: if the file is missing or empty.
+        DatasetConfigError: if the file is missing or empty, or a line is not a JSON object (does
+            not start with ``{`` and end with ``}``, as Energon's prepare checks), naming the line.
     """
     path = as_path(path)
     if not path.is_file():
@@ -38,8 +39,9 @@ def prepare_jsonl(path: Path | str, progress: bool = True) -> int:
     offsets: List[int] = []
     position = 0
     with path.open("rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, disable=not progress, desc="Indexing") as bar:
-        for line in f:
+        for number, line in enumerate(f, start=1):
             if line.strip():
+                _check_object_line(path, number, line)
                 offsets.append(position)
             position += len(line)
             bar.update(len(line))
@@ -47,6 +49,16 @@ def prepare_jsonl(path: Path | str, progress: bool = True) -> int:
         raise DatasetConfigError(f"{path}: JSONL file has no samples")
     write_tar_index(path, offsets + [position])
     return len(offsets)
+
+
+def _check_object_line(path, number: int, line: bytes) -> None:
+    """Each sample is one JSON object: a line that is no ``{…}`` is refused, naming it."""
+    stripped = line.strip()
+    if not (stripped.startswith(b"{") and stripped.endswith(b"}")):
+        shown = stripped[:60] + (b"..." if len(stripped) > 60 else b"")
+        raise DatasetConfigError(
+            f"{path}: line {number} is not a JSON object (a line must start with '{{' and end with '}}'): {shown!r}"
+        )
 
 
 def open_jsonl(path: Path | str, split_part: str = "train"):

@@ -260,13 +260,13 @@ def test_lint_and_preview_refuse_an_index_offset_of_2_63_as_an_index_problem(dat
 
 def test_preview_and_lint_read_a_jsonl_file(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("\n".join([json.dumps({"text": "hello"}), "{not json", json.dumps({"text": "bye", "n": [1, 2]})]) + "\n")
+    corpus.write_text("\n".join([json.dumps({"text": "hello"}), "{not json}", json.dumps({"text": "bye", "n": [1, 2]})]) + "\n")
     prepare_jsonl(corpus, progress=False)
     res = run_cli("preview", corpus, "-n", 3)
     assert res.stdout.splitlines()[1:3] == ["[0] 0  (corpus.jsonl)", "  json: dict[1] {'text': 'hello'}"]
     assert res.stdout.splitlines()[3:7] == [
         "[1] 1  (corpus.jsonl)",
-        "  json: ERROR: cannot decode part 'json' (9 bytes): JSONDecodeError: Expecting property name enclosed in "
+        "  json: ERROR: cannot decode part 'json' (10 bytes): JSONDecodeError: Expecting property name enclosed in "
         "double quotes: line 1 column 2 (char 1)",
         "[2] 2  (corpus.jsonl)",
         "  json: dict[2] {'text': 'bye', 'n': [1, 2]}",

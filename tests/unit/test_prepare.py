@@ -566,6 +566,19 @@ def test_info_on_a_dataset_yaml_naming_an_unknown_class_fails_naming_file_and_cl
     assert res.output.startswith(f"Error: {config}: {expected}")
 
 
+@pytest.mark.parametrize("line", ['[1, 2]', '"text"', '{"a": 1'])
+def test_prepare_refuses_a_jsonl_line_that_is_no_object_naming_file_and_line(tmp_path, line):
+    """A line that does not start with '{' and end with '}' (Energon's prepare refuses it too): an error naming the file
+    and the line number (blank lines count), no index written."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"a": 0}\n\n  ' + line + '  \n{"a": 3}\n')
+    res = run_cli("prepare", corpus, "--non-interactive", "--no-progress")
+    assert res.exit_code == 1, res.output
+    expected = f"{corpus}: line 3 is not a JSON object (a line must start with '{{' and end with '}}'): {line.encode()!r}"
+    assert f"Error: {expected}\n" in res.output, res.output
+    assert not (tmp_path / "corpus.jsonl.idx").exists()
+
+
 @pytest.mark.parametrize("name", ["metadataset.yaml", "data.jsonl"])
 def test_info_on_a_file_is_a_usage_error_saying_it_takes_a_dataset_folder(tmp_path, name):
     """click said "Directory 'metadataset.yaml' is a file." for a metadataset YAML or a .jsonl."""
