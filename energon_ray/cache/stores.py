@@ -208,7 +208,7 @@ class DatasetFileStore(FileStore[bytes]):
         raise KeyError(f"{self.path}: no file {key!r} (names are '<sample key>.<part>')")
 
     def __getitem__(self, key: str) -> Tuple[bytes, SourceInfo]:
-        shard_id, index, offset, size, _ = self._locate(key)
+        shard_id, _, offset, size, _ = self._locate(key)
         assert self._shards is not None
         if shard_id >= len(self._shards):
             raise DatasetConfigError(f"{self.path}: index.sqlite names shard #{shard_id}, .nv-meta lists {len(self._shards)}")
@@ -220,7 +220,8 @@ class DatasetFileStore(FileStore[bytes]):
                 data = os.pread(f.fileno(), size, offset)
         if len(data) != size:
             raise DatasetConfigError(f"{self.path / shard}: truncated: {key!r} wants bytes [{offset}, {offset + size})")
-        info = SourceInfo(dataset_path=self.get_path(), index=index, shard_name=shard, file_names=(key,))
+        # Energon's WebdatasetFileStore: the index is the file's name
+        info = SourceInfo(dataset_path=self.get_path(), index=key, shard_name=shard, file_names=(key,))
         return data, info
 
     def get_media_metadata(self, key: str) -> MediaMetadataBase:

@@ -287,7 +287,7 @@ def test_as_file_store_reads_files_by_name_as_energons(mixed, tmp_path):
     """as_file_store(): a webdataset factory's files by '<key>.<part>', a JSONL factory's lines by '<index>.json'."""
     store = er.CrudeWebdataset(mixed, split_part="train", training=False, worker_config=_wc()).as_file_store()
     data, info = store["k2.txt"]
-    assert (data, info.index, info.file_names, info.dataset_path) == (b"caption 2", 2, ("k2.txt",), str(mixed.absolute()))
+    assert (data, info.index, info.file_names, info.dataset_path) == (b"caption 2", "k2.txt", ("k2.txt",), str(mixed.absolute()))
     path = tmp_path / "corpus.jsonl"
     path.write_text('{"idx": 0}\n{"idx": 1}\n')
     er.CrudeJsonlDatasetFactory.prepare_dataset(path)

@@ -252,3 +252,21 @@ def test_both_libraries_refuse_to_load_an_empty_split_part(tmp_path):
         energon_iter(tmp_path, "val")
     with pytest.raises(ValueError, match="'val' has no shards"):
         PreparedDataset.open(tmp_path, "val")
+
+
+def test_a_dataset_file_store_reads_and_names_files_as_energons_webdataset_file_store(tmp_path):
+    """DatasetFileStore gives the bytes and SourceInfo (index: the file's name) of Energon's WebdatasetFileStore."""
+    from megatron.energon.cache.file_store import WebdatasetFileStore
+    from megatron.energon.epathlib import EPath
+
+    from energon_ray.cache.stores import DatasetFileStore
+
+    write_plain(tmp_path, num=6, per_shard=2)
+    prepare_dataset(tmp_path, split_ratio=(1, 0, 0), sample_type="CaptioningSample", field_map=FIELD_MAP, progress=False)
+    ours, theirs = DatasetFileStore(tmp_path), WebdatasetFileStore(EPath(tmp_path))
+    for name in ("sample_000003.txt", "sample_000004.jpg"):
+        (data, info), (their_data, their_info) = ours[name], theirs[name]
+        assert (data, info.index, info.shard_name, info.file_names) == (
+            their_data, their_info.index, their_info.shard_name, their_info.file_names
+        ) and info.index == name
+        assert info.dataset_path == str(their_info.dataset_path)
