@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format import energon_yaml
-from energon_ray.storage import RemotePath, as_path, is_remote
+from energon_ray.storage import RemotePath, as_path, is_remote, local_of
 
 _REF_KEYS = {"path", "split_part", "subflavors", "subflavor", "subset", "shuffle_over_epochs_multiplier",
              "dataset_config", "split_config", "weight", "repetitions", "aux"}  # fmt: skip
@@ -173,9 +173,8 @@ def start_context(split_part: str, subflavors: Optional[Dict[str, Any]] = None, 
 def _as_path(value: Any) -> Path | RemotePath:
     """A YAML's or a caller's path; a local one made absolute and free of ``.``/``..`` (as Energon's
     paths are: ``sub/../a`` in a YAML is ``<folder>/a``; symlinks are kept)."""
-    if isinstance(value, RemotePath):
-        return value
-    return as_path(str(value)) if is_remote(str(value)) else Path(os.path.abspath(str(value)))
+    path = value if isinstance(value, RemotePath) else as_path(str(value))
+    return path if isinstance(path, RemotePath) else Path(os.path.abspath(path))
 
 
 class _Parser:
@@ -262,8 +261,9 @@ class _Parser:
 
     def resolve(self, raw: Any) -> Path | RemotePath:
         """A path of the YAML, relative to its folder unless absolute."""
-        path = _as_path(raw) if is_remote(str(raw)) or Path(str(raw)).is_absolute() else self.base / str(raw)
-        return _as_path(path)
+        raw = str(raw)
+        absolute = is_remote(raw) or local_of(raw) is not None or Path(raw).is_absolute()
+        return _as_path(raw if absolute else self.base / raw)
 
     def blend(self, node: dict, kind: str, where: str, ctx: _Ctx) -> List[LeafSpec]:
         entries = node[kind]

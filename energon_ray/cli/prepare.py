@@ -7,7 +7,7 @@ import dataclasses
 import difflib
 import json
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import click
 from click.core import ParameterSource
@@ -25,7 +25,12 @@ from energon_ray.format.prepare import (
 )
 from energon_ray.format.split import check_ratio
 from energon_ray.samples import SAMPLE_TYPES
-from energon_ray.storage import as_path, is_remote
+from energon_ray.storage import as_path, is_remote, local_of
+
+
+def _local(value: Any) -> Any:
+    """``msc://__filesystem__/p`` (multi-storage-client's local profile) as the local ``/p``; else ``value``."""
+    return (local_of(value) or value) if isinstance(value, str) else value
 
 
 class DatasetLocation(click.ParamType):
@@ -38,7 +43,7 @@ class DatasetLocation(click.ParamType):
 
     def convert(self, value, param, ctx):
         if not is_remote(value):
-            return self.local.convert(value, param, ctx)
+            return self.local.convert(_local(value), param, ctx)
         try:
             return as_path(value)
         except (ValueError, OSError) as exc:
@@ -61,7 +66,7 @@ class LocalDatasetPath(click.ParamType):
                 f"{value}: `energon-ray {self.command}` reads local datasets only (`info` and `prepare` take "
                 f"s3:// and msc:// URLs); copy the dataset to a local folder to {self.command} it", param, ctx,
             )  # fmt: skip
-        return self.local.convert(value, param, ctx)
+        return self.local.convert(_local(value), param, ctx)
 
 
 @contextlib.contextmanager

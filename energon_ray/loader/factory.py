@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder, trusting
 from energon_ray.errors import resolve_trust
 from energon_ray.format.dataset import PreparedDataset
-from energon_ray.storage import is_remote
+from energon_ray.storage import as_path
 from energon_ray.blend.base import Composition
 from energon_ray.blend.metadataset import MULTIPLIER_VALUES, is_metadataset_path, is_multiplier
 from energon_ray.loader.dataset import EnergonDataset, PlanOptions
@@ -74,7 +73,7 @@ def _segment_samples(value: Any) -> Any:
 
 def _open(path: Any, split_part: str, kwargs: dict, trusted: bool) -> PreparedDataset:
     prepared = PreparedDataset.open(
-        path if is_remote(path) else Path(str(path)), split_part, split_config=kwargs.pop("split_config", None),
+        as_path(path), split_part, split_config=kwargs.pop("split_config", None),
         dataset_config=kwargs.pop("dataset_config", None), trusted=trusted,
     )
     check_parts(prepared)

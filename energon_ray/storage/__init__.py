@@ -10,11 +10,11 @@ from energon_ray.storage.cache import CacheConfig, ShardCache
 from energon_ray.storage.errors import (
     AccessDeniedError, BucketNotFoundError, ObjectNotFoundError, StorageError, StorageUnavailableError, TruncatedObjectError, redact,
 )  # fmt: skip
-from energon_ray.storage.path import RemoteFile, RemotePath, as_path, is_remote, read_optional, settings_of
+from energon_ray.storage.path import RemoteFile, RemotePath, as_path, is_remote, local_of, read_optional, settings_of
 from energon_ray.storage.retry import STATS, RetryPolicy
 
 __all__ = [
     "STATS", "AccessDeniedError", "BucketNotFoundError", "CacheConfig", "ObjectNotFoundError", "RemoteFile", "RemotePath", "RetryPolicy",
-    "ShardCache", "StorageError", "StorageUnavailableError", "TruncatedObjectError", "as_path", "is_remote",
+    "ShardCache", "StorageError", "StorageUnavailableError", "TruncatedObjectError", "as_path", "is_remote", "local_of",
     "read_optional", "redact", "settings_of",
 ]  # fmt: skip

@@ -19,23 +19,44 @@ from energon_ray.storage.errors import BucketNotFoundError, ObjectNotFoundError,
 
 SCHEMES = ("s3", "msc")
 _PREFIXES = tuple(f"{s}://" for s in SCHEMES)
+#: multi-storage-client's reserved profile of the local file system (Energon's ``EPath`` reads
+#: ``msc://__filesystem__/data/ds`` as the local ``/data/ds``)
+POSIX_PROFILE = "__filesystem__"
+_POSIX_URL = f"msc://{POSIX_PROFILE}"
+
+
+def local_of(url: str) -> Optional[str]:
+    """The local path an ``msc://__filesystem__/…`` URL stands for; None for any other string.
+
+    Example:
+        >>> local_of("msc://__filesystem__/data/ds"), local_of("msc://profile/data/ds")
+        ('/data/ds', None)
+    """
+    if url == _POSIX_URL or url.startswith(_POSIX_URL + "/"):
+        return "/" + url[len(_POSIX_URL) :].lstrip("/")
+    return None
 
 
 def is_remote(path: Any) -> bool:
-    """Whether ``path`` is an object store URL (``s3://``, ``msc://``) or a :class:`RemotePath`."""
-    return isinstance(path, RemotePath) or (isinstance(path, str) and path.startswith(_PREFIXES))
+    """Whether ``path`` is an object store URL (``s3://``, ``msc://``) or a :class:`RemotePath`
+    (``msc://__filesystem__/…`` is a local path)."""
+    if isinstance(path, RemotePath):
+        return True
+    return isinstance(path, str) and path.startswith(_PREFIXES) and local_of(path) is None
 
 
 def as_path(path: Union[str, PurePath, "RemotePath"], settings: Any = None) -> Union[Path, "RemotePath"]:
-    """``pathlib.Path`` for a local path, :class:`RemotePath` for a URL (with ``settings``, or the ones
-    this process's environment gives).
+    """``pathlib.Path`` for a local path (``msc://__filesystem__/p`` too), :class:`RemotePath` for a URL
+    (with ``settings``, or the ones this process's environment gives).
 
     Example:
-        >>> as_path("/data/ds") / "shards"
-        PosixPath('/data/ds/shards')
+        >>> as_path("/data/ds") / "shards", as_path("msc://__filesystem__/data/ds")
+        (PosixPath('/data/ds/shards'), PosixPath('/data/ds'))
     """
     if isinstance(path, RemotePath):
         return path if settings is None or settings == path.settings else RemotePath(str(path), settings)
+    if isinstance(path, str) and local_of(path) is not None:
+        return Path(local_of(path))
     if isinstance(path, str) and path.startswith(_PREFIXES):
         return RemotePath(path, settings)
     return Path(path)
@@ -124,6 +145,8 @@ class RemotePath:
         netloc, _, key = rest.partition("/")
         if not sep or scheme not in SCHEMES or not netloc:
             raise ValueError(f"{url!r} is not a storage URL (s3://bucket/key or msc://profile/path)")
+        if local_of(str(url)) is not None:
+            raise ValueError(f"{url!r} is the local path {local_of(str(url))} (as_path gives it)")
         self.scheme = scheme
         self.netloc = netloc
         self.key = _normalize(key, url)
@@ -154,7 +177,7 @@ class RemotePath:
 
     def __truediv__(self, other: Union[str, PurePath]) -> "RemotePath":
         part = str(other)
-        if is_remote(part):
+        if part.startswith(_PREFIXES):  # a URL replaces this path (msc://__filesystem__/p: the local p)
             same = part.startswith(f"{self.scheme}://{self.netloc}/" if self.scheme == "msc" else "s3://")
             return as_path(part, self.settings if same else None)
         return self._with_key(f"{self.key}/{part}" if self.key else part)
@@ -377,4 +400,4 @@ def read_optional(path: Any) -> Optional[bytes]:
     return p.read_bytes() if p.is_file() else None
 
 
-__all__ = ["RemotePath", "RemoteFile", "StorageError", "as_path", "is_remote", "read_optional", "settings_of"]
+__all__ = ["RemotePath", "RemoteFile", "StorageError", "as_path", "is_remote", "local_of", "read_optional", "settings_of"]

@@ -339,3 +339,28 @@ def test_a_bucket_that_does_not_exist_is_not_taken_for_a_missing_file(server, tm
     assert read_optional("s3://unit/no/such/file") is None  # a missing file in a bucket that exists: None
     with pytest.raises(KeyError, match="no file 'a.txt'"):
         SystemFileStore("s3://unit/nothing")["a.txt"]
+
+
+def test_msc_filesystem_profile_is_the_local_path(tmp_path, monkeypatch):
+    """msc://__filesystem__/<path> (multi-storage-client's reserved local profile) is that local path, as
+    Energon's EPath reads it, with no MSC config: opened, named in a metadataset, given to `info` (it was
+    refused: "profile '__filesystem__' is not defined in the MSC config")."""
+    from click.testing import CliRunner
+
+    import energon_ray as er
+    from energon_ray.cli.main import main as cli
+    from energon_ray.storage import is_remote
+
+    monkeypatch.setenv("MSC_CONFIG", str(tmp_path / "msc.yaml"))
+    (tmp_path / "msc.yaml").write_text("profiles:\n  other:\n    storage_provider:\n      type: file\n      options:\n        base_path: /\n")
+    root = text_dataset(tmp_path / "ds", [3, 2])
+    url = f"msc://__filesystem__{root}"
+    assert as_path(url) == root and not is_remote(url) and RemotePath("s3://bkt/a", settings="x") / url == root
+    with pytest.raises(ValueError, match=re.escape(f"{url!r} is the local path {root}")):
+        RemotePath(url)
+    prepared = PreparedDataset.open(url, "train")
+    assert prepared.root == str(root) and [s.path for s in prepared.shards] == [f"{root}/shards/part00_0000.tar", f"{root}/shards/part01_0000.tar"]
+    (tmp_path / "mix.yaml").write_text(f"__class__: MetadatasetV2\nsplits:\n  train:\n    path: {url}\n")
+    assert [r.path for r in er.traverse_metadataset(tmp_path / "mix.yaml", split_part="train")] == [root]
+    result = CliRunner().invoke(cli, ["info", url])
+    assert result.exit_code == 0 and "5 samples" in result.output, result.output
