@@ -20,7 +20,7 @@ from energon_ray.decode.media_metadata import MediaMetadataBase, deserialize_med
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.indexer import open_index_readonly
 from energon_ray.samples.base import SourceInfo
-from energon_ray.storage import BucketNotFoundError, ObjectNotFoundError, RemotePath, as_path, is_remote
+from energon_ray.storage import BucketNotFoundError, ObjectNotFoundError, RemotePath, TruncatedObjectError, as_path, is_remote
 from energon_ray.storage.cache import local_file_copy
 
 PathLike = Union[str, os.PathLike, RemotePath]
@@ -143,6 +143,32 @@ class SystemFileStore(FileStore[bytes]):
         return f"SystemFileStore(base_dir={self.get_path()!r})"
 
 
+def _member_bytes(file: Union[Path, RemotePath], key: str, offset: int, size: int) -> bytes:
+    """Bytes ``[offset, offset + size)`` of a dataset's tar ``file``: the file ``key`` of a :class:`DatasetFileStore`.
+
+    Raises:
+        DatasetConfigError: the tar ends before them, naming it, ``key`` and the bytes (local or remote alike;
+            remote had raised a ``TruncatedObjectError`` that named no file of the store).
+    """
+    if isinstance(file, RemotePath):
+        try:
+            return file.read_range(offset, size)
+        except TruncatedObjectError as exc:
+            raise _truncated_member(file, key, offset, size, exc.size) from None
+    with open(file, "rb") as f:
+        data = os.pread(f.fileno(), size, offset)
+        if len(data) != size:
+            raise _truncated_member(file, key, offset, size, os.fstat(f.fileno()).st_size)
+    return data
+
+
+def _truncated_member(file: Union[Path, RemotePath], key: str, offset: int, size: int, has: Optional[int]) -> DatasetConfigError:
+    what = f"the file has {has} bytes" if has is not None else "the file is shorter"
+    return DatasetConfigError(
+        f"{file}: truncated: {key!r} wants bytes [{offset}, {offset + size}) but {what}; the shard changed after the dataset was prepared"
+    )
+
+
 class DatasetFileStore(FileStore[bytes]):
     """The files of a prepared dataset by full entry name ``"<sample key>.<part>"`` (e.g. ``"000042.jpg"``).
 
@@ -213,13 +239,7 @@ class DatasetFileStore(FileStore[bytes]):
         if shard_id >= len(self._shards):
             raise DatasetConfigError(f"{self.path}: index.sqlite names shard #{shard_id}, .nv-meta lists {len(self._shards)}")
         shard = self._shards[shard_id]
-        if isinstance(self.path, RemotePath):
-            data = (self.path / shard).read_range(offset, size)
-        else:
-            with open(self.path / shard, "rb") as f:
-                data = os.pread(f.fileno(), size, offset)
-        if len(data) != size:
-            raise DatasetConfigError(f"{self.path / shard}: truncated: {key!r} wants bytes [{offset}, {offset + size})")
+        data = _member_bytes(self.path / shard, key, offset, size)
         # Energon's WebdatasetFileStore: the index is the file's name
         info = SourceInfo(dataset_path=self.get_path(), index=key, shard_name=shard, file_names=(key,))
         return data, info

@@ -16,6 +16,7 @@ from energon_ray.errors import ShardReadError, UntrustedCodeError
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_yaml import read_dataset_spec
 from energon_ray.format.indexer import index_shard
+from energon_ray.format.tar_index import read_tar_index
 from energon_ray.format.tar_reader import RemoteShardReader, ShardReader, merge_close_runs, sorted_runs
 from energon_ray.plan.stream import SegmentSpec
 from energon_ray.source.reader import ReadSegment, shard_table
@@ -364,3 +365,28 @@ def test_msc_filesystem_profile_is_the_local_path(tmp_path, monkeypatch):
     assert [r.path for r in er.traverse_metadataset(tmp_path / "mix.yaml", split_part="train")] == [root]
     result = CliRunner().invoke(cli, ["info", url])
     assert result.exit_code == 0 and "5 samples" in result.output, result.output
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_dataset_file_store_whose_shard_was_cut_short_names_the_file_and_the_key(server, tmp_path, where):
+    """A DatasetFileStore (an aux dataset) whose tar shard was cut short after prepare: reading a file past the
+    new end is a DatasetConfigError naming the shard, the file asked for, its bytes and the shard's size, from
+    a bucket as from disk (the bucket's had been a TruncatedObjectError naming only the URL and a byte range)."""
+    from energon_ray.cache.stores import DatasetFileStore
+    from energon_ray.errors import DatasetConfigError
+
+    root = text_dataset(tmp_path / "ds", [4])
+    shard = root / "shards" / "part00_0000.tar"
+    offsets = read_tar_index(shard)
+    cut = int(offsets[2]) + 600  # sample 2's header and part of its text block remain
+    shard.write_bytes(shard.read_bytes()[:cut])
+    location = str(root) if where == "local" else server.upload(root, "unit", "cut_store/ds")
+    store = DatasetFileStore(location)
+    assert store["000001.txt"][0] == b"1"
+    with pytest.raises(DatasetConfigError) as exc:
+        store["000003.txt"]
+    start = int(offsets[3]) + 512
+    assert str(exc.value) == (
+        f"{location}/shards/part00_0000.tar: truncated: '000003.txt' wants bytes [{start}, {start + 1}) but the file has "
+        f"{cut} bytes; the shard changed after the dataset was prepared"
+    )
