@@ -90,7 +90,7 @@ def _member(item: Any, parser: Any, where: str, ctx: Any) -> JoinMember:
     nonmatch = item.get("nonmatch", "error")
     if nonmatch not in NONMATCH:
         raise DatasetConfigError(f"{file}: {where}: nonmatch must be one of {list(NONMATCH)}, got {nonmatch!r}")
-    path = parser.resolve(item["path"])
+    path = parser.resolve(item["path"], where)
     if parser.check and not path.exists():
         raise DatasetConfigError(f"{file}: {where}: path {str(item['path'])!r} does not exist ({path})")
     if path.suffix in (".yaml", ".yml"):

@@ -259,11 +259,19 @@ class _Parser:
                      shuffle_over_epochs=ctx.shuffle_over_epochs, join=spec)
         ]  # fmt: skip
 
-    def resolve(self, raw: Any) -> Path | RemotePath:
-        """A path of the YAML, relative to its folder unless absolute."""
+    def resolve(self, raw: Any, where: str) -> Path | RemotePath:
+        """A path of the YAML (at node ``where``), relative to its folder unless absolute.
+
+        Raises:
+            DatasetConfigError: a URL that is none (``s3:///key``), or a relative path that leads above
+                the bucket or profile of a YAML in an object store; naming the file and the node.
+        """
         raw = str(raw)
         absolute = is_remote(raw) or local_of(raw) is not None or Path(raw).is_absolute()
-        return _as_path(raw if absolute else self.base / raw)
+        try:
+            return _as_path(raw if absolute else self.base / raw)
+        except ValueError as exc:
+            raise _err(self.file, where, f"path {raw!r}: {exc}") from None
 
     def blend(self, node: dict, kind: str, where: str, ctx: _Ctx) -> List[LeafSpec]:
         entries = node[kind]
@@ -293,7 +301,7 @@ class _Parser:
 
     def reference(self, node: dict, where: str, ctx: _Ctx) -> List[LeafSpec]:
         raw = node["path"]
-        path = self.resolve(raw)
+        path = self.resolve(raw, where)
         if self.check and not path.exists():
             raise _err(self.file, where, f"path {str(raw)!r} does not exist ({path})")
         _, absolute = _subset(node, self.file, where)
@@ -340,7 +348,7 @@ class _Parser:
                 ref = url.group("rest")
             elif protocol is not None and protocol.startswith("filesystem+"):
                 ref = f"{protocol[len('filesystem+'):]}://{url.group('rest')}"
-            out[name] = self.resolve(ref)
+            out[name] = self.resolve(ref, f"{where}.aux.{name}")
         return out
 
 

@@ -218,3 +218,30 @@ def test_a_joins_own_shuffle_over_epochs_multiplier_is_not_applied_as_in_energon
     bad = _write(tree / "bad.yaml", "__class__: MetadatasetV2\nsplits:\n  train: " + join.replace(": 3,", ": 0,") + "\n")
     with pytest.raises(DatasetConfigError, match=r"bad.yaml: splits.train: shuffle_over_epochs_multiplier must be .*, got 0"):
         parse_file(bad, "train")
+
+
+@pytest.mark.parametrize("node, where, raw", [
+    ("path: ../../ds", "splits.train", "../../ds"),
+    ("path: ds\n    aux:\n      media: filesystem://../../media", "splits.train.aux.media", "../../media"),
+    ("join:\n      - path: ds\n      - path: ../../other\n    joiner: {__module__: m, __function__: f}", "splits.train.join[1]", "../../other"),
+])  # fmt: skip
+def test_a_path_above_the_bucket_of_a_yaml_in_a_bucket_names_the_file_and_node(node, where, raw):
+    """A relative path in a YAML in a bucket that leads above the bucket is a DatasetConfigError naming the
+    file and the node, like every other metadataset error (it was a bare ValueError naming neither)."""
+    import yaml
+
+    from energon_ray.blend.metadataset import parse
+    from energon_ray.storage import RemotePath
+
+    data = yaml.safe_load(f"__class__: MetadatasetV2\nsplits:\n  train:\n    {node}\n")
+    file = "s3://bkt/data/mix.yaml"
+    with pytest.raises(DatasetConfigError) as exc:
+        parse(data, file, RemotePath("s3://bkt/data", settings="x"), "train", check=False)
+    assert str(exc.value) == f"{file}: {where}: path {raw!r}: s3://bkt/data/{raw}: the path leads above the bucket or profile root"
+
+
+def test_a_url_without_a_bucket_names_the_file_and_node(tmp_path):
+    """`path: s3:///ds` (no bucket) is a DatasetConfigError naming the file and the node (a bare ValueError before)."""
+    f = _write(tmp_path / "mix.yaml", "__class__: MetadatasetV2\nsplits:\n  train:\n    path: s3:///ds\n")
+    with pytest.raises(DatasetConfigError, match=r"mix\.yaml: splits\.train: path 's3:///ds': 's3:///ds' is not a storage URL"):
+        parse_file(f, "train")
