@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format import energon_yaml
-from energon_ray.storage import RemotePath, as_path, is_remote, local_of
+from energon_ray.storage import RemotePath, StorageError, as_path, is_remote, local_of
 
 _REF_KEYS = {"path", "split_part", "subflavors", "subflavor", "subset", "shuffle_over_epochs_multiplier",
              "dataset_config", "split_config", "weight", "repetitions", "aux"}  # fmt: skip
@@ -263,14 +263,15 @@ class _Parser:
         """A path of the YAML (at node ``where``), relative to its folder unless absolute.
 
         Raises:
-            DatasetConfigError: a URL that is none (``s3:///key``), or a relative path that leads above
-                the bucket or profile of a YAML in an object store; naming the file and the node.
+            DatasetConfigError: a URL that is none (``s3:///key``), an ``msc://`` profile no MSC config
+                defines, or a relative path that leads above the bucket or profile of a YAML in an object
+                store; naming the file and the node.
         """
         raw = str(raw)
         absolute = is_remote(raw) or local_of(raw) is not None or Path(raw).is_absolute()
         try:
             return _as_path(raw if absolute else self.base / raw)
-        except ValueError as exc:
+        except (ValueError, StorageError) as exc:
             raise _err(self.file, where, f"path {raw!r}: {exc}") from None
 
     def blend(self, node: dict, kind: str, where: str, ctx: _Ctx) -> List[LeafSpec]:

@@ -245,3 +245,17 @@ def test_a_url_without_a_bucket_names_the_file_and_node(tmp_path):
     f = _write(tmp_path / "mix.yaml", "__class__: MetadatasetV2\nsplits:\n  train:\n    path: s3:///ds\n")
     with pytest.raises(DatasetConfigError, match=r"mix\.yaml: splits\.train: path 's3:///ds': 's3:///ds' is not a storage URL"):
         parse_file(f, "train")
+
+
+def test_an_msc_profile_no_config_defines_names_the_file_and_node(tmp_path, monkeypatch):
+    """`path: msc://nope/ds` with no MSC config defining `nope` is a DatasetConfigError naming the file and the
+    node (a StorageError naming only the profile before)."""
+    pytest.importorskip("multistorageclient")
+    config = _write(tmp_path / "msc.yaml", "profiles:\n  other:\n    storage_provider:\n      type: file\n      options:\n        base_path: /\n")
+    monkeypatch.setenv("MSC_CONFIG", str(config))
+    f = _write(tmp_path / "mix.yaml", "__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n      - path: msc://nope/ds\n")
+    with pytest.raises(DatasetConfigError) as exc:
+        parse_file(f, "train")
+    assert str(exc.value) == (
+        f"{f}: splits.train.blend[0]: path 'msc://nope/ds': msc://nope: profile 'nope' is not defined in the MSC config ({config})"
+    )
