@@ -228,8 +228,8 @@ class ShardReader:
             except OSError as exc:
                 raise ShardReadError(f"{self.path}: cannot open shard: {exc}") from None
         data = os.pread(self._fd, end - start, start)
-        if len(data) != end - start:
-            raise self._truncated(start, end, start + len(data))
+        if len(data) != end - start:  # the file's size: a read that starts past its end gets no bytes at all
+            raise self._truncated(start, end, os.fstat(self._fd).st_size)
         return data
 
     def _truncated(self, start: int, end: int, size: Optional[int]) -> ShardReadError:

@@ -390,3 +390,32 @@ def test_a_dataset_file_store_whose_shard_was_cut_short_names_the_file_and_the_k
         f"{location}/shards/part00_0000.tar: truncated: '000003.txt' wants bytes [{start}, {start + 1}) but the file has "
         f"{cut} bytes; the shard changed after the dataset was prepared"
     )
+
+
+@pytest.mark.parametrize("where", ["local", "s3 cached"])
+def test_a_run_that_starts_past_a_cut_shards_end_names_the_shards_real_size(server, shard, tmp_path, monkeypatch, where):
+    """A shard cut short after prepare, read from disk or from the node's cached copy of an object: a run that
+    starts past the new end names the shard's real size, as a ranged GET does (it named the run's first byte
+    as the shard's end: 'its end at byte 7168' of a 5220-byte shard)."""
+    local, url, offsets = shard
+    cut = int(offsets[5]) + 100
+    data = open(local, "rb").read()[:cut]
+    if where == "local":
+        open(local, "wb").write(data)
+        reader, name = ShardReader(local, "s.tar", offsets), local
+    else:
+        monkeypatch.setenv("ENERGON_RAY_SHARD_CACHE_BYTES", "1e9")
+        monkeypatch.setenv("ENERGON_RAY_SHARD_CACHE_DIR", str(tmp_path / "cache"))
+        server.client().put_object(Bucket="unit", Key=url[len("s3://unit/"):], Body=data)
+        path = as_path(url)
+        assert path.settings.cache is not None
+        reader, name = RemoteShardReader(path, "s.tar", offsets), url
+    for first, last, lacking in ((7, 9, 7), (2, 9, 5)):
+        with pytest.raises(ShardReadError) as exc:
+            list(reader.read_run(first, last))
+        assert str(exc.value) == (
+            f"{name}: truncated shard: sample #{lacking} (bytes [{offsets[lacking]}, {offsets[lacking + 1]})) lies past "
+            f"its end at byte {cut}; the shard changed after the dataset was prepared (its .tar.idx ends at byte {offsets[-1]})"
+        )
+    if where != "local":
+        assert os.listdir(tmp_path / "cache")  # read from the cached copy
