@@ -59,6 +59,7 @@ class MscSettings:
         from multistorageclient.config import StorageClientConfig
 
         config, file = StorageClientConfig.read_msc_config()
+        config = _with_variables(config)
         profiles = (config or {}).get("profiles") or {}
         if profile not in profiles:
             raise StorageError(f"msc://{profile}", f"profile {profile!r} is not defined{_where_config(file)}")
@@ -71,6 +72,19 @@ class MscSettings:
         with _LOCK:
             _SETTINGS[key] = settings
         return settings
+
+
+def _with_variables(config: Any) -> Any:
+    """``config`` with its ``${VAR}`` references replaced by this process's values, as
+    multi-storage-client does when it builds a client: the config travels to Ray workers, whose
+    environment may lack them (keys, endpoints), and the keys so named are registered as secrets. A
+    reference to a variable not set here is left for multi-storage-client to report."""
+    from multistorageclient.utils import expand_env_vars
+
+    try:
+        return expand_env_vars(config)
+    except ValueError:
+        return config
 
 
 def _where_config(file: Optional[str]) -> str:

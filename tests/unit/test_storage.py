@@ -419,3 +419,40 @@ def test_a_run_that_starts_past_a_cut_shards_end_names_the_shards_real_size(serv
         )
     if where != "local":
         assert os.listdir(tmp_path / "cache")  # read from the cached copy
+
+
+def test_an_msc_config_with_variables_reaches_the_store_from_a_process_without_them(server, shard, tmp_path, monkeypatch):
+    """An MSC config naming its endpoint and keys as ${VARIABLES}: the settings that travel to the workers hold
+    their values, so a process without those variables and without the config file reads the object, and the
+    key's value is blanked from messages (the references travelled unexpanded: the worker had no endpoint
+    and no keys, and '${...}' was registered as the secret instead of the key)."""
+    import subprocess
+    import sys
+
+    from energon_ray.storage.msc import MscSettings
+
+    local, url, _ = shard
+    secret = "msc-variable-secret-not-to-print"
+    config = tmp_path / "msc.yaml"
+    config.write_text(
+        "profiles:\n  vars:\n    storage_provider:\n      type: s3\n      options:\n        base_path: unit\n"
+        "        endpoint_url: ${TEST_MSC_ENDPOINT}\n        region_name: us-east-1\n"
+        "    credentials_provider:\n      type: S3Credentials\n      options:\n"
+        "        access_key: ${TEST_MSC_KEY}\n        secret_key: ${TEST_MSC_SECRET}\n"
+    )
+    monkeypatch.setenv("MSC_CONFIG", str(config))
+    monkeypatch.setenv("TEST_MSC_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("TEST_MSC_KEY", "AKVARIABLE01")
+    monkeypatch.setenv("TEST_MSC_SECRET", secret)
+    path = as_path(f"msc://vars/{url[len('s3://unit/'):]}")
+    assert isinstance(path.settings, MscSettings) and "${" not in path.settings.config_json
+    assert redact(f"signature of {secret}") == "signature of ***"
+    (tmp_path / "path.pkl").write_bytes(pickle.dumps(path))
+    import energon_ray
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEST_MSC_", "MSC_", "AWS_"))}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(energon_ray.__file__))  # this checkout's package
+    code = f"import pickle; p = pickle.load(open({str(tmp_path / 'path.pkl')!r}, 'rb')); print(p.read_range(100, 400).hex())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert bytes.fromhex(out.stdout.strip()) == open(local, "rb").read()[100:500]
