@@ -298,10 +298,12 @@ class RemotePath:
         """Nothing to do: object stores have no folders."""
 
     def walk_files(self) -> Iterator[Tuple["RemotePath", int]]:
-        """Every object under this prefix as ``(path, size)``, in key order."""
+        """Every object under this prefix as ``(path, size)``, in key order; folder markers (empty
+        ``folder/`` objects that consoles and FUSE mounts make) are no files, and are left out."""
         prefix = f"{self.key}/" if self.key else ""
         for key, size in self.backend.list(str(self), prefix):
-            yield self._with_key(key), size
+            if not key.endswith("/"):
+                yield self._with_key(key), size
 
     def glob(self, pattern: str) -> Iterator["RemotePath"]:
         """Objects under this prefix matching ``pattern``: ``*.tar`` (this level) or ``**/*.tar`` (any depth)."""

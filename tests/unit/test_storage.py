@@ -456,3 +456,23 @@ def test_an_msc_config_with_variables_reaches_the_store_from_a_process_without_t
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert bytes.fromhex(out.stdout.strip()) == open(local, "rb").read()[100:500]
+
+
+def test_folder_markers_in_a_bucket_are_no_files(server, tmp_path):
+    """Empty ``folder/`` objects (the S3 console's "Create folder", FUSE mounts) are left out of a prefix's
+    files: glob and `energon-ray info` work on a dataset holding them (both failed: "s3://…/ds is not under
+    s3://…/ds")."""
+    from click.testing import CliRunner
+
+    from energon_ray.cli.main import main as cli
+
+    url = server.upload(text_dataset(tmp_path / "ds", [3, 2]), "unit", "markers/ds")
+    for key in ("markers/", "markers/ds/", "markers/ds/shards/"):
+        server.client().put_object(Bucket="unit", Key=key, Body=b"")
+    root = as_path(url)
+    assert [str(p.relative_to(root)) for p in root.glob("**/*.tar")] == ["shards/part00_0000.tar", "shards/part01_0000.tar"]
+    assert [str(p.relative_to(root)) for p, _ in root.walk_files() if not p.name.endswith(".idx")][-2:] == [
+        "shards/part00_0000.tar", "shards/part01_0000.tar"]  # fmt: skip
+    assert not any(p == root or p.name == "shards" for p, _ in root.walk_files())
+    result = CliRunner().invoke(cli, ["info", url])
+    assert result.exit_code == 0 and "5 samples in 2 shards" in result.output, result.output
