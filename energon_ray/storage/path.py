@@ -13,7 +13,7 @@ import io
 import threading
 import types
 from pathlib import Path, PurePath, PurePosixPath
-from typing import Any, Dict, Iterator, Optional, Tuple, Union
+from typing import IO, Any, Dict, Iterator, Optional, Tuple, Union
 
 from energon_ray.storage.errors import BucketNotFoundError, ObjectNotFoundError, StorageError
 
@@ -318,16 +318,18 @@ class RemotePath:
 
     rglob = glob
 
-    def open(self, mode: str = "rb", buffering: int = 64 * 1024) -> io.BufferedReader:
+    def open(self, mode: str = "r", buffering: int = 64 * 1024, encoding: Optional[str] = None) -> IO[Any]:
         """A seekable read-only file over the object: reads are ranged requests with a growing read-ahead.
+        ``"r"`` (the default, as ``pathlib.Path.open`` and Energon's ``EPath.open``) gives text, ``"rb"`` bytes.
 
         Raises:
-            ValueError: a mode other than ``"rb"``.
+            ValueError: a mode that writes (``"w"``, ``"a"``, ``"+"``…).
             ObjectNotFoundError: no such object.
         """
-        if mode not in ("rb", "r"):
-            raise ValueError(f"{self}: remote files open read-only in binary mode ('rb'), not {mode!r}")
-        return io.BufferedReader(RemoteFile(self), buffer_size=buffering)
+        if mode not in ("r", "rt", "rb"):
+            raise ValueError(f"{self}: remote files open read-only ('r' or 'rb'), not {mode!r}")
+        binary = io.BufferedReader(RemoteFile(self), buffer_size=buffering)
+        return binary if mode == "rb" else io.TextIOWrapper(binary, encoding=encoding or "utf-8")
 
 
 class RemoteFile(io.RawIOBase):

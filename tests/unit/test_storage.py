@@ -476,3 +476,21 @@ def test_folder_markers_in_a_bucket_are_no_files(server, tmp_path):
     assert not any(p == root or p.name == "shards" for p, _ in root.walk_files())
     result = CliRunner().invoke(cli, ["info", url])
     assert result.exit_code == 0 and "5 samples in 2 shards" in result.output, result.output
+
+
+def test_a_remote_path_opens_as_text_by_default_as_pathlib_and_energon_do(server, tmp_path):
+    """RemotePath.open() and open("r") give text, as pathlib's and Energon's EPath's open do, and "rb" bytes (a
+    traversed metadataset's RemotePath gave bytes where a local Path gives str); writing modes are refused."""
+    local = tmp_path / "a.txt"
+    local.write_text("héllo\nwörld\n", encoding="utf-8")
+    url = server.upload(tmp_path, "unit", "open_text")
+    remote = as_path(f"{url}/a.txt")
+    for mode in ("r", "rt"):
+        with remote.open(mode) as f, local.open(mode) as g:
+            assert f.readlines() == g.readlines() == ["héllo\n", "wörld\n"]
+    with remote.open() as f:
+        assert f.read() == "héllo\nwörld\n"
+    with remote.open("rb") as f:
+        assert f.read() == local.read_bytes()
+    with pytest.raises(ValueError, match=re.escape(f"{url}/a.txt: remote files open read-only ('r' or 'rb'), not 'w'")):
+        remote.open("w")
