@@ -16,7 +16,7 @@ import threading
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from energon_ray.storage.cache import CacheConfig
-from energon_ray.storage.errors import TruncatedObjectError, register_secret
+from energon_ray.storage.errors import AccessDeniedError, StorageError, TruncatedObjectError, register_secret
 from energon_ray.storage.retry import (
     DENIED, FATAL, MISSING, NO_BUCKET, TRANSIENT, RetryPolicy, call, describe, env_snapshot, max_gap_from_environment,
     transient_os_error,
@@ -191,9 +191,22 @@ class S3Backend:
     def _call(self, url: str, what: str, operation, size_of=None):
         return call(operation, url=url, what=what, policy=self.settings.retry, classify=classify, size_of=size_of)
 
+    def _client(self, url: str) -> Any:
+        """This process's client, or an error naming ``url`` when this node cannot make one (an AWS profile
+        resolved where the dataset was opened that this node's config lacks had escaped the read as
+        botocore's ``ProfileNotFound``, naming no URL)."""
+        from botocore import exceptions as bce
+
+        try:
+            return client_for(self.settings)
+        except (bce.ProfileNotFound, bce.NoCredentialsError, bce.PartialCredentialsError) as exc:
+            raise AccessDeniedError(url, f"no credentials on this node: {describe(exc)}") from None
+        except bce.BotoCoreError as exc:
+            raise StorageError(url, f"cannot make an S3 client on this node: {describe(exc)}") from None
+
     def get(self, url: str, key: str, start: Optional[int] = None, end: Optional[int] = None) -> bytes:
         """The object's bytes ``[start, end)`` (all of it without a range), body read inside the retry."""
-        client = client_for(self.settings)
+        client = self._client(url)
         ranged = start is not None and end is not None
         args: Dict[str, Any] = {"Bucket": self.bucket, "Key": key}
         if ranged:
@@ -225,7 +238,7 @@ class S3Backend:
 
     def head(self, url: str, key: str) -> Optional[Tuple[int, str]]:
         """``(size, etag)`` of the object, or None when it does not exist."""
-        client = client_for(self.settings)
+        client = self._client(url)
 
         def operation() -> Optional[Tuple[int, str]]:
             try:
@@ -240,7 +253,7 @@ class S3Backend:
 
     def list(self, url: str, prefix: str, limit: Optional[int] = None) -> Iterator[Tuple[str, int]]:
         """``(key, size)`` of every object whose key starts with ``prefix``, in key order."""
-        client = client_for(self.settings)
+        client = self._client(url)
         token: Optional[str] = None
         count = 0
         while True:
@@ -260,11 +273,11 @@ class S3Backend:
                 return
 
     def put(self, url: str, key: str, data: bytes) -> None:
-        client = client_for(self.settings)
+        client = self._client(url)
         self._call(url, "write", lambda: client.put_object(Bucket=self.bucket, Key=key, Body=data))
 
     def delete(self, url: str, key: str) -> None:
-        client = client_for(self.settings)
+        client = self._client(url)
         self._call(url, "delete", lambda: client.delete_object(Bucket=self.bucket, Key=key))
 
 

@@ -494,3 +494,20 @@ def test_a_remote_path_opens_as_text_by_default_as_pathlib_and_energon_do(server
         assert f.read() == local.read_bytes()
     with pytest.raises(ValueError, match=re.escape(f"{url}/a.txt: remote files open read-only ('r' or 'rb'), not 'w'")):
         remote.open("w")
+
+
+def test_an_aws_profile_this_node_lacks_names_the_url(tmp_path, monkeypatch):
+    """Settings naming an AWS profile (credentials each node resolves) on a node whose AWS config lacks it: the
+    read is an AccessDeniedError naming the URL and the profile, a ShardReadError in a shard's read (botocore's
+    ProfileNotFound had escaped the read, naming no URL)."""
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    settings = S3Settings(endpoint_url="http://127.0.0.1:9", region="us-east-1", profile="profile-of-another-node")
+    path = as_path("s3://bkt/ds/s.tar", settings)
+    with pytest.raises(AccessDeniedError) as exc:
+        path.read_range(0, 10)
+    assert str(exc.value) == (
+        "s3://bkt/ds/s.tar: no credentials on this node: ProfileNotFound: The config profile (profile-of-another-node) could not be found"
+    )
+    with pytest.raises(ShardReadError, match=re.escape("s3://bkt/ds/s.tar: no credentials on this node: ProfileNotFound")):
+        list(RemoteShardReader(path, "s.tar", np.array([0, 512, 1024])).read_run(0, 1))
