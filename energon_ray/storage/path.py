@@ -175,8 +175,10 @@ class RemotePath:
         out.key = _normalize(key, f"{self.scheme}://{self.netloc}/{key}")
         return out
 
-    def __truediv__(self, other: Union[str, PurePath]) -> "RemotePath":
+    def __truediv__(self, other: Union[str, PurePath]) -> Union["RemotePath", Path]:
         part = str(other)
+        if part.startswith("/"):  # an absolute local path replaces this one, as in pathlib and Energon's EPath
+            return Path(part)
         if part.startswith(_PREFIXES):  # a URL replaces this path (msc://__filesystem__/p: the local p)
             same = part.startswith(f"{self.scheme}://{self.netloc}/" if self.scheme == "msc" else "s3://")
             return as_path(part, self.settings if same else None)

@@ -511,3 +511,18 @@ def test_an_aws_profile_this_node_lacks_names_the_url(tmp_path, monkeypatch):
     )
     with pytest.raises(ShardReadError, match=re.escape("s3://bkt/ds/s.tar: no credentials on this node: ProfileNotFound")):
         list(RemoteShardReader(path, "s.tar", np.array([0, 512, 1024])).read_run(0, 1))
+
+
+def test_a_bucket_dataset_takes_a_local_split_config_by_absolute_path(server, tmp_path):
+    """An absolute path joined to a remote path replaces it, as in pathlib and Energon's EPath: a dataset in a
+    bucket opened with `split_config=/abs/split.yaml` reads that local file (it was looked up inside the bucket,
+    at <dataset>/.nv-meta/abs/split.yaml: "split file not found")."""
+    root = text_dataset(tmp_path / "ds", [3, 2])
+    url = server.upload(root, "unit", "local_split/ds")
+    assert RemotePath(url, settings="x") / "/abs/split.yaml" == as_path("/abs/split.yaml")
+    mine = tmp_path / "mine" / "split.yaml"
+    mine.parent.mkdir()
+    mine.write_text("split_parts:\n  train:\n    - shards/part01_0000.tar\n  val:\n    - shards/part00_0000.tar\n")
+    for location in (str(root), url):
+        opened = PreparedDataset.open(location, "val", split_config=str(mine))
+        assert [(s.name, s.count) for s in opened.shards] == [("shards/part00_0000.tar", 3)]
