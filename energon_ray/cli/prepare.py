@@ -261,6 +261,15 @@ def _report(result: PrepareResult) -> None:
         click.echo(f"Warning: {warning}", err=True)
 
 
+def _refuse_fix_duplicates(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """Energon's ``--fix-duplicates`` rewrites shards; energon_ray never writes into a user's tars."""
+    if value:
+        raise click.UsageError(
+            "--fix-duplicates: energon_ray does not rewrite tar shards; prepare names each duplicate sample key "
+            "with both places it is in: fix those shards and run prepare again", ctx,
+        )  # fmt: skip
+
+
 @click.command(name="prepare")
 @click.argument("path", type=DatasetLocation())
 @click.option("--split-ratio", callback=_parse_ratio, help="train,val,test shard ratio, e.g. '8,1,1'.")
@@ -283,12 +292,16 @@ def _report(result: PrepareResult) -> None:
 @click.option("--media-metadata-by-header", is_flag=True, help="Store media metadata of entries whose file header is media.")
 @click.option("--media-metadata-by-extension", is_flag=True,
               help="Store media metadata of entries with an image/audio/video extension.")  # fmt: skip
+@click.option("--tmp-path", type=click.Path(file_okay=False, path_type=Path),
+              help="For an s3:// or msc:// PATH: local folder where index.sqlite is built before it is uploaded "
+              "(default: a new folder under the system's temporary folder, removed after).")  # fmt: skip
+@click.option("--fix-duplicates", is_flag=True, hidden=True, callback=_refuse_fix_duplicates, expose_value=False)
 def prepare_command(
     path: Path, split_ratio: Optional[List[float]], split_parts: Optional[Dict[str, List[str]]],
     exclude: Tuple[str, ...], shuffle_tars: bool, sample_type: Optional[str], field_map: Optional[dict],
     dataset_yaml_name: str, skip_dataset_yaml: bool, tar_index_only: bool, non_interactive: bool,
     force_overwrite: bool, progress: bool, num_workers: int, media_metadata_by_glob: Optional[str],
-    media_metadata_by_header: bool, media_metadata_by_extension: bool,
+    media_metadata_by_header: bool, media_metadata_by_extension: bool, tmp_path: Optional[Path],
 ) -> None:  # fmt: skip
     """Index the tar shards under PATH and write PATH/.nv-meta (Energon's format); for a .jsonl
     file, write its .jsonl.idx; a metadataset .yaml is checked (energon_ray needs no join index). PATH may be an s3:// or msc:// URL: the files are written there.
@@ -342,6 +355,7 @@ def prepare_command(
             sample_type=sample_type if write_yaml else None, field_map=field_map if write_yaml else None,
             tar_index_only=tar_index_only, force_overwrite=force_overwrite, progress=progress,
             num_workers=num_workers, dataset_config=dataset_yaml_name, media_filter=media_filter,
+            scratch_dir=tmp_path,
         )  # fmt: skip
     _report(result)
     if defer_yaml:

@@ -252,6 +252,8 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
             workers: processes indexing shards in parallel (at most one per shard).
             media_filter: also store media metadata in ``index.sqlite`` (a ``MediaFilter``, or
                 Energon's ``MediaFilterConfig``; see :mod:`energon_ray.format.media_index`).
+            index_sqlite_tmp_path: for a remote ``parent_path``, a local file path whose folder is
+                where ``index.sqlite`` is built before it is uploaded (as Energon's).
 
         Returns:
             The part names (``jpg``, ``txt``…) found in the shards.
@@ -269,13 +271,16 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
         names = [e for p in paths for e in braceexpand.braceexpand(str(p))]
         if not names:
             raise ValueError("prepare_dataset needs at least one shard path")
-        counts, parts = index_dataset(root, names, num_workers=max(1, min(int(workers), len(names))), progress=False)
+        scratch = None if index_sqlite_tmp_path is None else Path(index_sqlite_tmp_path).parent
+        counts, parts = index_dataset(
+            root, names, num_workers=max(1, min(int(workers), len(names))), progress=False, scratch_dir=scratch
+        )
         if tar_index_only:
             return set(parts)
         if (split_parts_ratio is None) == (split_parts_patterns is None):
             raise ValueError("prepare_dataset needs exactly one of split_parts_ratio or split_parts_patterns")
         if media_filter is not None:
-            write_media_metadata(root, MediaFilter.coerce(media_filter), shards=names)
+            write_media_metadata(root, MediaFilter.coerce(media_filter), shards=names, scratch_dir=scratch)
         write_info(root, counts, energon_version_string())
         if split_parts_ratio is not None:
             part_names = [str(p) for p, _ in split_parts_ratio]

@@ -286,16 +286,27 @@ def _finish_index_db(db: sqlite3.Connection, tmp: Path, final: Path | RemotePath
         os.replace(tmp, final)
 
 
+def scratch_folder(prefix: str, parent: Optional[Path | str] = None) -> str:
+    """A new private folder where a remote dataset's ``index.sqlite`` is built before it is uploaded:
+    under ``parent`` (made if missing; Energon's ``--tmp-path``) or the system's temporary folder."""
+    if parent is not None:
+        Path(parent).mkdir(parents=True, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=None if parent is None else str(parent))
+
+
 def index_dataset(
     root: Path, names: List[str], *, num_workers: int = 1, progress: bool = True,
     shard_indexer: Optional[ShardIndexer] = None, skipped: Optional[List[str]] = None,
+    scratch_dir: Optional[Path | str] = None,
 ) -> Tuple[Dict[str, int], Tuple[str, ...]]:
     """Index every shard (``.tar.idx``) and write ``.nv-meta/index.sqlite`` and ``index.uuid``.
 
     ``shard_indexer`` replaces the local process pool (``num_workers``, ``progress``): e.g. Ray tasks
     (``jobs/prepare_job.py``); the files written are the same, since only the per-shard work moves.
     ``skipped``, when given, receives each member left out as no sample part (``"shard: 'member' (why)"``),
-    so a caller can count and report them.
+    so a caller can count and report them. ``scratch_dir``: where a remote dataset's ``index.sqlite``
+    is built before it is uploaded (a new folder inside it, removed after; default: the system's
+    temporary folder).
 
     Returns:
         ``({shard name: sample count} in ``names`` order, sorted part names)``.
@@ -308,7 +319,7 @@ def index_dataset(
     for file in (INDEX_SQLITE, INDEX_SQLITE + ".tmp", INDEX_UUID):
         check_write_target(root, meta / file)
     meta.mkdir(parents=True, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="energon_ray_index_") if isinstance(meta, RemotePath) else None
+    scratch = scratch_folder("energon_ray_index_", scratch_dir) if isinstance(meta, RemotePath) else None
     tmp = Path(scratch) / INDEX_SQLITE if scratch else meta / (INDEX_SQLITE + ".tmp")
     db = _create_index_db(tmp)
     counts: Dict[str, int] = {}

@@ -17,7 +17,6 @@ import os
 import shutil
 import sqlite3
 import tarfile
-import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -31,7 +30,7 @@ from energon_ray.decode.media_metadata import (
     serialize_media_metadata,
 )
 from energon_ray.errors import DatasetConfigError
-from energon_ray.format.indexer import INDEX_SQLITE, find_shards
+from energon_ray.format.indexer import INDEX_SQLITE, find_shards, scratch_folder
 from energon_ray.format.info import check_write_target, meta_dir, read_info
 from energon_ray.format.tar_reader import SKIP_META_RE, TAR_ENCODING, split_member_name
 from energon_ray.storage import RemotePath, as_path
@@ -228,7 +227,7 @@ def _fill_tables(db: sqlite3.Connection, rows: Iterator[Tuple[str, str, str]], m
 
 def write_media_metadata(
     path: Path | str, media_filter: MediaFilter, *, shards: Optional[Sequence[str]] = None, progress: bool = False,
-    skipped: Optional[List[str]] = None,
+    skipped: Optional[List[str]] = None, scratch_dir: Optional[Path | str] = None,
 ) -> int:
     """Store the metadata of every media member of a prepared dataset in its ``index.sqlite``.
 
@@ -241,6 +240,8 @@ def write_media_metadata(
         shards: shard names to scan; default: those of ``.nv-meta/.info.json``.
         progress: show a progress bar over shards.
         skipped: a list to which each unreadable media member is added (``"shard: entry: reason"``).
+        scratch_dir: where a remote dataset's ``index.sqlite`` is updated before it is uploaded
+            (``indexer.scratch_folder``).
 
     Returns:
         The number of rows stored.
@@ -255,7 +256,7 @@ def write_media_metadata(
         raise DatasetConfigError(f"{root}: no .nv-meta/{INDEX_SQLITE}; run `energon-ray prepare {root}` first")
     rows = (row for name in tqdm(names, desc="Media metadata", unit="shard", disable=not progress)
             for row in shard_media_rows(root, name, media_filter, skipped))  # fmt: skip
-    return _store(root, final, rows, media_filter)
+    return _store(root, final, rows, media_filter, scratch_dir)
 
 
 def folder_media_rows(root: Path, media_filter: MediaFilter, skipped: Optional[List[str]] = None) -> Iterator[Tuple[str, str, str]]:
@@ -298,11 +299,11 @@ def write_folder_media_metadata(path: Path | str, media_filter: MediaFilter, ski
     return _store(root, final, folder_media_rows(root, media_filter, skipped), media_filter)
 
 
-def _store(root, final, rows: Iterator[Tuple[str, str, str]], media_filter: MediaFilter) -> int:
+def _store(root, final, rows: Iterator[Tuple[str, str, str]], media_filter: MediaFilter, scratch_dir=None) -> int:
     """Fill the media tables of a copy of ``final`` (empty if it does not exist), then swap it in:
     readers never see a half-written index."""
     remote = isinstance(final, RemotePath)
-    scratch = tempfile.mkdtemp(prefix="energon_ray_media_") if remote else None
+    scratch = scratch_folder("energon_ray_media_", scratch_dir) if remote else None
     local = Path(scratch) / INDEX_SQLITE if scratch else check_write_target(root, final.parent / (INDEX_SQLITE + ".media.tmp"))
     try:
         local.write_bytes(final.read_bytes() if final.exists() else b"")

@@ -233,7 +233,8 @@ def _check_meta_targets(root: Path, dataset_config: Optional[str]) -> None:
 
 
 def _reindex(
-    root: Path, num_workers: int, progress: bool, conflicts: Dict[str, object], shard_indexer: Optional[ShardIndexer]
+    root: Path, num_workers: int, progress: bool, conflicts: Dict[str, object], shard_indexer: Optional[ShardIndexer],
+    scratch_dir: Optional[Path | str] = None,
 ) -> PrepareResult:
     given = sorted(name for name, value in conflicts.items() if value)
     if given:
@@ -243,7 +244,8 @@ def _reindex(
     old = read_info(root)
     skipped: List[str] = []
     counts, part_types = index_dataset(
-        root, list(old), num_workers=num_workers, progress=progress, shard_indexer=shard_indexer, skipped=skipped
+        root, list(old), num_workers=num_workers, progress=progress, shard_indexer=shard_indexer, skipped=skipped,
+        scratch_dir=scratch_dir,
     )
     warnings = skipped_members(skipped)
     if counts != old:
@@ -272,6 +274,7 @@ def prepare_dataset(
     dataset_config: str = "dataset.yaml",
     shard_indexer: Optional[ShardIndexer] = None,
     media_filter: Optional[MediaFilter] = None,
+    scratch_dir: Optional[Path | str] = None,
 ) -> PrepareResult:
     """Index the tar shards under ``path`` and write ``.nv-meta`` (Energon's ``energon prepare``).
 
@@ -295,6 +298,9 @@ def prepare_dataset(
         media_filter: also store the metadata of the media members (image size/format, audio/video
             stream facts) in ``index.sqlite`` (Energon's ``--media-metadata-by-…``; see
             :mod:`energon_ray.format.media_index`).
+        scratch_dir: where a remote dataset's ``index.sqlite`` is built before it is uploaded (a new
+            folder inside it, removed after; Energon's ``--tmp-path``); default: the system's
+            temporary folder.
 
     Returns:
         A :class:`PrepareResult` (counts, splits, part types, files, warnings).
@@ -324,7 +330,7 @@ def prepare_dataset(
     if tar_index_only:
         conflicts = dict(split_ratio=split_ratio, split_parts=split_parts, exclude=exclude,
                          shuffle_tars=shuffle_tars, sample_type=sample_type, field_map=field_map)  # fmt: skip
-        return _reindex(root, num_workers, progress, conflicts, shard_indexer)
+        return _reindex(root, num_workers, progress, conflicts, shard_indexer, scratch_dir)
     if (split_ratio is None) == (split_parts is None):
         raise ValueError("give exactly one of split_ratio (e.g. [8, 1, 1]) or split_parts ({'train': [regex]})")
     ratio = check_ratio(split_ratio) if split_ratio is not None else None
@@ -347,11 +353,14 @@ def prepare_dataset(
         raise DatasetConfigError(f"{root}: no .tar/.tgz shards found{excluded}" + "".join(f"; {w}" for w in linked))
     skipped: List[str] = []
     counts, part_types = index_dataset(
-        root, names, num_workers=num_workers, progress=progress, shard_indexer=shard_indexer, skipped=skipped
+        root, names, num_workers=num_workers, progress=progress, shard_indexer=shard_indexer, skipped=skipped,
+        scratch_dir=scratch_dir,
     )
     media_rows, unreadable = None, []
     if media_filter is not None:
-        media_rows = write_media_metadata(root, media_filter, shards=names, progress=progress, skipped=unreadable)
+        media_rows = write_media_metadata(
+            root, media_filter, shards=names, progress=progress, skipped=unreadable, scratch_dir=scratch_dir
+        )
     write_info(root, counts, energon_version_string())
     splits = split_by_ratio(names, ratio, shuffle_tars) if ratio else split_by_patterns(names, patterns or {})
     write_split_file(root, {part: collapse_names(shards) for part, shards in splits.items()}, split_config=SPLIT_FILE)

@@ -137,14 +137,16 @@ def test_blend_and_metadataset_from_the_bucket(store):
 
 def test_prepare_and_info_on_a_bucket_match_local_files(store, tmp_path):
     """`energon-ray prepare s3://…` writes .nv-meta and .tar.idx into the bucket, byte for byte what a local
-    prepare writes (index.uuid is random); `energon-ray info` reports the same."""
+    prepare writes (index.uuid is random), building index.sqlite under --tmp-path; `energon-ray info`
+    reports the same."""
     server = store["server"]
     write_shards(tmp_path / "raw" / "shards", captioning_samples(20), 6)
     url = server.upload(tmp_path / "raw", BUCKET, "raw")
     args = ["--non-interactive", "--split-ratio", "8,1,1", "--sample-type", "CaptioningSample",
             "--field-map", '{"image": "jpg", "caption": "txt"}', "--no-progress"]  # fmt: skip
-    result = CliRunner().invoke(cli, ["prepare", url, *args])
+    result = CliRunner().invoke(cli, ["prepare", url, *args, "--tmp-path", str(tmp_path / "scratch")])
     assert result.exit_code == 0, result.output
+    assert (tmp_path / "scratch").is_dir() and not list((tmp_path / "scratch").iterdir())  # built there, then removed
     prepare_dataset(tmp_path / "raw", progress=False, **PREPARE)
     files = {p.relative_to(tmp_path / "raw").as_posix(): p.read_bytes() for p in (tmp_path / "raw").rglob("*") if p.is_file()}
     stored = server.download(BUCKET, "raw")

@@ -247,6 +247,9 @@ def test_bad_sample_config_fails_before_anything_is_written(tmp_path, args, code
         (["--split-parts", "train:.*", "--shuffle-tars"], "--shuffle-tars only applies to --split-ratio, not to --split-parts"),
         (["--tar-index-only", "--split-ratio", "8,1,1", "--exclude", "x", "--sample-type", "TextSample"],
          "--tar-index-only only rebuilds the indexes of the shards in .nv-meta/.info.json; drop --split-ratio, --exclude, --sample-type"),
+        (["--split-ratio", "8,1,1", "--fix-duplicates"],  # Energon's option (was click's "No such option")
+         "--fix-duplicates: energon_ray does not rewrite tar shards; prepare names each duplicate sample key with both "
+         "places it is in: fix those shards and run prepare again"),
     ],
 )  # fmt: skip
 def test_cli_options_that_do_not_go_together_are_usage_errors_naming_the_flags(tmp_path, args, message):
