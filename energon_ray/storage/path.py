@@ -215,6 +215,8 @@ class RemotePath:
     def relative_to(self, other: Union[str, "RemotePath"]) -> PurePosixPath:
         base = other if isinstance(other, RemotePath) else RemotePath(str(other), self.settings)
         prefix = f"{base.key}/" if base.key else ""
+        if (base.scheme, base.netloc, base.key) == (self.scheme, self.netloc, self.key):
+            return PurePosixPath(".")  # as pathlib's
         if (base.scheme, base.netloc) != (self.scheme, self.netloc) or not self.key.startswith(prefix):
             raise ValueError(f"{self} is not under {base}")
         return PurePosixPath(self.key[len(prefix):])

@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 import re
+from pathlib import PurePosixPath
 
 import numpy as np
 import pytest
@@ -59,6 +60,9 @@ def test_remote_path_is_pathlike_and_never_leaves_its_bucket():
     assert str(root / "../other/./ds//a.tar") == "s3://bkt/data/other/ds/a.tar"
     assert (root / "a.tar").suffix == ".tar" and (root / "a.tar").stem == "a" and root.name == "ds"
     assert str(root.parent.parent) == "s3://bkt" and str((root / "x/y.tar").relative_to(root)) == "x/y.tar"
+    assert root.relative_to(root) == PurePosixPath(".") and root.is_relative_to("s3://bkt/data/ds/")  # as pathlib's
+    with pytest.raises(ValueError, match="is not under"):
+        root.relative_to("s3://bkt/data/d")
     assert (root / "s3://bkt/else").settings == "x" and repr(root) == "RemotePath('s3://bkt/data/ds')"
     assert pickle.loads(pickle.dumps(root)) == root and pickle.loads(pickle.dumps(root)).settings == "x"
     with pytest.raises(ValueError, match="leads above the bucket"):
