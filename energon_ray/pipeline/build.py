@@ -547,17 +547,6 @@ def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, 
     return _segment_task.options(**options), _chained_segment_task.options(num_returns=2, **options), float(options.get("num_cpus", 1) or 0)
 
 
-def waits_holding_cpus_only(ray_remote_args: Optional[Dict[str, Any]]) -> bool:
-    """Whether a segment task blocked in ``ray.get`` holds nothing another task needs: Ray lends a
-    blocked task's CPUs back, not its GPUs, memory or custom resources, nor a place in a placement
-    group. Only then may a chained segment's task wait for its carry (``LaterCarry``): else a later
-    segment could hold what the one before it waits for."""
-    options = _options(ray_remote_args, TASK_OPTIONS)
-    if any(options.get(key) for key in ("num_gpus", "memory", "resources", "accelerator_type")):
-        return False
-    return isinstance(options.get("scheduling_strategy", "SPREAD"), str)
-
-
 @deaf_to_cancel
 def _batch_groups(config: Any, worker: int, seed: int, groups, source: int) -> "TableParts":
     import_task_modules()  # before the config (shipped) is opened: its classes import torch

@@ -85,3 +85,14 @@ def _amount(name: str, key: str, value: Any, optional: bool = True) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
         raise ValueError(f"{name}: {key} must be a number ≥ 0, got {value!r}")
+
+
+def waits_holding_cpus_only(ray_remote_args: Optional[Dict[str, Any]]) -> bool:
+    """Whether a segment task blocked in ``ray.get`` holds nothing another task needs: Ray lends a
+    blocked task's CPUs back, not its GPUs, memory or custom resources, nor a place in a placement
+    group. Only then may a chained segment's task wait for its carry (``build.LaterCarry``): else a later
+    segment could hold what the one before it waits for."""
+    options = {k: v for k, v in (ray_remote_args or {}).items() if k in TASK_OPTIONS}
+    if any(options.get(key) for key in ("num_gpus", "memory", "resources", "accelerator_type")):
+        return False
+    return isinstance(options.get("scheduling_strategy", "SPREAD"), str)

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from energon_ray.pipeline import build
 from energon_ray.pipeline.local_start import LOCAL_START_MODES, give_back_memory, local_block, local_chained_block, local_start_mode, make_here
+from energon_ray.pipeline.remote_args import waits_holding_cpus_only
 from energon_ray.pipeline.shipped import ship, ship_each
 from energon_ray.ray_env import mark_closed
 
@@ -162,7 +163,7 @@ class TaskStream:
         #: chained leaves, and the carry (ref) each of their worker streams hands its next segment
         self._chained = {source for source, config in configs.items() if getattr(config, "chained", False)}
         #: chained leaves whose segments encode before their carry comes (``chained.encodes_without_carry``)
-        self._early = _encoding_early(self._chained, configs) if build.waits_holding_cpus_only(ray_remote_args) else set()
+        self._early = _encoding_early(self._chained, configs) if waits_holding_cpus_only(ray_remote_args) else set()
         self._carries: Dict[Tuple[int, int], Any] = {}
         self._chain_start = chain_start
         self._segment_spec = segment_spec

@@ -61,6 +61,6 @@ def test_a_tasks_needs_default_to_one_cpu():
     ],
 )
 def test_chained_tasks_wait_for_their_carry_only_where_waiting_holds_cpus_alone(args, early):
-    from energon_ray.pipeline.build import waits_holding_cpus_only
+    from energon_ray.pipeline.remote_args import waits_holding_cpus_only
 
     assert waits_holding_cpus_only(args) is early
