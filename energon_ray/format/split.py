@@ -17,6 +17,7 @@ import yaml
 from energon_ray.errors import DatasetConfigError, parse_problem
 from energon_ray.format import energon_yaml
 from energon_ray.format.info import check_write_target, meta_dir, write_file
+from energon_ray.storage import as_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +35,11 @@ def _expand(patterns: List[str]) -> List[str]:
 
 
 def read_split_file(path: Path | str, split_config: str = "split.yaml") -> Dict:
-    """Parse the split file (``split.json`` is accepted when ``split.yaml`` is absent)."""
+    """Parse the split file (``split.json`` is accepted when ``split.yaml`` is absent). ``split_config``:
+    a name in ``.nv-meta``, an absolute path, or a URL (``s3://``, ``msc://``), as Energon's ``EPath``
+    joins it."""
     meta = meta_dir(path)
-    file = meta / split_config
+    file = as_path(split_config) if "://" in split_config else meta / split_config
     if not file.is_file() and split_config == "split.yaml" and (meta / "split.json").is_file():
         file = meta / "split.json"
     if not file.is_file():

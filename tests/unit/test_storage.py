@@ -530,3 +530,8 @@ def test_a_bucket_dataset_takes_a_local_split_config_by_absolute_path(server, tm
     for location in (str(root), url):
         opened = PreparedDataset.open(location, "val", split_config=str(mine))
         assert [(s.name, s.count) for s in opened.shards] == [("shards/part00_0000.tar", 3)]
+    # a URL as split_config, for a local dataset too (was joined as a local name: "split file not found")
+    remote_split = server.upload(mine.parent, "unit", "local_split/mine") + "/split.yaml"
+    for location, split in ((str(root), remote_split), (str(root), f"msc://__filesystem__{mine}"), (url, remote_split)):
+        opened = PreparedDataset.open(location, "val", split_config=split)
+        assert [(s.name, s.count) for s in opened.shards] == [("shards/part00_0000.tar", 3)]
