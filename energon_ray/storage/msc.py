@@ -232,10 +232,21 @@ class MscBackend:
     def _call(self, url: str, what: str, operation, size_of=None):
         return call(operation, url=url, what=what, policy=self.settings.retry, classify=classify, size_of=size_of)
 
+    def _client(self, url: str) -> Any:
+        """This process's client, or a ``StorageError`` naming ``url`` and the profile when this node
+        cannot make one (a provider's settings it cannot use, a credentials provider that fails here):
+        such an error had escaped a Ray read task as multi-storage-client's own, naming no URL."""
+        try:
+            return client_for(self.settings)
+        except Exception as exc:
+            raise StorageError(
+                url, f"cannot make multi-storage-client's client of profile {self.profile!r} on this node: {describe(exc)}"
+            ) from None
+
     def get(self, url: str, key: str, start: Optional[int] = None, end: Optional[int] = None) -> bytes:
         from multistorageclient.types import Range
 
-        client = client_for(self.settings)
+        client = self._client(url)
         if start is None or end is None:
             return self._call(url, "read", lambda: client.read(key), size_of=len)
         if end <= start:
@@ -256,7 +267,7 @@ class MscBackend:
         return self._call(url, f"read of bytes [{start}, {end})", operation, size_of=len)
 
     def head(self, url: str, key: str) -> Optional[Tuple[int, str]]:
-        client = client_for(self.settings)
+        client = self._client(url)
 
         def operation() -> Optional[Tuple[int, str]]:
             try:
@@ -270,7 +281,7 @@ class MscBackend:
         return self._call(url, "info", operation)
 
     def list(self, url: str, prefix: str, limit: Optional[int] = None) -> Iterator[Tuple[str, int]]:
-        client = client_for(self.settings)
+        client = self._client(url)
         items = self._call(url, "list", lambda: list(client.list(path=prefix)))
         count = 0
         for meta in sorted(items, key=lambda m: m.key):
@@ -282,9 +293,9 @@ class MscBackend:
                 return
 
     def put(self, url: str, key: str, data: bytes) -> None:
-        client = client_for(self.settings)
+        client = self._client(url)
         self._call(url, "write", lambda: client.write(key, data))
 
     def delete(self, url: str, key: str) -> None:
-        client = client_for(self.settings)
+        client = self._client(url)
         self._call(url, "delete", lambda: client.delete(key))

@@ -4,6 +4,7 @@ against a real S3-compatible server (moto in server mode) where a store is neede
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import pickle
@@ -535,3 +536,16 @@ def test_a_bucket_dataset_takes_a_local_split_config_by_absolute_path(server, tm
     for location, split in ((str(root), remote_split), (str(root), f"msc://__filesystem__{mine}"), (url, remote_split)):
         opened = PreparedDataset.open(location, "val", split_config=split)
         assert [(s.name, s.count) for s in opened.shards] == [("shards/part00_0000.tar", 3)]
+
+
+def test_an_msc_client_this_node_cannot_make_names_the_url_and_profile():
+    """multi-storage-client refusing to build a profile's client on a node (here a provider type it does
+    not know) surfaced as its own error from inside the read, naming no URL."""
+    from energon_ray.storage.errors import StorageError
+    from energon_ray.storage.msc import MscBackend, MscSettings
+
+    config = {"profiles": {"odd": {"storage_provider": {"type": "no_such_provider", "options": {"base_path": "b"}}}}}
+    backend = MscBackend("odd", MscSettings("odd", json.dumps(config)))
+    for call in (lambda: backend.get("msc://odd/ds/a.tar", "ds/a.tar", 0, 10), lambda: list(backend.list("msc://odd/ds", "ds/"))):
+        with pytest.raises(StorageError, match=re.escape("msc://odd/ds") + r".*cannot make multi-storage-client's client of profile 'odd' on this node: "):
+            call()
