@@ -18,7 +18,7 @@ from typing import Any, List, Optional, Tuple
 
 from energon_ray.loader.config_summary import differences, explain, summarize
 from energon_ray.loader.elastic import Redistribution, stream_prefixes, check_movable, check_order
-from energon_ray.loader.savable import LAYOUT, check_seed, describe, fingerprints, new_state, what_differs
+from energon_ray.loader.savable import check_seed, describe, fingerprints, new_state, unrecorded, what_differs
 from energon_ray.loader.state import LoaderState, StateError
 
 #: ``(path in the configuration summary, saved batch size, this loader's)``
@@ -94,9 +94,7 @@ def _refusal(path: str, saved: Any, current: Any) -> Optional[str]:
 def _check_nothing_else(state: LoaderState, dataset: Any) -> None:
     """Raises ``StateError`` naming what differs besides batch sizes (the worker count's and world
     size's differences are checked before)."""
-    ignore: Tuple[str, ...] = ("batch_size",)
-    if not any(path.endswith(LAYOUT) for path in state.config_summary):  # saved before layouts were recorded
-        ignore += LAYOUT
+    ignore = ("batch_size",) + unrecorded(state)
     named = explain(differences(state.config_summary, summarize(describe(dataset), max_chars=None), ignore=ignore))
     if named:
         raise StateError(

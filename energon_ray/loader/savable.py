@@ -148,12 +148,19 @@ def what_differs(state: LoaderState, dataset: Composition, order_only: bool = Fa
     words it (``""``: nothing to name, as for a state saved before summaries); ``order_only``: only
     what changes the sample order."""
     current = summarize(describe(dataset), max_chars=None)
-    ignore = ORDER_FREE if order_only else ()
-    if not any(path.endswith(LAYOUT) for path in state.config_summary):  # saved before it was recorded
-        ignore += LAYOUT
-    if not any(path.endswith(JOINED_ROWS) for path in state.config_summary):
-        ignore += (JOINED_ROWS,)
+    ignore = (ORDER_FREE if order_only else ()) + unrecorded(state)
     return explain(differences(state.config_summary, current, ignore=ignore))
+
+
+def unrecorded(state: LoaderState) -> Tuple[str, ...]:
+    """The description's names a state's summary lacks because it was saved before they were
+    recorded (``LAYOUT``, ``JOINED_ROWS``): not differences of that state."""
+    out: Tuple[str, ...] = ()
+    if not any(path.endswith(LAYOUT) for path in state.config_summary):
+        out += LAYOUT
+    if not any(path.endswith(JOINED_ROWS) for path in state.config_summary):
+        out += (JOINED_ROWS,)
+    return out
 
 
 def encoder_name(leaf: Any) -> str:

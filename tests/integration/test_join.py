@@ -307,3 +307,32 @@ def test_a_join_whose_rows_changed_but_not_their_count_refuses_a_saved_state(ray
         assert [k for b in legacy for k in b.__key__] == rest
     finally:
         legacy.close()
+
+
+def test_a_join_state_saved_before_its_rows_were_recorded_restores_into_a_smaller_batch_size(ray_session, data):
+    """A join's state saved before the joined rows were recorded (fingerprints and summary without
+    them) restores into the saved batch size (above) and, as any state, into a divisor of it: each
+    worker stream goes on with the samples it had not given. It was refused, naming
+    ``joined_rows was absent`` as if the join had changed."""
+    from energon_ray.loader.savable import describe
+    from energon_ray.loader.state import fingerprint
+
+    path = _list_join(data, "legacy_rebatch", "skip")
+
+    def loader(batch_size):
+        return er.get_savable_loader(er.get_val_dataset(path, split_part="train", worker_config=WC, batch_size=batch_size))
+
+    saved = loader(2)
+    it = iter(saved)
+    assert list(next(it).__key__) == ["s_000", "s_002"]
+    old = saved.save_state_rank().to_dict()
+    old["fingerprint"] = fingerprint(describe(saved.dataset, joins=False))
+    old["order_fingerprint"] = fingerprint(describe(saved.dataset, order_only=True, joins=False))
+    old["config_summary"] = {k: v for k, v in old["config_summary"].items() if not k.endswith("joined_rows")}
+    saved.close()
+    smaller = loader(1)
+    smaller.restore_state_rank(old)
+    try:
+        assert [list(b.__key__) for b in smaller] == [[f"s_{i:03d}"] for i in range(4, 20, 2)]
+    finally:
+        smaller.close()
