@@ -60,8 +60,9 @@ def summarize(description: Any, max_chars: Optional[int] = MAX_CHARS) -> Dict[st
 
 
 def differences(saved: Dict[str, Any], current: Dict[str, Any], ignore: Iterable[str] = ()) -> List[str]:
-    """``"<path> was <saved value>, is now <current value>"`` per difference: changed values first,
-    then paths that one side lacks (``absent`` on the other).
+    """``"<path> was <saved value>, is now <current value>"`` per difference: a composition's
+    ``type`` first (a wrapper added, removed or replaced: every path below it differs too), then
+    changed values, then paths that one side lacks (``absent`` on the other).
 
     Args:
         saved: a state's summary; empty (a state saved before summaries): no differences.
@@ -75,7 +76,7 @@ def differences(saved: Dict[str, Any], current: Dict[str, Any], ignore: Iterable
     skip = set(ignore)
 
     def compared(path: str) -> bool:
-        return path != CUT and re.split(r"[.\[]", path)[-1] not in skip
+        return path != CUT and _last_name(path) not in skip
 
     changed, added = [], []
     for path, value in current.items():
@@ -83,11 +84,13 @@ def differences(saved: Dict[str, Any], current: Dict[str, Any], ignore: Iterable
             continue
         if path not in saved:
             if CUT not in saved:
-                added.append(_line(path, _ABSENT, value))
+                added.append((path, _ABSENT, value))
         elif json.dumps(saved[path]) != json.dumps(value):  # 1 and 1.0 are other fingerprints
-            changed.append(_line(path, saved[path], value))
-    removed = [_line(path, value, _ABSENT) for path, value in saved.items() if compared(path) and path not in current]
-    return changed + removed + added
+            changed.append((path, saved[path], value))
+    removed = [(path, value, _ABSENT) for path, value in saved.items() if compared(path) and path not in current]
+    found = changed + removed + added
+    found.sort(key=lambda diff: _last_name(diff[0]) != "type")  # stable: the rest stay in that order
+    return [_line(*diff) for diff in found]
 
 
 def explain(lines: List[str]) -> str:
@@ -127,6 +130,10 @@ def _nests(value: Any) -> bool:
 def _digest(value: Any, text: str) -> str:
     unit = "chars" if isinstance(value, str) else "items"
     return f"<{len(value)} {unit}, sha1 {hashlib.sha1(text.encode()).hexdigest()[:10]}>"
+
+
+def _last_name(path: str) -> str:
+    return re.split(r"[.\[]", path)[-1]
 
 
 def _line(path: str, before: Any, after: Any) -> str:

@@ -94,6 +94,25 @@ def test_differences_name_each_path_with_both_values_changed_first():
     assert differences({}, current) == []  # a state saved before summaries names nothing
 
 
+def test_a_wrapper_added_or_removed_is_named_first_by_its_type():
+    """A leaf's state restored under a blend of it (a wrapper added), and the reverse: the refusal
+    named five of the leaf's paths as absent and hid the composition's type among "and 47 more"."""
+    leaf = FakeLeaf()
+    wrapped = FakeBlend([1], FakeLeaf())
+    with pytest.raises(StateError) as added:
+        check_fits(new_state(leaf, 0, 0), wrapped)
+    assert str(added.value).startswith(
+        "the state was saved for another dataset configuration: type was absent, is now 'FakeBlend'; excluded was [], is now absent;"
+    )
+    with pytest.raises(StateError) as removed:
+        check_fits(new_state(wrapped, 0, 0), leaf)
+    assert str(removed.value).startswith(
+        "the state was saved for another dataset configuration: type was 'FakeBlend', is now absent; weights was [1], is now absent;"
+    )
+    saved = {"parts[0].type": "A", "parts[0].size": 4, "weights": [1]}
+    assert differences(saved, {"parts[0].type": "B", "parts[0].size": 5, "weights": [2]})[0] == "parts[0].type was 'A', is now 'B'"
+
+
 def test_differences_show_digests_bare_and_leave_out_paths_past_a_cut():
     saved = {"a.shards": "<3 items, sha1 0123456789>", "a.split_part": "train", CUT: 40}
     current = {"a.shards": "<4 items, sha1 9876543210>", "a.split_part": "val", "b.total": 5}
