@@ -288,8 +288,12 @@ class EnergonLoader:
 
     def save_state_global(self, global_dst_rank: int) -> Optional[List[Optional[LoaderState]]]:
         """Every rank's state, gathered on ``global_dst_rank`` (``torch.distributed``; a list of one
-        without it); ``None`` on the other ranks."""
-        return gather_states(self.save_state_rank(), global_dst_rank)
+        on a world size of 1 without it); ``None`` on the other ranks.
+
+        Raises:
+            StateError: a world size above 1 without a ``torch.distributed`` process group.
+        """
+        return gather_states(self.save_state_rank(), global_dst_rank, self.dataset.worker_config.world_size)
 
     def restore_state_global(self, state: Optional[List[Any]], src_rank: Optional[int] = None) -> None:
         """Restore from ``save_state_global``'s list (with ``src_rank``, only that rank passes it and it is

@@ -293,11 +293,22 @@ def _distributed() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def gather_states(state: Optional[LoaderState], dst_rank: int) -> Optional[List[Optional[LoaderState]]]:
+def gather_states(state: Optional[LoaderState], dst_rank: int, world_size: int = 1) -> Optional[List[Optional[LoaderState]]]:
     """Every rank's ``state`` gathered on ``dst_rank`` (``torch.distributed``; a list of one without
-    it); ``None`` on the other ranks."""
+    it, for a world size of 1); ``None`` on the other ranks.
+
+    Raises:
+        StateError: ``world_size`` above 1 without a process group (each rank would get a list of its
+            own state alone, which ``restore_state_global`` refuses).
+    """
     dist = _distributed()
     if dist is None:
+        if world_size > 1:
+            raise StateError(
+                f"save_state_global gathers the states of all {world_size} ranks with torch.distributed, and no process "
+                "group is initialized; call save_state_rank() on every rank and keep each rank's state (or "
+                "save_loader_state(loader, folder): one file per rank, read back by restore_loader_state)"
+            )
         return [state]
     out: Optional[List[Any]] = [None] * dist.get_world_size() if dist.get_rank() == dst_rank else None
     dist.gather_object(state, out, dst=dst_rank)

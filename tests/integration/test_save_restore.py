@@ -660,6 +660,19 @@ def test_global_save_and_restore_without_distributed(roots):
     fresh.close()
 
 
+def test_global_save_of_several_ranks_without_distributed_is_refused(roots):
+    """save_state_global on rank 0 of 2 without a torch.distributed process group returned [its own
+    state] (a checkpoint restore_state_global later refuses: the states of all 2 ranks); it raises
+    StateError at the save, naming the world size and save_state_rank."""
+    wc = er.WorkerConfig(rank=0, world_size=2, num_workers=1)
+    loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=2, worker_config=wc))
+    next(iter(loader))
+    message = r"save_state_global gathers the states of all 2 ranks with torch.distributed, and no process group is initialized; call save_state_rank\(\) on every rank"
+    with pytest.raises(er.StateError, match=message):
+        loader.save_state_global(global_dst_rank=0)
+    loader.close()
+
+
 def test_restore_state_global_refuses_one_state_naming_what_it_got(roots):
     """One state (the object, its dict or its JSON text) is not the list of one state per rank, nor the list one state."""
     loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=2, worker_config=WC))
