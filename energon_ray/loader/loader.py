@@ -299,7 +299,7 @@ class EnergonLoader:
         """Restore from ``save_state_global``'s list (with ``src_rank``, only that rank passes it and it is
         broadcast). Each rank takes its own entry; states of another world size or worker count are
         shared out anew (``loader.elastic``: the rest of the epoch, nothing lost or repeated)."""
-        state = broadcast_states(state, src_rank)
+        state = broadcast_states(state, src_rank, self.dataset.worker_config.world_size)
         if state is None:
             raise StateError("restore_state_global needs the list of states (or src_rank to broadcast it from)")
         if not isinstance(state, (list, tuple)):

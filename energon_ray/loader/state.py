@@ -315,9 +315,19 @@ def gather_states(state: Optional[LoaderState], dst_rank: int, world_size: int =
     return out
 
 
-def broadcast_states(states: Any, src_rank: Optional[int]) -> Any:
-    """``states`` as rank ``src_rank`` passed them, on every rank (``None``: each rank's own)."""
+def broadcast_states(states: Any, src_rank: Optional[int], world_size: int = 1) -> Any:
+    """``states`` as rank ``src_rank`` passed them, on every rank (``None``: each rank's own).
+
+    Raises:
+        StateError: ``src_rank`` on a world size above 1 without a process group, where this rank
+            passed no states (it cannot receive them).
+    """
     dist = _distributed()
+    if src_rank is not None and dist is None and world_size > 1 and states is None:
+        raise StateError(
+            f"restore_state_global(src_rank={src_rank}) broadcasts the states with torch.distributed, and no process "
+            f"group is initialized (world size {world_size}); pass the list of states on every rank, src_rank=None"
+        )
     if src_rank is None or dist is None:
         return states
     box: List[Any] = [states if dist.get_rank() == src_rank else None]

@@ -673,6 +673,20 @@ def test_global_save_of_several_ranks_without_distributed_is_refused(roots):
     loader.close()
 
 
+def test_global_restore_from_a_source_rank_without_distributed_names_the_missing_process_group(roots):
+    """restore_state_global(None, src_rank=0) on rank 1 of 2 without a process group said the list
+    was missing "or src_rank to broadcast it from" (it was given); it names the process group now."""
+    wc = er.WorkerConfig(rank=1, world_size=2, num_workers=1)
+    loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=2, worker_config=wc))
+    message = (
+        r"restore_state_global\(src_rank=0\) broadcasts the states with torch.distributed, and no process group is "
+        r"initialized \(world size 2\); pass the list of states on every rank, src_rank=None"
+    )
+    with pytest.raises(er.StateError, match=message):
+        loader.restore_state_global(None, src_rank=0)
+    loader.close()
+
+
 def test_restore_state_global_refuses_one_state_naming_what_it_got(roots):
     """One state (the object, its dict or its JSON text) is not the list of one state per rank, nor the list one state."""
     loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=2, worker_config=WC))
