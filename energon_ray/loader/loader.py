@@ -326,8 +326,11 @@ class EnergonLoader:
 
     # -- internals -----------------------------------------------------------------------------
     def _next_pass(self) -> int:
+        """The index of a pass that starts afresh. A restored redistribution is over: it shared out
+        the rest of the pass it was saved in, and a validation loader's passes all have index 0."""
         index = self._passes if self._training else 0
         self._passes += 1
+        self._redist = None
         return index
 
     def _forever(self) -> Iterator[Any]:

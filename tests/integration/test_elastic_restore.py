@@ -83,6 +83,35 @@ def test_two_ranks_to_one_rank_finishes_the_epoch_exactly_once(roots, segments):
     assert Counter(flat(new)) == all_keys("a", 45)  # the next pass: a whole epoch, new sharding
 
 
+def test_a_validation_pass_after_the_redistributed_one_is_whole_again(roots):
+    """A validation loader's passes all have index 0: after the restored pass (the rest of the one
+    saved by 2 ranks x 2 workers, on 1 rank x 3 workers, batch 3) the next pass gave that rest again
+    (37 of 45 samples) instead of the whole split; it gives every sample once. So after restoring
+    into a smaller batch size (same world size)."""
+
+    def val(config, batch_size):
+        return er.get_savable_loader(er.get_val_dataset(roots["a"], split_part="train", worker_config=config, batch_size=batch_size))
+
+    old = [val(wc(r, 2, 2), 2) for r in range(2)]
+    seen = flat(take(old[0], 2)) + flat(take(old[1], 2))
+    states = [loader.save_state_rank().to_json() for loader in old]
+    for loader in old:
+        loader.close()
+    new = val(wc(0, 1, 3), 3)
+    new.restore_state_global(states)
+    assert Counter(seen + flat(new)) == all_keys("a", 45)
+    assert Counter(flat(new)) == all_keys("a", 45)
+    new.close()
+    fresh = val(wc(0, 2, 2), 2)
+    rank0 = Counter(flat(fresh))
+    fresh.close()
+    smaller = val(wc(0, 2, 2), 1)
+    smaller.restore_state_rank(states[0])
+    assert Counter(flat(smaller)) == rank0 - Counter(seen[:4])
+    assert Counter(flat(smaller)) == rank0
+    smaller.close()
+
+
 def test_one_rank_to_two_ranks_blend_with_grouped_batches(roots):
     """A blend with grouped batching (samples pooled across segments) moves from 1 rank x 2 workers
     to 2 ranks x 1 worker: each source's samples all come exactly once over both new ranks."""
