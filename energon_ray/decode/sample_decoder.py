@@ -42,14 +42,16 @@ class _CodePartHandler:
     """Pickled parts and torch checkpoints: webdataset's loaders if trusted, else refused.
 
     Untrusted ``pth`` parts still load with ``torch.load(weights_only=True)``, which unpickles
-    tensors and plain containers only.
+    tensors and plain containers only. The extension is matched case-sensitively, as webdataset's
+    basic handlers match it: a ``PKL`` or ``Pth`` part is never unpickled there (Energon keeps its
+    bytes), so it stays bytes here too, trusted or not.
     """
 
     def __init__(self, trusted: bool):
         self.trusted = trusted
 
     def __call__(self, key: str, data: bytes) -> Any:
-        ext = key.rsplit(".", 1)[-1].lower()
+        ext = key.rsplit(".", 1)[-1]
         if ext not in CODE_EXTENSIONS:
             return None
         if self.trusted:
@@ -177,9 +179,10 @@ class SampleDecoder:
 
     Images go through webdataset's ``imagehandler(image_decode)``; audio and video through the
     AV handler (``av_decode``); ``txt``, ``json``, ``cls``, ``npy``, … through webdataset's basic
-    handlers. Unknown extensions stay ``bytes``.
+    handlers. Unknown extensions stay ``bytes``, and so do the basic ones in another case (``TXT``,
+    ``PKL``: webdataset matches them case-sensitively); image and AV extensions match in any case.
 
-    Safe by default: pickled parts (``pyd``, ``pickle``, ``pkl``, any case, also inside ``.gz``)
+    Safe by default: pickled parts (``pyd``, ``pickle``, ``pkl``, also inside ``.gz``)
     raise :class:`UntrustedCodeError` unless ``trust_dataset_code``; untrusted ``pth`` parts load
     with ``torch.load(weights_only=True)``. Images, videos and audio whose headers promise more
     pixels or a longer duration than the limits raise :class:`MediaTooLargeError` before decoding.

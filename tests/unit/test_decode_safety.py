@@ -90,11 +90,20 @@ def _torch_file(obj) -> bytes:
 # ------------------------------------------------------------------ pickles
 
 
-@pytest.mark.parametrize("part", ["pyd", "data.pyd", "pickle", "meta.pickle", "pkl", "x.PKL", "state.Pyd"])
+@pytest.mark.parametrize("part", ["pyd", "data.pyd", "pickle", "meta.pickle", "pkl"])
 def test_pickled_parts_are_refused_by_default(part):
-    """pyd/pickle/pkl parts (any case) raise UntrustedCodeError naming the part; nothing is unpickled."""
+    """pyd/pickle/pkl parts raise UntrustedCodeError naming the part; nothing is unpickled."""
     with pytest.raises(UntrustedCodeError, match=f"pickled part '{part}'.*trust_dataset_code=True"):
         SampleDecoder().decode_part(part, pickle.dumps(_Tripwire()))
+    assert TRIPPED == []
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+@pytest.mark.parametrize("part", ["x.PKL", "state.Pyd", "PICKLE", "model.PTH", "w.Pth"])
+def test_code_extensions_in_another_case_stay_bytes_as_in_energon(part, trusted):
+    """webdataset unpickles only lower-case pyd/pickle/pkl/pth parts, so Energon keeps a PKL's or PTH's bytes: so do we, trusted or not."""
+    data = _torch_file({"w": torch.ones(2)}) if part.lower().endswith("pth") else pickle.dumps(_Tripwire())
+    assert SampleDecoder(trust_dataset_code=trusted).decode_part(part, data) == data
     assert TRIPPED == []
 
 
