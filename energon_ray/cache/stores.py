@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from energon_ray.cache.base import FileStore, FileStoreWrapper
 from energon_ray.decode.media_metadata import MediaMetadataBase, deserialize_media_metadata
-from energon_ray.errors import DatasetConfigError
+from energon_ray.errors import SYSTEM_EXCEPTIONS, DatasetConfigError, MediaTooLargeError, SampleException, UntrustedCodeError
 from energon_ray.format.indexer import open_index_readonly
 from energon_ray.samples.base import SourceInfo
 from energon_ray.storage import BucketNotFoundError, ObjectNotFoundError, RemotePath, TruncatedObjectError, as_path, is_remote
@@ -277,11 +277,26 @@ class DecodeFileStore(FileStoreWrapper[Any]):
 
     def __getitem__(self, fname: str) -> Tuple[Any, SourceInfo]:
         data, info = self._inner[fname]
-        return self.decoder.decode(fname, data), info
+        return self._decoded(fname, data), info
 
     def _decode_raw(self, data: Any, **kwargs: Any) -> Any:
         fname = kwargs["fname"]
-        return self.decoder.decode(fname, self._inner._decode_raw(data, **kwargs))
+        return self._decoded(fname, self._inner._decode_raw(data, **kwargs))
+
+    def _decoded(self, fname: str, data: Any) -> Any:
+        """``data`` decoded; a failure names the store and the file (the decoder's own message names
+        only the part, e.g. ``jpg``). Refusals keep their type; other errors become SampleException."""
+        try:
+            return self.decoder.decode(fname, data)
+        except (UntrustedCodeError, MediaTooLargeError) as exc:
+            raise type(exc)(f"{self.get_path()}: file {fname!r}: {exc}") from None
+        except SYSTEM_EXCEPTIONS:
+            raise
+        except Exception as exc:
+            size = f" ({len(data)} bytes)" if isinstance(data, (bytes, bytearray, memoryview)) else ""
+            raise SampleException(
+                f"{self.get_path()}: cannot decode file {fname!r}{size}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _cache_identity(self) -> str:
         config = self.decoder.config() if callable(getattr(self.decoder, "config", None)) else type(self.decoder).__name__

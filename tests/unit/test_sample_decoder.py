@@ -13,7 +13,9 @@ import torch
 from megatron.energon.flavors.webdataset.sample_decoder import SampleDecoder as EnergonSampleDecoder
 from PIL import Image
 
+from energon_ray.cache.stores import DecodeFileStore, SystemFileStore
 from energon_ray.decode.sample_decoder import IMAGE_MODES, SampleDecoder
+from energon_ray.errors import SampleException, UntrustedCodeError
 from energon_ray.synthetic import encode_image, sample_image
 
 W, H = 10, 6
@@ -187,6 +189,22 @@ def test_decode_by_file_name_for_aux_files():
     dec = SampleDecoder(image_decode="rgb8")
     assert dec.decode("captions/0001.txt", b"hi") == "hi"
     assert dec.decode("images/0001.jpg", ENCODED["jpg"]).shape == (H, W, 3)
+
+
+def test_a_decoded_file_store_names_the_store_and_the_file_that_fails(tmp_path):
+    """DecodeFileStore (a cooker's aux store) raises SampleException naming store, file and cause; a refused pickle names the file and the opt-in."""
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "bad.jpg").write_bytes(b"garbage!")
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps({"a": 1}))
+    store = DecodeFileStore(SystemFileStore(tmp_path), decoder=SampleDecoder())
+    with pytest.raises(SampleException) as bad:
+        store["images/bad.jpg"]
+    assert str(bad.value).startswith(f"{tmp_path}: cannot decode file 'images/bad.jpg' (8 bytes): UnidentifiedImageError: jpg: ")
+    with pytest.raises(UntrustedCodeError) as refused:
+        store["meta.pkl"]
+    assert str(refused.value).startswith(f"{tmp_path}: file 'meta.pkl': SampleDecoder(trust_dataset_code=False): ")
+    assert "trust_dataset_code=True" in str(refused.value)
+    assert DecodeFileStore(SystemFileStore(tmp_path), decoder=SampleDecoder(trust_dataset_code=True))["meta.pkl"][0] == {"a": 1}
 
 
 @pytest.mark.parametrize(
