@@ -15,6 +15,17 @@ from energon_ray.samples import CrudeSample
 META_KEYS = ("__key__", "__shard__", "__restore_key__", "__sources__")
 
 
+def _dunder_part(data: Any) -> Any:
+    """A part named ``__…`` (``key.__meta``) as webdataset's decoder leaves it: not decoded by
+    extension, its bytes as text where they are UTF-8."""
+    if not isinstance(data, (bytes, bytearray)):
+        return data
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
 class SampleLoader:
     """Builds the dataset's sample type from a raw sample dict.
 
@@ -53,10 +64,13 @@ class SampleLoader:
             return self._decode_whole(raw)
         out = {k: raw[k] for k in META_KEYS if k in raw}
         for part, data in raw.items():
-            if part.startswith("__"):
+            if part in META_KEYS:
                 continue
             if self.decoder is None:
                 out[part] = data
+                continue
+            if part.startswith("__"):
+                out[part] = _dunder_part(data)
                 continue
             try:
                 out[part] = self.decoder.decode_part(part, data)

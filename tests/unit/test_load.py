@@ -343,6 +343,16 @@ def test_crude_sample_has_energons_keys_in_energons_order(tmp_path):
     assert crude["__shard__"] == SHARD
 
 
+def test_a_part_named_with_two_underscores_is_kept_as_energons_decoder_keeps_it(tmp_path):
+    """A part like key.__meta is no meta key: kept in the reader's order, as text with a decoder (webdataset's rule for __ keys), as bytes without."""
+    write_dataset_yaml(tmp_path, "CrudeWebdataset")
+    raw = _raw("c1", txt=b"t", __meta=b"m\xc3\xa9", __bin=b"\xff")
+    crude = SampleLoader(read_dataset_spec(tmp_path), SampleDecoder(), {})(raw)
+    assert list(crude) == ["__key__", "__shard__", "__restore_key__", "__sources__", "txt", "__meta", "__bin", "__subflavors__"]
+    assert (crude["txt"], crude["__meta"], crude["__bin"]) == ("t", "m\u00e9", b"\xff")
+    assert SampleLoader(read_dataset_spec(tmp_path), None, {})(raw)["__meta"] == b"m\xc3\xa9"
+
+
 # -- legacy top-level __class__ -------------------------------------------------------------------
 
 LEGACY = [
