@@ -59,9 +59,9 @@ def rebatch(dataset: Any, state: LoaderState, changes: List[Change]) -> Tuple[Lo
         raise StateError(f"the state was saved by rank {state.rank}, this loader is rank {wc.rank}; restore each rank's own state")
     check_seed(state.seed_offset, dataset)
     _check_nothing_else(state, dataset)
-    check_order(dataset, [state])
     what = f"restoring into batch size {changes[0][2]} (saved with {changes[0][1]})"
-    check_movable(dataset, [state], what)
+    check_movable(dataset, [state], what)  # before check_order, as elastic.check_states
+    check_order(dataset, [state])
     mine = new_state(dataset, state.passes, state.epoch_items)
     if state.pass_index is None:  # saved between passes: the next pass starts afresh anyway
         return mine, None

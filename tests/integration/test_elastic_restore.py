@@ -260,6 +260,23 @@ def test_what_cannot_move_says_so(roots, tmp_path):
     with pytest.raises(er.StateError, match="packs samples"):
         packed(wc(0, 1, 1)).restore_state_global(packed_states)
 
+    # a validation metadataset batched across its datasets: that reason, not its batch index offsets
+    mix = tmp_path / "val_mix.yaml"
+    mix.write_text(f"__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  val:\n    blend:\n"
+                   f"      - path: {roots['a']}\n        split_part: train\n      - path: {roots['b']}\n        split_part: train\n")
+
+    def val(config):
+        return er.get_savable_loader(er.get_val_dataset(mix, split_part="val", worker_config=config, batch_size=4))
+
+    vals = [val(wc(r, 2, 1)) for r in range(2)]
+    for loader in vals:
+        take(loader, 1)
+    val_states = [loader.save_state_rank() for loader in vals]
+    for loader in vals:
+        loader.close()
+    with pytest.raises(er.StateError, match="it batches across the datasets of a validation metadataset; restore with the world size"):
+        val(wc(0, 1, 1)).restore_state_global(val_states)
+
 
 def test_another_seed_offset_is_refused_by_name(roots):
     """The seed decides every stream's order, so a state's positions name other samples under another
