@@ -118,8 +118,9 @@ class ExtendableDataclassMixin:
 
     @classmethod
     def extend(cls: Type[T], src: Any, **kwargs: Any) -> T:
-        """Create ``cls`` from all fields of ``src`` plus ``kwargs`` (a subclass adds fields)."""
-        values = {f.name: getattr(src, f.name) for f in dataclasses.fields(src)}
+        """Create ``cls`` from the fields of ``src`` plus ``kwargs`` (a subclass adds fields); fields
+        declared ``init=False`` are not passed (``cls`` sets them itself), as in Energon."""
+        values = {f.name: getattr(src, f.name) for f in dataclasses.fields(src) if f.init}
         values.update(kwargs)
         return cls(**values)
 

@@ -179,6 +179,25 @@ def test_extend_copies_all_fields_and_adds_new_ones():
     assert out.tokens.tolist() == [5, 6]
 
 
+def test_extend_leaves_out_fields_declared_without_init():
+    """A field declared ``init=False`` is not passed to the subclass (it sets its own, as Energon's
+    extend does); it was passed, and extend raised TypeError 'unexpected keyword argument'."""
+
+    @edataclass
+    class Counted(Sample):
+        text: str
+        length: int = dataclasses.field(init=False, default=-1)
+
+    @edataclass
+    class Tagged(Counted):
+        tag: str
+
+    src = Counted(__key__="k", __restore_key__=("Webdataset", 3), text="abc")
+    src.length = 3
+    out = Tagged.extend(src, tag="t")
+    assert (out.__key__, out.__restore_key__, out.text, out.length, out.tag) == ("k", ("Webdataset", 3), "abc", -1, "t")
+
+
 def test_extend_keyword_overrides_a_copied_field():
     """A keyword passed to extend wins over the field copied from src."""
     src = _cap(0)
