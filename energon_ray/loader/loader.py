@@ -20,6 +20,7 @@ import torch
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.loader.elastic import Redistribution, from_origin, needs_redistribution, own_state, redistribute
 from energon_ray.loader.feed import MultiFeed, check_executor
+from energon_ray.loader.handout import handed_out
 from energon_ray.loader.options import check_object_store_limit, check_pin_memory, check_prefetch_batches
 from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.stats import LoaderStats
@@ -415,7 +416,7 @@ class EnergonLoader:
             self._live = run
             for item in run.round_robin:
                 yielded += 1
-                yield item
+                yield handed_out(item, self.pin)
             if not yielded and not given_before and self.stats.samples_read > read_before:
                 self.stats.warn_no_batch(pass_index, self.stats.samples_read - read_before)
         except GeneratorExit:

@@ -296,13 +296,14 @@ def test_as_file_store_reads_files_by_name_as_energons(mixed, tmp_path):
 
 
 def test_a_jsonl_samples_source_names_its_line_as_energon_does(tmp_path):
-    """A .jsonl sample's SourceInfo: the file, the line index, the file's name and '<index>.json' (Energon's)."""
+    """A .jsonl sample's SourceInfo: the file, the line index, the file's name and '<index>.json' (Energon's;
+    the loader hands a dict sample's tuple of sources out as a list, as Energon's torch DataLoader does)."""
     path = tmp_path / "corpus.jsonl"
     path.write_text("".join(json.dumps({"idx": i}) + "\n" for i in range(3)))
     er.CrudeJsonlDatasetFactory.prepare_dataset(path)
     out = _read(er.DefaultCrudeJsonlDatasetFactory(path, training=False, worker_config=_wc()))
     assert [s["__sources__"] for s in out] == [
-        (er.SourceInfo(dataset_path=str(path), index=i, shard_name="corpus.jsonl", file_names=(f"{i}.json",)),) for i in range(3)
+        [er.SourceInfo(dataset_path=str(path), index=i, shard_name="corpus.jsonl", file_names=(f"{i}.json",))] for i in range(3)
     ]
 
 

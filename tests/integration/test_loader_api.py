@@ -6,6 +6,7 @@ import warnings
 from dataclasses import dataclass
 from typing import List
 
+import numpy as np
 import pytest
 import torch
 
@@ -135,6 +136,45 @@ def test_batches_are_pinned_only_with_cuda_and_asking_without_cuda_explains(ds_p
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="pin_memory=True needs CUDA"):
             er.get_loader(er.get_val_dataset(ds_path, split_part="train", batch_size=4), pin_memory=True)
+
+
+class NumpyBatches(DefaultTaskEncoder):
+    """Batches of numpy values in a dict, a tuple and a dataclass."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def encode_batch(self, batch):
+        n = len(batch.__key__)
+        if self.kind == "dict":
+            return {"keys": batch.__key__, "arr": np.arange(n), "n": np.int64(n), "pair": (1, 2), "nested": [np.ones(2)], "s": np.array(["a"])}
+        if self.kind == "tuple":
+            return (np.arange(n), tuple(batch.__key__))
+        return CaptioningRawBatch(__key__=batch.__key__, image=np.zeros(1), caption=("a",))
+
+
+def test_batches_reach_the_trainer_as_from_energons_loader_numpy_as_tensors_tuples_as_lists(ds_path):
+    """Energon's loader (a torch DataLoader) hands out numpy arrays and scalars as tensors and tuples as
+    lists inside dicts, lists and tuples, and dataclass batches as they are; ours handed out the numpy
+    arrays (no tensors for the trainer) and the tuples unchanged."""
+    def first(kind):
+        ds = er.get_val_dataset(ds_path, split_part="train", batch_size=3, task_encoder=NumpyBatches(kind))
+        return next(iter(er.get_loader(ds)))
+
+    out = first("dict")
+    assert list(out) == ["keys", "arr", "n", "pair", "nested", "s"]
+    assert out["keys"] == ["sample_000000", "sample_000001", "sample_000002"]
+    assert isinstance(out["arr"], torch.Tensor) and out["arr"].tolist() == [0, 1, 2] and out["arr"].dtype == torch.int64
+    assert isinstance(out["n"], torch.Tensor) and out["n"].item() == 3 and out["n"].dim() == 0
+    assert out["pair"] == [1, 2] and isinstance(out["pair"], list)
+    assert isinstance(out["nested"][0], torch.Tensor) and out["nested"][0].dtype == torch.float64
+    assert isinstance(out["s"], np.ndarray)  # string arrays stay numpy, as torch leaves them
+    assert out["arr"].is_pinned() == torch.cuda.is_available()
+    out = first("tuple")
+    assert isinstance(out, list) and isinstance(out[0], torch.Tensor) and out[1] == ["sample_000000", "sample_000001", "sample_000002"]
+    out = first("dataclass")
+    assert isinstance(out, CaptioningRawBatch) and isinstance(out.image, np.ndarray) and out.caption == ("a",)
 
 
 def test_ray_stats_and_no_ray_native_dataset(ds_path):

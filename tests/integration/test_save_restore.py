@@ -22,6 +22,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import default_convert
 
 import energon_ray as er
 from energon_ray.format.jsonl import prepare_jsonl
@@ -1095,8 +1096,8 @@ def test_restore_sample_rebuilds_batches_whose_batch_hook_set_no_restore_key(roo
         view = (lambda b: (b["__key__"], b["text"], b["draws"], b["__restore_key__"])) if as_dict else (
             lambda b: (b.__key__, b.text, b.draws, b.__restore_key__))  # fmt: skip
         assert len(batches) == 7 and all(view(b)[3] for b in batches)
-        for batch in batches:
-            assert view(loader.restore_sample(view(batch)[3])) == view(batch)
+        for batch in batches:  # restore_sample gives the batch as made; iteration hands it out as torch's DataLoader
+            assert view(default_convert(loader.restore_sample(view(batch)[3]))) == view(batch)
         loader.close()
 
 

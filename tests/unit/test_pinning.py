@@ -139,3 +139,23 @@ def test_at_most_ahead_copies_run_ahead_and_the_rest_start_in_the_order_asked(co
             pinning.Pinner(ahead=0)
     finally:
         pinner.close()
+
+
+def test_an_item_is_handed_out_as_torchs_dataloader_gives_it_and_its_numpy_tensors_pinned(monkeypatch):
+    """``handed_out``: numpy arrays become tensors and tuples lists (torch's ``default_convert``, which
+    Energon's loader applies); with pinning, an item that held numpy arrays is pinned again (its new
+    tensors), one that held none is not copied a second time."""
+    import numpy as np
+    import torch
+
+    from energon_ray.loader import handout
+
+    pinned = []
+    monkeypatch.setattr(handout, "pin_batch", lambda value: (pinned.append(value), value)[1])
+    out = handout.handed_out({"a": np.arange(3), "t": (1, "x"), "b": [np.float32(2.0)]}, pin=True)
+    assert list(out) == ["a", "t", "b"] and out["a"].tolist() == [0, 1, 2] and out["a"].dtype == torch.int64
+    assert out["t"] == [1, "x"] and isinstance(out["b"][0], torch.Tensor) and out["b"][0].dtype == torch.float32
+    assert pinned == [out]
+    plain = {"a": torch.ones(2), "t": ("k",)}
+    assert handout.handed_out(plain, pin=True) == {"a": plain["a"], "t": ["k"]} and pinned == [out]
+    assert handout.handed_out(np.arange(2), pin=False).tolist() == [0, 1]
