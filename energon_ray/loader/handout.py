@@ -15,6 +15,7 @@ from typing import Any
 
 from torch.utils.data import default_convert
 
+from energon_ray.pipeline.serde import without_read_only_warning
 from energon_ray.samples.base import pin_batch
 
 
@@ -27,10 +28,10 @@ def handed_out(item: Any, pin: bool) -> Any:
         >>> handed_out({"x": np.arange(2), "k": ("a", "b")}, pin=False)
         {'x': tensor([0, 1]), 'k': ['a', 'b']}
     """
-    out = default_convert(item)
-    if pin and _holds_numpy(item):
-        out = pin_batch(out)
-    return out
+    if not _holds_numpy(item):
+        return default_convert(item)
+    out = without_read_only_warning(lambda: default_convert(item))  # arrays mapped from Ray's store
+    return pin_batch(out) if pin else out
 
 
 def _holds_numpy(value: Any) -> bool:

@@ -16,7 +16,7 @@ import struct
 import sys
 import types
 import warnings
-from typing import Any, Dict, List, NamedTuple, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Tuple, TypeVar
 
 import cloudpickle
 import numpy as np
@@ -38,6 +38,8 @@ _NUMPY_DTYPES = {
 }  # fmt: skip
 
 
+T = TypeVar("T")
+
 #: whether torch may still warn about a read-only array (it warns once per process: then no more
 #: ``catch_warnings``, ~4 µs a tensor, per tensor the trainer maps)
 _READ_ONLY_WARNS = [True]
@@ -57,6 +59,23 @@ def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
         if not issubclass(warning.category, UserWarning):
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return tensor
+
+
+def without_read_only_warning(make: Callable[[], T]) -> T:
+    """``make()`` (say, torch's ``default_convert`` of an item holding numpy arrays mapped from Ray's
+    store) with torch's warning about read-only arrays held back, as ``_tensor_from_numpy`` does: the
+    mapping is writable and private to the block. Other warnings go on as they were raised."""
+    if not _READ_ONLY_WARNS[0]:
+        return make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = make()
+    for warning in caught:
+        if issubclass(warning.category, UserWarning) and "is not writable" in str(warning.message):
+            _READ_ONLY_WARNS[0] = False  # torch warns once per process: never again
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return out
 
 
 _DTYPES: Dict[str, np.dtype] = {}

@@ -148,7 +148,8 @@ class NumpyBatches(DefaultTaskEncoder):
     def encode_batch(self, batch):
         n = len(batch.__key__)
         if self.kind == "dict":
-            return {"keys": batch.__key__, "arr": np.arange(n), "n": np.int64(n), "pair": (1, 2), "nested": [np.ones(2)], "s": np.array(["a"])}
+            return {"keys": batch.__key__, "arr": np.arange(n), "n": np.int64(n), "pair": (1, 2), "nested": [np.ones(2)], "s": np.array(["a"]),
+                    "big": np.zeros((n, 50_000), np.float32)}  # fmt: skip
         if self.kind == "tuple":
             return (np.arange(n), tuple(batch.__key__))
         return CaptioningRawBatch(__key__=batch.__key__, image=np.zeros(1), caption=("a",))
@@ -162,8 +163,14 @@ def test_batches_reach_the_trainer_as_from_energons_loader_numpy_as_tensors_tupl
         ds = er.get_val_dataset(ds_path, split_part="train", batch_size=3, task_encoder=NumpyBatches(kind))
         return next(iter(er.get_loader(ds)))
 
-    out = first("dict")
-    assert list(out) == ["keys", "arr", "n", "pair", "nested", "s"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = first("dict")
+    assert list(out) == ["keys", "arr", "n", "pair", "nested", "s", "big"]
+    # "big" is mapped from Ray's store (read-only to numpy, writable and private): no torch warning, writes work
+    assert not [w for w in caught if "not writable" in str(w.message)]
+    out["big"] += 1
+    assert out["big"].sum().item() == 3 * 50_000
     assert out["keys"] == ["sample_000000", "sample_000001", "sample_000002"]
     assert isinstance(out["arr"], torch.Tensor) and out["arr"].tolist() == [0, 1, 2] and out["arr"].dtype == torch.int64
     assert isinstance(out["n"], torch.Tensor) and out["n"].item() == 3 and out["n"].dim() == 0
