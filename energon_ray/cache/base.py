@@ -8,7 +8,7 @@ opens its files again on the other side), a lazy carries its store and name, nev
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Generic, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generic, Optional, Tuple, TypeVar
 
 from energon_ray.samples.base import SourceInfo
 
@@ -82,6 +82,22 @@ class FileStore(abc.ABC, Generic[T]):
             NotImplementedError: in stores without a media metadata index (all but ``DatasetFileStore``).
         """
         raise NotImplementedError(f"{type(self).__name__}({self.get_path()}) does not store media metadata")
+
+
+class PathStore(FileStore[bytes]):
+    """A store that its ``path`` stands for: it pickles as the path alone and opens again where it
+    is unpickled (a Ray worker), so its open files, connections and caches stay behind."""
+
+    path: Any
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+    def get_path(self) -> str:
+        return str(self.path)
 
 
 class FileStoreWrapper(FileStore[T]):

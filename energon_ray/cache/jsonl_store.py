@@ -7,18 +7,18 @@ It is the ``primary`` store of a JSONL dataset (``@cooker(need_primary=True)``),
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from energon_ray.cache.base import FileStore
+from energon_ray.cache.base import PathStore
 from energon_ray.samples.base import SourceInfo
 from energon_ray.storage import RemotePath, as_path
 
 _SUFFIX = ".json"
 
 
-class JsonlFileStore(FileStore[bytes]):
+class JsonlFileStore(PathStore):
     """The lines of a ``.jsonl`` file (indexed by ``energon-ray prepare``) by ``"<index>.json"``.
 
     Args:
@@ -40,15 +40,6 @@ class JsonlFileStore(FileStore[bytes]):
         path = as_path(path)
         self.path = path.absolute() if not isinstance(path, RemotePath) else path
         self._offsets: Optional[np.ndarray] = None
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"path": self.path}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(state["path"])  # type: ignore[misc]
-
-    def get_path(self) -> str:
-        return str(self.path)
 
     def _offsets_of_lines(self) -> np.ndarray:
         if self._offsets is None:

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from energon_ray.cache.base import FileStore, FileStoreWrapper
+from energon_ray.cache.base import FileStore, FileStoreWrapper, PathStore
 from energon_ray.decode.media_metadata import MediaMetadataBase, deserialize_media_metadata
 from energon_ray.errors import SYSTEM_EXCEPTIONS, DatasetConfigError, MediaTooLargeError, SampleException, UntrustedCodeError
 from energon_ray.format.indexer import open_index_readonly
@@ -169,7 +169,7 @@ def _truncated_member(file: Union[Path, RemotePath], key: str, offset: int, size
     )
 
 
-class DatasetFileStore(FileStore[bytes]):
+class DatasetFileStore(PathStore):
     """The files of a prepared dataset by full entry name ``"<sample key>.<part>"`` (e.g. ``"000042.jpg"``).
 
     Looks the name up in ``.nv-meta/index.sqlite`` (written by ``energon-ray prepare`` and by
@@ -188,15 +188,6 @@ class DatasetFileStore(FileStore[bytes]):
         self.path = _absolute(as_path(path))
         self._local = threading.local()
         self._shards: Optional[List[str]] = None
-
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"path": self.path}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(state["path"])  # type: ignore[misc]
-
-    def get_path(self) -> str:
-        return str(self.path)
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)

@@ -220,14 +220,20 @@ def test_endless_stream_saved_just_after_an_epoch_boundary_repeats_nothing(roots
     assert Counter(after[23:]) == all_keys("b", 30)
 
 
+def two_ranks_after_one_batch(make):
+    """The states of ranks 0 and 1 of 2 (one worker each) saved after one batch: ``make(config)`` a loader."""
+    loaders = [make(wc(r, 2, 1)) for r in range(2)]
+    for loader in loaders:
+        take(loader, 1)
+    states = [loader.save_state_rank() for loader in loaders]
+    for loader in loaders:
+        loader.close()
+    return states
+
+
 def test_what_cannot_move_says_so(roots, tmp_path):
     """A single rank's state into another world size, a missing rank, and packed datasets: StateError."""
-    old = [er.get_savable_loader(train(roots["a"], wc(r, 2, 1), 4, repeat=False)) for r in range(2)]
-    for loader in old:
-        take(loader, 1)
-    states = [loader.save_state_rank() for loader in old]
-    for loader in old:
-        loader.close()
+    states = two_ranks_after_one_batch(lambda config: er.get_savable_loader(train(roots["a"], config, 4, repeat=False)))
     new = er.get_savable_loader(train(roots["a"], wc(0, 1, 2), 4, repeat=False))
     with pytest.raises(er.StateError, match="restore_state_global"):
         new.restore_state_rank(states[0])
@@ -251,12 +257,7 @@ def test_what_cannot_move_says_so(roots, tmp_path):
             er.get_train_dataset(docs, worker_config=config, batch_size=2, packing_buffer_size=8, task_encoder=te, repeat=False)
         )
 
-    packers = [packed(wc(r, 2, 1)) for r in range(2)]
-    for loader in packers:
-        take(loader, 1)
-    packed_states = [loader.save_state_rank() for loader in packers]
-    for loader in packers:
-        loader.close()
+    packed_states = two_ranks_after_one_batch(packed)
     with pytest.raises(er.StateError, match="packs samples"):
         packed(wc(0, 1, 1)).restore_state_global(packed_states)
 
@@ -268,12 +269,7 @@ def test_what_cannot_move_says_so(roots, tmp_path):
     def val(config):
         return er.get_savable_loader(er.get_val_dataset(mix, split_part="val", worker_config=config, batch_size=4))
 
-    vals = [val(wc(r, 2, 1)) for r in range(2)]
-    for loader in vals:
-        take(loader, 1)
-    val_states = [loader.save_state_rank() for loader in vals]
-    for loader in vals:
-        loader.close()
+    val_states = two_ranks_after_one_batch(val)
     with pytest.raises(er.StateError, match="it batches across the datasets of a validation metadataset; restore with the world size"):
         val(wc(0, 1, 1)).restore_state_global(val_states)
 

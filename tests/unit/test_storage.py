@@ -285,6 +285,17 @@ def test_msc_rust_client_faults_are_retried_by_our_loop_only_and_counted(server,
     assert [r.fault for r in server.ranged_gets(key)] == ["503", "503", None]
 
 
+def _runs_past_the_end_are_named(reader, name, offsets, cut):
+    """Runs that reach past a shard cut at byte ``cut`` name the first sample lacking and the shard's real end."""
+    for first, last, lacking in ((7, 9, 7), (2, 9, 5)):
+        with pytest.raises(ShardReadError) as exc:
+            list(reader.read_run(first, last))
+        assert str(exc.value) == (
+            f"{name}: truncated shard: sample #{lacking} (bytes [{offsets[lacking]}, {offsets[lacking + 1]})) lies past "
+            f"its end at byte {cut}; the shard changed after the dataset was prepared (its .tar.idx ends at byte {offsets[-1]})"
+        )
+
+
 @pytest.mark.parametrize("scheme", ["s3", "msc"])
 def test_a_shard_cut_short_after_prepare_names_the_url_and_the_first_sample_past_its_end(server, shard, tmp_path, monkeypatch, scheme):
     """A shard object replaced by a shorter one: a run of samples that starts past its new end (HTTP 416) or
@@ -299,13 +310,7 @@ def test_a_shard_cut_short_after_prepare_names_the_url_and_the_first_sample_past
     cut = int(offsets[5]) + 100
     server.client().put_object(Bucket="unit", Key=key, Body=open(local, "rb").read()[:cut])
     reader = RemoteShardReader(path, "s.tar", offsets)
-    for first, last, lacking in ((7, 9, 7), (2, 9, 5)):
-        with pytest.raises(ShardReadError) as exc:
-            list(reader.read_run(first, last))
-        assert str(exc.value) == (
-            f"{path}: truncated shard: sample #{lacking} (bytes [{offsets[lacking]}, {offsets[lacking + 1]})) lies past "
-            f"its end at byte {cut}; the shard changed after the dataset was prepared (its .tar.idx ends at byte {offsets[-1]})"
-        )
+    _runs_past_the_end_are_named(reader, path, offsets, cut)
     with pytest.raises(TruncatedObjectError, match=re.escape(f"{path}: wanted bytes [{cut + 10}, {cut + 20}) but the object has {cut} bytes")):
         path.read_range(cut + 10, 10)
 
@@ -415,13 +420,7 @@ def test_a_run_that_starts_past_a_cut_shards_end_names_the_shards_real_size(serv
         path = as_path(url)
         assert path.settings.cache is not None
         reader, name = RemoteShardReader(path, "s.tar", offsets), url
-    for first, last, lacking in ((7, 9, 7), (2, 9, 5)):
-        with pytest.raises(ShardReadError) as exc:
-            list(reader.read_run(first, last))
-        assert str(exc.value) == (
-            f"{name}: truncated shard: sample #{lacking} (bytes [{offsets[lacking]}, {offsets[lacking + 1]})) lies past "
-            f"its end at byte {cut}; the shard changed after the dataset was prepared (its .tar.idx ends at byte {offsets[-1]})"
-        )
+    _runs_past_the_end_are_named(reader, name, offsets, cut)
     if where != "local":
         assert os.listdir(tmp_path / "cache")  # read from the cached copy
 
