@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
@@ -50,6 +51,25 @@ def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         ) from None
 
 
+#: Ray's logger of the notebook extras it misses: without ``ipywidgets`` each Ray module with a rich
+#: display logs "Missing packages: ['ipywidgets']" at INFO as it is imported in a Jupyter kernel
+_NOTEBOOK_EXTRAS_LOGGER = "ray.widgets.util"
+
+
+def import_ray_quietly() -> Any:
+    """``ray``, imported without the lines Ray prints in a Jupyter kernel that lacks ``ipywidgets``
+    (tqdm's "IProgress not found" warning as Ray imports ``tqdm.auto``, and an INFO line per Ray module
+    with a rich display, also for ``ray.train`` later), unless verbose (``ENERGON_RAY_VERBOSE=1``)."""
+    quiet = not verbose()
+    if quiet:
+        logging.getLogger(_NOTEBOOK_EXTRAS_LOGGER).setLevel(logging.WARNING)
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.filterwarnings("ignore", message="IProgress not found")
+        import ray
+    return ray
+
+
 def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     """Make sure Ray is initialized.
 
@@ -61,11 +81,13 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
     ``init_kwargs`` may say otherwise); for a cluster of your own, pass
     ``--system-config='{"free_objects_period_milliseconds": 20}'`` to ``ray start --head``.
     """
-    import ray
-
+    ray = import_ray_quietly()
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # quiet by default, also where attaching to a cluster ("Connecting to existing Ray cluster at …")
+    init_kwargs.setdefault("configure_logging", True)
+    init_kwargs.setdefault("logging_level", logging.INFO if verbose() else logging.WARNING)
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         logger.info("energon_ray: attaching to Ray cluster at %s", address)
@@ -73,8 +95,6 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
         ray.init(address=address, **init_kwargs)
         return
     init_kwargs.setdefault("include_dashboard", False)
-    init_kwargs.setdefault("configure_logging", True)
-    init_kwargs.setdefault("logging_level", logging.INFO if verbose() else logging.WARNING)
     system = dict(init_kwargs.pop("_system_config", None) or {})
     system.setdefault("free_objects_period_milliseconds", FREE_OBJECTS_PERIOD_MS)
     # The loader's segment tasks are owned by this process: a user's ray.shutdown() while a loader
@@ -349,6 +369,7 @@ def forget_closed(run_id: str) -> None:
 def train_rank_world() -> Optional[Tuple[int, int]]:
     """World rank and size inside a ``ray.train`` worker, else ``None``."""
     try:
+        import_ray_quietly()
         import ray.train
 
         ctx = ray.train.get_context()
@@ -365,10 +386,10 @@ def run_torch_trainer(loop: Any, config: dict, *, num_workers: int, use_gpu: boo
     Raises:
         UnschedulableError: workers the private local Ray could never hold (``what`` names them).
     """
+    ensure_ray()  # first: Ray is imported quietly
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    ensure_ray()
     check_resources({"CPU": cpus_per_worker, **({"GPU": 1.0} if use_gpu else {})}, what, count=num_workers)
     trainer = TorchTrainer(
         loop,
