@@ -26,10 +26,11 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import ray
 from tqdm import tqdm
 
-from energon_ray.cli.prepare import field_map_value
+from energon_ray.cli.prepare import field_map_value, option_conflict, sample_type_value
 from energon_ray.errors import DatasetConfigError, unwrap_error
 from energon_ray.format.indexer import ShardIndex, index_shard
 from energon_ray.format.prepare import CRUDE, PrepareResult, already_prepared, prepare_dataset
+from energon_ray.format.split import check_ratio
 from energon_ray.ray_env import ensure_ray
 
 #: Results held ahead of the next shard in order (they wait for a slow earlier shard), per running task.
@@ -119,9 +120,13 @@ class RayShardIndexer:
 
 def _ratio(value: str) -> List[float]:
     try:
-        return [float(x) for x in value.split(",")]
+        numbers = [float(x) for x in value.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers like '8,1,1' or '0.8,0.1,0.1', got {value!r}") from None
+    try:
+        return list(check_ratio(numbers))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _split_part(value: str) -> tuple:
@@ -129,6 +134,13 @@ def _split_part(value: str) -> tuple:
     if not sep or not name or not pattern:
         raise argparse.ArgumentTypeError(f"expected 'name:regex' like 'train:shards/train_.*', got {value!r}")
     return name, pattern
+
+
+def _sample_type(value: str) -> str:
+    try:
+        return sample_type_value(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _field_map(value: str) -> dict:
@@ -148,7 +160,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Replaces --split-ratio.")  # fmt: skip
     add("--exclude", action="append", default=[], help="Regex of shard paths to leave out (searched anywhere); repeatable.")
     add("--shuffle-tars", action="store_true", help="Shuffle shards (seed 42) before the ratio split.")
-    add("--sample-type", help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
+    add("--sample-type", type=_sample_type, help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
     add("--field-map", type=_field_map, help='JSON, e.g. \'{"image": "jpg", "caption": "txt"}\'.')
     add("--dataset-yaml-name", default="dataset.yaml", help="Dataset config file name (default: dataset.yaml).")
     add("--skip-dataset-yaml", action="store_true", help="Write no dataset.yaml.")
@@ -164,6 +176,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"--num-cpus must be >= 1, got {args.num_cpus}")
     if not args.path.is_dir():
         parser.error(f"{args.path}: PATH must be an existing dataset folder")
+    conflict = option_conflict(args.tar_index_only, args.split_ratio, args.split_parts, args.exclude, args.shuffle_tars,
+                               args.sample_type, args.field_map)  # fmt: skip
+    if conflict is not None:
+        parser.error(conflict)
     if not args.tar_index_only and args.split_ratio is None and not args.split_parts:
         parser.error("--split-ratio or --split-parts is required")
     return args

@@ -108,13 +108,25 @@ def _parse_split_parts(
     return parts
 
 
-def _parse_sample_type(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
+def sample_type_value(value: Optional[str]) -> Optional[str]:
+    """``--sample-type``'s value checked (shared with ``jobs/prepare_job.py``).
+
+    Raises:
+        ValueError: not a sample type's name (with the closest one and the known ones).
+    """
     names = sorted(SAMPLE_TYPES) + [CRUDE]
     if value is None or value in names:
         return value
     close = difflib.get_close_matches(value, names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise click.BadParameter(f"unknown sample type {value!r}{hint}; known: {', '.join(names)}")
+    raise ValueError(f"unknown sample type {value!r}{hint}; known: {', '.join(names)}")
+
+
+def _parse_sample_type(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    try:
+        return sample_type_value(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def field_map_value(value: str) -> dict:
@@ -198,23 +210,33 @@ def _check_overwrite(path: Path, force_overwrite: bool, interactive: bool) -> Op
     return True if click.confirm(f"{existing} exists. Prepare the dataset again?", default=False) else None
 
 
+def option_conflict(
+    tar_index_only: bool, split_ratio: Optional[Sequence[float]], split_parts: Any,
+    exclude: Sequence[str], shuffle_tars: bool, sample_type: Optional[str], field_map: Optional[dict],
+) -> Optional[str]:  # fmt: skip
+    """What is wrong with options that do not go together, naming the flags (None: nothing); shared
+    with ``jobs/prepare_job.py``. ``split_parts`` is None or empty when not given."""
+    if tar_index_only:
+        flags = {"--split-ratio": split_ratio, "--split-parts": split_parts or None, "--exclude": exclude or None,
+                 "--shuffle-tars": shuffle_tars or None, "--sample-type": sample_type, "--field-map": field_map}  # fmt: skip
+        given = [flag for flag, value in flags.items() if value is not None]
+        if given:
+            return f"--tar-index-only only rebuilds the indexes of the shards in .nv-meta/.info.json; drop {', '.join(given)}"
+    if split_ratio is not None and split_parts:
+        return "give --split-ratio or --split-parts, not both"
+    if shuffle_tars and split_parts:
+        return "--shuffle-tars only applies to --split-ratio, not to --split-parts"
+    return None
+
+
 def _check_combinations(
     tar_index_only: bool, split_ratio: Optional[List[float]], split_parts: Optional[Dict[str, List[str]]],
     exclude: Tuple[str, ...], shuffle_tars: bool, sample_type: Optional[str], field_map: Optional[dict],
 ) -> None:  # fmt: skip
     """Options that do not go together are usage errors (exit code 2) naming the flags."""
-    if tar_index_only:
-        flags = {"--split-ratio": split_ratio, "--split-parts": split_parts, "--exclude": exclude or None,
-                 "--shuffle-tars": shuffle_tars or None, "--sample-type": sample_type, "--field-map": field_map}  # fmt: skip
-        given = [flag for flag, value in flags.items() if value is not None]
-        if given:
-            raise click.UsageError(
-                f"--tar-index-only only rebuilds the indexes of the shards in .nv-meta/.info.json; drop {', '.join(given)}"
-            )
-    if split_ratio is not None and split_parts is not None:
-        raise click.UsageError("give --split-ratio or --split-parts, not both")
-    if shuffle_tars and split_parts is not None:
-        raise click.UsageError("--shuffle-tars only applies to --split-ratio, not to --split-parts")
+    problem = option_conflict(tar_index_only, split_ratio, split_parts, exclude, shuffle_tars, sample_type, field_map)
+    if problem is not None:
+        raise click.UsageError(problem)
 
 
 #: The options that apply to a .jsonl file, which prepare only indexes.

@@ -123,7 +123,7 @@ def test_already_prepared_dataset_needs_force_overwrite(tmp_path, job_main, caps
 
 
 def test_the_datasets_checks_fail_before_ray_is_reached(tmp_path):
-    """An unknown --sample-type, a folder without shards, an already prepared dataset: the job says so
+    """A folder without shards, an already prepared dataset: the job says so
     (exit 1, one 'Error:' line) before it connects to Ray; it started Ray first (seconds on a fresh
     machine). Shown with an --address nothing listens on: it is never contacted; with a good dataset
     it is, and the job fails naming it (it waited forever)."""
@@ -137,7 +137,6 @@ def test_the_datasets_checks_fail_before_ray_is_reached(tmp_path):
     (tmp_path / "empty").mkdir()
     _, fresh = _twins(tmp_path / "fresh")
     cases = [
-        ([str(fresh), "--sample-type", "CaptionSample"], "unknown sample_type 'CaptionSample'; known: ["),
         ([str(tmp_path / "empty")], f"{tmp_path / 'empty'}: no .tar/.tgz shards found"),
         ([str(ready)], f"{ready}/.nv-meta/.info.json exists: the dataset is already prepared; use --force-overwrite"),
         # a good dataset: the address is tried, refused, and named (ray.init retried it without end)
@@ -152,3 +151,25 @@ def test_the_datasets_checks_fail_before_ray_is_reached(tmp_path):
         )  # fmt: skip
         assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr[-2000:]
         assert proc.stderr.startswith(f"Error: {message}") and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--split-ratio", "8,1,1", "--split-parts", "train:.*"], "give --split-ratio or --split-parts, not both"),
+        (["--split-parts", "train:.*", "--shuffle-tars"], "--shuffle-tars only applies to --split-ratio, not to --split-parts"),
+        (["--tar-index-only", "--split-ratio", "8,1,1", "--exclude", "x"],
+         "--tar-index-only only rebuilds the indexes of the shards in .nv-meta/.info.json; drop --split-ratio, --exclude"),
+        (["--split-ratio", "0,0,0"], "argument --split-ratio: split_ratio entries must be >= 0 with a positive sum, got [0.0, 0.0, 0.0]"),
+        (["--split-ratio", "8,1,1", "--sample-type", "CaptionSample"],
+         "argument --sample-type: unknown sample type 'CaptionSample' (did you mean 'CaptioningSample'?); known: "),
+    ],
+)  # fmt: skip
+def test_options_that_do_not_fit_are_usage_errors_naming_the_options_as_the_cli_does(tmp_path, job_main, capsys, args, message):
+    """The CLI's option checks, with its flags' names (the job said "give exactly one of split_ratio (e.g.
+    [8, 1, 1]) or split_parts", "drop ['split_ratio']", "unknown sample_type" after parsing): exit 2, nothing written."""
+    with pytest.raises(SystemExit) as exited:
+        job_main([str(tmp_path), *args])
+    assert exited.value.code == 2
+    assert f": error: {message}" in capsys.readouterr().err
+    assert not (tmp_path / ".nv-meta").exists()
