@@ -4,7 +4,8 @@
 
 Runs on a private local Ray started by energon_ray, or on the cluster named by RAY_ADDRESS
 (``ray job submit`` sets it). The config is checked before Ray starts: a file that cannot be read,
-a missing section or key, an unknown (e.g. misspelt) key or a bad value is a usage error (exit 2).
+a missing section or key, an unknown (e.g. misspelt) key or a bad value is a usage error (exit 2), as
+is an endless loader (``loader.repeat: true``) without a batch limit (``loader.max_batches`` or ``--max-batches``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> Tuple[argparse.Namespace
         cfg = read_config(args.config, SCHEMA)
     except JobConfigError as exc:
         parser.error(str(exc))
+    if cfg["loader"]["repeat"] and cfg["loader"]["max_batches"] is None and args.max_batches is None:
+        parser.error(f"{args.config}: loader.repeat is true and loader.max_batches is null: the job would never end; "
+                     "set loader.max_batches or pass --max-batches N")  # fmt: skip
     return args, cfg
 
 

@@ -62,6 +62,18 @@ def test_captioning_job_refuses_max_batches_below_one(capsys, value):
     assert message == f"argument --max-batches: expected an integer >= 1, got {value}"
 
 
+def test_an_endless_loader_without_a_batch_limit_is_a_usage_error(tmp_path, capsys):
+    """loader.repeat: true with max_batches: null and no --max-batches ran without end (the progress bar
+    at 100% and counting); a usage error names the config, both keys and the option. A limit from
+    either place is fine."""
+    path = _config(tmp_path, yaml.safe_dump({**GOOD, "loader": {**GOOD["loader"], "repeat": True}}))
+    message = _usage_error(capsys, _job().parse_args, ["--config", path])
+    assert message == f"{path}: loader.repeat is true and loader.max_batches is null: the job would never end; set loader.max_batches or pass --max-batches N"
+    assert _job().parse_args(["--config", path, "--max-batches", "3"])[1]["loader"]["repeat"] is True
+    limited = _config(tmp_path, yaml.safe_dump({**GOOD, "loader": {**GOOD["loader"], "repeat": True, "max_batches": 3}}), "limited.yaml")
+    assert _job().parse_args(["--config", limited])[1]["loader"]["max_batches"] == 3
+
+
 def test_captioning_job_with_a_bad_config_exits_2_without_a_traceback_or_ray(tmp_path):
     """Run as a script (as ``ray job submit`` does): exit 2, the file and the key on stderr, no traceback, no Ray."""
     path = _config(tmp_path, yaml.safe_dump({**GOOD, "loader": {**GOOD["loader"], "batch_sise": 2}}), "extra.yaml")
