@@ -345,3 +345,34 @@ def ray_options(cfg: DictConfig) -> Dict[str, Any]:
         raise ConfigError(f"trainer.ray.use_gpu must be true or false, got {use_gpu!r}")
     out["use_gpu"] = use_gpu
     return out
+
+
+
+def check_ray_trainer(cfg: DictConfig) -> None:
+    """Refuse ``trainer.*`` values that ``trainer.ray.num_workers > 0`` would replace without a word (a
+    ray.train worker sets them itself, ``LightningOnRay``):
+    ``accelerator`` other than ``auto`` (or the one ``trainer.ray.use_gpu`` picks), ``devices`` other
+    than 1 or ``auto`` (each worker is one rank with one device), any ``strategy`` or ``plugins``
+    (Ray's DDP strategy and environment). ``trainer.accelerator=gpu`` trained on CPUs.
+
+    Raises:
+        ConfigError: naming the key, its value and the ``trainer.ray`` option to use instead.
+    """
+    options = OmegaConf.to_container(cfg.trainer, resolve=True) if "trainer" in cfg else {}
+    use_gpu = ray_options(cfg)["use_gpu"]
+    workers = f"trainer.ray.num_workers={ray_options(cfg)['num_workers']}"
+    accelerator = options.get("accelerator")
+    wanted = ("auto", "gpu", "cuda") if use_gpu else ("auto", "cpu")
+    if accelerator is not None and str(accelerator).lower() not in wanted:
+        flag = "false" if use_gpu else "true"
+        raise ConfigError(f"trainer.accelerator={accelerator}: with {workers} the workers' device comes from "
+                          f"trainer.ray.use_gpu (now {str(use_gpu).lower()}); set trainer.ray.use_gpu={flag} "
+                          "and leave trainer.accelerator=auto")  # fmt: skip
+    devices = options.get("devices")
+    if devices is not None and devices not in (1, "1", "auto"):
+        raise ConfigError(f"trainer.devices={devices}: with {workers} each ray.train worker is one rank with one "
+                          "device; set trainer.ray.num_workers to the number of ranks and leave trainer.devices=1")  # fmt: skip
+    for key in ("strategy", "plugins"):
+        if options.get(key) is not None:
+            raise ConfigError(f"trainer.{key}: with {workers} the workers use Ray's DDP strategy and environment "
+                              f"(RayDDPStrategy, RayLightningEnvironment); drop trainer.{key}")  # fmt: skip

@@ -12,7 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from energon_ray.train.build import build, check_build, make_trainer
 from energon_ray.train.config import (
-    ConfigError, check_choices, check_loader, check_loader_fits, check_run, check_trainer, is_lightning_ckpt_name, ray_options, with_absolute_paths,
+    ConfigError, check_choices, check_loader, check_loader_fits, check_ray_trainer, check_run, check_trainer, is_lightning_ckpt_name,
+    ray_options, with_absolute_paths,
 )  # fmt: skip
 
 
@@ -64,6 +65,8 @@ def fit(cfg: DictConfig) -> TrainResult:
     check_run(cfg)
     check_trainer(cfg)
     check_loader(cfg)
+    if ray_options(cfg)["num_workers"] > 0:
+        check_ray_trainer(cfg)
     check_loader_fits(cfg)
     if ray_options(cfg)["num_workers"] > 0:
         from energon_ray.train.ray_launch import fit_on_ray

@@ -411,6 +411,37 @@ def test_command_line_entry_point_names_a_value_the_constructors_refuse(monkeypa
 
 
 @pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.accelerator=gpu"], "trainer.accelerator=gpu: with trainer.ray.num_workers=2 the workers' device comes from "
+                                      "trainer.ray.use_gpu (now false); set trainer.ray.use_gpu=true and leave trainer.accelerator=auto"),
+        (["trainer.accelerator=cpu", "trainer.ray.use_gpu=true"], "trainer.accelerator=cpu: with trainer.ray.num_workers=2 the "
+                                      "workers' device comes from trainer.ray.use_gpu (now true); set trainer.ray.use_gpu=false "
+                                      "and leave trainer.accelerator=auto"),
+        (["trainer.devices=4"], "trainer.devices=4: with trainer.ray.num_workers=2 each ray.train worker is one rank with one "
+                                "device; set trainer.ray.num_workers to the number of ranks and leave trainer.devices=1"),
+        (["+trainer.strategy=ddp"], "trainer.strategy: with trainer.ray.num_workers=2 the workers use Ray's DDP strategy and "
+                                    "environment (RayDDPStrategy, RayLightningEnvironment); drop trainer.strategy"),
+    ],
+)  # fmt: skip
+def test_trainer_values_ray_train_would_replace_are_refused_naming_them(monkeypatch, tmp_path, overrides, message):
+    """With trainer.ray.num_workers=2, a trainer.accelerator, devices or strategy the ray.train workers
+    would replace with their own (trainer.accelerator=gpu trained on CPUs, devices=4 on one device per
+    worker, without a word) is one "error: …" line naming it and the trainer.ray option to use, before
+    Ray starts; the defaults (accelerator auto, devices 1) pass the check."""
+    import ray
+
+    connected = ray.is_initialized()
+    said = captioning_cli_error(monkeypatch, tmp_path, "trainer.max_steps=1", "trainer.ray.num_workers=2", *overrides)
+    assert said == f"error: {message}"
+    assert ray.is_initialized() == connected and not (tmp_path / "data").exists()
+    from energon_ray.train.config import check_ray_trainer
+
+    check_ray_trainer(_task("vision/captioning", "trainer.ray.num_workers=2"))
+    check_ray_trainer(_task("vision/captioning", "trainer.ray.num_workers=2", "trainer.ray.use_gpu=true", "trainer.accelerator=gpu"))
+
+
+@pytest.mark.parametrize(
     "override, message",
     [
         ("dataset.batch_size=0", "dataset: EnergonDataModule: batch_size must be a positive int, got 0"),
