@@ -347,7 +347,6 @@ def ray_options(cfg: DictConfig) -> Dict[str, Any]:
     return out
 
 
-
 def check_ray_trainer(cfg: DictConfig) -> None:
     """Refuse ``trainer.*`` values that ``trainer.ray.num_workers > 0`` would replace without a word (a
     ray.train worker sets them itself, ``LightningOnRay``):
