@@ -67,7 +67,6 @@ def check_ranges(ranges: Any, *, what: str, unit: str, key: str) -> List[Range]:
     Raises:
         ValueError: for a malformed, negative, non-finite, reversed or (in counted units) fractional range.
     """
-    ranges = range_list(ranges, what=what, key=key)
     return [_check_range(r, i, what=what, unit=unit, key=key) for i, r in enumerate(ranges)]
 
 
