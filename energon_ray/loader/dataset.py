@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.cache.cooking import AuxConfig
 from energon_ray.format.dataset import PreparedDataset
-from energon_ray.pipeline.chained import chains_outputs
+from energon_ray.pipeline.chained import chains_outputs, counts_outputs
 from energon_ray.pipeline.load import SampleLoader
 from energon_ray.pipeline.policy import deferred_handler
 from energon_ray.pipeline.shipping import Shipped
@@ -128,6 +128,10 @@ class EnergonDataset(Composition):
         #: each segment packs its own samples, its packing buffers restarting there (a restored state
         #: saved before packing buffers ran across segments: ``savable.adopt_pack_batching``)
         self.segment_packs = False
+        #: each segment batches its own samples, the trainer's pool what is left at its end (a
+        #: restored state saved before batches ran across segments, ``executor="ray_data"``, or
+        #: tasks that may not wait: ``savable.adopt_pack_batching``, ``Loader``)
+        self.segment_batches = False
 
     def _check_hooks(self) -> None:
         te, spec = self.task_encoder, self.dataset.spec
@@ -221,6 +225,13 @@ class EnergonDataset(Composition):
         state saved before packs were chained); ``False``: packing buffers run across segments."""
         if value != self.segment_packs:
             self.segment_packs = value
+            self._stages = None
+
+    def batch_in_segments(self, value: bool) -> None:
+        """``True``: each segment batches its own samples (see ``segment_batches``); ``False``: a
+        worker stream's batches run across its segments (``chained.chains_outputs``)."""
+        if value != self.segment_batches:
+            self.segment_batches = value
             self._stages = None
 
     @property
@@ -317,6 +328,10 @@ class EnergonDataset(Composition):
             packing = None if self.options.blend_samples else self.options.packing_buffer_size
             across = self.options.batch_across_sources or self.options.blend_samples
             postencode = not (self.options.blend_samples and self.options.packing_buffer_size)
+            chained = chains_outputs(
+                self.task_encoder, self.options.batch_size, bool(packing), across, postencode,
+                chain_packs=not (self.segment_packs or self.segment_pack_batches), chain_batches=not self.segment_batches,
+            )
             self._stages = StageConfig(
                 task_encoder=Shipped(self.task_encoder, "task encoder"),
                 loader=Shipped(loader, "sample loader"),
@@ -333,10 +348,8 @@ class EnergonDataset(Composition):
                 ),
                 postencode=postencode,
                 num_workers=max(1, self.worker_config.num_workers),
-                chained=chains_outputs(
-                    self.task_encoder, self.options.batch_size, bool(packing), across, postencode,
-                    chain_packs=not (self.segment_packs or self.segment_pack_batches),
-                ),
+                chained=chained,
+                counts_outputs=chained and not packing and counts_outputs(self.task_encoder),
                 drop_last=self.options.drop_last,
                 index_offsets=self.options.batch_index_offsets,
             )

@@ -21,6 +21,7 @@ import numpy as np
 
 from energon_ray.loader.savable import check_seed, fingerprints, new_state, warn_other_encoders, what_differs
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, expand_ranges
+from energon_ray.pipeline.chained import is_generator_encoder
 from energon_ray.plan.stream import SegmentLayout
 from energon_ray.worker import WorkerConfig
 
@@ -247,10 +248,11 @@ def stream_prefixes(dataset: Any, states: List[LoaderState], wc: WorkerConfig) -
 def _leaf_progress(leaf: Any, i: int, olds: List[Tuple[LoaderState, WorkerConfig, Any]], pass_index: int) -> List[tuple]:
     """``(stream, worker, start, pooled, consumed, reached)`` of each old worker stream of leaf ``i``."""
     chained = leaf.stage_config().chained
+    straddle = chained and is_generator_encoder(leaf.task_encoder)
     out = []
     for state, old_wc, origin in olds:
         old = origin.streams(leaf, i, old_wc) if origin is not None else leaf.streams(pass_index, worker_config=old_wc)
-        out += [(stream, w, *_progress(stream, state, i, w, chained)) for w, stream in enumerate(old)]
+        out += [(stream, w, *_progress(stream, state, i, w, chained, straddle)) for w, stream in enumerate(old)]
     return out
 
 
@@ -265,12 +267,14 @@ def _given_by_nodes(state: LoaderState, leaf: int, worker: int) -> set:
     return out
 
 
-def _progress(stream: Any, state: LoaderState, leaf: int, worker: int, chained: bool = False) -> Tuple[int, set, set, int]:
+def _progress(
+    stream: Any, state: LoaderState, leaf: int, worker: int, chained: bool = False, straddle: bool = False
+) -> Tuple[int, set, set, int]:
     """Where an old worker stream stood: its checkpoint's first position, the positions its pools
     held, the positions given since, and the position after the furthest one it gave or pooled (the
-    epoch that holds it was begun). ``chained`` (a generator ``encode_sample``): the samples of
-    the batch open at the checkpoint, and the last sample given (its outputs may go on in the next
-    batch), count as not given (they come again)."""
+    epoch that holds it was begun). ``chained``: the samples of the batch open at the checkpoint
+    count as not given (they come again); ``straddle`` (a generator ``encode_sample``), so does the
+    last sample given (its outputs may go on in the next batch)."""
     if not state.streams:  # a redistributed pass that had not started: nothing read yet
         return 0, set(), set(), 0
     saved = state.streams[leaf][worker]
@@ -282,7 +286,7 @@ def _progress(stream: Any, state: LoaderState, leaf: int, worker: int, chained: 
     if chained:  # a sample's outputs may straddle batches
         if cp.chain is not None and len(cp.chain) > 2 and cp.chain[2] is not None:
             start = min(start, int(cp.chain[2]))  # the open batch's samples were read, not given
-        if saved.positions:  # the last sample given may have outputs left: given again, in full
+        if straddle and saved.positions:  # the last sample given may have outputs left: given again, in full
             consumed.discard(max(expand_ranges(saved.positions)))
     if stream.length is not None:
         start, reached = min(start, stream.length), min(reached, stream.length)

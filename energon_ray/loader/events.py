@@ -77,6 +77,11 @@ def account_block(
         if not events:
             continue
         bounds = [_bound(block_rows, j, positions, queues.hand_out, decode, leftovers) for j in indices]
+        ending = getattr(decoded[4], "ending_items", 0)
+        if ending and not queues.hand_out:  # the stream's short last batch: made after every failure in it
+            items = [n for n, j in enumerate(indices) if block_rows[j][0] == rows.ITEM]
+            for n in items[-ending:]:
+                bounds[n] = float("inf")
         for j, queued in zip(indices, place_events(events, bounds)):
             placed.setdefault(j, []).extend(queued)
     return reports, leftovers, placed

@@ -32,7 +32,7 @@ from energon_ray.loader.savable import (
 )  # fmt: skip
 from energon_ray.errors import log_exception
 from energon_ray.loader.state import LoaderState, StateError, broadcast_states, gather_states
-from energon_ray.pipeline.remote_args import check_remote_args, task_needs
+from energon_ray.pipeline.remote_args import check_remote_args, task_needs, waits_holding_cpus_only
 from energon_ray.ray_env import check_resources, ensure_ray, warm_up
 
 logger = logging.getLogger("energon_ray")
@@ -105,6 +105,8 @@ class EnergonLoader:
         if len({id(leaf) for leaf in leaves}) != len(leaves):
             raise ValueError("a dataset object appears twice in this composition; build each source separately")
         self._training = any(leaf.options.training for leaf in leaves)
+        for leaf in leaves:  # Ray Data's operators, or a task that may not wait for its carry: no chained batches
+            leaf.batch_in_segments(self.executor == "ray_data" or not waits_holding_cpus_only(self.ray_remote_args))
         ensure_ray()
         check_resources(task_needs(self.ray_remote_args), "ray_remote_args: a segment task")
         warm_up()  # the workers' imports (torch, the stages): the first batch's critical path

@@ -221,6 +221,7 @@ def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderStat
         seed_offset=wc.seed_offset,
         packs_pooled=not any(leaf.segment_pack_batches for leaf in dataset.leaves()),
         packs_chained=not any(leaf.segment_packs or leaf.segment_pack_batches for leaf in dataset.leaves()),
+        batches_chained=not any(leaf.segment_batches for leaf in dataset.leaves()),
     )
 
 
@@ -275,10 +276,12 @@ def adopt_pack_batching(state: LoaderState, dataset: Composition) -> None:
     pooled (``packs_pooled`` False) counts items of segments that batched their own packs, and one
     saved before packing buffers ran across segments (``packs_chained`` False) names packs of
     segments that packed their own samples, so its packed leaves do that again (and the states
-    saved from them record it); others pool and chain them."""
+    saved from them record it); others pool and chain them. Likewise a state whose batches did not
+    run across segments (``batches_chained`` False) pooled what each segment left."""
     for leaf in dataset.leaves():
         leaf.batch_packs_in_segments(not state.packs_pooled)
         leaf.pack_in_segments(not state.packs_chained)
+        leaf.batch_in_segments(not state.batches_chained)
 
 
 def sample_keys(restore_key: Any) -> List[tuple]:
@@ -343,7 +346,7 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
         raise StateError(f"restore key {restore_key!r} names samples, not packs, of {leaf!r}, which packs samples")
-    if leaf.stage_config().chained:
+    if leaf.stage_config().counts_outputs:
         return remade(fns, rebuild_chained_batch(leaf, source, worker, seed, keys, remote_args, output))
     return remade(fns, rebuild_batch(leaf, source, worker, seed, keys, remote_args, output))
 

@@ -143,6 +143,10 @@ class LoaderState:
     #: packing buffers run across each worker stream's segments (``chained.chains_outputs``);
     #: ``False`` in states saved before, whose segments packed their own samples (restored so)
     packs_chained: bool = False
+    #: batched streams' batches run across their segments (``chained.chains_outputs``'s
+    #: ``chain_batches``); ``False`` in states saved before, or by a loader whose segments batched
+    #: their own samples (restored so)
+    batches_chained: bool = False
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -197,6 +201,7 @@ class LoaderState:
             seed_offset=data.get("seed_offset"),
             packs_pooled=bool(data.get("packs_pooled", False)),
             packs_chained=bool(data.get("packs_chained", False)),
+            batches_chained=bool(data.get("batches_chained", False)),
         )
 
     @classmethod

@@ -7,6 +7,7 @@ batches made (``EagerBatches``) as soon as their samples are encoded.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
@@ -165,6 +166,7 @@ class BatchSamples:
             data.fatal = data.fatal or ("FatalSampleError", str(exc))
             items, leftovers = list(made), []
         encoded = len(data.encoded) + (eager.samples if eager is not None else 0)
+        self._ending = 0
         if data.fatal is not None and not self._plain(data):
             items, leftovers = [], []  # a fatal segment of packing or grouping gives nothing
         elif eager is not None:  # (a fatal one: what was made before the error, which comes after them)
@@ -197,6 +199,7 @@ class BatchSamples:
             read_retries=data.read_retries,
             outputs_before=data.carry.outputs if self.config.chained and data.carry is not None else None,
             tail_from=data.carry_out.tail[0][0] if data.carry_out is not None and data.carry_out.tail else None,
+            ending_items=self._ending if items else 0,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report, None
 
@@ -219,6 +222,7 @@ class BatchSamples:
             with worker_slot(data.spec.worker, self.config.num_workers):
                 last = eager.batcher.with_positions(rest, data.spec.seed, size, eager.runs, total // size)
             items = items + last
+            self._ending = len(last)
         return items, []
 
     def _plain(self, data: rows.SegmentData) -> bool:
@@ -291,6 +295,10 @@ def _postencode(te: TaskEncoder, entries, seed: int, handler: Any, runs_out: Lis
     return out
 
 
+#: seconds between two looks for a chained segment's carry while its samples are encoded
+LOOK_EVERY = 0.02
+
+
 class EagerBatches:
     """A segment's batches made as soon as ``batch_size`` samples are encoded, each serialized at
     once: a task holds one batch's samples and the serialized block, not all encoded samples, their
@@ -308,10 +316,40 @@ class EagerBatches:
         self.samples = 0
         #: a chained stream: the index in the worker stream of ``data.encoded``'s first sample
         self.base: Optional[int] = None
+        #: a chained stream's carry still to come (``build.LaterCarry``: ``ready()``, ``wait()``):
+        #: nothing is batched before it opens the segment's first batch (``take_carry``)
+        self.later: Any = None
+        #: the carry came as ``None`` (the stream failed or closed before): nothing is made
+        self.dead = False
+        self._next_look = 0.0
+
+    def take_carry(self, wait: bool) -> bool:
+        """Whether the carry has come (``later``): its open batch then goes before the samples
+        encoded so far and batching starts. Without ``wait``, looks at most every ``LOOK_EVERY``
+        seconds (a look asks Ray) and never waits."""
+        if self.later is None:
+            return True
+        if not wait:
+            now = time.monotonic()
+            if now < self._next_look:
+                return False
+            self._next_look = now + LOOK_EVERY
+            if not self.later.ready():
+                return False
+        carry, self.later = self.later.wait(), None
+        if carry is None:
+            self.dead = True
+            return True
+        self.data.carry = carry
+        self.data.encoded[:0] = list(carry.tail or ())
+        self.base = carry.outputs - len(carry.tail or ())
+        return True
 
     def __call__(self) -> None:
         data, size = self.data, self.size
         spec = data.spec
+        if self.dead or not self.take_carry(wait=False):
+            return
         while len(data.encoded) >= size:
             group = data.encoded[:size]
             del data.encoded[:size]

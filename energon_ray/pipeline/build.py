@@ -446,8 +446,6 @@ def _chained_segment_task(
     from energon_ray.pipeline.chained import chained_segment
 
     _limit_torch_threads()
-    if isinstance(carry, LaterCarry):  # encoded first; Ray lends the CPU back while this waits
-        carry = carry.wait
     table, carry_out = chained_segment(unship(reader)(spec), unship(config), carry, carry_only, node())
     return parts(table), carry_out
 
@@ -455,7 +453,7 @@ def _chained_segment_task(
 class LaterCarry:
     """The previous segment's carry (an object ref) handed to a chained segment's task inside this
     wrapper, so Ray starts the task at once instead of when that segment is done: the task reads
-    and encodes its samples meanwhile and waits for the carry only to pack them
+    and encodes its samples meanwhile and waits for the carry only to pack or batch them
     (``chained.encodes_without_carry``)."""
 
     __slots__ = ("ref",)
@@ -467,7 +465,12 @@ class LaterCarry:
         return LaterCarry, (self.ref,)
 
     def wait(self) -> Any:
+        """The carry (Ray lends the task's CPU back while this waits)."""
         return ray.get(self.ref)
+
+    def ready(self) -> bool:
+        """Whether the carry is there (waits for nothing)."""
+        return bool(ray.wait([self.ref], timeout=0, fetch_local=True)[0])
 
 
 def later(carry: Any) -> Any:

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 
 def chains_outputs(
-    te: TaskEncoder, batch_size: Optional[int], packing: bool, across_sources: bool, postencode: bool, chain_packs: bool = True
+    te: TaskEncoder, batch_size: Optional[int], packing: bool, across_sources: bool, postencode: bool, chain_packs: bool = True,
+    chain_batches: bool = True,
 ) -> bool:
     """Whether a dataset's segments must be chained.
 
@@ -45,6 +46,14 @@ def chains_outputs(
     ``encode_sample`` that is a plain function returning a generator is not detected (a generator
     function is: ``yield`` in its body).
 
+    Other batched streams too (``chain_batches``): a sample skipped (an error under a skip policy,
+    ``SkipSample``, a cooker's ``None``) shifts every later batch of Energon's worker stream, so a
+    segment's batches start where the outputs of the segments before it end. Their segments encode
+    side by side and batch one after another (``encodes_without_carry``). ``chain_batches`` is off
+    where a waiting task would hold more than CPUs, under ``executor="ray_data"`` and for states
+    saved before (``savable.adopt_pack_batching``): each segment then batches its own samples and
+    the trainer's pool the rest, the same batches wherever nothing is skipped.
+
     With packing (``chain_packs``; not across datasets): always. Energon's packing buffers are
     consecutive runs of ``packing_buffer_size`` outputs of the worker stream, so where they start in
     a segment depends on every output before it (samples skipped before packing, a generator
@@ -54,10 +63,18 @@ def chains_outputs(
     return (
         batch_size is not None
         and not across_sources
-        and (is_generator_encoder(te) or _restore_seeded_batch_hook(te))
+        and (chain_batches or counts_outputs(te))
         and not is_overridden(te, "batch_group_criterion")
         and not (postencode and is_overridden(te, "postencode_sample"))
     )
+
+
+def counts_outputs(te: TaskEncoder) -> bool:
+    """Whether a chained (unpacked) stream's encode stage counts the stream's outputs: a generator
+    ``encode_sample`` (a sample's outputs may straddle batches) or a ``restore_seeds`` batch hook
+    (seeded by the batch count). Their outputs' restore keys name their index in the stream
+    (``chain_restore_key``) and each segment encodes once the previous one's carry has come."""
+    return is_generator_encoder(te) or _restore_seeded_batch_hook(te)
 
 
 def is_generator_encoder(te: TaskEncoder) -> bool:
@@ -115,10 +132,11 @@ def sub_restore_key(output: Any, key: Any, sub: int) -> None:
 
 def encodes_without_carry(config: StageConfig) -> bool:
     """Whether a chained segment encodes its samples without the previous segment's carry: where
-    packs are chained (a sample hook's batch index is the sample's position over the batch size,
-    not a count of outputs), only packing reads the carry, so a segment is read and encoded while
-    the one before it still runs and waits for the carry only to pack (``chained_segment``)."""
-    return bool(config.packing_buffer_size)
+    packs are chained, or batches are and the encode stage counts no outputs (``counts_outputs``; a
+    sample hook's batch index is then the sample's position over the batch size), only packing or
+    batching reads the carry, so a segment is read and encoded while the one before it still runs
+    and waits for the carry only to pack or batch (``chained_segment``)."""
+    return bool(config.packing_buffer_size) or not config.counts_outputs
 
 
 def chained_segment(
@@ -129,9 +147,10 @@ def chained_segment(
     and the ``Carry`` for the next segment. ``carry``: the previous segment's (its tail opens this
     segment's first batch; ``None``: the stream failed or closed before, nothing is made), or a
     function that waits for it, called once the samples are encoded (only where
-    ``encodes_without_carry``). ``carry_only``: only the carry is wanted (a restore rebuilding it
+    ``encodes_without_carry``), or a ``build.LaterCarry`` (``ready()``, ``wait()``: batches are
+    made as soon as it has come). ``carry_only``: only the carry is wanted (a restore rebuilding it
     from ``carry.outputs``; no batches): the segment's outputs must cover the tail it hands on."""
-    if callable(carry):
+    if callable(carry) or hasattr(carry, "wait"):
         return _encode_then_chain(data, config, carry, carry_only, node)
     if carry is None:
         return None, None
@@ -154,8 +173,8 @@ def chained_segment(
 
 
 def _encode_then_chain(
-    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], wait: Callable[[], Optional[Carry]],
-    carry_only: bool, node: Optional[str],
+    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], later: Any, carry_only: bool,
+    node: Optional[str],
 ) -> Tuple[Optional[pa.Table], Optional[Carry]]:
     """``chained_segment`` with its samples encoded before the carry is waited for: the same block
     and carry (the encode stage reads no carry where ``encodes_without_carry``)."""
@@ -167,6 +186,9 @@ def _encode_then_chain(
     if not encodes_without_carry(cfg):
         raise RuntimeError(f"energon_ray: worker {data.spec.worker}'s segment {data.spec.index} needs its carry before it encodes")
     stage.batch.node = node
+    wait = later if callable(later) else later.wait
+    if not (carry_only or cfg.packing_buffer_size) and hasattr(later, "ready"):
+        return _batch_when_carried(stage, data, later)
     stage.encode.encode(data)
     carry = wait()
     if carry is None:  # the stream failed or closed before this segment
@@ -176,6 +198,25 @@ def _encode_then_chain(
         return None, _carry_on(data, carry, cfg)
     data.encoded = list(carry.tail or ()) + data.encoded
     out = list(stage.batch.explode(data))
+    return output_table(out, data.spec.source), data.carry_out
+
+
+def _batch_when_carried(stage: Any, data: rows.SegmentData, later: Any) -> Tuple[Optional[pa.Table], Optional[Carry]]:
+    """A chained segment of plain batches, encoded before its carry has come: the samples are held
+    until it comes (looked for while encoding, waited for after), then batched as they are encoded
+    (``EagerBatches``): the block and carry ``chained_segment`` makes with the carry at hand."""
+    from energon_ray.pipeline.stages import output_table
+
+    eager = stage.batch.eager(data)
+    if eager is None:
+        raise RuntimeError(f"energon_ray: chained segment {data.spec.index} of worker {data.spec.worker} cannot batch as it encodes")
+    eager.later = later
+    stage.encode.encode(data, eager)
+    eager.take_carry(wait=True)
+    if eager.dead:  # the stream failed or closed before this segment
+        return None, None
+    eager()  # the samples held while the carry had not come
+    out = list(stage.batch.explode(data, eager))
     return output_table(out, data.spec.source), data.carry_out
 
 

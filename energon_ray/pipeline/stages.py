@@ -53,6 +53,9 @@ class StageConfig:
     #: gets the previous segment's ``Carry`` and hands its own to the next, so its segments run one
     #: after the other.
     chained: bool = False
+    #: A chained stream's encode stage counts the stream's outputs (``chained.counts_outputs``; not
+    #: where packs are chained): its outputs' restore keys name their index in the stream.
+    counts_outputs: bool = False
     #: Drop each worker stream's last, short batch (a chained stream batches it in its last segment).
     drop_last: bool = False
     #: Per logical worker, the samples of its stream in the datasets before this one, where a
@@ -168,10 +171,10 @@ class EncodeSamples:
         # the sample's position in its own dataset's worker stream
         cook_kind = None if getattr(own_hook(te, "cook_crude_sample"), "__restore_seeds__", False) else "cook"
         per_batch = self.config.batch_size or 1  # a sample hook sees the index of the batch it will be in
-        # a chained stream counts its outputs (Energon's batch index: outputs before it // batch size);
-        # else a sample's position stands for the outputs before it (so it does where packs are
-        # chained: a batch holds packs, not outputs)
-        chain = data.carry if self.config.chained and not self.config.packing_buffer_size else None
+        # a chained stream that counts its outputs does (Energon's batch index: outputs before it //
+        # batch size); else a sample's position stands for the outputs before it (so it does where
+        # packs are chained, a batch holding packs, and where batches are chained only for skips)
+        chain = data.carry if self.config.counts_outputs and not self.config.packing_buffer_size else None
         produced = None if chain is None else [chain.outputs]
         before = self.config.index_offset(data.spec.worker)
 

@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 
 import energon_ray as er
-from energon_ray.pipeline.chained import chains_outputs
+from energon_ray.pipeline.chained import chains_outputs, counts_outputs
 from tests.helpers import kill_batch_makers, prefixed_text_dataset
 from tests.integration.test_save_restore import round_trip
 
@@ -53,7 +53,7 @@ def build(root, segment, workers=1, **kwargs):
                               samples_per_segment=segment, **kwargs)  # fmt: skip
 
 
-def test_only_generator_encoders_restore_seeded_batch_hooks_and_packing_chain():
+def test_which_streams_chain_and_which_count_outputs():
     class Plain(er.DefaultTaskEncoder):
         def encode_sample(self, sample):
             return sample
@@ -76,10 +76,18 @@ def test_only_generator_encoders_restore_seeded_batch_hooks_and_packing_chain():
 
     assert chains_outputs(Varying(), 3, False, False, True)
     assert chains_outputs(er.AugmentTaskEncoder(er.AugmentTaskEncoder(Varying())), 3, False, False, True)
-    assert not chains_outputs(er.AugmentTaskEncoder(Plain()), 3, False, False, True)
-    assert not chains_outputs(Plain(), 3, False, False, True)
+    # plain batches too (a skipped sample shifts every batch after it), unless segments batch their own
+    assert chains_outputs(Plain(), 3, False, False, True) and chains_outputs(er.AugmentTaskEncoder(Plain()), 3, False, False, True)
+    assert not chains_outputs(er.AugmentTaskEncoder(Plain()), 3, False, False, True, chain_batches=False)
+    assert not chains_outputs(Plain(), 3, False, False, True, chain_batches=False)
+    assert chains_outputs(Varying(), 3, False, False, True, chain_batches=False)
+    assert chains_outputs(SeededBatch(), 3, False, False, True, chain_batches=False)
+    assert not chains_outputs(Plain(), 3, False, True, True)  # across datasets: the trainer's pool batches
     assert not chains_outputs(Varying(), None, False, False, True)  # no batching: nothing to chain
     assert chains_outputs(Varying(), 3, True, False, True)
+    # only generators and restore_seeds batch hooks count outputs while encoding (their keys name them)
+    assert counts_outputs(Varying()) and counts_outputs(SeededBatch()) and counts_outputs(SeededEncodeBatch())
+    assert not counts_outputs(Plain()) and not counts_outputs(er.AugmentTaskEncoder(Plain()))
 
 
 def test_batches_run_across_segments_with_energons_batch_index(root, ray_session):
@@ -299,6 +307,17 @@ def test_packed_segments_encode_before_the_previous_one_ends(root, ray_session, 
     assert time.monotonic() - started < 25
 
 
+def test_plain_batched_segments_encode_before_the_previous_one_ends(root, ray_session, tmp_path):
+    """Plain batches are chained too (a skipped sample shifts the batches after it), yet a segment
+    is encoded while the one before it still runs: ``Rendezvous``'s sample 3 meets a later one."""
+    ds = er.get_val_dataset(root, split_part="train", batch_size=2, task_encoder=Rendezvous(str(tmp_path)),
+                            worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=1), samples_per_segment=4)  # fmt: skip
+    started = time.monotonic()
+    batches = [batch.text for batch in er.get_loader(ds)]
+    assert len(batches) == 19 and batches[1][1] == "met=True"
+    assert time.monotonic() - started < 25
+
+
 class PackedPids(er.DefaultTaskEncoder):
     """Packs of two (of each buffer of 4); a batch names its packs and the process that batched it."""
 
@@ -328,3 +347,31 @@ def test_killed_ray_workers_break_no_packed_chain(root, ray_session):
     assert killed
     got += list(it)
     assert [b["texts"] for b in got] == reference and len(reference) == 10
+
+
+class SkippingPids(PackedPids):
+    """Plain batches of 2, samples 1, 5 and 6 skipped (every later batch straddles segments)."""
+
+    def encode_sample(self, sample):
+        if int(sample.__key__.split("_")[-1]) in (1, 5, 6):
+            raise er.SkipSample()
+        return sample
+
+
+def test_killed_ray_workers_break_no_chain_of_plain_batches(root, ray_session):
+    """As ``test_killed_ray_workers_break_no_packed_chain``, without packing: the batches after the
+    lost tasks ran again equal an undisturbed run's, Energon's (samples 1, 5, 6 skipped)."""
+
+    def build():
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        return er.get_val_dataset(root, split_part="train", batch_size=2, worker_config=wc, task_encoder=SkippingPids(),
+                                  samples_per_segment=3)  # fmt: skip
+
+    reference = [b["texts"] for b in er.get_loader(build())]
+    it = iter(er.get_loader(build()))
+    got, killed = kill_batch_makers(it, 2)
+    assert killed
+    got += list(it)
+    assert [b["texts"] for b in got] == reference and len(reference) == 18
+    stream0 = [str(i) for i in range(19) if i not in (1, 5, 6)]  # worker 0's 19 samples, 16 kept
+    assert [t for b in reference[0::2][:8] for t in b] == stream0

@@ -269,6 +269,63 @@ def test_packed_states_saved_before_buffers_ran_across_segments_restore_as_saved
     _old_packing_state_restores_as_saved(build, "packs_chained", 3)
 
 
+class SkipsTwos(er.DefaultTaskEncoder):
+    """Skips samples 2, 7, 12, … (each worker stream's later batches straddle its segments)."""
+
+    def encode_sample(self, sample):
+        if int(sample.__key__.split("_")[-1]) % 5 == 2:
+            raise er.SkipSample()
+        return sample
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_plain_batches_after_skipped_samples_restore_anywhere(roots, train):
+    """Plain batches running across segments (samples skipped): states saved anywhere restore
+    exactly, the batch open at the checkpoint made again from where its worker stream's chain starts;
+    endless training across epochs, and a validation pass to its end."""
+
+    def build():
+        if train:
+            return er.get_train_dataset(roots["a"], batch_size=3, shuffle_buffer_size=10, max_samples_per_sequence=10,
+                                        worker_config=WC, task_encoder=SkipsTwos(), samples_per_segment=5)  # fmt: skip
+        return er.get_val_dataset(roots["a"], split_part="train", batch_size=3, worker_config=WC, task_encoder=SkipsTwos(),
+                                  samples_per_segment=5)  # fmt: skip
+
+    items = round_trip(build, [0, 1, 4, 7, 11] if train else [0, 2, 5, 9, 12, 16], count=24 if train else 26)
+    keys = [k for item in items for k in item if item != END]
+    assert not any(int(k.split("_")[-1]) % 5 == 2 for k in keys)
+    if not train:  # two passes of 36 samples (45, 9 skipped) in batches of 3, each pass ending with END
+        assert items[12] == items[25] == END and items[:12] == items[13:25] and len(keys) == 72
+
+
+def test_plain_batch_states_saved_before_batches_ran_across_segments_restore_as_saved(roots):
+    """A state without ``batches_chained`` (saved when each segment batched its own samples and a
+    seam batch the rest, as a loader still does with ``ray_remote_args`` a waiting task would hold)
+    restores into that batching: the rest of the saved run exactly; states saved from it say so.
+    Today's batches are Energon's (other batches, the same samples)."""
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    ds = lambda: er.get_val_dataset(roots["a"], split_part="train", batch_size=3, worker_config=wc,  # noqa: E731
+                                    task_encoder=SkipsTwos(), samples_per_segment=5)  # fmt: skip
+    keys = lambda batch: tuple(batch.__key__)  # noqa: E731
+    new, old = er.get_savable_loader(ds()), er.get_savable_loader(ds(), ray_remote_args={"memory": 2**20})
+    today, it = [keys(b) for b in new], iter(old)
+    reference = [keys(next(it)) for _ in range(4)]
+    state = old.save_state_rank().to_dict()
+    reference += [keys(b) for b in it]
+    assert today != reference and sorted(k for b in today for k in b) == sorted(k for b in reference for k in b)
+    assert old.stats.seam_batches > 0 and new.stats.seam_batches == 0
+    assert state.pop("batches_chained") is False  # (and a state saved before the field was added has none)
+    fresh = er.get_savable_loader(ds())
+    fresh.restore_state_rank(state)
+    it = iter(fresh)
+    assert [keys(next(it))] == reference[4:5]
+    assert fresh.save_state_rank().batches_chained is False
+    assert [keys(b) for b in it] == reference[5:]
+    assert new.save_state_rank().batches_chained is True
+    for loader in (new, old, fresh):
+        loader.close()
+
+
 def test_blend_and_mix_restore_with_small_states(roots):
     def blend():
         return er.BlendDataset(
@@ -1140,22 +1197,27 @@ class SeededHalves(Halves):
         yield from super().batch(samples)
 
 
-@pytest.mark.parametrize("te, outputs", [(Halves(), 2), (HalvesTwice(), 4), (SeededHalves(), 2)], ids=["batch", "both", "chained"])
-def test_restore_sample_rebuilds_each_output_of_a_generator_batch_hook(roots, te, outputs):
+@pytest.mark.parametrize(
+    "te, outputs, seam",
+    [(Halves(), 2, False), (Halves(), 2, True), (HalvesTwice(), 4, True), (SeededHalves(), 2, False)],
+    ids=["batch", "batch-seams", "both-seams", "counted"],
+)
+def test_restore_sample_rebuilds_each_output_of_a_generator_batch_hook(roots, te, outputs, seam):
     """A generator ``batch`` (and ``encode_batch``) makes several batches of one group of samples: each
     gets its own key ``("Batched", batch output, encode_batch output, *the samples' keys)`` and
-    restore_sample rebuilds that very output (keys, texts, index, draws), seam batches and chained
-    streams too: all of a group's outputs had the samples' key and restore_sample raised 'the batch
-    hooks made 2 batches from the 4 samples, not one'."""
+    restore_sample rebuilds that very output (keys, texts, index, draws), seam batches (where a
+    waiting task would hold memory, segments batch their own samples) and chained streams too: all
+    of a group's outputs had the samples' key and restore_sample raised 'the batch hooks made 2
+    batches from the 4 samples, not one'."""
     ds = er.get_train_dataset(roots["b"], batch_size=4, shuffle_buffer_size=5, worker_config=WC, repeat=False,
                               task_encoder=te, samples_per_segment=5)  # fmt: skip
-    loader = er.get_savable_loader(ds)
+    loader = er.get_savable_loader(ds, ray_remote_args={"memory": 2**20} if seam else None)
     batches = list(loader)
     view = lambda b: (b.__key__, b.text, b.draws, b.__restore_key__)  # noqa: E731
     assert sum(len(b.__key__) for b in batches) == 27 * outputs // 2 and loader.can_restore_sample()
     assert len({b.__restore_key__ for b in batches}) == len(batches)
     assert {b.__restore_key__[:3] for b in batches} == {("Batched", i, j) for i in (0, 1) for j in range(outputs // 2)}
-    assert isinstance(te, SeededHalves) or loader.stats.seam_batches > 0
+    assert (loader.stats.seam_batches > 0) == seam
     last = [b for b in batches if b.__restore_key__[1:3] == (1, outputs // 2 - 1)]  # each group's last output
     for batch in (batches[0], last[0], last[len(last) // 2], last[-1]):
         assert view(loader.restore_sample(batch.__restore_key__)) == view(batch)

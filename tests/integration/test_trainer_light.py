@@ -89,8 +89,9 @@ class LiveSamples(er.DefaultTaskEncoder):
         return {"keys": [s.key for s in samples], "live": _Tracked.live}
 
 def test_every_batch_is_made_in_a_ray_worker_even_across_segments(tmp_path, monkeypatch):
-    """With skipped samples, full batches still come out (seam batches), and none was made in the
-    trainer (``ENERGON_RAY_LOCAL_START=off``; by default a cold start's first block may be, below)."""
+    """With skipped samples, full batches still come out (a worker stream's batches run across its
+    segments: no seam batch), and none was made in the trainer (``ENERGON_RAY_LOCAL_START=off``; by
+    default a cold start's first block may be, below)."""
     path = captioning_dataset(tmp_path / "ds", n=60, per_shard=7)
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
     ds = er.get_val_dataset(path, split_part="train", batch_size=4, worker_config=wc, task_encoder=PidBatches(), samples_per_segment=8)
@@ -101,11 +102,11 @@ def test_every_batch_is_made_in_a_ray_worker_even_across_segments(tmp_path, monk
     skipped = [k for k in (f"sample_{i:06d}" for i in range(60)) if int(k[-6:]) % 7 == 3]
     assert sorted(keys) == sorted(set(f"sample_{i:06d}" for i in range(60)) - set(skipped))
     assert all(b["pid"] != os.getpid() for b in batches)
-    assert loader.stats.seam_batches > 0 and loader.stats.ignored == {"encode_sample": len(skipped)}
+    assert loader.stats.seam_batches == 0 and loader.stats.ignored == {"encode_sample": len(skipped)}
     # every batch is full except at most one short one per worker stream at its end
     assert sum(len(b["keys"]) < 4 for b in batches) <= 2
     # by default: the trainer made at most the first block, and only where the loader says so: worker
-    # 0's first segment, 8 samples less one skipped, so one batch (the other 3 go to a seam task);
+    # 0's first segment, 8 samples less one skipped, so one batch (the other 3 open its next segment's);
     # the same batches either way
     monkeypatch.delenv("ENERGON_RAY_LOCAL_START")
     loader = er.get_loader(ds)
@@ -517,11 +518,13 @@ def _block_rows(table):
     return [(kind, worker, segment, seq, joined(payload)) for kind, worker, segment, seq, payload in rows.iter_rows(table)]
 
 
-def test_a_cold_first_block_is_made_in_the_loader_process_with_the_same_bytes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("own_batches", [False, True], ids=["chained", "segments-batch-their-own"])
+def test_a_cold_first_block_is_made_in_the_loader_process_with_the_same_bytes(tmp_path, monkeypatch, own_batches):
     """While Ray's workers still import torch, a task stream's first block is made in the trainer
     process (``local_start="always"`` forces it): row for row, byte for byte what its Ray task makes;
     the caller's random states and torch's thread count are as before. Later blocks still come from
-    tasks. If making it there fails, a Ray task makes it."""
+    tasks. If making it there fails, a Ray task makes it. Chained batches (the default) and segments
+    that batch their own samples alike."""
     import random
 
     import numpy as np
@@ -533,6 +536,8 @@ def test_a_cold_first_block_is_made_in_the_loader_process_with_the_same_bytes(tm
     path = captioning_dataset(tmp_path / "ds", n=24, per_shard=6)
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
     leaf = er.get_val_dataset(path, split_part="train", batch_size=2, worker_config=wc, task_encoder=RandomBatches(), samples_per_segment=4).leaves()[0]
+    leaf.batch_in_segments(own_batches)
+    assert leaf.stage_config().chained is not own_batches
     plan = leaf.plan()
     specs = [plan.segment(w, i) for i in range(3) for w in range(2)]
 
@@ -558,6 +563,7 @@ def test_a_cold_first_block_is_made_in_the_loader_process_with_the_same_bytes(tm
         raise OSError("the data is only reachable from the workers")
 
     monkeypatch.setattr(streams, "local_block", broken)
+    monkeypatch.setattr(streams, "local_chained_block", broken)
     fallback, stream = blocks("always")
     assert fallback == remote and stream.local_blocks == 0
     with pytest.raises(ValueError, match="local_start must be one of auto, off, always, not 'sometimes'"):

@@ -176,3 +176,36 @@ def test_restore_seeds_batch_hooks_after_skipped_samples_match_energon(path, wor
     assert len(ours) == 20 and [b[1] for b in ours] == [b[4] for b in ours]
     if workers == 1:
         assert [b[1] for b in ours] == list(range(20))
+
+
+def _skipping_encoder(lib, skipped):
+    class Encoder(lib.DefaultTaskEncoder):
+        def encode_sample(self, sample):
+            if int(sample.__key__.split("_")[-1]) in skipped:
+                raise lib.SkipSample()
+            return sample.__key__
+
+        def batch(self, samples):
+            return list(samples)
+
+    return Encoder()
+
+
+@pytest.mark.parametrize("workers,per_segment,skipped", [
+    (1, 3, (2,)), (1, 4, (2, 3, 7, 8, 9, 14, 20, 21, 33)), (2, 5, (1, 2, 3, 4, 5, 6, 30)), (3, None, (0, 17, 40, 41)),
+])  # fmt: skip
+def test_plain_batches_after_skipped_samples_match_energon(path, workers, per_segment, skipped):
+    """A plain ``encode_sample`` that skips samples (``SkipSample``) and batches of 3, a whole
+    validation pass: every batch after a skipped sample holds Energon's keys in Energon's order (a
+    worker stream's batches run on across its segments; each segment had cut batches from its own
+    first sample and left the rest to seam batches at the end: [3,4,5] … [0,1,12] for [0,1,3] …)."""
+    import megatron.energon as me
+
+    def batches(lib, **more):
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+        ds = lib.get_val_dataset(path, split_part="train", batch_size=3, task_encoder=_skipping_encoder(lib, skipped), worker_config=wc, **more)
+        return [list(batch) for batch in lib.get_loader(ds)]
+
+    ours = batches(er, **({"samples_per_segment": per_segment} if per_segment else {}))
+    assert ours == batches(me)
+    assert sum(len(b) for b in ours) == 48 - len(skipped)

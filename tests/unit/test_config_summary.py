@@ -31,6 +31,7 @@ class FakeLeaf:
         self.segment_layout = SegmentLayout(length=8)
         self.segment_pack_batches = False
         self.segment_packs = False
+        self.segment_batches = False
         self.task_encoder = er.DefaultTaskEncoder()
 
     def leaves(self):
