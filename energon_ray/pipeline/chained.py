@@ -215,7 +215,13 @@ def _batch_when_carried(stage: Any, data: rows.SegmentData, later: Any) -> Tuple
     eager.take_carry(wait=True)
     if eager.dead:  # the stream failed or closed before this segment
         return None, None
-    eager()  # the samples held while the carry had not come
+    if data.fatal is None:  # the samples held while the carry had not come, batched as the encode stage would
+        cfg = stage.encode.configs[data.spec.source]
+        try:
+            with worker_slot(data.spec.worker, cfg.num_workers):
+                eager()
+        except FatalSampleError as exc:
+            data.fatal = ("FatalSampleError", str(exc))
     out = list(stage.batch.explode(data, eager))
     return output_table(out, data.spec.source), data.carry_out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import numpy as np
 import pytest
@@ -209,3 +210,35 @@ def test_plain_batches_after_skipped_samples_match_energon(path, workers, per_se
     ours = batches(er, **({"samples_per_segment": per_segment} if per_segment else {}))
     assert ours == batches(me)
     assert sum(len(b) for b in ours) == 48 - len(skipped)
+
+
+def _late_carry_encoder(lib):
+    class Encoder(lib.DefaultTaskEncoder):
+        def encode_sample(self, sample):
+            index = int(sample.__key__.split("_")[-1])
+            if index in (1, 25):
+                raise lib.SkipSample()
+            if index in (3, 27):  # each worker stream's first segment ends late: the next one waits for its carry
+                time.sleep(1.5)
+            return sample.__key__
+
+        def batch(self, samples):
+            return [list(samples), self.current_batch_index, self.current_sample_index]
+
+    return Encoder()
+
+
+def test_batches_made_once_a_late_carry_came_match_energon(path):
+    """Two worker streams whose first segments end after the next ones were encoded: those batch
+    once the carry has come, outside the encode loop, and their ``batch`` hooks still see Energon's
+    ``current_batch_index`` and ``current_sample_index`` (counted over the rank's interleaved workers)."""
+    import megatron.energon as me
+
+    def batches(lib, **more):
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        ds = lib.get_val_dataset(path, split_part="train", batch_size=2, task_encoder=_late_carry_encoder(lib), worker_config=wc, **more)
+        return [[list(b[0]), b[1], b[2]] for b in lib.get_loader(ds)]
+
+    ours = batches(er, samples_per_segment=4)
+    assert ours == batches(me)
+    assert len(ours) == 24 and ours[1][0] == ["sample_000024", "sample_000026"]
