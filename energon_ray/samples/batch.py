@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
-import torch
-
 from energon_ray.samples.base import ExtendableDataclassMixin, PinMemoryMixin, SourceInfo, edataclass
 from energon_ray.samples.display import to_html
 
@@ -18,6 +16,7 @@ class Batch(PinMemoryMixin, ExtendableDataclassMixin):
     """A batch of samples; subclass it and add your batched fields.
 
     Example:
+        >>> import torch
         >>> @edataclass
         ... class MyBatch(Batch):
         ...     x: torch.Tensor
@@ -47,9 +46,12 @@ class Batch(PinMemoryMixin, ExtendableDataclassMixin):
 
     @classmethod
     def from_samples(cls: Type[T_batch], samples: Sequence[Any], **kwargs: Any) -> T_batch:
-        """Batch dataclass samples: tensors are pad-stacked, everything else becomes a list."""
-        from energon_ray.task_encoder.batching import batch_pad_stack
+        """Batch dataclass samples: each field becomes the list of the samples' values.
 
+        As Energon's, tensors are listed too, not stacked (its docstring says padded and stacked, its
+        code lists them): a task encoder written for Energon gets the same types here. Stack a field
+        yourself with a keyword, e.g. ``from_samples(samples, image=batch_pad_stack([...]))``.
+        """
         if not samples:
             raise ValueError(f"{cls.__name__}.from_samples needs at least one sample")
         for sample in samples:
@@ -69,8 +71,5 @@ class Batch(PinMemoryMixin, ExtendableDataclassMixin):
             elif name == "__restore_key__":
                 values[name] = tuple(getattr(s, name, ()) for s in samples)
             elif all(hasattr(s, name) for s in samples):
-                column = [getattr(s, name) for s in samples]
-                if isinstance(column[0], torch.Tensor):
-                    column = batch_pad_stack(column)
-                values[name] = column
+                values[name] = [getattr(s, name) for s in samples]
         return cls(**values)

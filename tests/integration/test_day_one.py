@@ -274,7 +274,7 @@ SCRIPT = textwrap.dedent(
     loader = er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=4, task_encoder=Encoder()))
     batches = list(loader)
     assert all(type(b) is MainBatch for b in batches), {type(b) for b in batches}
-    print("main", sum(len(b.caption) for b in batches), tuple(batches[0].image.shape))
+    print("main", sum(len(b.caption) for b in batches), type(batches[0].image).__name__, tuple(batches[0].image[0].shape))
     module = er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=4, task_encoder=ModuleEncoder()))
     print("module", sum(b.n for b in module), type(next(iter(module))).__module__)
     endless = er.get_loader(er.get_train_dataset(path, batch_size=4, shuffle_buffer_size=5, max_samples_per_sequence=5))
@@ -319,7 +319,7 @@ def test_a_script_with_its_own_types_runs_quietly_and_exits_0(ds, tmp_path):
     for exit_kind, proc in procs.items():
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, (exit_kind, err[-3000:])
-        assert out.splitlines() == ["main 30 (4, 3, 48, 64)", "module 30 user_types", "endless [4, 4, 4, 4, 4]"], exit_kind
+        assert out.splitlines() == ["main 30 list (3, 48, 64)", "module 30 user_types", "endless [4, 4, 4, 4, 4]"], exit_kind
         noise = [line for line in err.splitlines() if line.strip()]
         assert noise == [], (exit_kind, noise[:20])
 

@@ -258,12 +258,25 @@ class CapBatch(Batch):
     caption: list
 
 
-def test_batch_from_samples_pad_stacks_tensors_and_lists_the_rest():
-    """Batch.from_samples zero-pads and stacks tensor fields and lists the other fields."""
+@energon.edataclass
+class EnergonCapBatch(energon.Batch):
+    image: torch.Tensor
+    caption: list
+
+
+def _energon_cap(i: int, w: int = 2, **kw) -> energon.CaptioningSample:
+    ours = _cap(i, w, **kw)
+    return energon.CaptioningSample(**{f.name: getattr(ours, f.name) for f in dataclasses.fields(ours)})
+
+
+def test_batch_from_samples_lists_every_field_tensors_too():
+    """Batch.from_samples lists each field, tensors unstacked (the same tensors, in order), as Energon's."""
+    images = [_cap(0, w=2).image, _cap(1, w=3).image]
     batch = CapBatch.from_samples([_cap(0, w=2), _cap(1, w=3)])
-    assert batch.image.shape == (2, 1, 2, 3)
-    assert batch.image.tolist() == [[[[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]], [[[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]]]
-    assert batch.caption == ["caption 0", "caption 1"]
+    theirs = EnergonCapBatch.from_samples([_energon_cap(0, w=2), _energon_cap(1, w=3)])
+    assert type(batch.image) is list and type(theirs.image) is list
+    assert [t.tolist() for t in batch.image] == [t.tolist() for t in theirs.image] == [t.tolist() for t in images]
+    assert batch.caption == theirs.caption == ["caption 0", "caption 1"]
     assert batch.__key__ == ["k0", "k1"]
     assert list(batch.__restore_key__) == [("Webdataset", 0), ("Webdataset", 1)]
 

@@ -331,7 +331,7 @@ def test_batch_uses_from_samples_of_the_result_type():
         [_cap(0, __sources__=(_src(0),)), _cap(1, w=3, __sources__=(_src(1),))], result_type=CapBatch
     )
     assert isinstance(out, CapBatch)
-    assert out.image.shape == (2, 3, 2, 3)
+    assert [tuple(t.shape) for t in out.image] == [(3, 2, 2), (3, 2, 3)]  # listed, not stacked: Energon's
     assert out.__sources__ == (_src(0), _src(1))
 
 
