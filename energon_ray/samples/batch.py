@@ -68,8 +68,6 @@ class Batch(PinMemoryMixin, ExtendableDataclassMixin):
             elif name == "__subflavors__":
                 if any(getattr(s, name, None) is not None for s in samples):
                     values[name] = [getattr(s, name, None) for s in samples]
-            elif name == "__restore_key__":
-                values[name] = tuple(getattr(s, name, ()) for s in samples)
             elif all(hasattr(s, name) for s in samples):
                 values[name] = [getattr(s, name) for s in samples]
         return cls(**values)

@@ -278,7 +278,14 @@ def test_batch_from_samples_lists_every_field_tensors_too():
     assert [t.tolist() for t in batch.image] == [t.tolist() for t in theirs.image] == [t.tolist() for t in images]
     assert batch.caption == theirs.caption == ["caption 0", "caption 1"]
     assert batch.__key__ == ["k0", "k1"]
-    assert list(batch.__restore_key__) == [("Webdataset", 0), ("Webdataset", 1)]
+
+
+def test_batch_from_samples_restore_key_is_the_list_of_the_samples_keys():
+    """Batch.from_samples' __restore_key__ is a list of the samples' restore keys, as Energon's."""
+    batch = CapBatch.from_samples([_cap(0), _cap(1)])
+    theirs = EnergonCapBatch.from_samples([_energon_cap(0), _energon_cap(1)])
+    assert batch.__restore_key__ == theirs.__restore_key__ == [("Webdataset", 0), ("Webdataset", 1)]
+    assert type(batch.__restore_key__) is type(theirs.__restore_key__) is list
 
 
 def test_batch_from_samples_flattens_sources_and_lists_subflavors():
