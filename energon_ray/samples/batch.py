@@ -63,7 +63,7 @@ class Batch(PinMemoryMixin, ExtendableDataclassMixin):
             if name in kwargs:
                 values[name] = kwargs[name]
             elif name == "__sources__":
-                if any(getattr(s, name, None) for s in samples):
+                if any(getattr(s, name, None) is not None for s in samples):  # all () gives (), as Energon's
                     values[name] = tuple(src for s in samples for src in (getattr(s, name, None) or ()))
             elif name == "__subflavors__":
                 if any(getattr(s, name, None) is not None for s in samples):

@@ -305,6 +305,14 @@ def test_batch_from_samples_leaves_absent_meta_as_none():
     assert batch.__sources__ is None and batch.__subflavors__ is None
 
 
+def test_batch_from_samples_of_samples_with_empty_sources_has_empty_sources():
+    """Samples whose __sources__ are () (one of them None) batch to __sources__ == (), as Energon's."""
+    sources = [(), None, ()]
+    batch = CapBatch.from_samples([_cap(i, __sources__=s) for i, s in enumerate(sources)])
+    theirs = EnergonCapBatch.from_samples([_energon_cap(i, __sources__=s) for i, s in enumerate(sources)])
+    assert batch.__sources__ == theirs.__sources__ == ()
+
+
 def test_batch_from_samples_keyword_overrides_a_field():
     """Keywords given to from_samples replace the batched value of that field."""
     batch = CapBatch.from_samples([_cap(0), _cap(1)], caption=["x", "y"])
