@@ -299,6 +299,19 @@ def test_batch_from_samples_flattens_sources_and_lists_subflavors():
     assert batch.__subflavors__ == [{"a": 0}, {"a": 1}]
 
 
+def test_batch_from_samples_keeps_one_subflavors_entry_per_sample_where_energon_drops_empty_ones():
+    """__subflavors__ lines up with the samples, {} and None included; Energon's leaves those out
+    (a kept difference: its list no longer says which sample has which subflavors)."""
+    subflavors = [{}, {"src": "b"}, None, {"src": "d"}]
+    batch = CapBatch.from_samples([_cap(i, __subflavors__=sf) for i, sf in enumerate(subflavors)])
+    theirs = EnergonCapBatch.from_samples([_energon_cap(i, __subflavors__=sf) for i, sf in enumerate(subflavors)])
+    assert batch.__subflavors__ == [{}, {"src": "b"}, None, {"src": "d"}]
+    assert theirs.__subflavors__ == [{"src": "b"}, {"src": "d"}]
+    no_subflavors = [_cap(i, __subflavors__={}) for i in range(2)]
+    assert CapBatch.from_samples(no_subflavors).__subflavors__ == [{}, {}]
+    assert EnergonCapBatch.from_samples([_energon_cap(i, __subflavors__={}) for i in range(2)]).__subflavors__ == []
+
+
 def test_batch_from_samples_leaves_absent_meta_as_none():
     """Without sources or subflavors on any sample, the batch's __sources__/__subflavors__ stay None."""
     batch = CapBatch.from_samples([_cap(0), _cap(1)])
