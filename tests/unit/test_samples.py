@@ -224,6 +224,22 @@ def test_from_joined_concatenates_sources_in_argument_order():
     assert joined.__sources__ == (_src(0), _src(5, "txt.tar"), _src(6, "txt.tar"))
 
 
+def test_from_joined_lists_the_primarys_sources_once_where_energon_repeats_them():
+    """from_joined lists each sample's sources once; Energon's lists the primary's twice (a kept
+    difference: the same file named twice)."""
+    primary, secondary = _src(0), _src(5, "txt.tar")
+    joined = TextSample.from_joined(
+        TextSample(__key__="p", __restore_key__=(), text="p", __sources__=(primary,)),
+        TextSample(__key__="s", __restore_key__=(), text="s", __sources__=(secondary,)),
+    )
+    theirs = energon.TextSample.from_joined(
+        energon.TextSample(__key__="p", __restore_key__=(), text="p", __sources__=(primary,)),
+        energon.TextSample(__key__="s", __restore_key__=(), text="s", __sources__=(secondary,)),
+    )
+    assert joined.__sources__ == (primary, secondary)
+    assert theirs.__sources__ == (primary, primary, secondary)
+
+
 def test_from_joined_builds_a_type_from_fields_of_different_samples():
     """Joining an ImageSample and a TextSample fills a sample type that needs fields of both."""
 
