@@ -152,7 +152,7 @@ class ReadSegment:
         name, path = reader.name, reader.path
         try:
             if self.shards.format == "jsonl":
-                key, parts, files = str(index), {"json": bytes(chunk).rstrip(b"\r\n")}, (f"{index}.json",)
+                key, parts, files = str(index), {"json": bytes(chunk)}, (f"{index}.json",)  # line end kept, as Energon's
             else:
                 key, parts, files = reader.parse(index, chunk, self.part_filter)
         except IndexMismatchError:

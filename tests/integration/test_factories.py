@@ -275,12 +275,30 @@ def test_crude_jsonl_factories(tmp_path):
     crude = er.CrudeJsonlDatasetFactory(path, training=False, worker_config=_wc())
     out = _read(crude)
     assert len(crude) == 7 and [s["__key__"] for s in out] == [str(i) for i in range(7)]
-    assert out[3]["json"] == b'{"idx": 3}'
+    assert out[3]["json"] == b'{"idx": 3}\n'
     default = er.DefaultCrudeJsonlDatasetFactory(path, training=False, worker_config=_wc(), subflavors={"s": 2})
     out = _read(default)
     assert [s["json"] for s in out] == [{"idx": i} for i in range(7)]
     assert set(out[0]) == {"json", "__key__", "__shard__", "__restore_key__", "__subflavors__", "__sources__"} and out[0]["__subflavors__"] == {"s": 2}
     assert len(er.CrudeJsonlDatasetFactory(path, training=False, part_filter=lambda p: p != "json")) == 0
+
+
+def test_crude_jsonl_samples_hold_energons_bytes_line_ends_included(tmp_path):
+    """A crude .jsonl sample's json holds its line's bytes as Energon's reader gives them: the line
+    end (\\n, \\r\\n), blank lines after it, none after a last line without one."""
+    from megatron.energon.epathlib import EPath
+    from megatron.energon.flavors.jsonl.ijsonl_reader import IJsonlReader
+
+    path = tmp_path / "corpus.jsonl"
+    path.write_bytes(b'{"idx": 0}\n{"idx": 1}\r\n\n{"idx": 2}\n{"idx": 3}')
+    assert er.CrudeJsonlDatasetFactory.prepare_dataset(path) == 4
+    theirs = IJsonlReader(EPath(path))
+    expected = [b'{"idx": 0}\n', b'{"idx": 1}\r\n\n', b'{"idx": 2}\n', b'{"idx": 3}']
+    assert [theirs[i]["json"] for i in range(4)] == expected
+    out = _read(er.CrudeJsonlDatasetFactory(path, training=False, worker_config=_wc()))
+    assert [s["json"] for s in out] == expected
+    default = _read(er.DefaultCrudeJsonlDatasetFactory(path, training=False, worker_config=_wc()))
+    assert [s["json"] for s in default] == [{"idx": i} for i in range(4)]
 
 
 def test_as_file_store_reads_files_by_name_as_energons(mixed, tmp_path):
