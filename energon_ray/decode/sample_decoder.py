@@ -268,7 +268,10 @@ class SampleDecoder:
         if self.guess_content:
             media = [_GuessingHandler(h) for h in media]
         # Runs after webdataset's gz pre-handler and before its basic handlers, which never see pickles.
-        return wds_decode.Decoder([_CodePartHandler(self.trust_dataset_code), *media])
+        # Untrusted, a pickle's name refuses it before anything reads it; trusted, the media handlers
+        # go first, as in Energon, so guess_content decodes an image stored as ``.pkl`` as an image.
+        code = _CodePartHandler(self.trust_dataset_code)
+        return wds_decode.Decoder([*media, code] if self.trust_dataset_code else [code, *media])
 
     def decode_part(self, part: str, data: bytes) -> Any:
         """Decode the bytes of one part (``jpg``, ``caption.txt``, ``json``, …)."""

@@ -11,14 +11,17 @@ from pathlib import Path
 
 import braceexpand
 import pytest
+import torch
 import yaml
 from click.testing import CliRunner
 
+import energon_ray as er
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.prepare import prepare_dataset
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.format.tar_reader import ShardReader, parse_sample
-from energon_ray.synthetic import add_member, captioning_samples, write_shards
+from energon_ray.synthetic import add_member, captioning_samples, encode_image, sample_image, write_shards
+from tests.helpers import prepared
 
 energon = pytest.importorskip("megatron.energon")
 pytestmark = pytest.mark.parity
@@ -270,3 +273,30 @@ def test_a_dataset_file_store_reads_and_names_files_as_energons_webdataset_file_
             their_data, their_info.index, their_info.shard_name, their_info.file_names
         ) and info.index == name
         assert info.dataset_path == str(their_info.dataset_path)
+
+
+def test_guess_content_images_stored_as_pickles_load_as_energons_once_trusted(tmp_path):
+    """guess_content=True on a dataset whose images are stored as .pkl parts: without the opt-in the
+    loader stops naming dataset, shard, sample, part and the opt-in; with it the images are Energon's."""
+    samples = [(f"s{i:03d}", {"pkl": encode_image(sample_image(i, (8, 6)), "PNG")}) for i in range(4)]
+    path = prepared(tmp_path / "ds", samples, 2, sample_type="ImageSample", field_map={"image": "pkl"})
+
+    class Ours(er.DefaultTaskEncoder):
+        decoder = er.SampleDecoder(guess_content=True)
+
+    class Theirs(energon.DefaultTaskEncoder):
+        decoder = energon.SampleDecoder(guess_content=True)
+
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    with pytest.raises(er.FatalSampleError) as info:
+        list(er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=1, worker_config=wc, task_encoder=Ours())))
+    message = str(info.value)
+    assert f"dataset {path}: shards/shard_0000.tar: sample 's000'" in message
+    assert "UntrustedCodeError" in message and "pickled part 'pkl'" in message and "trust_dataset_code=True" in message
+    ours = er.get_loader(er.get_val_dataset(path, split_part="train", batch_size=1, worker_config=wc, task_encoder=Ours(), trust_dataset_code=True))
+    got = {b.__key__[0]: b.image[0] for b in ours}
+    their_wc = energon.WorkerConfig(rank=0, world_size=1, num_workers=0)
+    theirs = energon.get_loader(energon.get_val_dataset(path, split_part="train", batch_size=1, worker_config=their_wc, task_encoder=Theirs()))
+    expected = {b.__key__[0]: b.image[0] for b in theirs}
+    assert sorted(got) == sorted(expected) == [f"s{i:03d}" for i in range(4)]
+    assert all(got[k].shape == (3, 6, 8) and torch.equal(got[k], expected[k]) for k in expected)

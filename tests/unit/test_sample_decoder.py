@@ -157,6 +157,20 @@ def test_guess_content_decodes_images_stored_under_unknown_extensions():
     assert torch.allclose(png, SampleDecoder().decode_part("png", ENCODED["png"]))
 
 
+@pytest.mark.parametrize("ext", ["pkl", "pickle", "pyd"])
+def test_guess_content_decodes_an_image_stored_as_a_pickle_as_energon_once_trusted(ext):
+    """guess_content=True: a pickle part holding an image is refused untrusted (by its name, nothing
+    read); trusted it is that image, as Energon's, and a real pickle there is still unpickled."""
+    with pytest.raises(UntrustedCodeError, match=rf"pickled part '{ext}'.*trust_dataset_code=True"):
+        SampleDecoder(guess_content=True).decode_part(ext, ENCODED["png"])
+    theirs = EnergonSampleDecoder(guess_content=True).decode(f"k1.{ext}", ENCODED["png"])
+    ours = SampleDecoder(guess_content=True, trust_dataset_code=True).decode(f"k1.{ext}", ENCODED["png"])
+    assert isinstance(ours, torch.Tensor) and ours.shape == (3, H, W) and torch.equal(ours, theirs)
+    real = pickle.dumps({"a": [1, 2]})
+    trusted = SampleDecoder(guess_content=True, trust_dataset_code=True)
+    assert trusted.decode(f"k1.{ext}", real) == EnergonSampleDecoder(guess_content=True).decode(f"k1.{ext}", real) == {"a": [1, 2]}
+
+
 def test_guess_content_keeps_text_and_unknown_bytes():
     """With guess_content=True text parts still decode as text and unrecognised bytes stay bytes."""
     dec = SampleDecoder(guess_content=True)
