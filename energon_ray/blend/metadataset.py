@@ -51,6 +51,8 @@ class LeafSpec:
     split_config: Optional[str] = None
     #: ``aux:`` references, resolved to paths (the cookers' file stores, see ``energon_ray.cache.aux``).
     aux: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the ``aux:`` names written ``filesystem://…``: a folder's files by path, even a prepared one's.
+    filesystem_aux: Tuple[str, ...] = ()
     #: a ``join:`` node (:class:`energon_ray.blend.join.JoinSpec`; ``path`` is then its primary's).
     join: Optional[Any] = None
 
@@ -331,6 +333,7 @@ class _Parser:
                 dataset_config=node.get("dataset_config"),
                 split_config=node.get("split_config"),
                 aux=self.aux(node.get("aux"), where),
+                filesystem_aux=_filesystem_names(node.get("aux")),
             )
         ]
 
@@ -351,6 +354,14 @@ class _Parser:
                 ref = f"{protocol[len('filesystem+'):]}://{url.group('rest')}"
             out[name] = self.resolve(ref, f"{where}.aux.{name}")
         return out
+
+
+def _filesystem_names(refs: Any) -> Tuple[str, ...]:
+    """The ``aux:`` names given as ``filesystem://p`` or ``filesystem+s3://p`` (checked by ``aux``)."""
+    return tuple(
+        name for name, ref in (refs or {}).items()
+        if (url := _URL.match(ref)) and url.group("protocol").split("+")[0] == "filesystem"
+    )  # fmt: skip
 
 
 def _v1_to_v2(data: dict, file: str) -> dict:

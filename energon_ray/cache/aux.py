@@ -2,15 +2,16 @@
 named file stores for the cook functions.
 
 A folder holding ``.nv-meta/.info.json`` (or ``.info.yaml``) is read as a prepared dataset (files by
-``"<key>.<part>"``); any other folder (``filesystem://…``; its ``.nv-meta/index.sqlite`` may hold
-media metadata from ``prepare-media``) by relative file path. Either may be local or on an object
+``"<key>.<part>"``); any other folder, and every one written ``filesystem://…`` (a prepared one too,
+as Energon's ``SystemFileStore``; its ``.nv-meta/index.sqlite`` may hold media metadata from
+``prepare-media``), by relative file path. Either may be local or on an object
 store (``s3://``, ``msc://``, ``filesystem+s3://``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Mapping
+from typing import Any, Collection, Dict, Mapping
 
 from energon_ray.cache.base import FileStore
 from energon_ray.cache.stores import DatasetFileStore, SystemFileStore
@@ -22,12 +23,14 @@ from energon_ray.storage import RemotePath, StorageError, as_path
 RESERVED = ("cache", "primary")
 
 
-def aux_stores(refs: Mapping[str, Any], where: str) -> Dict[str, FileStore]:
+def aux_stores(refs: Mapping[str, Any], where: str, filesystem: Collection[str] = ()) -> Dict[str, FileStore]:
     """The store of each ``aux:`` entry, by its name.
 
     Args:
         refs: name → resolved path (``LeafSpec.aux``), or name → ``FileStore``.
         where: ``"file: splits.train"`` for messages.
+        filesystem: the names written ``filesystem://…`` (``LeafSpec.filesystem_aux``): their folder's
+            files by path, even where it is a prepared dataset.
 
     Raises:
         DatasetConfigError: a reserved or non-identifier name, a path that does not exist, or an
@@ -47,7 +50,7 @@ def aux_stores(refs: Mapping[str, Any], where: str) -> Dict[str, FileStore]:
             raise DatasetConfigError(f"{where}: aux.{name}: expected a path, URL or FileStore, got {type(ref).__name__}")
         path = as_path(ref)
         try:
-            if any((path / META_DIR / info).is_file() for info in (INFO_JSON, INFO_YAML)):
+            if name not in filesystem and any((path / META_DIR / info).is_file() for info in (INFO_JSON, INFO_YAML)):
                 out[name] = DatasetFileStore(path)
             elif path.is_dir():
                 out[name] = SystemFileStore(path)

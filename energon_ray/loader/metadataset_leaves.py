@@ -122,7 +122,7 @@ def _leaves(flat: Flattened, options: PlanOptions, common: dict, trusted: bool, 
         try:
             leaves.append(
                 EnergonDataset(prepared, options=leaf_options, subflavors=leaf.subflavors, rotation_offset=offset % global_workers,
-                              rotation_base=offset, aux=aux_stores(leaf.aux, leaf.where), **common)
+                              rotation_base=offset, aux=aux_stores(leaf.aux, leaf.where, filesystem=leaf.filesystem_aux), **common)
             )
         except ValueError as exc:
             raise DatasetConfigError(f"{leaf.where}: {exc}") from None

@@ -180,3 +180,41 @@ def test_aux_on_a_dataset_that_is_not_crude_is_refused_naming_file_and_node(tmp_
         f"{mds}: splits.train: aux ['f']: only a crude dataset's cookers read aux data, and {tmp_path / 'cap'} holds "
         "CaptioningSample samples (make it a CrudeWebdataset, or drop aux)"
     )
+
+
+def _cook_by_filesystem_and_by_dataset(lib):
+    @lib.stateless
+    @lib.cooker
+    def cook(sample, raw, ds):
+        note = raw.get(f"notes/{sample['txt']}.txt", sample)
+        image = ds.get(f"img_{sample['txt']}.png", sample)
+        return lib.TextSample(**lib.basic_sample_keys(sample), text=f"{note}|{tuple(image.shape)}")
+
+    return cook
+
+
+def test_filesystem_aux_on_a_prepared_folder_reads_its_files_by_path_as_energon(ray_session, tmp_path):
+    """aux 'filesystem://imgs' on a prepared dataset folder is that folder's files by relative path
+    (Energon's SystemFileStore), while aux 'imgs' reads its samples' files by '<key>.<part>'."""
+    import megatron.energon as me
+
+    write_aux_tree(tmp_path)
+    (tmp_path / "imgs" / "notes").mkdir()
+    for k in range(4):
+        (tmp_path / "imgs" / "notes" / f"{k}.txt").write_text(f"note {k}")
+    mds = tmp_path / "fs.yaml"
+    mds.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2",
+                                   "splits": {"train": {"path": "main", "aux": {"raw": "filesystem://imgs", "ds": "imgs"}}}}))  # fmt: skip
+
+    class Ours(er.DefaultTaskEncoder):
+        cookers = [er.Cooker(_cook_by_filesystem_and_by_dataset(er))]
+
+    class Theirs(me.DefaultTaskEncoder):
+        cookers = [me.Cooker(_cook_by_filesystem_and_by_dataset(me))]
+
+    ours = er.get_loader(er.get_val_dataset(mds, split_part="train", batch_size=None, worker_config=WC, task_encoder=Ours()))
+    got = {s.__key__: s.text for s in ours}
+    their_wc = me.WorkerConfig(rank=0, world_size=1, num_workers=0)
+    theirs = me.get_loader(me.get_val_dataset(mds, split_part="train", batch_size=None, worker_config=their_wc, task_encoder=Theirs()))
+    expected = {s.__key__: s.text for s in theirs}
+    assert got == expected == {f"s{i:03d}": f"note {i % 4}|{(3, i % 4 + 4, i % 4 + 8)}" for i in range(N)}
