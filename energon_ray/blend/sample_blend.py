@@ -57,13 +57,17 @@ class SampleBlendDataset(PooledBlendDataset):
 
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
         first = len(ctx.nodes)
-        draw = super().provider(ctx, pass_index)  # one pooled (position, sub, payload, leaf) per call
+        draw = self.draw_provider(ctx, pass_index)  # one pooled (position, sub, payload, leaf) per call
         batcher = _GroupBatcher([ctx.feeds[id(leaf)] for leaf in self.leaves()])
         if self.packing_buffer_size:  # (its node counts the batches it gives)
             from energon_ray.blend.packed_blend import packed_provider
 
             return packed_provider(self, ctx, draw, SubTree(ctx, first, ctx.leaf_indices(self)), batcher, BATCHES_PER_GROUP)
         return _SampleBatches(self, ctx, draw, first, batcher)
+
+    def draw_provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        """Called with a worker: its next drawn sample ``(position, sub, payload, leaf)``, or ``EXHAUSTED``."""
+        return super().provider(ctx, pass_index)
 
     def leaf_shares(self):
         # a step (one batch) takes batch_size samples, weight × batch_size of them from each leaf

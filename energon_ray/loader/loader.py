@@ -28,7 +28,7 @@ from energon_ray.loader.passes import check_something_to_repeat, repeats_passes
 from energon_ray.loader.remake import blocker
 from energon_ray.loader.rebatch import batch_size_changes, rebatch
 from energon_ray.loader.savable import (
-    PassRun, adopt_layouts, adopt_pack_batching, check_fits, new_state, restore_sample, starts_of,
+    PassRun, adopt_layouts, adopt_pack_batching, adopt_val_packing, check_fits, new_state, restore_sample, starts_of,
 )  # fmt: skip
 from energon_ray.errors import log_exception
 from energon_ray.loader.state import LoaderState, StateError, broadcast_states, gather_states
@@ -250,6 +250,7 @@ class EnergonLoader:
             self._start_restore(*rebatch(self.dataset, state, changes))
             return
         check_fits(state, self.dataset)
+        adopt_val_packing(state, self.dataset)  # (first: it may replace the leaves the others set)
         adopt_layouts(state, self.dataset)
         adopt_pack_batching(state, self.dataset)
         redist = None

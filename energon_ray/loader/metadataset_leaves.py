@@ -16,6 +16,7 @@ from energon_ray.blend.metadataset import Flattened, LeafSpec, start_context
 from energon_ray.blend.metadataset import parse as parse_metadataset
 from energon_ray.blend.metadataset import parse_file as parse_metadataset_file
 from energon_ray.blend.sample_blend import SampleBlendDataset
+from energon_ray.blend.sample_concat import SampleConcatDataset
 from energon_ray.cache.aux import aux_stores
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.dataset import PreparedDataset
@@ -54,6 +55,8 @@ def _blends_samples(path: Any, flat: Flattened, options: PlanOptions, te: TaskEn
     blend_samples=True, which is refused (mixed batches would silently be something else than asked
     for)."""
     grouped = is_overridden(te, "batch_group_criterion")
+    if _packs_across(flat, options):
+        return True
     blendable = options.training and len(flat.leaves) > 1 and options.batch_size is not None
     if options.blend_samples and blendable and grouped:
         raise ValueError(
@@ -61,6 +64,14 @@ def _blends_samples(path: Any, flat: Flattened, options: PlanOptions, te: TaskEn
             "runs in each dataset's Ray tasks, before blending (blend_samples=False gives whole per-dataset batches)"
         )
     return blendable and (not grouped if options.blend_samples is None else options.blend_samples)
+
+
+def _packs_across(flat: Flattened, options: PlanOptions) -> bool:
+    """A validation metadataset of several datasets, packed and batched: Energon packs the one
+    stream each worker reads through all of them (a packing buffer runs from one dataset into the
+    next), so the leaves hand out their samples to ``SampleConcatDataset``, which packs and batches
+    them in that order."""
+    return not options.training and len(flat.leaves) > 1 and options.batch_size is not None and bool(options.packing_buffer_size)
 
 
 def _open_leaf(leaf: LeafSpec, trusted: bool) -> Tuple[PreparedDataset, Optional[list]]:
@@ -144,6 +155,9 @@ def _combine(flat: Flattened, leaves: List[EnergonDataset], options: PlanOptions
             for ds in leaves:
                 ds.options.batch_index_offsets = tuple(before)
                 before = [a + b for a, b in zip(before, ds.worker_lengths())]
+        if blend_samples:
+            return SampleConcatDataset(*leaves, batch_size=options.batch_size, packing_buffer_size=options.packing_buffer_size,
+                                       drop_last=options.drop_last, limit=options.limit)  # fmt: skip
         return ConcatDataset(*leaves, limit=options.limit)
     if flat.mode == "blend_epochized":
         # Energon weighs by length × repetitions; the exact counts come from each stream's end anyway

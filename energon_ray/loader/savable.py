@@ -95,6 +95,8 @@ def describe(dataset: Composition, order_only: bool = False, encoders: bool = Fa
     key in any joined dataset, their count may not); states saved before the digest was recorded
     (after 2026-12-02's layouts) were fingerprinted without.
     """
+    if getattr(dataset, "per_dataset", False):  # a SampleConcatDataset restored from a state saved before it
+        dataset = dataset.described()
     options = getattr(dataset, "options", None)
     if options is not None:  # a leaf dataset
         fields = dataclasses.asdict(options)
@@ -183,8 +185,10 @@ def check_seed(saved: Optional[int], dataset: Composition) -> None:
 def fingerprints(dataset: Composition, order_only: bool = False) -> Tuple[str, ...]:
     """The fingerprint a state saved now has, and those older states have: before the joins' rows were
     recorded without them, before 2026-12-02 without the leaves' sample layouts, before 2026-11-25 also
-    with the task encoders' classes. A state with any of them fits."""
-    return (
+    with the task encoders' classes. A state with any of them fits; so does one saved before
+    2026-11-28 for a packed validation metadataset (``adopt_val_packing``)."""
+    other = getattr(dataset, "other_form", None)
+    return (fingerprints(other(), order_only) if other is not None else ()) + (
         fingerprint(describe(dataset, order_only)),
         fingerprint(describe(dataset, order_only, joins=False)),
         fingerprint(describe(dataset, order_only, layout=False)),
@@ -282,6 +286,15 @@ def adopt_pack_batching(state: LoaderState, dataset: Composition) -> None:
         leaf.batch_packs_in_segments(not state.packs_pooled)
         leaf.pack_in_segments(not state.packs_chained)
         leaf.batch_in_segments(not state.batches_chained)
+
+
+def adopt_val_packing(state: LoaderState, dataset: Composition) -> None:
+    """A packed validation metadataset packs each dataset's samples on its own, as the loader that
+    saved ``state`` before 2026-11-28 did (its packing buffers restarted at each dataset), or runs
+    its buffers across them."""
+    if hasattr(dataset, "pack_per_dataset"):
+        older = dataset.described() if dataset.per_dataset else dataset.other_form()
+        dataset.pack_per_dataset(state.fingerprint in fingerprints(older))
 
 
 def sample_keys(restore_key: Any) -> List[tuple]:
@@ -392,7 +405,10 @@ def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple
     _check_keys(leaves, keys)
     fns = remakers(dataset, leaves[min(k[2] for k in keys)])
     if any(leaves[k[2]].options.blend_samples for k in keys):  # before their origins: packs that mix datasets
-        raise StateError("restore_sample cannot rebuild the packed batches of a sample blend (packs mix datasets)")
+        raise StateError(
+            "restore_sample cannot rebuild the packed batches of a sample blend or of a packed validation metadataset "
+            "(packs mix datasets)"
+        )
     named = sorted({k[2] for k in keys})
     if len(named) > 1 and all(leaves[source].options.batch_across_sources for source in named):
         _one_worker(keys)

@@ -177,12 +177,15 @@ class OnePass:
         self.loader.restore_state_rank(state)
 
 
+#: restore_sample's refusal where packs mix datasets
+MIXED_PACKS = "cannot rebuild the packed batches of a sample blend or of a packed validation metadataset (packs mix datasets)"
 #: combinations whose batches restore_sample cannot make again, as the docs state (compatibility.md,
 #: get_savable_loader and MixBatchDataset): (the StateError's message, why)
 REFUSED = {
     "mix": ("MixBatchDataset: its batches are mixed by batch_mix_fn", "a mixed batch is not made again (as in Energon)"),
-    "meta-packing": ("cannot rebuild the packed batches of a sample blend (packs mix datasets)", "a sample blend's packs mix datasets"),
-    "epochized-packing": ("cannot rebuild the packed batches of a sample blend (packs mix datasets)", "a sample blend's packs mix datasets"),
+    "meta-packing": (MIXED_PACKS, "a sample blend's packs mix datasets"),
+    "epochized-packing": (MIXED_PACKS, "a sample blend's packs mix datasets"),
+    "val-packing": (MIXED_PACKS, "a packing buffer runs from one dataset into the next, as Energon's"),
 }
 
 
@@ -232,3 +235,29 @@ def test_restore_is_exact_after_0_1_mid_and_all_but_the_last_batch(roots, compos
     finally:
         for run in runs:
             run.loader.close()
+
+
+def test_a_packed_validation_metadatasets_state_saved_when_each_dataset_packed_alone_restores(roots):
+    """A packed validation metadataset's state saved before its packing buffers ran across its
+    datasets (each dataset packed its own samples; that loader is built here with
+    ``pack_per_dataset(True)``, as its fingerprint shows) restores into a loader built now: the rest
+    of the saved loader's pass, as it packed (such states were refused: ``StateError`` "type was
+    'ConcatDataset', is now 'SampleConcatDataset'")."""
+
+    def loader(alone: bool):
+        dataset = build(roots, "val", "packing", 1)
+        dataset.pack_per_dataset(alone)
+        return er.get_savable_loader(dataset)
+
+    old, new = loader(True), loader(False)
+    before, now = [view(b) for b in old], [view(b) for b in new]
+    assert [b[0] for b in before] != [b[0] for b in now]  # other packs
+    saving = loader(True)
+    it = iter(saving)
+    next(it), next(it)
+    state = json_transport(saving.save_state_rank())
+    restored = er.get_savable_loader(build(roots, "val", "packing", 1))
+    restored.restore_state_rank(state)
+    assert [view(b) for b in restored] == before[2:]
+    for each in (old, new, saving, restored):
+        each.close()

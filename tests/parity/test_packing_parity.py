@@ -269,3 +269,37 @@ def test_packing_buffers_run_across_segments_like_energon(text, workers, hooks):
     got, expected = list(ours), list(theirs)
     assert got == expected
     assert sum(len(b) - 2 for b in got) > 20
+
+
+@pytest.fixture(scope="module")
+def two_val(tmp_path_factory):
+    """A validation metadataset of two datasets (18 and 13 samples)."""
+    root = tmp_path_factory.mktemp("valpack")
+    prefixed_text_dataset(root / "a", "a", 18, per_shard=5)
+    prefixed_text_dataset(root / "b", "b", 13, per_shard=4)
+    (root / "val.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  val:\n    blend:\n"
+        "      - {path: a, split_part: train}\n      - {path: b, split_part: train}\n"
+    )
+    return root / "val.yaml"
+
+
+@pytest.mark.parametrize("hooks", [PairHooks, SkipEveryThird], ids=["pairs", "skipped"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_val_metadataset_packing_buffers_run_from_one_dataset_into_the_next_like_energon(two_val, workers, hooks):
+    """A validation metadataset's packing buffers (of 5) run from the end of one dataset into the
+    next, as Energon packs the concatenated stream: the same packs, batches and ``batch`` indices
+    (each dataset's buffers restarted at its start: a's last short buffer was packed alone, and b's
+    buffers started at b_000000)."""
+    ours, theirs = (
+        lib.get_loader(lib.get_val_dataset(
+            two_val, split_part="val", worker_config=lib.WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=2,
+            packing_buffer_size=5, task_encoder=type(hooks.__name__, (hooks, lib.DefaultTaskEncoder), {"sample_cls": lib.TextSample})(),
+            **kwargs,
+        ))
+        for lib, kwargs in ((er, {"samples_per_segment": 5}), (me, {}))
+    )  # fmt: skip
+    got, expected = list(ours), list(theirs)
+    assert got == expected
+    if workers == 0 and hooks is PairHooks:  # a's last three samples open the buffer b's first two fill
+        assert got[5:7] == [[5, 5, "a_000017+b_000000", "b_000001"], [6, 6, "b_000002+b_000003", "b_000004+b_000005"]]

@@ -1,0 +1,123 @@
+"""A packed validation metadataset: ``SampleConcatDataset``.
+
+Energon concatenates a validation metadataset's datasets and then encodes, packs and batches the
+one stream each worker reads, so a packing buffer (like a batch) runs from the end of one dataset
+into the next. Here the leaves hand out their encoded samples (as a sample blend's do), each
+worker takes all of its first dataset's, then all of the next one's, and the packing and batching
+of ``blend.packed_blend`` run over that stream: the packs and batches are Energon's.
+
+Loaders before 2026-11-28 built a ``ConcatDataset`` of leaves that packed their own samples (buffers
+restarting at each dataset); a state they saved restores so (``pack_per_dataset``, set by
+``loader.savable.adopt_val_packing``), and the states saved after it record that.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+from energon_ray.blend.base import Composition, ListNode, PassContext, Provider
+from energon_ray.blend.concat import ConcatDataset
+from energon_ray.blend.lengths import worker_samples
+from energon_ray.blend.sample_blend import SampleBlendDataset
+from energon_ray.loader.merge import EXHAUSTED
+
+
+class SampleConcatDataset(SampleBlendDataset):
+    """Leaves one after another per worker stream, packed and batched as one stream (validation).
+
+    Args:
+        *datasets: leaves built with ``blend_samples=True``, in order.
+        batch_size: packs per batch.
+        packing_buffer_size: samples per packing buffer.
+        drop_last: drop each worker's last short batch.
+        limit: at most this many batches per rank and pass.
+    """
+
+    def __init__(self, *datasets: Composition, batch_size: int, packing_buffer_size: int, drop_last: bool = False,
+                 limit: Optional[int] = None):  # fmt: skip
+        super().__init__(*((ds, 1.0) for ds in datasets), batch_size=batch_size, drop_last=drop_last,
+                         packing_buffer_size=packing_buffer_size)  # fmt: skip
+        self.limit = limit
+        #: each leaf packs its own samples, as before 2026-11-28 (a state saved then is restored):
+        #: ``datasets`` are then copies of the leaves that do, these the leaves
+        self.per_dataset = False
+        self.sample_leaves = list(self.datasets)
+
+    def pack_per_dataset(self, value: bool) -> None:
+        """``True``: pack and batch as loaders before 2026-11-28 did (``ConcatDataset``'s provider over
+        copies of the leaves that pack their own samples); ``False``: buffers run across the leaves."""
+        if value != self.per_dataset:
+            self.per_dataset = value
+            self.datasets = _packing_alone(self.sample_leaves) if value else list(self.sample_leaves)
+
+    def described(self) -> Composition:
+        """What a saved state's fingerprint describes: before 2026-11-28's, a ``ConcatDataset``."""
+        return ConcatDataset(*self.datasets, limit=self.limit) if self.per_dataset else self
+
+    def other_form(self) -> Composition:
+        """This metadataset packed the other way (``pack_per_dataset``): its states fit too."""
+        if self.per_dataset:
+            return SampleConcatDataset(*self.sample_leaves, batch_size=self.batch_size, drop_last=self.drop_last,
+                                       packing_buffer_size=self.packing_buffer_size, limit=self.limit)  # fmt: skip
+        return ConcatDataset(*_packing_alone(self.datasets), limit=self.limit)
+
+    def provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        if self.per_dataset:
+            return ConcatDataset.provider(self, ctx, pass_index)  # type: ignore[arg-type]
+        return super().provider(ctx, pass_index)
+
+    def draw_provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        """Each worker's samples of the first leaf, then of the next: no randomness."""
+        subs = [ds.provider(ctx, pass_index) for ds in self.datasets]
+        current = [0] * self.num_workers
+        ctx.register(ListNode(current))
+
+        def next_sample(worker: int) -> Any:
+            while current[worker] < len(subs):
+                sample = subs[current[worker]](worker)
+                if sample is not EXHAUSTED:
+                    return sample
+                current[worker] += 1
+            return EXHAUSTED
+
+        return next_sample
+
+    def leaf_shares(self) -> Dict[int, Tuple[float, float]]:
+        # a step takes about batch_size samples, all of one leaf; a leaf starts after the steps before it
+        out, before = {}, 0.0
+        for ds in self.datasets:
+            for leaf, (share, offset) in ds.leaf_shares().items():
+                out[leaf] = (share * self.batch_size, offset + before)
+            before += sum(worker_samples(ds)) / self.num_workers / self.batch_size
+        return out
+
+    def schedule_hints(self, pass_index: int, items_per_step: int = 1):
+        return {}
+
+    def caps(self) -> Optional[List[int]]:
+        if self.limit is None:
+            return None
+        workers = self.num_workers
+        return [self.limit // workers + (1 if w < self.limit % workers else 0) for w in range(workers)]
+
+    def worker_items(self) -> List[int]:
+        items = super().worker_items()
+        caps = self.caps()
+        return items if caps is None else [min(i, c) for i, c in zip(items, caps)]
+
+    def __repr__(self) -> str:
+        return "SampleConcatDataset(" + ", ".join(repr(ds) for ds in self.datasets) + ")"
+
+
+def _packing_alone(leaves: List[Composition]) -> List[Composition]:
+    """Copies of ``leaves`` that pack their own samples (their Ray tasks pack, buffers restarting at
+    each leaf) and pool the packs, batched across the leaves."""
+    twins = []
+    for leaf in leaves:
+        twin = copy.copy(leaf)
+        twin.options = dataclasses.replace(leaf.options, blend_samples=False)
+        twin._stages = None
+        twins.append(twin)
+    return twins
