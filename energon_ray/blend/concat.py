@@ -101,15 +101,7 @@ class ConcatDataset(OfSeveral):
                 # a's remainder of each worker stream opens b's first batch
                 ctx.feeds[id(a)].queues.chain_to(ctx.feeds[id(b)].queues)
 
-        def next_item(worker: int) -> Any:
-            while current[worker] < len(subs):
-                item = subs[current[worker]](worker)
-                if item is not EXHAUSTED:
-                    return item
-                current[worker] += 1
-            return EXHAUSTED
-
-        return next_item
+        return one_after_another(subs, current)
 
     def leaf_shares(self):
         out, before = {}, 0.0
@@ -211,3 +203,18 @@ class MixBatchDataset(Composition):
 
     def __len__(self) -> int:
         return sum(self.worker_items())
+
+
+def one_after_another(subs: List[Provider], current: List[int]) -> Provider:
+    """Per worker, the items of ``subs[current[worker]]`` until it is exhausted, then the next's
+    (``current``: each worker's sub, a registered node's list)."""
+
+    def next_item(worker: int) -> Any:
+        while current[worker] < len(subs):
+            item = subs[current[worker]](worker)
+            if item is not EXHAUSTED:
+                return item
+            current[worker] += 1
+        return EXHAUSTED
+
+    return next_item

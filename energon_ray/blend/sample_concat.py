@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, ListNode, PassContext, Provider
-from energon_ray.blend.concat import ConcatDataset
+from energon_ray.blend.concat import ConcatDataset, one_after_another
 from energon_ray.blend.lengths import worker_samples
 from energon_ray.blend.sample_blend import SampleBlendDataset
-from energon_ray.loader.merge import EXHAUSTED
 
 
 class SampleConcatDataset(SampleBlendDataset):
@@ -74,15 +73,7 @@ class SampleConcatDataset(SampleBlendDataset):
         current = [0] * self.num_workers
         ctx.register(ListNode(current))
 
-        def next_sample(worker: int) -> Any:
-            while current[worker] < len(subs):
-                sample = subs[current[worker]](worker)
-                if sample is not EXHAUSTED:
-                    return sample
-                current[worker] += 1
-            return EXHAUSTED
-
-        return next_sample
+        return one_after_another(subs, current)
 
     def leaf_shares(self) -> Dict[int, Tuple[float, float]]:
         # a step takes about batch_size samples, all of one leaf; a leaf starts after the steps before it
