@@ -166,7 +166,7 @@ class BatchSamples:
             data.fatal = data.fatal or ("FatalSampleError", str(exc))
             items, leftovers = list(made), []
         encoded = len(data.encoded) + (eager.samples if eager is not None else 0)
-        self._ending = 0
+        ending = 0  # items at the end made once the stream ended (its short last batch)
         if data.fatal is not None and not self._plain(data):
             items, leftovers = [], []  # a fatal segment of packing or grouping gives nothing
         elif eager is not None:  # (a fatal one: what was made before the error, which comes after them)
@@ -174,7 +174,7 @@ class BatchSamples:
         if self.config.chained and data.carry is not None:
             encoded -= len(data.carry.tail or ())  # the previous segment's tail was counted there
             if data.fatal is None:
-                items, leftovers = self._chain_on(data, eager, items, leftovers, encoded)
+                items, leftovers, ending = self._chain_on(data, eager, items, leftovers, encoded)
         try:  # serialized here, not in the block: one that does not pickle fails the segment's report
             items = [(rows.dumped((rows.ITEM, spec.worker, spec.index, seq, item)), pos) for seq, (item, pos) in enumerate(items)]
             leftovers = rows.pack_leftovers(leftovers, spec.worker, spec.index) if leftovers else None
@@ -199,31 +199,31 @@ class BatchSamples:
             read_retries=data.read_retries,
             outputs_before=data.carry.outputs if self.config.chained and data.carry is not None else None,
             tail_from=data.carry_out.tail[0][0] if data.carry_out is not None and data.carry_out.tail else None,
-            ending_items=self._ending if items else 0,
+            ending_items=ending if items else 0,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report, None
 
     def _chain_on(self, data: rows.SegmentData, eager: Optional["EagerBatches"], items, leftovers, encoded: int):
         """A chained segment's end: the samples that did not fill a batch go to the next segment
         (``data.carry_out``) or, in the stream's last segment, make its last, short batch (unless
-        ``drop_last``); no ``LEFTOVER`` row."""
+        ``drop_last``); no ``LEFTOVER`` row. Returns the items, the leftovers and how many items at
+        the end are that last batch's (``Report.ending_items``)."""
         if self.config.packing_buffer_size:  # the packs go to the pool; the open buffer to the next segment
             if not data.spec.last:
                 data.carry_out = Carry(data.carry.outputs + encoded, list(self._open_buffer))
-            return items, leftovers
+            return items, leftovers, 0
         if eager is None:
             raise RuntimeError(f"energon_ray: chained segment {data.spec.index} of worker {data.spec.worker} cannot batch as it encodes")
         size, total = self.config.batch_size, data.carry.outputs + encoded
         rest = [entry for _, _, group in leftovers for entry in group]
         if not data.spec.last:
             data.carry_out = Carry(total, rest)
-            return items, []
-        if rest and not self.config.drop_last:
-            with worker_slot(data.spec.worker, self.config.num_workers):
-                last = eager.batcher.with_positions(rest, data.spec.seed, size, eager.runs, total // size)
-            items = items + last
-            self._ending = len(last)
-        return items, []
+            return items, [], 0
+        if not rest or self.config.drop_last:
+            return items, [], 0
+        with worker_slot(data.spec.worker, self.config.num_workers):
+            last = eager.batcher.with_positions(rest, data.spec.seed, size, eager.runs, total // size)
+        return items + last, [], len(last)
 
     def _plain(self, data: rows.SegmentData) -> bool:
         """Whether the segment's items are plain consecutive batches of its samples (or the samples)."""

@@ -141,16 +141,15 @@ def encodes_without_carry(config: StageConfig) -> bool:
 
 def chained_segment(
     data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]],
-    carry: Union[Optional[Carry], Callable[[], Optional[Carry]]], carry_only: bool = False, node: Optional[str] = None,
+    carry: Any, carry_only: bool = False, node: Optional[str] = None,
 ) -> Tuple[Optional[pa.Table], Optional[Carry]]:
     """A segment of a chained stream (``StageConfig.chained``), read into ``data``: its output block
     and the ``Carry`` for the next segment. ``carry``: the previous segment's (its tail opens this
     segment's first batch; ``None``: the stream failed or closed before, nothing is made), or a
-    function that waits for it, called once the samples are encoded (only where
-    ``encodes_without_carry``), or a ``build.LaterCarry`` (``ready()``, ``wait()``: batches are
-    made as soon as it has come). ``carry_only``: only the carry is wanted (a restore rebuilding it
+    ``build.LaterCarry`` (``ready()``, ``wait()``), waited for once the samples are encoded (only
+    where ``encodes_without_carry``; plain batches are made as soon as it has come). ``carry_only``: only the carry is wanted (a restore rebuilding it
     from ``carry.outputs``; no batches): the segment's outputs must cover the tail it hands on."""
-    if callable(carry) or hasattr(carry, "wait"):
+    if hasattr(carry, "wait"):
         return _encode_then_chain(data, config, carry, carry_only, node)
     if carry is None:
         return None, None
@@ -186,11 +185,10 @@ def _encode_then_chain(
     if not encodes_without_carry(cfg):
         raise RuntimeError(f"energon_ray: worker {data.spec.worker}'s segment {data.spec.index} needs its carry before it encodes")
     stage.batch.node = node
-    wait = later if callable(later) else later.wait
-    if not (carry_only or cfg.packing_buffer_size) and hasattr(later, "ready"):
+    if not (carry_only or cfg.packing_buffer_size):
         return _batch_when_carried(stage, data, later)
     stage.encode.encode(data)
-    carry = wait()
+    carry = later.wait()
     if carry is None:  # the stream failed or closed before this segment
         return None, None
     data.carry = carry
