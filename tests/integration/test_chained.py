@@ -331,24 +331,6 @@ class PackedPids(er.DefaultTaskEncoder):
         return {"texts": [s.text for s in samples], "pid": os.getpid()}
 
 
-def test_killed_ray_workers_break_no_packed_chain(root, ray_session):
-    """SIGKILL the Ray workers that batched the first packs (segment tasks of the packed stream
-    may be waiting there for their carry): the lost tasks run again and the batches equal an
-    undisturbed run's."""
-
-    def build():
-        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
-        return er.get_val_dataset(root, split_part="train", batch_size=2, packing_buffer_size=4, worker_config=wc,
-                                  task_encoder=PackedPids(), samples_per_segment=3)  # fmt: skip
-
-    reference = [b["texts"] for b in er.get_loader(build())]
-    it = iter(er.get_loader(build()))
-    got, killed = kill_batch_makers(it, 2)
-    assert killed
-    got += list(it)
-    assert [b["texts"] for b in got] == reference and len(reference) == 10
-
-
 class SkippingPids(PackedPids):
     """Plain batches of 2, samples 1, 5 and 6 skipped (every later batch straddles segments)."""
 
@@ -358,20 +340,23 @@ class SkippingPids(PackedPids):
         return sample
 
 
-def test_killed_ray_workers_break_no_chain_of_plain_batches(root, ray_session):
-    """As ``test_killed_ray_workers_break_no_packed_chain``, without packing: the batches after the
-    lost tasks ran again equal an undisturbed run's, Energon's (samples 1, 5, 6 skipped)."""
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "plain"])
+def test_killed_ray_workers_break_no_packed_or_plain_chain(root, ray_session, packed):
+    """SIGKILL the Ray workers that batched the first packs, or plain batches after skipped samples
+    (samples 1, 5, 6), whose segment tasks may be waiting there for their carry: the lost tasks run
+    again and the batches equal an undisturbed run's (the plain ones Energon's)."""
 
     def build():
         wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
-        return er.get_val_dataset(root, split_part="train", batch_size=2, worker_config=wc, task_encoder=SkippingPids(),
-                                  samples_per_segment=3)  # fmt: skip
+        chain = {"packing_buffer_size": 4, "task_encoder": PackedPids()} if packed else {"task_encoder": SkippingPids()}
+        return er.get_val_dataset(root, split_part="train", batch_size=2, worker_config=wc, samples_per_segment=3, **chain)
 
     reference = [b["texts"] for b in er.get_loader(build())]
     it = iter(er.get_loader(build()))
     got, killed = kill_batch_makers(it, 2)
     assert killed
     got += list(it)
-    assert [b["texts"] for b in got] == reference and len(reference) == 18
-    stream0 = [str(i) for i in range(19) if i not in (1, 5, 6)]  # worker 0's 19 samples, 16 kept
-    assert [t for b in reference[0::2][:8] for t in b] == stream0
+    assert [b["texts"] for b in got] == reference and len(reference) == (10 if packed else 18)
+    if not packed:
+        stream0 = [str(i) for i in range(19) if i not in (1, 5, 6)]  # worker 0's 19 samples, 16 kept
+        assert [t for b in reference[0::2][:8] for t in b] == stream0
