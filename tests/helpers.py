@@ -65,6 +65,15 @@ def keys_of(batches) -> List[List[str]]:
     return [list(b.__key__) if isinstance(b.__key__, (list, tuple)) else [b.__key__] for b in batches]
 
 
+def batch_key(batch) -> Tuple[int, tuple]:
+    """A loader batch's ``__restore_key__`` ``("Batch", index, *rest)`` split: ``(index, rest)``, rest
+    being the samples' (or packs') keys, or ``("Batched", i, j, *their keys)``."""
+    key = batch.__restore_key__
+    if not (isinstance(key, tuple) and len(key) > 2 and key[0] == "Batch" and isinstance(key[1], int)):
+        raise AssertionError(f"not a batch key: {key!r}")
+    return key[1], tuple(key[2:])
+
+
 def dump_json(path: Path, value) -> None:
     path.write_text(json.dumps(value))
 

@@ -16,7 +16,7 @@ import numpy as np
 from energon_ray.errors import reraise_exception, unwrap_error
 from energon_ray.loader.state import StateError, StreamState
 from energon_ray.pipeline import rows, serde
-from energon_ray.pipeline.batch_stages import BATCHED
+from energon_ray.pipeline.batch_stages import BATCH, BATCHED
 from energon_ray.pipeline.packing import restore_key_of
 from energon_ray.pipeline.policy import DeferredHandler
 from energon_ray.plan.stream import SegmentPlan, SegmentSpec
@@ -186,11 +186,12 @@ def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -
 
 def rebuild_batch(
     leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], remote_args=None, output: Optional[Tuple[int, int]] = None,
+    batch_index: Optional[int] = None,
 ) -> Any:  # fmt: skip
     """One batch made again from its samples' restore keys ``("Webdataset", index, leaf, worker,
     position, hook seed)``: the samples are re-read and encoded at their positions and batched by
     the seam-batch task, with the hook seeds they had (``output``: which of generator batch hooks'
-    outputs, see ``split_output``)."""
+    outputs, see ``split_output``; ``batch_index``: the one its key holds, see ``split_batch_index``)."""
     spec = _reread_spec(leaf, source, worker, seed, keys, index=-1)
     config = leaf.stage_config()
     found = run_reads([spec], {source: leaf.reader()}, {source: config}, remote_args, {source: leaf})
@@ -198,10 +199,10 @@ def rebuild_batch(
     size = leaf.options.batch_size
     if size is None:
         return serde.loads(group[0][2])
-    # its index in the worker stream, by its first sample (a short last batch too; a validation
-    # metadataset's stream counts on over the datasets before this one)
-    index = (config.index_offset(worker) + group[0][0]) // size
-    return _batch_once(config, source, worker, seed, group, remote_args, index, output)
+    if batch_index is None:  # a key from before batch keys held it: by its first sample (a short last
+        # batch too; a validation metadataset's stream counts on over the datasets before this one)
+        batch_index = (config.index_offset(worker) + group[0][0]) // size
+    return _batch_once(config, source, worker, seed, group, remote_args, batch_index, output)
 
 
 def rebuild_chained_batch(
@@ -228,20 +229,21 @@ def rebuild_chained_batch(
 
 def rebuild_packed_batch(
     leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[int, int, List[tuple]]], remote_args=None,
-    output: Optional[Tuple[int, int]] = None,
+    output: Optional[Tuple[int, int]] = None, batch_index: Optional[int] = None,
 ) -> Any:  # fmt: skip
     """A packed batch made again from its packs' restore keys ``("Packed", position, sub, *members)``:
     the members re-read and encoded at their positions (not packed, not post-encoded), then each
     pack made again from its members (``postencode_sample``, ``pack_selected_samples``) and the packs
     batched, all with the hook seeds they had. ``packs``: ``(position, sub, member keys)``."""
-    table = _repacked(leaf, source, worker, seed, packs, leaf.options.batch_size, remote_args)
+    table = _repacked(leaf, source, worker, seed, packs, leaf.options.batch_size, remote_args, batch_index)
     items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
     return one_made(items, output, f"{len(packs)} pack(s)")
 
 
 def _repacked(leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[int, int, List[tuple]]], batch_size: Optional[int],
-              remote_args=None) -> Any:  # fmt: skip
-    """The table of the packs made again from their members (batched by ``batch_size``; ``None``: the packs)."""
+              remote_args=None, batch_index: Optional[int] = None) -> Any:  # fmt: skip
+    """The table of the packs made again from their members (batched by ``batch_size`` as batch
+    ``batch_index``, else by the first pack's position; ``None``: the packs)."""
     from energon_ray.pipeline.build import repack
 
     members = [k for _, _, keys in packs for k in keys]
@@ -252,11 +254,12 @@ def _repacked(leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[
         (position, sub, [(int(k[4]), output_sub(k), found[(source, worker, int(k[4]), output_sub(k))]) for k in keys])
         for position, sub, keys in packs
     ]
-    return repack(leaf.stage_config(), source, worker, seed, groups, batch_size, remote_args)
+    return repack(leaf.stage_config(), source, worker, seed, groups, batch_size, remote_args, batch_index)
 
 
 def rebuild_concat_packed_batch(
     leaves: Dict[int, Any], packs: List[Tuple[int, int, List[tuple]]], remote_args=None, output: Optional[Tuple[int, int]] = None,
+    batch_index: Optional[int] = None,
 ) -> Any:  # fmt: skip
     """A validation metadataset's batch of packs of several datasets (each pack of one), made again:
     each dataset's packs from their members, then all batched in the batch's order as the loader
@@ -271,13 +274,15 @@ def rebuild_concat_packed_batch(
     first, last = packs[0], packs[-1]
     group = [(position, sub, made[(keys[0][2], position, sub)]) for position, sub, keys in packs]
     size = leaves[last[2][0][2]].options.batch_size
-    index = (leaves[first[2][0][2]].stage_config().index_offset(worker) + first[0]) // size
+    if batch_index is None:  # a key from before batch keys held it
+        batch_index = (leaves[first[2][0][2]].stage_config().index_offset(worker) + first[0]) // size
     last_leaf = leaves[last[2][0][2]]
-    return _batch_once(last_leaf.stage_config(), last[2][0][2], worker, last[2][0][5], group, remote_args, index, output)
+    return _batch_once(last_leaf.stage_config(), last[2][0][2], worker, last[2][0][5], group, remote_args, batch_index, output)
 
 
 def rebuild_blended_batch(
     blend_leaves: List[Any], sources: List[int], keys: List[tuple], remote_args=None, output: Optional[Tuple[int, int]] = None,
+    batch_index: Optional[int] = None,
 ) -> Any:  # fmt: skip
     """A sample blend's batch made again (``blend.sample_blend``): each sample re-read at its own
     leaf's position with its own hook seed, then all batched in the batch's order with the seed
@@ -290,7 +295,7 @@ def rebuild_blended_batch(
     group = _reread_each({source: by_source[source] for source in sorted({k[2] for k in keys})}, keys, remote_args)
     first, first_source = blend_leaves[0], sources[0]
     seed = _pass_seed(first.plan().streams[worker].config, by_source[keys[0][2]].plan().streams[worker].config, keys[0][5])
-    return _batch_once(first.stage_config(), first_source, worker, seed, group, remote_args, None, output)
+    return _batch_once(first.stage_config(), first_source, worker, seed, group, remote_args, batch_index, output)
 
 
 def output_sub(key: tuple) -> int:
@@ -304,7 +309,9 @@ def _in_stream_order(keys: List[tuple]) -> List[tuple]:
     return sorted({(int(k[4]), output_sub(k)): k for k in keys}.values(), key=lambda k: (int(k[4]), output_sub(k)))
 
 
-def rebuild_concat_batch(leaves: Dict[int, Any], keys: List[tuple], remote_args=None, output: Optional[Tuple[int, int]] = None) -> Any:
+def rebuild_concat_batch(
+    leaves: Dict[int, Any], keys: List[tuple], remote_args=None, output: Optional[Tuple[int, int]] = None, batch_index: Optional[int] = None,
+) -> Any:  # fmt: skip
     """A validation metadataset's batch that runs from one dataset into the next, made again: each
     sample re-read at its own dataset's position with its own hook seed, then batched in the batch's
     order as the loader batched it: by the dataset of its last sample (it took the remainder of the
@@ -316,8 +323,9 @@ def rebuild_concat_batch(leaves: Dict[int, Any], keys: List[tuple], remote_args=
     group = _reread_each(leaves, keys, remote_args)
     first, last = keys[0], keys[-1]
     size = leaves[last[2]].options.batch_size
-    index = (leaves[first[2]].stage_config().index_offset(worker) + int(first[4])) // size
-    return _batch_once(leaves[last[2]].stage_config(), last[2], worker, last[5], group, remote_args, index, output)
+    if batch_index is None:  # a key from before batch keys held it
+        batch_index = (leaves[first[2]].stage_config().index_offset(worker) + int(first[4])) // size
+    return _batch_once(leaves[last[2]].stage_config(), last[2], worker, last[5], group, remote_args, batch_index, output)
 
 
 def _reread_each(leaves: Dict[int, Any], keys: List[tuple], remote_args) -> List[Tuple[int, int, Any]]:
@@ -360,6 +368,22 @@ def _batch_once(
     return one_made(items, output, f"the {len(group)} samples")
 
 
+def split_batch_index(restore_key: Any) -> Tuple[Optional[int], Any]:
+    """A batch key ``(BATCH, batch index, *key)`` (see ``pipeline.batch_stages``): ``(index, key)``;
+    any other key (a sample's, a pack's, or a batch's from before batch keys held their index):
+    ``(None, key)``.
+
+    Raises:
+        StateError: a ``BATCH`` key without a batch index or samples.
+    """
+    if not (isinstance(restore_key, (tuple, list)) and restore_key and restore_key[0] == BATCH):
+        return None, restore_key
+    index = restore_key[1] if len(restore_key) > 1 else None
+    if len(restore_key) < 3 or not isinstance(index, Integral) or isinstance(index, bool) or index < 0:
+        raise StateError(f"restore key {tuple(restore_key)!r} is not a batch's ({BATCH!r}, batch index, *the samples' keys)")
+    return int(index), list(restore_key[2:])
+
+
 def split_output(restore_key: Any) -> Tuple[Optional[Tuple[int, int]], Any]:
     """A batch key naming output ``j`` of ``encode_batch`` on output ``i`` of a generator ``batch``
     (``(BATCHED, i, j, *keys)``, see ``pipeline.batch_stages``): ``((i, j), keys)``; any other key:
@@ -387,8 +411,8 @@ def one_made(items: List[Any], output: Optional[Tuple[int, int]], source: str) -
             raise StateError(f"restore_sample: the batch hooks made {len(items)} batches from {source}, not one")
         return items[0]
     for item in items:
-        key = restore_key_of(item)
-        if isinstance(key, tuple) and len(key) > 3 and key[0] == BATCHED and tuple(key[1:3]) == output:
+        _, key = split_batch_index(restore_key_of(item))
+        if isinstance(key, (tuple, list)) and len(key) > 3 and key[0] == BATCHED and tuple(key[1:3]) == output:
             return item
     raise StateError(
         f"restore_sample: the batch hooks made {len(items)} batches from {source}, none of them their output "

@@ -20,9 +20,10 @@ from energon_ray.loader.round_robin import RoundRobin
 from energon_ray.loader.remake import remade, remakers
 from energon_ray.loader.restore import (
     rebuild_batch, rebuild_blended_batch, rebuild_chained_batch, rebuild_concat_batch, rebuild_concat_packed_batch,
-    rebuild_packed_batch, restore_streams, split_output,
+    rebuild_packed_batch, restore_streams, split_batch_index, split_output,
 )  # fmt: skip
 from energon_ray.loader.state import STATE_VERSION, LoaderState, StateError, fingerprint
+from energon_ray.pipeline.batch_stages import BATCH, BATCHED
 from energon_ray.pipeline.packing import PACKED
 from energon_ray.plan.stream import SegmentLayout
 
@@ -307,9 +308,27 @@ def sample_keys(restore_key: Any) -> List[tuple]:
                 "plus (sub, output index) for the outputs of a generator encode_sample, (sub) where its stream is not chained"
             )
         return [tuple(restore_key)]
-    if isinstance(restore_key, (tuple, list)):
-        return [key for part in restore_key for key in sample_keys(part)]
-    raise StateError(f"not a restore key: {restore_key!r}")
+    if not isinstance(restore_key, (tuple, list)):
+        raise StateError(f"not a restore key: {restore_key!r}")
+    out: List[tuple] = []
+    at = 0
+    while at < len(restore_key):  # batches' keys inside (or one after another in) a mix of batches:
+        marker = _batch_marker(restore_key, at)  # their samples' keys
+        if marker:
+            at += marker
+            continue
+        out.extend(sample_keys(restore_key[at]))
+        at += 1
+    return out
+
+
+def _batch_marker(parts: Any, at: int) -> int:
+    """How many parts from ``at`` are a batch's index (``BATCH``, index) or outputs (``BATCHED``, i,
+    j) and name no sample (0: none)."""
+    size = {BATCH: 2, BATCHED: 3}.get(parts[at]) if isinstance(parts[at], str) else None
+    if size is None or len(parts) < at + size:
+        return 0
+    return size if all(isinstance(v, Integral) and not isinstance(v, bool) for v in parts[at + 1 : at + size]) else 0
 
 
 def pack_keys(restore_key: Any) -> Optional[List[Tuple[int, int, List[tuple]]]]:
@@ -331,18 +350,21 @@ def pack_keys(restore_key: Any) -> Optional[List[Tuple[int, int, List[tuple]]]]:
 def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional[dict] = None) -> Any:
     """The batch (or sample) whose ``__restore_key__`` this is, made again exactly.
 
-    A key that names one of several batches a generator ``batch``/``encode_batch`` made of the same
-    samples (``("Batched", i, j, *keys)``) gets that output; other batches' keys are their samples'.
+    A batch's key holds its index in its worker stream (``("Batch", index, *key)``; older keys do not:
+    then it is its first sample's position over the batch size). A key that names one of several
+    batches a generator ``batch``/``encode_batch`` made of the same samples (``("Batched", i, j,
+    *keys)`` after the index) gets that output; other batches' keys are their samples'.
 
     Raises:
         StateError: an unusable key, samples of several datasets (outside a train metadataset's
             sample blend or a validation metadataset's concatenation) or worker streams, packs of a sample blend, or a wrapper above the
             dataset that cannot be applied again (``loader.remake``).
     """
+    batch_index, restore_key = split_batch_index(restore_key)
     output, restore_key = split_output(restore_key)
     packs = pack_keys(restore_key)
     if packs is not None:
-        return _rebuild_packed(dataset, packs, remote_args, output)
+        return _rebuild_packed(dataset, packs, remote_args, output, batch_index)
     keys = sample_keys(restore_key)
     if not keys:
         raise StateError(f"restore key {restore_key!r} names no sample")
@@ -351,17 +373,17 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     named = {k[2] for k in keys}
     fns = remakers(dataset, leaves[min(named)])  # before any work: a wrapper it cannot apply again
     if any(leaves[source].options.blend_samples for source in named):
-        return remade(fns, _rebuild_blended(dataset, leaves, keys, remote_args, output))
+        return remade(fns, _rebuild_blended(dataset, leaves, keys, remote_args, output, batch_index))
     if len(named) > 1 and all(leaves[source].options.batch_across_sources for source in named):  # a val concatenation
         _one_worker(keys)
-        return remade(fns, rebuild_concat_batch({source: leaves[source] for source in sorted(named)}, keys, remote_args, output))
+        return remade(fns, rebuild_concat_batch({source: leaves[source] for source in sorted(named)}, keys, remote_args, output, batch_index))
     source, worker, seed = _one_origin(keys, "a batch")
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
         raise StateError(f"restore key {restore_key!r} names samples, not packs, of {leaf!r}, which packs samples")
     if leaf.stage_config().counts_outputs:
         return remade(fns, rebuild_chained_batch(leaf, source, worker, seed, keys, remote_args, output))
-    return remade(fns, rebuild_batch(leaf, source, worker, seed, keys, remote_args, output))
+    return remade(fns, rebuild_batch(leaf, source, worker, seed, keys, remote_args, output, batch_index))
 
 
 def _check_keys(leaves: List[Any], keys: List[tuple]) -> None:
@@ -399,7 +421,9 @@ def _one_origin(keys: List[tuple], what: str) -> Tuple[int, int, int]:
     return origins.pop()
 
 
-def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple]]], remote_args: Optional[dict], output=None) -> Any:
+def _rebuild_packed(
+    dataset: Composition, packs: List[Tuple[int, int, List[tuple]]], remote_args: Optional[dict], output=None, batch_index=None
+) -> Any:  # fmt: skip
     keys = [k for _, _, members in packs for k in members]
     leaves = dataset.leaves()
     _check_keys(leaves, keys)
@@ -412,15 +436,17 @@ def _rebuild_packed(dataset: Composition, packs: List[Tuple[int, int, List[tuple
     named = sorted({k[2] for k in keys})
     if len(named) > 1 and all(leaves[source].options.batch_across_sources for source in named):
         _one_worker(keys)
-        return remade(fns, rebuild_concat_packed_batch({source: leaves[source] for source in named}, packs, remote_args, output))
+        return remade(fns, rebuild_concat_packed_batch({source: leaves[source] for source in named}, packs, remote_args, output, batch_index))
     source, worker, seed = _one_origin(keys, "packed batches")
     leaf = leaves[source]
     if not leaf.options.packing_buffer_size:
         raise StateError(f"restore key names packs, but {leaf!r} does not pack samples")
-    return remade(fns, rebuild_packed_batch(leaf, source, worker, seed, packs, remote_args, output))
+    return remade(fns, rebuild_packed_batch(leaf, source, worker, seed, packs, remote_args, output, batch_index))
 
 
-def _rebuild_blended(dataset: Composition, leaves: List[Any], keys: List[tuple], remote_args: Optional[dict], output=None) -> Any:
+def _rebuild_blended(
+    dataset: Composition, leaves: List[Any], keys: List[tuple], remote_args: Optional[dict], output=None, batch_index=None
+) -> Any:  # fmt: skip
     """A batch of a train metadataset's sample blend (samples of several datasets, one worker)."""
     from energon_ray.blend.sample_blend import SampleBlendDataset
 
@@ -438,5 +464,5 @@ def _rebuild_blended(dataset: Composition, leaves: List[Any], keys: List[tuple],
         mine = blend.leaves()
         if named <= {id(leaf) for leaf in mine}:
             index = {id(leaf): i for i, leaf in enumerate(leaves)}
-            return rebuild_blended_batch(mine, [index[id(leaf)] for leaf in mine], keys, remote_args, output)
+            return rebuild_blended_batch(mine, [index[id(leaf)] for leaf in mine], keys, remote_args, output, batch_index)
     raise StateError(f"restore key names datasets {sorted({k[2] for k in keys})}, which no sample blend of this loader holds together")

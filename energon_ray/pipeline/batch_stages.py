@@ -56,7 +56,7 @@ class Batcher:
         several = _several(self.batch, raws)
         out: List[Any] = []
         for i, item in enumerate(raws):
-            _key_batch(item, keys, (i, 0) if several else None)
+            _key_batch(item, keys, index, (i, 0) if several else None)
             if not self.do_encode_batch:
                 out.append(item)
                 continue
@@ -66,7 +66,7 @@ class Batcher:
                 continue
             if several or _several(self.encode_batch, results):
                 for j, result in enumerate(results):
-                    _key_batch(result, keys, (i, j))
+                    _key_batch(result, keys, index, (i, j))
             out.extend(results)
         return out
 
@@ -88,9 +88,17 @@ class Batcher:
         return [(item, positions if i == len(made) - 1 else []) for i, item in enumerate(made)]
 
 
-#: first element of the ``__restore_key__`` of a batch that a ``batch`` (or ``encode_batch``) hook made
-#: among others from one group of samples (a generator): ``(BATCHED, i, j, *the samples' keys)``,
-#: output ``j`` of ``encode_batch`` on output ``i`` of ``batch`` (``j`` is 0 without ``encode_batch``)
+#: first element of the ``__restore_key__`` the loader gives a batch: ``(BATCH, batch index, *key)``
+#: (Energon's ``("BatchDataset", batch index, *the samples' keys)``), where ``key`` is the samples'
+#: keys or, for one of several outputs, ``(BATCHED, i, j, *the samples' keys)``; ``restore_sample``
+#: makes the batch again with that index (after skipped samples, packs or groups it is not the first
+#: sample's position over the batch size)
+BATCH = "Batch"
+
+#: first element of the key (after ``(BATCH, batch index)``) of a batch that a ``batch`` (or
+#: ``encode_batch``) hook made among others from one group of samples (a generator):
+#: ``(BATCHED, i, j, *the samples' keys)``, output ``j`` of ``encode_batch`` on output ``i`` of
+#: ``batch`` (``j`` is 0 without ``encode_batch``)
 BATCHED = "Batched"
 
 
@@ -100,14 +108,14 @@ def _several(runner: HookRunner, outputs: List[Any]) -> bool:
     return runner.is_generator or len(outputs) > 1
 
 
-def _key_batch(batch: Any, keys: Tuple[Any, ...], output: Optional[Tuple[int, int]] = None) -> None:
-    """Give a batch that has a ``__restore_key__`` (an attribute, or a dict's item) its samples' keys,
-    whatever the ``batch`` hook put there, as Energon's batching does (``restore_sample`` reads them);
-    ``output``: ``(i, j)`` of an output of generator hooks, put before them (``BATCHED``). Samples
-    without keys leave it as the hook made it."""
+def _key_batch(batch: Any, keys: Tuple[Any, ...], index: int, output: Optional[Tuple[int, int]] = None) -> None:
+    """Give a batch that has a ``__restore_key__`` (an attribute, or a dict's item) its index and its
+    samples' keys (``BATCH``), whatever the ``batch`` hook put there, as Energon's batching does
+    (``restore_sample`` reads them); ``output``: ``(i, j)`` of an output of generator hooks, put
+    before the samples' keys (``BATCHED``). Samples without keys leave it as the hook made it."""
     has_key = "__restore_key__" in batch if isinstance(batch, dict) else hasattr(batch, "__restore_key__")
     if has_key and keys and all(key is not None for key in keys):
-        set_restore_key(batch, keys if output is None else (BATCHED, *output, *keys))
+        set_restore_key(batch, (BATCH, int(index), *(keys if output is None else (BATCHED, *output, *keys))))
 
 
 class BatchSamples:

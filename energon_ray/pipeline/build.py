@@ -566,19 +566,20 @@ _seam_task = ray.remote(num_cpus=1, max_retries=3)(_batch_groups)
 
 @ray.remote(num_cpus=1, max_retries=3)
 @deaf_to_cancel
-def _repack_task(config: Any, worker: int, seed: int, packs, batch_size: Optional[int], source: int) -> "TableParts":
+def _repack_task(config: Any, worker: int, seed: int, packs, batch_size: Optional[int], source: int, batch_index: Optional[int]) -> "TableParts":
     import_task_modules()
     from energon_ray.pipeline.rows import parts
     from energon_ray.pipeline.seam_stages import repacked_batches
 
     _limit_torch_threads()
-    return parts(repacked_batches(unship(config), worker, seed, packs, batch_size, source))
+    return parts(repacked_batches(unship(config), worker, seed, packs, batch_size, source, batch_index))
 
 
-def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: Optional[int], remote_args=None) -> pa.Table:
+def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: Optional[int], remote_args=None,
+           batch_index: Optional[int] = None) -> pa.Table:  # fmt: skip
     """Make packed batches again in a Ray task (``seam_stages.repacked_batches``); waits for its table."""
     task = _with_options(_repack_task, remote_args, GROUP_TASK_OPTIONS)
-    return ray.get(task.remote(ray.put(ship(config)), worker, seed, packs, batch_size, source))
+    return ray.get(task.remote(ray.put(ship(config)), worker, seed, packs, batch_size, source, batch_index))
 
 
 @deaf_to_cancel

@@ -63,11 +63,12 @@ def _made_table(made: List[Tuple[Any, List[int]]], runs: List[StageRun], fatal: 
 @_in_worker_slot
 def repacked_batches(
     config: StageConfig, worker: int, seed: int, packs: List[Tuple[int, int, List[Tuple[int, int, Any]]]],
-    batch_size: Optional[int], source: int = 0,
+    batch_size: Optional[int], source: int = 0, batch_index: Optional[int] = None,
 ) -> pa.Table:  # fmt: skip
     """Packs made again from their members (``(position, sub, members)``, members serialized and
     encoded, not post-encoded) with the hook seeds they had, then batched as ``batch_size`` packs
-    (``None``: the packs themselves): ``restore_sample`` of a packed batch. ``ITEM`` rows and a ``REPORT``."""
+    (``None``: the packs themselves) as batch ``batch_index`` of the stream (None: the first pack's
+    position over the size): ``restore_sample`` of a packed batch. ``ITEM`` rows and a ``REPORT``."""
     te: TaskEncoder = config.task_encoder.get()
     packer = Packer(te, 1, config.error_handler, batch_size, config.index_offset(worker))
     runs = packer.new_runs()
@@ -83,7 +84,7 @@ def repacked_batches(
             batcher = Batcher(te, config.error_handler, restore_rng=True)
             batch_runs = batcher.new_runs()
             runs += batch_runs
-            made = batcher.with_positions(items, seed, batch_size, batch_runs)
+            made = batcher.with_positions(items, seed, batch_size, batch_runs, batch_index)
     except FatalSampleError as exc:
         fatal = ("FatalSampleError", str(exc))
     return _made_table(made, runs, fatal, worker, source)

@@ -19,7 +19,7 @@ import pytest
 
 import energon_ray as er
 from energon_ray.pipeline.chained import chains_outputs, counts_outputs
-from tests.helpers import kill_batch_makers, prefixed_text_dataset
+from tests.helpers import batch_key, kill_batch_makers, prefixed_text_dataset
 from tests.integration.test_save_restore import round_trip
 
 
@@ -131,12 +131,12 @@ def test_restore_sample_rebuilds_each_batch(root, ray_session):
                             samples_per_segment=3)  # fmt: skip
     loader = er.get_savable_loader(ds)
     batches = list(loader)
-    assert all(len(key) == 8 for batch in batches for key in batch.__restore_key__)
+    assert all(len(key) == 8 for batch in batches for key in batch_key(batch)[1])
     for batch in batches:
         again = loader.restore_sample(batch.__restore_key__)
         assert (again.text, again.__key__, again.__restore_key__) == (batch.text, batch.__key__, batch.__restore_key__)
     with pytest.raises(er.StateError, match="which output of a sample each holds"):
-        loader.restore_sample(tuple(key[:6] for key in batches[0].__restore_key__))
+        loader.restore_sample(tuple(key[:6] for key in batch_key(batches[0])[1]))
     loader.close()
 
 

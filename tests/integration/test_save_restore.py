@@ -27,7 +27,7 @@ from torch.utils.data import default_convert
 import energon_ray as er
 from energon_ray.format.jsonl import prepare_jsonl
 from energon_ray.tasks.text_packing import PackedTextBatch, TextPackingTaskEncoder, lognormal_corpus
-from tests.helpers import kill_batch_makers, killing_the_feeder, prefixed_text_dataset, text_dataset
+from tests.helpers import batch_key, kill_batch_makers, killing_the_feeder, prefixed_text_dataset, text_dataset
 from tests.roundtrip import END, assert_round_trip, json_transport
 
 WC = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
@@ -429,7 +429,7 @@ def test_train_metadataset_sample_blend_restores_exactly(roots, tmp_path):
         again = loader.restore_sample(batch.__restore_key__)
         assert list(again.__key__) == list(batch.__key__) and list(again.text) == list(batch.text)
     with pytest.raises(er.StateError, match="one worker stream"):
-        loader.restore_sample(tuple(batches[0].__restore_key__[:1]) + tuple(batches[1].__restore_key__[:1]))
+        loader.restore_sample(batch_key(batches[0])[1][:1] + batch_key(batches[1])[1][:1])
     loader.close()
 
 
@@ -1032,7 +1032,7 @@ def test_restore_sample_rebuilds_packed_batches(roots):
         assert again.documents == batch.documents and torch.equal(again.input_ids, batch.input_ids)
         assert again.__restore_key__ == batch.__restore_key__
     with pytest.raises(er.StateError, match="names samples, not packs"):
-        loader.restore_sample(batches[0].__restore_key__[0][3:])
+        loader.restore_sample(batch_key(batches[0])[1][0][3:])
     loader.close()
 
 
@@ -1053,7 +1053,7 @@ def test_pack_restore_key_names_only_members_that_postencode_kept(roots):
     assert len(docs) == len(set(docs)) and 100 < len(docs) < 160 and all(int(d.rsplit("_", 1)[-1]) % 3 for d in docs)
     positions = {}  # document -> (worker stream, position), from the member keys of packs that have one document
     for batch in batches:
-        for pack_key, members in zip(batch.__restore_key__, batch.documents):
+        for pack_key, members in zip(batch_key(batch)[1], batch.documents):
             assert pack_key[0] == "Packed" and len(pack_key) - 3 == len(members), (pack_key, members)
             if len(members) == 1:
                 positions[members[0]] = pack_key[3][3:5]
@@ -1062,6 +1062,97 @@ def test_pack_restore_key_names_only_members_that_postencode_kept(roots):
         again = loader.restore_sample(batch.__restore_key__)
         assert again.documents == batch.documents and torch.equal(again.input_ids, batch.input_ids)
         assert again.__restore_key__ == batch.__restore_key__
+    loader.close()
+
+
+def _seen_batch(te, samples):
+    """A dict batch recording what its hook saw: the batch index and a random draw."""
+    return {"keys": [s.__key__ for s in samples], "seen": (te.current_batch_index, random.random()), "__restore_key__": None}
+
+
+class SeenPlainSkips(er.DefaultTaskEncoder):
+    def encode_sample(self, sample):
+        if int(sample.__key__.split("_")[-1]) % 5 == 2:
+            raise er.SkipSample()
+        return sample
+
+    def batch(self, samples):
+        return _seen_batch(self, samples)
+
+
+class SeenGroups(er.DefaultTaskEncoder):
+    def batch_group_criterion(self, sample):
+        return int(sample.__key__.split("_")[-1]) % 2, None
+
+    def batch(self, samples):
+        return _seen_batch(self, samples)
+
+
+class SeenPacks(TextPackingTaskEncoder):
+    @er.stateless(restore_seeds=True)
+    def batch(self, samples):
+        return _seen_batch(self, samples)
+
+
+class SeenBlend(er.DefaultTaskEncoder):
+    @er.stateless(restore_seeds=True)
+    def batch(self, samples):
+        return _seen_batch(self, samples)
+
+
+def _first_sample_key(key):
+    return key if key[0] == "Webdataset" else _first_sample_key(next(k for k in key if isinstance(k, (list, tuple))))
+
+
+@pytest.mark.parametrize("case", ["plain-skips", "grouped", "packed", "blend"])
+def test_restore_sample_gives_a_batch_the_index_it_had(roots, tmp_path, case):
+    """A batch's restore key holds its index in its worker stream (``("Batch", index, *keys)``, as
+    Energon's ``("BatchDataset", index, *keys)``): restore_sample makes it again with that
+    ``current_batch_index`` (and a ``restore_seeds`` batch hook's seed from it), after skipped
+    samples, of groups, of packs and of a sample blend, where it is not the first sample's position
+    over the batch size. Made again, they had that index (and another draw), or none (a blend)."""
+    common = dict(worker_config=WC, repeat=False, shuffle_buffer_size=None, max_samples_per_sequence=None)
+    if case == "blend":
+        (tmp_path / "train.yaml").write_text(
+            "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+            f"      - {{weight: 2, path: {roots['a']}}}\n      - {{weight: 1, path: {roots['b']}}}\n"
+        )
+        ds = er.get_train_dataset(tmp_path / "train.yaml", batch_size=3, task_encoder=SeenBlend(), samples_per_segment=6,
+                                  blend_samples=True, **common)  # fmt: skip
+    elif case == "packed":
+        ds = er.get_train_dataset(roots["docs"], batch_size=3, packing_buffer_size=8, task_encoder=SeenPacks(max_length=96),
+                                  samples_per_segment=16, **common)  # fmt: skip
+    else:
+        te = SeenPlainSkips() if case == "plain-skips" else SeenGroups()
+        ds = er.get_train_dataset(roots["a"], batch_size=3, task_encoder=te, samples_per_segment=4, **common)
+    loader = er.get_savable_loader(ds)
+    batches = list(loader)[:24]
+    assert len(batches) >= 8 and loader.can_restore_sample()
+    for batch in batches:  # the hooks count batches over the rank's interleaved worker streams, as Energon's
+        key = batch["__restore_key__"]
+        assert key[0] == "Batch" and key[1] * 2 + _first_sample_key(key)[3] == batch["seen"][0], (key[:2], batch["seen"])
+    if case != "blend":  # each worker stream's later batches: not their first sample's (or pack's) position over 3
+        first_positions = [k[1] if k[0] == "Packed" else k[4] for k in (b["__restore_key__"][2] for b in batches)]
+        assert any(position // 3 != b["__restore_key__"][1] for position, b in zip(first_positions, batches))
+    for batch in batches:
+        again = loader.restore_sample(batch["__restore_key__"])  # (the loader gave tuples as lists)
+        assert json.loads(json.dumps([again["keys"], again["seen"], again["__restore_key__"]])) == [batch["keys"], batch["seen"], batch["__restore_key__"]]
+    loader.close()
+
+
+def test_restore_sample_takes_keys_from_before_batch_keys_held_their_index(roots):
+    """A batch key saved before batch keys held their index (the samples' keys alone, or
+    ``("Batched", i, j, *keys)``) is still made again, at its first sample's position over the size."""
+    loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=4, worker_config=WC, repeat=False,
+                                                        task_encoder=Keyed(), samples_per_segment=4))  # fmt: skip
+    batches = list(loader)
+    for batch in batches[:3]:
+        index, keys = batch_key(batch)
+        again = loader.restore_sample(list(keys))
+        assert list(again.__key__) == list(batch.__key__) and list(again.text) == list(batch.text)
+        assert again.__restore_key__ == batch.__restore_key__ and index == keys[0][4] // 4
+    with pytest.raises(er.StateError, match=re.escape("is not a batch's ('Batch', batch index, *the samples' keys)")):
+        loader.restore_sample(("Batch", -1) + batch_key(batches[0])[1])
     loader.close()
 
 
@@ -1078,7 +1169,7 @@ def test_restore_sample_rebuilds_batches_exactly(roots):
         loader.restore_sample(("Webdataset", 3))
     # a key of a larger dataset's loader (its index past this one's samples), of another blend's
     # dataset, or not a plan position: a StateError naming it, never an error from inside a Ray task
-    own = first[0].__restore_key__[0]
+    own = batch_key(first[0])[1][0]
     for key, message in (
         ((own[0], 10**6, *own[2:]), r"names sample 1000000 of .*, which has \d+ samples: a key of another dataset"),
         ((own[0], own[1], 2, *own[3:]), r"names dataset 2; this loader has 1"),
@@ -1216,16 +1307,16 @@ def test_restore_sample_rebuilds_each_output_of_a_generator_batch_hook(roots, te
     view = lambda b: (b.__key__, b.text, b.draws, b.__restore_key__)  # noqa: E731
     assert sum(len(b.__key__) for b in batches) == 27 * outputs // 2 and loader.can_restore_sample()
     assert len({b.__restore_key__ for b in batches}) == len(batches)
-    assert {b.__restore_key__[:3] for b in batches} == {("Batched", i, j) for i in (0, 1) for j in range(outputs // 2)}
+    assert {batch_key(b)[1][:3] for b in batches} == {("Batched", i, j) for i in (0, 1) for j in range(outputs // 2)}
     assert (loader.stats.seam_batches > 0) == seam
-    last = [b for b in batches if b.__restore_key__[1:3] == (1, outputs // 2 - 1)]  # each group's last output
+    last = [b for b in batches if batch_key(b)[1][1:3] == (1, outputs // 2 - 1)]  # each group's last output
     for batch in (batches[0], last[0], last[len(last) // 2], last[-1]):
         assert view(loader.restore_sample(batch.__restore_key__)) == view(batch)
-    key = last[0].__restore_key__
+    index, key = batch_key(last[0])
     with pytest.raises(er.StateError, match=re.escape("none of them their output (7, 0)")):
-        loader.restore_sample(("Batched", 7, 0) + key[3:])
+        loader.restore_sample(("Batch", index, "Batched", 7, 0) + key[3:])
     with pytest.raises(er.StateError, match="is not a generator batch's"):
-        loader.restore_sample(("Batched", 1) + key[3:])
+        loader.restore_sample(("Batch", index, "Batched", 1) + key[3:])
     loader.close()
 
 
@@ -1242,8 +1333,8 @@ def test_restore_sample_rebuilds_each_output_of_a_generator_batch_hook_over_pack
 
     loader = _packed_train_loader(roots, SplitPacks(max_length=96))
     batches = list(loader)
-    seconds = [b for b in batches if b.__restore_key__[:3] == ("Batched", 1, 0)]
-    assert len(seconds) * 2 == len(batches) and all(k[0] == "Packed" for k in seconds[0].__restore_key__[3:])
+    seconds = [b for b in batches if batch_key(b)[1][:3] == ("Batched", 1, 0)]
+    assert len(seconds) * 2 == len(batches) and all(k[0] == "Packed" for k in batch_key(seconds[0])[1][3:])
     for batch in (seconds[0], seconds[-1]):
         again = loader.restore_sample(batch.__restore_key__)
         assert again.documents == batch.documents and torch.equal(again.input_ids, batch.input_ids)
