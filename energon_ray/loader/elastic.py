@@ -82,13 +82,33 @@ def redistribute(dataset: Any, states: Sequence[LoaderState]) -> Tuple[LoaderSta
     states = _check(dataset, states)
     wc = dataset.worker_config
     mine = new_state(dataset, states[0].passes, states[0].epoch_items)
-    first = states[0]
-    if first.pass_index is None:  # saved between passes: the next pass starts fresh anyway
+    pass_index = common_pass(states)
+    if pass_index is None:  # saved between passes: the next pass starts fresh anyway
         return mine, None
     redist = stream_prefixes(dataset, states, wc)
     origin = [s.to_dict() for s in states]
-    mine = dataclasses.replace(mine, pass_index=first.pass_index, elastic={"pass_index": first.pass_index, "states": origin})
+    mine = dataclasses.replace(mine, pass_index=pass_index, elastic={"pass_index": pass_index, "states": origin})
     return mine, redist
+
+
+def common_pass(states: Sequence[LoaderState]) -> Optional[int]:
+    """The pass the ranks' states are in (``None``: all saved between passes). A rank saved between
+    passes while others were still in the pass it had finished (``repeat=False``, it held fewer
+    samples) counts as at the end of that pass.
+
+    Raises:
+        StateError: states of different passes otherwise.
+    """
+    running = {s.pass_index for s in states if s.pass_index is not None}
+    if len({s.passes for s in states}) == 1 and len(running) <= 1:  # all started as many passes: the same last one
+        return running.pop() if running else None
+    finished = [s.rank for s in states if s.pass_index is None]
+    raise StateError(
+        "the ranks' states are from different passes (passes started, pass in progress: "
+        f"{sorted({(s.passes, s.pass_index) for s in states}, key=repr)}"
+        + (f"; ranks {finished} between passes" if finished else "")
+        + "); save every rank's state at the same step"
+    )
 
 
 def from_origin(dataset: Any, elastic: Dict[str, Any], wc: Optional[WorkerConfig] = None) -> Redistribution:
@@ -117,8 +137,7 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
             f"restoring on another world size needs the states of all {world} ranks of one run (ranks 0..{world - 1}, "
             f"one each); got ranks {[s.rank for s in states]} of world sizes {sorted({s.world_size for s in states})}"
         )
-    if len({(s.passes, s.pass_index) for s in states}) != 1:
-        raise StateError("the ranks' states are from different passes; save every rank's state at the same step")
+    common_pass(states)
     seeds = sorted({s.seed_offset for s in states}, key=repr)
     if len(seeds) > 1:
         raise StateError(
@@ -208,7 +227,7 @@ def stream_prefixes(dataset: Any, states: List[LoaderState], wc: WorkerConfig) -
     """Every leaf's unfinished epoch over the old global workers, cut into ``wc``'s share; states of
     ``wc``'s own world size and worker count (another batch size): each stream's own rest, every
     leaf's up to one common epoch, so each stream goes on exactly as the saved one would have."""
-    pass_index = states[0].pass_index
+    pass_index = common_pass(states)
     new_workers = max(1, wc.num_workers)
     own = same_shape(states, wc)
     if own:
@@ -275,6 +294,10 @@ def _progress(
     epoch that holds it was begun). ``chained``: the samples of the batch open at the checkpoint
     count as not given (they come again); ``straddle`` (a generator ``encode_sample``), so does the
     last sample given (its outputs may go on in the next batch)."""
+    if state.pass_index is None:  # its rank had finished the pass the others were in
+        if stream.length is None:
+            raise StateError(f"rank {state.rank} was saved between passes of an endless stream while other ranks were in one")
+        return stream.length, set(), set(), stream.length
     if not state.streams:  # a redistributed pass that had not started: nothing read yet
         return 0, set(), set(), 0
     saved = state.streams[leaf][worker]

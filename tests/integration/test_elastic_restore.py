@@ -8,6 +8,7 @@ Counted by sample key over the old ranks' batches before the save and the new ra
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -81,6 +82,54 @@ def test_two_ranks_to_one_rank_finishes_the_epoch_exactly_once(roots, segments):
     assert all(len(b.__key__) == 8 for b in rest[:-3])  # full batches except each stream's last
     assert Counter(seen + flat(rest)) == all_keys("a", 45)
     assert Counter(flat(new)) == all_keys("a", 45)  # the next pass: a whole epoch, new sharding
+
+
+def test_a_rank_that_had_finished_its_pass_counts_as_at_its_end(roots):
+    """``repeat=False``, 2 ranks x 1 worker: rank 1 had given all its batches (its state is saved
+    between passes) while rank 0 was mid-pass; on 1 rank x 2 workers the pass gives exactly rank 0's
+    rest (it was refused: "states are from different passes"). States of really different passes
+    are refused naming them."""
+    old = [er.get_savable_loader(train(roots["a"], wc(r, 2, 1), 4, repeat=False)) for r in range(2)]
+    done = flat(list(old[1]))
+    seen = flat(take(old[0], 2))
+    states = [json.loads(loader.save_state_rank().to_json()) for loader in old]
+    assert [(s["passes"], s["pass_index"]) for s in states] == [(1, 0), (1, None)]
+    new = er.get_savable_loader(train(roots["a"], wc(0, 1, 2), 4, repeat=False))
+    new.restore_state_global(states)
+    rest = flat(new)
+    assert len(done) == 22 and len(seen) == 8 and Counter(done + seen + rest) == all_keys("a", 45)
+    assert Counter(flat(new)) == all_keys("a", 45)  # the next pass: a whole epoch
+    new.close()
+    take(old[1], 1)  # rank 1 now in its second pass, rank 0 still in its first
+    later = [loader.save_state_rank().to_json() for loader in old]
+    for loader in old:
+        loader.close()
+    again = er.get_savable_loader(train(roots["a"], wc(0, 1, 2), 4, repeat=False))
+    with pytest.raises(er.StateError, match=re.escape("states are from different passes (passes started, pass in progress: [(1, 0), (2, 1)]")):
+        again.restore_state_global(later)
+    again.close()
+
+
+def test_a_validation_rank_that_had_finished_its_second_pass_counts_as_at_its_end(roots):
+    """As above for validation loaders (every pass has index 0): in the second pass, rank 1 had
+    finished and rank 0 had given 2 batches; on 1 rank x 2 workers the pass gives rank 0's rest."""
+
+    def val(config):
+        return er.get_savable_loader(er.get_val_dataset(roots["a"], split_part="train", worker_config=config, batch_size=4))
+
+    old = [val(wc(r, 2, 1)) for r in range(2)]
+    for loader in old:
+        assert len(flat(loader)) in (22, 23)
+    done = flat(list(old[1]))
+    seen = flat(take(old[0], 2))
+    states = [loader.save_state_rank().to_json() for loader in old]
+    for loader in old:
+        loader.close()
+    assert [(json.loads(s)["passes"], json.loads(s)["pass_index"]) for s in states] == [(2, 0), (2, None)]
+    new = val(wc(0, 1, 2))
+    new.restore_state_global(states)
+    assert Counter(done + seen + flat(new)) == all_keys("a", 45)
+    new.close()
 
 
 def test_a_validation_pass_after_the_redistributed_one_is_whole_again(roots):
