@@ -23,6 +23,8 @@ from energon_ray.storage.retry import (
 from energon_ray.storage.s3 import range_not_satisfiable, size_of_refused
 
 _SECRET_WORDS = ("key", "secret", "token", "password", "credential")
+#: entries of a credential block that are no credential
+_PLAIN_NAMES = frozenset({"type", "region", "region_name", "endpoint", "endpoint_url", "base_path", "bucket", "profile"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,9 +105,14 @@ _CLIENTS: Dict[Tuple[str, str], Any] = {}
 
 
 def _register_secrets(node: Any, secret: bool = False) -> None:
+    """Register the strings of an MSC config's credential entries (under a key naming a key, secret,
+    token, password or credential), but not what says which provider it is or where it is (``type``,
+    an endpoint, a region…: redacting those blanked, say, every ``S3Credentials`` in any message)."""
     if isinstance(node, dict):
         for name, value in node.items():
-            _register_secrets(value, secret or any(w in str(name).lower() for w in _SECRET_WORDS))
+            lowered = str(name).lower()
+            if lowered not in _PLAIN_NAMES:
+                _register_secrets(value, secret or any(w in lowered for w in _SECRET_WORDS))
     elif isinstance(node, list):
         for value in node:
             _register_secrets(value, secret)

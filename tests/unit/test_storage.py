@@ -429,7 +429,7 @@ def test_an_msc_config_with_variables_reaches_the_store_from_a_process_without_t
     """An MSC config naming its endpoint and keys as ${VARIABLES}: the settings that travel to the workers hold
     their values, so a process without those variables and without the config file reads the object, and the
     key's value is blanked from messages (the references travelled unexpanded: the worker had no endpoint
-    and no keys, and '${...}' was registered as the secret instead of the key)."""
+    and no keys, and '${...}' was registered as the secret instead of the key), the provider's type not."""
     import subprocess
     import sys
 
@@ -451,6 +451,8 @@ def test_an_msc_config_with_variables_reaches_the_store_from_a_process_without_t
     path = as_path(f"msc://vars/{url[len('s3://unit/'):]}")
     assert isinstance(path.settings, MscSettings) and "${" not in path.settings.config_json
     assert redact(f"signature of {secret}") == "signature of ***"
+    # what names the provider is no credential (every 'S3Credentials' in any message was blanked)
+    assert redact("S3Credentials of profile vars") == "S3Credentials of profile vars"
     (tmp_path / "path.pkl").write_bytes(pickle.dumps(path))
     import energon_ray
 
