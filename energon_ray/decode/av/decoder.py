@@ -5,8 +5,7 @@ from __future__ import annotations
 import io
 import math
 from contextlib import contextmanager
-from fractions import Fraction
-from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple
 
 import av.container
 import torch
@@ -22,8 +21,8 @@ from energon_ray.decode.av._ranges import (
     check_ranges,
     check_unit,
     range_list,
-    to_ticks,
 )
+from energon_ray.decode.av._spans import audio_span, video_span
 from energon_ray.decode.av._video_index import VideoIndex
 from energon_ray.decode.av._video_reader import VideoClipReader
 from energon_ray.decode.av.data import AVData, AVMetadata, Timestamps
@@ -171,7 +170,7 @@ class AVDecoder:
             stream = self._require_video(container, f"video clips {video_clip_ranges!r}")
             index = self._video_index(container, stream)
         spans = [
-            self._video_span(index, rng, i, video_unit, shown)
+            video_span(index, rng, i, video_unit, shown, self.key)
             for i, (rng, shown) in enumerate(zip(ranges, video_clip_ranges))
         ]
         reader = VideoClipReader(self._reopen, index, self.key, self.suppress_warnings)
@@ -203,7 +202,7 @@ class AVDecoder:
             stream = self._require_audio(container, f"audio clips {audio_clip_ranges!r}")
             rate = stream.sample_rate
             preroll = preroll_samples(stream.codec_context.name, rate)
-        spans = [self._audio_span(rate, r, i, audio_unit) for i, r in enumerate(ranges)]
+        spans = [audio_span(rate, r, i, audio_unit) for i, r in enumerate(ranges)]
         reader = AudioClipReader(self._reopen, self.key, preroll, self.suppress_warnings)
         clips, stamps = [], []
         try:
@@ -216,43 +215,6 @@ class AVDecoder:
         finally:
             reader.close()
         return clips, stamps
-
-    def _video_span(
-        self, index: VideoIndex, rng: Range, i: int, unit: str, shown: Any
-    ) -> Tuple[int, int]:
-        """Turn a checked range into frame numbers ``(first, last)``; a range that ends past the video
-        is cut at its last frame (as Energon cuts it), one that starts after the video raises
-        (Energon silently returns no clip there)."""
-        start, end = rng
-        where = f"{self.key}: video clip #{i} {tuple(shown)!r} ({unit})"
-        if unit == "frames":
-            if int(start) >= len(index):
-                raise SampleException(f"{where} starts beyond the video's {len(index)} frames")
-            return int(start), len(index) - 1 if end == math.inf else min(int(end), len(index) - 1)
-        ticks_per_second = 1 / index.time_base
-        start_ticks = to_ticks(start, ticks_per_second)
-        if start_ticks >= index.end_ts:
-            raise SampleException(f"{where} starts after the end of the video ({index.seconds(index.end_ts):.6f}s)")
-        if end == math.inf:
-            return index.frame_at(start_ticks), len(index) - 1
-        end_ticks = to_ticks(end, ticks_per_second)
-        if end_ticks >= index.end_ts:
-            return index.frame_at(start_ticks), len(index) - 1
-        return index.frame_at(start_ticks), index.frame_at(end_ticks)
-
-    def _audio_span(self, rate: int, rng: Range, i: int, unit: str) -> Tuple[int, Optional[int]]:
-        """Turn a checked range into sample numbers ``[start, end)`` (``end=None``: to the end; an
-        empty range, ``end == start``, is an empty clip as in Energon)."""
-        start, end = rng
-        if unit == "samples":
-            first, stop = int(start), (None if end == math.inf else int(end))
-        else:
-            # The length comes from the duration, not from rounding the end on its own: every range
-            # of the same duration then holds the same number of samples (Energon's count).
-            first = _round_half_up(to_ticks(start, Fraction(rate)))
-            length = None if end == math.inf else _round_half_up(to_ticks(end - start, Fraction(rate)))
-            stop = None if length is None else first + length
-        return first, stop
 
     # ------------------------------------------------------------ whole file
 
@@ -412,11 +374,6 @@ class AVDecoder:
         if not stream.sample_rate or stream.time_base is None:
             raise SampleException(f"{self.key}: {request} requested, but the audio stream has no sample rate")
         return stream
-
-
-def _round_half_up(ticks: Union[int, Fraction]) -> int:
-    """The nearest whole sample, halves up as Energon's ``int(x + 0.5)`` (``round`` takes halves to even)."""
-    return math.floor(ticks + Fraction(1, 2))
 
 
 def _read_bytes(source: Any, key: str) -> bytes:
