@@ -21,14 +21,13 @@ runs, as Energon's pool is per DataLoader worker.
 
 from __future__ import annotations
 
-import os
 import pickle
 import shutil
 import tempfile
 import threading
 import uuid
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, Literal, Optional, Tuple
 
@@ -36,13 +35,9 @@ from energon_ray.cache.base import CachePool, FileStore, add_source_info
 from energon_ray.cache.disk import DiskCache, entry_header, info_from_json, link_or_write, process_dir, read_entry_file
 from energon_ray.cache.file_lazy import FileCacheLazy, _Prefetch
 from energon_ray.cache.parked import CacheFileLazy
+from energon_ray.cache.process_pools import register, registered, unregister
 from energon_ray.errors import TRUST_ENV, UntrustedCodeError, resolve_trust
 from energon_ray.samples.base import SourceInfo
-
-#: this process's pools by token (see ``FileStoreCachePool.__reduce__``)
-_POOLS: Dict[str, "FileStoreCachePool"] = {}
-_POOLS_LOCK = threading.Lock()
-
 
 class FileStoreCachePool(CachePool):
     """Prefetches auxiliary files to local disk, through a cache the processes of a node share.
@@ -135,9 +130,7 @@ class FileStoreCachePool(CachePool):
         self._pending: Dict[str, _Prefetch] = {}  # by key (which names the file)
         self._closed = False
         self._cache_dir: Optional[Path] = None  # made on first use (``cache_dir``)
-        with _POOLS_LOCK:
-            _POOLS[token] = self
-        _ALL_POOLS.add(self)
+        register(token, self)
 
     # -- one pool per process -----------------------------------------------------------------------
     def _settings(self) -> Dict[str, Any]:
@@ -360,9 +353,7 @@ class FileStoreCachePool(CachePool):
             executor.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             self._pending.clear()
-        with _POOLS_LOCK:
-            if _POOLS.get(self._token) is self:
-                del _POOLS[self._token]
+        unregister(self._token, self)
 
     def __repr__(self) -> str:
         return (
@@ -375,39 +366,10 @@ class FileStoreCachePool(CachePool):
 
 def _process_pool(token: str, settings: Dict[str, Any]) -> FileStoreCachePool:
     """This process's pool for ``token`` (an unpickled pool): the existing one, or a new one."""
-    with _POOLS_LOCK:
-        pool = _POOLS.get(token)
+    pool = registered(token)
     if pool is not None:
         return pool
     pool = FileStoreCachePool.__new__(FileStoreCachePool)
     pool._setup(token, settings)
     return pool
 
-
-def _reset_after_fork() -> None:
-    """In a forked child: none of the parent's fetch threads exist, its buffered files are the
-    parent's; every pool starts an empty buffer of its own (its lazies read directly)."""
-    global _POOLS_LOCK
-    _POOLS_LOCK = threading.Lock()  # another thread may have held it at the fork
-    _POOLS.clear()
-    for pool in list(_ALL_POOLS):
-        pool._lock = threading.RLock()
-        pool._space = threading.Condition(pool._lock)
-        pool._executor = None
-        for entry in list(pool._pending.values()):
-            done: Future = Future()
-            done.cancel()
-            entry.send_to_cache_future, entry.cache_path = done, None
-        pool._pending.clear()
-        pool.current_cache_size = pool.current_cache_count = 0
-        pool._cache_dir = None  # made on first use
-        if not pool._closed:
-            with _POOLS_LOCK:
-                _POOLS[pool._token] = pool
-
-
-#: every pool of this process (for ``_reset_after_fork``)
-_ALL_POOLS: "weakref.WeakSet[FileStoreCachePool]" = weakref.WeakSet()
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
