@@ -28,8 +28,9 @@ from energon_ray.loader.passes import check_something_to_repeat, repeats_passes
 from energon_ray.loader.remake import blocker
 from energon_ray.loader.rebatch import batch_size_changes, rebatch
 from energon_ray.loader.savable import (
-    PassRun, adopt_layouts, adopt_pack_batching, adopt_val_packing, check_fits, new_state, restore_sample, starts_of,
+    PassRun, adopt_layouts, adopt_pack_batching, adopt_val_packing, check_fits, new_state, starts_of,
 )  # fmt: skip
+from energon_ray.loader.restore_keys import restore_sample
 from energon_ray.errors import log_exception
 from energon_ray.loader.state import LoaderState, StateError, broadcast_states, gather_states
 from energon_ray.pipeline.remote_args import check_remote_args, task_needs, waits_holding_cpus_only
