@@ -2,7 +2,7 @@
 
 The key is read here (the batch's index, which output of generator batch hooks, packs or samples,
 and the datasets and worker stream they name), checked against the loader, and handed to the
-matching ``loader.restore`` function, which makes it again by position with the hook seeds it had;
+matching ``loader.rebuild`` function, which makes it again by position with the hook seeds it had;
 the loader's wrappers are then applied again (``loader.remake``).
 """
 
@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition
 from energon_ray.loader.remake import remade, remakers
-from energon_ray.loader.restore import (
+from energon_ray.loader.rebuild import (
     rebuild_batch, rebuild_blended_batch, rebuild_chained_batch, rebuild_concat_batch, rebuild_concat_packed_batch,
     rebuild_packed_batch, split_batch_index, split_output,
 )  # fmt: skip
