@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -86,6 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         )
     except DatasetConfigError as exc:
         sys.exit(f"captioning_job: {args.config}: the loader section does not fit the dataset: {exc}")
+    asked_at = time.perf_counter()  # get_loader starts the first pass: the first batch's clock starts here
     try:
         loader = er.get_loader(dataset)
     except ConnectionError as exc:  # RAY_ADDRESS names a cluster nothing answers for
@@ -105,6 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         batch_len=lambda b: len(b.__keys__),
         on_batch=show,
         total=len(loader),
+        asked_at=asked_at,
     )
     print(
         f"{stats.samples} samples in {stats.batches} batches, {stats.seconds:.1f} s: "

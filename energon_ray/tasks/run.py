@@ -59,12 +59,15 @@ def drive(
     on_batch: Optional[Callable[[int, Any], None]] = None,
     progress: bool = True,
     total: Optional[int] = None,
+    asked_at: Optional[float] = None,
 ) -> RunStats:
     """Iterate ``loader`` (up to ``max_batches``) with a progress bar; measure samples/s.
 
     Steady-state throughput excludes the first batch (start-up of Ray workers and imports).
+    ``asked_at``: the ``time.perf_counter()`` at which the caller asked for the data (before
+    ``get_loader``, which starts the first pass at once): the clock starts there, not at ``iter()``.
     """
-    start = time.perf_counter()
+    start = time.perf_counter() if asked_at is None else asked_at
     first = None
     samples = steady = batches = 0
     bar = tqdm(total=max_batches or total, unit="batch", disable=not progress, dynamic_ncols=True)
