@@ -150,6 +150,23 @@ def _field_map(value: str) -> dict:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+#: options whose value may start with a minus sign (``--split-ratio -1,1,1``): argparse takes such a
+#: value for an option of its own and says only "expected one argument"
+_SIGNED_VALUE_OPTIONS = ("--split-ratio",)
+
+
+def _attach_signed_values(argv: Sequence[str]) -> List[str]:
+    """``argv`` with ``--split-ratio -1,1,1`` written ``--split-ratio=-1,1,1``, so the ratio's own check
+    names the bad value; a long option after it (``--split-ratio --shuffle-tars``) stays an option."""
+    out: List[str] = []
+    for arg in argv:
+        if out and out[-1] in _SIGNED_VALUE_OPTIONS and arg.startswith("-") and not arg.startswith("--"):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The options of ``energon-ray prepare`` (never interactive) plus ``--address`` and ``--num-cpus``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -171,7 +188,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--address", default=None, help="Ray cluster to attach to (default: RAY_ADDRESS, else a private local Ray).")
     add("--num-cpus", type=int, default=None,
         help="Shard tasks running at once, and the CPUs of a private local Ray (default: the cluster's CPUs).")  # fmt: skip
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attach_signed_values(sys.argv[1:] if argv is None else argv))
     if args.num_cpus is not None and args.num_cpus < 1:
         parser.error(f"--num-cpus must be >= 1, got {args.num_cpus}")
     if not args.path.is_dir():

@@ -173,3 +173,23 @@ def test_options_that_do_not_fit_are_usage_errors_naming_the_options_as_the_cli_
     assert exited.value.code == 2
     assert f": error: {message}" in capsys.readouterr().err
     assert not (tmp_path / ".nv-meta").exists()
+
+
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        ("-1,1,1", "split_ratio entries must be >= 0 with a positive sum, got [-1.0, 1.0, 1.0]"),
+        ("-0.5,1,1", "split_ratio entries must be >= 0 with a positive sum, got [-0.5, 1.0, 1.0]"),
+        ("1,-1,1", "split_ratio entries must be >= 0 with a positive sum, got [1.0, -1.0, 1.0]"),
+        ("0,0,0", "split_ratio entries must be >= 0 with a positive sum, got [0.0, 0.0, 0.0]"),
+        ("a,b", "expected numbers like '8,1,1' or '0.8,0.1,0.1', got 'a,b'"),
+        ("1,1", "split_ratio must have 3 entries (train, val, test), got [1.0, 1.0]"),
+    ],
+)
+def test_a_bad_split_ratio_is_one_line_naming_the_option_and_the_value(tmp_path, job_main, capsys, value, said):
+    """Each bad --split-ratio is one usage-error line naming the option and the value, a negative first
+    entry too (argparse took "-1,1,1" for an option and said only "expected one argument")."""
+    from tests.helpers import usage_error
+
+    assert usage_error(capsys, job_main, [str(tmp_path), "--split-ratio", value]) == f"argument --split-ratio: {said}"
+    assert not (tmp_path / ".nv-meta").exists()
