@@ -35,6 +35,10 @@ def quiet_foreign_config_sources() -> None:
 def compose(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> DictConfig:
     """The training config for command-line style ``overrides`` (``"+task=vision/igpt"``, ``"trainer.max_steps=5"``).
 
+    Raises:
+        ConfigError: a choice of a config group that names none of its built-in options
+            (``+task=vision/captionin``), as the command line says it (see :func:`check_group_args`).
+
     Example:
         >>> cfg = compose(["+task=vision/captioning", "+dataset=vision/captioning/synthetic", "tokenizer.max_length=32"])
         >>> cfg.backbone.max_positions
@@ -44,6 +48,7 @@ def compose(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> Di
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    check_group_args(overrides)
     quiet_foreign_config_sources()
     if GlobalHydra.instance().is_initialized():  # e.g. inside a @hydra.main app: compose on a fresh instance
         GlobalHydra.instance().clear()

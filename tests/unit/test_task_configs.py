@@ -510,6 +510,26 @@ def test_a_misspelt_choice_names_the_closest_builtin_option(monkeypatch, tmp_pat
     assert caught.value.code == f"error: {said}"
 
 
+@pytest.mark.parametrize(
+    "arg, said",
+    [
+        ("+task=vision/captionin", "+task=vision/captionin: no task config of that name (did you mean vision/captioning?); built in: default, text/lm_packing, video/vqa, vision/captioning, vision/igpt"),
+        ("task=captionning", "task=captionning: no task config of that name (did you mean vision/captioning?); built in: default, text/lm_packing, video/vqa, vision/captioning, vision/igpt"),
+        ("+dataset=video/vqa/synthetc", "+dataset=video/vqa/synthetc: no dataset config of that name (did you mean video/vqa/synthetic?); built in: default, text/lm_packing/synthetic, video/vqa/synthetic, vision/captioning/synthetic, vision/igpt/synthetic"),
+    ],
+)
+def test_compose_refuses_a_misspelt_choice_as_the_command_line_does(arg, said):
+    """compose() (the Python entry) gives the command line's ConfigError for a misspelt choice (it
+    raised Hydra's MissingConfigException, listing only "Available options in 'task': default")."""
+    from energon_ray.train.config import ConfigError
+
+    chosen = {"task": "+task=video/vqa", "dataset": "+dataset=video/vqa/synthetic"}
+    chosen[arg.split("=")[0].lstrip("+")] = arg
+    with pytest.raises(ConfigError) as caught:
+        compose(list(chosen.values()))
+    assert str(caught.value) == said
+
+
 def test_choices_of_the_users_own_config_folders_are_left_to_hydra(monkeypatch, tmp_path, capsys):
     """With a config folder of the user's own on the command line, a task only it holds is Hydra's to find."""
     from energon_ray.train.__main__ import main
