@@ -378,6 +378,33 @@ def train_rank_world() -> Optional[Tuple[int, int]]:
         return None
 
 
+#: Ray Train's (v2) callback whose detached actor removes a run's placement group should the train
+#: controller die. It asks the State API, the dashboard's, whether the controller lives: a private
+#: Ray has no dashboard, so it logged "Failed to query Ray Train Controller actor state" every second
+#: (or, with other Ray instances on the machine, a traceback of its monitor thread), and could never
+#: clean up; the placement group goes with the private Ray anyway.
+_STATE_API_CALLBACKS = ("PlacementGroupCleanerCallback",)
+
+
+def torch_trainer_class() -> Any:
+    """``ray.train.torch.TorchTrainer``; on a private local Ray ``ensure_ray`` started (unless verbose),
+    a subclass without Ray Train's callbacks that need the State API (``_STATE_API_CALLBACKS``)."""
+    ensure_ray()
+    from ray.train.torch import TorchTrainer
+
+    if verbose() or connected() not in _private or not hasattr(TorchTrainer, "_create_default_callbacks"):
+        return TorchTrainer
+
+    class PrivateRayTorchTrainer(TorchTrainer):
+        """A TorchTrainer for a Ray without a dashboard."""
+
+        def _create_default_callbacks(self) -> List[Any]:
+            found = super()._create_default_callbacks()
+            return [callback for callback in found if type(callback).__name__ not in _STATE_API_CALLBACKS]
+
+    return PrivateRayTorchTrainer
+
+
 def run_torch_trainer(loop: Any, config: dict, *, num_workers: int, use_gpu: bool, cpus_per_worker: float,
                       name: Optional[str], storage_path: str, max_failures: int, what: str = "a ray.train worker") -> Any:  # fmt: skip
     """``TorchTrainer(loop).fit()`` on the Ray of ``ensure_ray``: ``num_workers`` workers of
@@ -386,9 +413,8 @@ def run_torch_trainer(loop: Any, config: dict, *, num_workers: int, use_gpu: boo
     Raises:
         UnschedulableError: workers the private local Ray could never hold (``what`` names them).
     """
-    ensure_ray()  # first: Ray is imported quietly
+    TorchTrainer = torch_trainer_class()  # first: Ray is imported quietly
     from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
     check_resources({"CPU": cpus_per_worker, **({"GPU": 1.0} if use_gpu else {})}, what, count=num_workers)
     trainer = TorchTrainer(

@@ -36,7 +36,7 @@ from torch import nn
 
 import energon_ray as er
 from energon_ray.errors import DatasetConfigError
-from energon_ray.ray_env import UnschedulableError, check_resources, ensure_ray
+from energon_ray.ray_env import UnschedulableError, check_resources, ensure_ray, torch_trainer_class
 from energon_ray.tasks.captioning import CaptioningTaskEncoder, default_train_transform
 from energon_ray.tasks.job_args import positive_int
 from energon_ray.tasks.run import synthetic_captioning
@@ -252,7 +252,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(plan.message, flush=True)
 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
     try:
         start_ray(args.cpus, args.workers)
@@ -262,7 +261,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         parser.error(str(exc))
     config = {"path": str(path), "steps": args.steps, "batch_size": args.batch_size, "checkpoint_every": args.checkpoint_every,
               "fail_at": args.fail_at, "log_dir": str(log_dir)}  # fmt: skip
-    trainer = TorchTrainer(
+    trainer = torch_trainer_class()(
         train_loop,
         train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=torch.cuda.is_available(), resources_per_worker={"CPU": WORKER_CPUS}),

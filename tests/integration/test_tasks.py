@@ -5,7 +5,10 @@ the session's 2-CPU Ray."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 from typing import List
 
 import lightning.pytorch as pl
@@ -115,6 +118,26 @@ def test_ray_train_runs_the_task_on_two_workers(work_dir, monkeypatch):
     assert (resumed.global_step, resumed.world_size, len(resumed.losses)) == (6, 2, 2)
     assert "test_loss" in resumed.metrics
     assert torch.load(os.path.join(work_dir, "own_ckpts", "last.ckpt"), weights_only=True)["global_step"] == 6
+
+
+def test_ray_train_on_a_private_ray_logs_no_placement_group_cleaner_noise(work_dir, tmp_path):
+    """The command line with trainer.ray.num_workers=1 on the private Ray it starts (no dashboard): Ray
+    Train's PlacementGroupCleaner, which asks the dashboard's State API, said nothing (it logged "Failed
+    to query Ray Train Controller actor state" every second, or its thread's traceback where other Ray
+    instances run, as this session's does); rank 0's progress bar and losses, and the result, still show."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "ENERGON_RAY_VERBOSE")}
+    env["PYTHONPATH"] = str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    argv = ["+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={work_dir}", "seed=0",
+            "trainer.max_steps=4", "trainer.limit_val_batches=0", "trainer.enable_checkpointing=false",
+            "trainer.ray.num_workers=1", f"trainer.ray.storage_path={tmp_path / 'ray_results'}", f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "energon_ray.train", *argv], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=root)  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-3000:]
+    assert "PlacementGroupCleaner" not in said and "State API" not in said, said[-3000:]
+    assert "trained 4 steps on 1 rank(s)" in proc.stdout, said[-3000:]
+    assert "Epoch 0: " in said and "train_loss=" in said, said[-3000:]
 
 
 class _OwnModule(pl.LightningModule):
