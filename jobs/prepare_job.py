@@ -150,14 +150,15 @@ def _field_map(value: str) -> dict:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-#: options whose value may start with a minus sign (``--split-ratio -1,1,1``): argparse takes such a
-#: value for an option of its own and says only "expected one argument"
-_SIGNED_VALUE_OPTIONS = ("--split-ratio",)
+#: options whose value may start with a minus sign (``--split-ratio -1,1,1``, ``--exclude -tmp``):
+#: argparse takes such a value for an option of its own and says only "expected one argument"
+_SIGNED_VALUE_OPTIONS = ("--split-ratio", "--exclude")
 
 
 def _attach_signed_values(argv: Sequence[str]) -> List[str]:
     """``argv`` with ``--split-ratio -1,1,1`` written ``--split-ratio=-1,1,1``, so the ratio's own check
-    names the bad value; a long option after it (``--split-ratio --shuffle-tars``) stays an option."""
+    names the bad value (and ``--exclude -tmp`` excludes ``-tmp``); a long option after one of them
+    (``--split-ratio --shuffle-tars``) stays an option."""
     out: List[str] = []
     for arg in argv:
         if out and out[-1] in _SIGNED_VALUE_OPTIONS and arg.startswith("-") and not arg.startswith("--"):

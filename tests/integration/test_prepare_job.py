@@ -193,3 +193,11 @@ def test_a_bad_split_ratio_is_one_line_naming_the_option_and_the_value(tmp_path,
 
     assert usage_error(capsys, job_main, [str(tmp_path), "--split-ratio", value]) == f"argument --split-ratio: {said}"
     assert not (tmp_path / ".nv-meta").exists()
+
+
+def test_an_exclude_pattern_may_start_with_a_minus():
+    """``--exclude -tmp`` is the regex ``-tmp`` (argparse said "expected one argument"), repeatable;
+    an option after ``--exclude`` stays an option."""
+    parse_args = runpy.run_path(str(ROOT / "jobs" / "prepare_job.py"), run_name="prepare_job")["parse_args"]
+    args = parse_args([str(ROOT), "--split-ratio", "8,1,1", "--exclude", "-tmp", "--exclude", "x", "--shuffle-tars"])
+    assert args.exclude == ["-tmp", "x"] and args.shuffle_tars is True
