@@ -51,9 +51,9 @@ class Batch(PinMemoryMixin, ExtendableDataclassMixin):
         As Energon's, tensors are listed too, not stacked (its docstring says padded and stacked, its
         code lists them): a task encoder written for Energon gets the same types here. Stack a field
         yourself with a keyword, e.g. ``from_samples(samples, image=batch_pad_stack([...]))``.
+        No samples give an empty batch, as Energon's: every field ``[]`` (``__restore_key__`` too),
+        ``__sources__`` and ``__subflavors__`` ``None``.
         """
-        if not samples:
-            raise ValueError(f"{cls.__name__}.from_samples needs at least one sample")
         for sample in samples:
             if not dataclasses.is_dataclass(sample):
                 raise TypeError(f"{cls.__name__}.from_samples: {type(sample).__name__} is not a dataclass")

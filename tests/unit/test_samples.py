@@ -348,12 +348,23 @@ def test_batch_from_samples_keyword_overrides_a_field():
     assert batch.caption == ["x", "y"]
 
 
-def test_batch_from_samples_rejects_non_dataclasses_and_empty_lists():
-    """from_samples raises TypeError for non-dataclass samples and ValueError for no samples."""
+def test_batch_from_samples_rejects_non_dataclasses():
+    """from_samples raises TypeError for non-dataclass samples."""
     with pytest.raises(TypeError):
         CapBatch.from_samples([{"image": torch.zeros(1), "caption": "c", "__key__": "k"}])
-    with pytest.raises(ValueError):
-        CapBatch.from_samples([])
+
+
+def test_batch_from_samples_of_no_samples_is_energons_empty_batch():
+    """from_samples([]) is an empty batch as Energon's: every field [], sources and subflavors None."""
+    batch = CapBatch.from_samples([])
+    theirs = EnergonCapBatch.from_samples([])
+    expected = {
+        "__key__": [], "__restore_key__": [], "__subflavors__": None, "__sources__": None, "image": [], "caption": []
+    }
+    for name, value in expected.items():
+        assert getattr(batch, name) == getattr(theirs, name) == value, name
+        assert type(getattr(batch, name)) is type(getattr(theirs, name)), name
+    assert Batch.from_samples([], __key__=["x"]).__key__ == ["x"]
 
 
 def test_batch_derive_from_copies_meta_fields():
