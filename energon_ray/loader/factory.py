@@ -46,6 +46,15 @@ def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
         raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
 
 
+def val_limit(limit: Any) -> Optional[int]:
+    """``limit`` as the plan takes it: ``None`` for no limit, which Energon also reads from 0 and -1."""
+    if limit is None or (type(limit) is int and limit in (0, -1)):
+        return None
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        raise ValueError(f"limit must be a positive int, or None, 0 or -1 for no limit, got {limit!r}")
+    return limit
+
+
 def _check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):  # "no" or 0.0 read as a flag would silently mean True or False
         raise TypeError(f"{name} must be a bool, got {value!r}")
@@ -237,7 +246,8 @@ def get_val_dataset(
         batch_size: samples per batch (``None``: no batching).
         batch_drop_last: drop each stream's final short batch.
         packing_buffer_size: samples per packing buffer.
-        limit: at most this many batches per rank and pass (the same ones every pass).
+        limit: at most this many batches per rank and pass (the same ones every pass); ``None``,
+            ``0`` or ``-1``: no limit, as Energon's.
         task_encoder: the user's hooks.
         trust_dataset_code: as in ``get_train_dataset``.
         **kwargs: as in ``get_train_dataset``; ``max_samples_per_sequence`` is accepted and changes
@@ -250,7 +260,7 @@ def get_val_dataset(
     # is the same with or without it; checked): accepted, checked, and without effect here as there
     _check_positive("max_samples_per_sequence", kwargs.pop("max_samples_per_sequence", None))
     options = PlanOptions(
-        training=False, repeat=False, batch_size=batch_size, drop_last=batch_drop_last, limit=limit,
+        training=False, repeat=False, batch_size=batch_size, drop_last=batch_drop_last, limit=val_limit(limit),
         packing_buffer_size=packing_buffer_size,
     )  # fmt: skip
     dataset = _build(path, split_part=split_part, worker_config=worker_config, task_encoder=task_encoder, options=options,

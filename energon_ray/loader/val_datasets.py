@@ -8,7 +8,7 @@ from energon_ray.blend.loaded import LeafDataset
 from energon_ray.blend.metadataset import Flattened
 from energon_ray.blend.metadataset_api import load_dataset
 from energon_ray.loader.dataset import EnergonDataset
-from energon_ray.loader.factory import _UNSET, _pop_subflavors, get_val_dataset
+from energon_ray.loader.factory import _UNSET, _pop_subflavors, get_val_dataset, val_limit
 from energon_ray.task_encoder.base import TaskEncoder
 from energon_ray.worker import WorkerConfig
 
@@ -51,6 +51,7 @@ def get_val_datasets(
     """
     if batch_size is _UNSET:
         raise TypeError("get_val_datasets() needs batch_size= (an int, or None for no batching)")
+    limit = val_limit(limit)  # refused before the metadataset is read
     loader_kwargs = {k: kwargs.pop(k) for k in ("dataset_config", "split_config") if k in kwargs}
     loaded = load_dataset(path, **loader_kwargs).get_datasets(
         training=False, split_part=split_part, worker_config=worker_config, subflavors=_pop_subflavors(kwargs),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import energon_ray as er
@@ -51,6 +53,30 @@ def test_val_limit_matches_energon(caption_ds):
     first, second = keys_of(ours), keys_of(ours)
     assert first == second == _energon_keys(caption_ds, "train", 0, 1, 2, 4, limit=3)
     assert len(first) == 3
+
+
+@pytest.mark.parametrize("limit", [0, -1])
+def test_val_limit_0_and_minus_1_are_no_limit_as_in_energon(caption_ds, limit):
+    """limit=0 and limit=-1 give every batch, as limit=None, in get_val_dataset and get_val_datasets, as
+    Energon's (it limits only when limit > 0); they raised ValueError."""
+    unlimited = _our_keys(caption_ds, "train", 0, 1, 2, 4)
+    assert len(unlimited) == 14  # 25 samples per worker: 6 batches of 4 and one of 1 each
+    assert _our_keys(caption_ds, "train", 0, 1, 2, 4, limit=limit) == unlimited
+    assert _energon_keys(caption_ds, "train", 0, 1, 2, 4, limit=limit) == unlimited
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    [(dataset, _leaf)] = er.get_val_datasets(caption_ds, split_part="train", worker_config=wc, batch_size=4, limit=limit)
+    assert keys_of(er.get_loader(dataset)) == unlimited
+
+
+@pytest.mark.parametrize("limit", [-5, 1.5, "3", True])
+def test_val_limit_that_is_no_count_is_refused_naming_limit_and_value(caption_ds, limit):
+    """A limit that is neither a positive int nor None/0/-1 raises one ValueError naming limit and the value."""
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+    message = rf"^limit must be a positive int, or None, 0 or -1 for no limit, got {re.escape(repr(limit))}$"
+    with pytest.raises(ValueError, match=message):
+        er.get_val_dataset(caption_ds, split_part="train", worker_config=wc, batch_size=4, limit=limit)
+    with pytest.raises(ValueError, match=message):
+        er.get_val_datasets(caption_ds, split_part="train", worker_config=wc, batch_size=4, limit=limit)
 
 
 def test_val_takes_max_samples_per_sequence_as_energon_does_without_effect(caption_ds):
