@@ -1,11 +1,11 @@
 """A metadataset's ``aux:`` references (resolved to paths by ``energon_ray.blend.metadataset``) →
 named file stores for the cook functions.
 
-A folder holding ``.nv-meta/.info.json`` (or ``.info.yaml``) is read as a prepared dataset (files by
-``"<key>.<part>"``); any other folder, and every one written ``filesystem://…`` (a prepared one too,
-as Energon's ``SystemFileStore``; its ``.nv-meta/index.sqlite`` may hold media metadata from
-``prepare-media``), by relative file path. Either may be local or on an object
-store (``s3://``, ``msc://``, ``filesystem+s3://``).
+A plain path names a prepared dataset (a folder holding ``.nv-meta/.info.json`` or ``.info.yaml``;
+files by ``"<key>.<part>"``); a folder that is none is refused, as Energon refuses it. A folder
+written ``filesystem://…`` (a prepared one too, as Energon's ``SystemFileStore``; its
+``.nv-meta/index.sqlite`` may hold media metadata from ``prepare-media``) is read by relative file
+path. Either may be local or on an object store (``s3://``, ``msc://``, ``filesystem+s3://``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def aux_stores(refs: Mapping[str, Any], where: str, filesystem: Collection[str] 
             files by path, even where it is a prepared dataset.
 
     Raises:
-        DatasetConfigError: a reserved or non-identifier name, a path that does not exist, or an
-            object store that cannot be reached.
+        DatasetConfigError: a reserved or non-identifier name, a path that does not exist, a plain
+            path to a folder that is no prepared dataset, or an object store that cannot be reached.
     """
     out: Dict[str, FileStore] = {}
     for name, ref in (refs or {}).items():
@@ -50,12 +50,23 @@ def aux_stores(refs: Mapping[str, Any], where: str, filesystem: Collection[str] 
             raise DatasetConfigError(f"{where}: aux.{name}: expected a path, URL or FileStore, got {type(ref).__name__}")
         path = as_path(ref)
         try:
-            if name not in filesystem and any((path / META_DIR / info).is_file() for info in (INFO_JSON, INFO_YAML)):
-                out[name] = DatasetFileStore(path)
-            elif path.is_dir():
-                out[name] = SystemFileStore(path)
-            else:
-                raise DatasetConfigError(f"{where}: aux.{name}: {path} is neither a prepared dataset nor a folder")
+            out[name] = _store(path, f"{where}: aux.{name}", by_path=name in filesystem)
         except StorageError as exc:
             raise DatasetConfigError(f"{where}: aux.{name}: cannot reach {path}: {exc}") from None
     return out
+
+
+def _store(path: Any, where: str, by_path: bool) -> FileStore:
+    """A folder's files by path (``filesystem://``), else the prepared dataset there, as Energon's
+    aux references: a plain path to a folder that is no prepared dataset is refused (Energon asserts)."""
+    if not by_path and any((path / META_DIR / info).is_file() for info in (INFO_JSON, INFO_YAML)):
+        return DatasetFileStore(path)
+    if not path.is_dir():
+        raise DatasetConfigError(f"{where}: {path} is neither a prepared dataset nor a folder")
+    if not by_path:
+        raise DatasetConfigError(
+            f"{where}: {path} is a folder but no prepared dataset (no {META_DIR}/{INFO_JSON}); a plain aux path "
+            f"names a prepared dataset, as in Energon: prepare it (energon-ray prepare {path}), or write it "
+            "filesystem://<path> to read the folder's files by relative path"
+        )
+    return SystemFileStore(path)

@@ -130,10 +130,11 @@ def _leaves(flat: Flattened, options: PlanOptions, common: dict, trusted: bool, 
             leaves.append(joined_dataset(leaf.join, members, leaf_options, common, trusted, offset, global_workers))
             offset += prepared.total  # Energon's len() of a join: the primary's samples
             continue
+        aux = aux_stores(leaf.aux, leaf.where, filesystem=leaf.filesystem_aux)  # its errors name leaf.where already
         try:
             leaves.append(
                 EnergonDataset(prepared, options=leaf_options, subflavors=leaf.subflavors, rotation_offset=offset % global_workers,
-                              rotation_base=offset, aux=aux_stores(leaf.aux, leaf.where, filesystem=leaf.filesystem_aux), **common)
+                              rotation_base=offset, aux=aux, **common)
             )
         except ValueError as exc:
             raise DatasetConfigError(f"{leaf.where}: {exc}") from None

@@ -182,6 +182,30 @@ def test_aux_on_a_dataset_that_is_not_crude_is_refused_naming_file_and_node(tmp_
     )
 
 
+def test_plain_aux_path_to_an_unprepared_folder_is_refused_naming_entry_path_and_the_two_ways(tmp_path):
+    """aux 'pics' (no filesystem://) on a folder without .nv-meta: DatasetConfigError when the dataset is
+    built, naming the YAML, node, entry and folder, saying to prepare it or write filesystem:// (Energon
+    asserts that an aux dataset is prepared); written filesystem://pics the same folder opens."""
+    import shutil
+
+    mds = write_aux_tree(tmp_path)
+    shutil.rmtree(tmp_path / "pics" / ".nv-meta")
+    spec = {"__module__": "megatron.energon", "__class__": "MetadatasetV2",
+            "splits": {"train": {"path": "main", "aux": {"imgs": "imgs", "pics": "pics"}}}}  # fmt: skip
+    mds.write_text(yaml.safe_dump(spec))
+    with pytest.raises(er.DatasetConfigError) as info:
+        er.get_val_dataset(mds, split_part="train", batch_size=None, worker_config=WC, task_encoder=AuxEncoder())
+    pics = tmp_path / "pics"
+    assert str(info.value) == (
+        f"{mds}: splits.train: aux.pics: {pics} is a folder but no prepared dataset (no .nv-meta/.info.json); "
+        f"a plain aux path names a prepared dataset, as in Energon: prepare it (energon-ray prepare {pics}), "
+        "or write it filesystem://<path> to read the folder's files by relative path"
+    )
+    spec["splits"]["train"]["aux"]["pics"] = "filesystem://pics"
+    mds.write_text(yaml.safe_dump(spec))
+    er.get_val_dataset(mds, split_part="train", batch_size=None, worker_config=WC, task_encoder=AuxEncoder())
+
+
 def _cook_by_filesystem_and_by_dataset(lib):
     @lib.stateless
     @lib.cooker

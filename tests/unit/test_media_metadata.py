@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import io
 import json
+import re
 import sqlite3
 import tarfile
 from pathlib import Path
@@ -329,11 +330,15 @@ def test_unreadable_media_are_left_out_counted_and_named(tmp_path, members):
 
 
 def test_aux_folder_with_only_media_metadata_is_a_plain_folder(tmp_path, members):
-    """An aux folder whose .nv-meta holds only prepare-media's index.sqlite is read by relative path (Energon's filesystem dataset)."""
+    """An aux folder whose .nv-meta holds only prepare-media's index.sqlite, written filesystem://, is
+    read by relative path (Energon's filesystem dataset); as a plain aux path it is no prepared dataset
+    and refused (Energon fails opening it too)."""
     from energon_ray.cache.aux import aux_stores
     from energon_ray.cache.stores import SystemFileStore
 
     folder = _folder(tmp_path / "fs", members)
     assert CliRunner().invoke(main, ["prepare-media", str(folder), "--media-metadata-by-extension"]).exit_code == 0
-    store = aux_stores({"media": folder}, "test")["media"]
+    store = aux_stores({"media": folder}, "test", filesystem=("media",))["media"]
     assert isinstance(store, SystemFileStore) and store.get_media_metadata("sub/s0.png") == IMAGE
+    with pytest.raises(DatasetConfigError, match=rf"^test: aux.media: {re.escape(str(folder))} is a folder but no prepared dataset"):
+        aux_stores({"media": folder}, "test")
