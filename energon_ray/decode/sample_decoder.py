@@ -183,9 +183,11 @@ class SampleDecoder:
     ``PKL``: webdataset matches them case-sensitively); image and AV extensions match in any case.
 
     Safe by default: pickled parts (``pyd``, ``pickle``, ``pkl``, also inside ``.gz``)
-    raise :class:`UntrustedCodeError` unless ``trust_dataset_code``; untrusted ``pth`` parts load
-    with ``torch.load(weights_only=True)``. Images, videos and audio whose headers promise more
-    pixels or a longer duration than the limits raise :class:`MediaTooLargeError` before decoding.
+    raise :class:`UntrustedCodeError` unless ``trust_dataset_code`` (with ``guess_content``, one
+    whose bytes are an image, audio or video is decoded as that, as Energon's, nothing unpickled);
+    untrusted ``pth`` parts load with ``torch.load(weights_only=True)``. Images, videos and audio
+    whose headers promise more pixels or a longer duration than the limits raise
+    :class:`MediaTooLargeError` before decoding.
 
     Args:
         image_decode: one of webdataset's image specs (``torchrgb`` = float CHW in [0, 1]).
@@ -268,10 +270,11 @@ class SampleDecoder:
         if self.guess_content:
             media = [_GuessingHandler(h) for h in media]
         # Runs after webdataset's gz pre-handler and before its basic handlers, which never see pickles.
-        # Untrusted, a pickle's name refuses it before anything reads it; trusted, the media handlers
-        # go first, as in Energon, so guess_content decodes an image stored as ``.pkl`` as an image.
-        code = _CodePartHandler(self.trust_dataset_code)
-        return wds_decode.Decoder([*media, code] if self.trust_dataset_code else [code, *media])
+        # The media handlers go first, as in Energon, so guess_content decodes an image stored as
+        # ``.pkl`` as an image, trusted or not: they read a pickle part only where its magic bytes say
+        # image, audio or video, and then decode it as that, never unpickling it. Any other pickle part
+        # reaches the code handler, which refuses it untrusted.
+        return wds_decode.Decoder([*media, _CodePartHandler(self.trust_dataset_code)])
 
     def decode_part(self, part: str, data: bytes) -> Any:
         """Decode the bytes of one part (``jpg``, ``caption.txt``, ``json``, …)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 
 import energon_ray as er
 from energon_ray.format.dataset_yaml import write_dataset_yaml
@@ -349,6 +350,37 @@ def test_pickled_parts_stop_loading_unless_trusted(tmp_path):
     clean = prepared(tmp_path / "clean", samples[1:], 3, sample_type="TextSample", field_map={"text": "pyd"})
     loader = er.get_loader(er.get_val_dataset(clean, split_part="train", batch_size=5, trust_dataset_code=True))
     assert sorted(t for b in loader for t in b.text) == [f"text {i}" for i in range(1, 6)]
+
+
+class _GuessingEncoder(er.DefaultTaskEncoder):
+    decoder = er.SampleDecoder(guess_content=True)
+
+
+def test_guess_content_loads_images_stored_as_pkl_untrusted_and_still_stops_at_a_real_pickle(tmp_path):
+    """With SampleDecoder(guess_content=True) and no opt-in, images stored in a 'pkl' part load as those
+    images (as Energon's decoder gives them); a real pickle there stops the loader with an error naming
+    the shard, sample, part and the opt-in, and is never unpickled."""
+    from energon_ray.synthetic import encode_image, sample_image
+
+    png_bytes = encode_image(sample_image(0, (10, 6)), "PNG")
+    images = [(f"s{i:03d}", {"pkl": png_bytes, "txt": f"c{i}".encode()}) for i in range(4)]
+    good = prepared(tmp_path / "good", images, 2, field_map={"image": "pkl", "caption": "txt"})
+    loader = er.get_loader(er.get_val_dataset(good, split_part="train", batch_size=4, worker_config=WC,
+                                              task_encoder=_GuessingEncoder()))  # fmt: skip
+    batches = list(loader)
+    png = er.SampleDecoder().decode_part("png", png_bytes)
+    assert sorted(k for b in batches for k in b.__key__) == [f"s{i:03d}" for i in range(4)]
+    assert all(torch.equal(image, png) for b in batches for image in b.image)
+    trip = tmp_path / "unpickled"
+    mixed = images[:2] + [("s002", {"pkl": pickle.dumps(_Tripwire(str(trip))), "txt": b"c2"})]
+    bad = prepared(tmp_path / "bad", mixed, 3, field_map={"image": "pkl", "caption": "txt"})
+    with pytest.raises(er.FatalSampleError) as info:
+        list(er.get_loader(er.get_val_dataset(bad, split_part="train", batch_size=3, worker_config=WC,
+                                              task_encoder=_GuessingEncoder())))  # fmt: skip
+    message = str(info.value)
+    assert "UntrustedCodeError" in message and "pickled part 'pkl'" in message and "trust_dataset_code=True" in message
+    assert f"dataset {bad}: shards/shard_0000.tar: sample 's002'" in message
+    assert not trip.exists()
 
 
 RESTART_SCRIPT = textwrap.dedent(

@@ -3,6 +3,7 @@ pickling and content guessing (Energon 7.4.1's decoder is the oracle for image m
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import pickle
@@ -157,15 +158,44 @@ def test_guess_content_decodes_images_stored_under_unknown_extensions():
     assert torch.allclose(png, SampleDecoder().decode_part("png", ENCODED["png"]))
 
 
-@pytest.mark.parametrize("ext", ["pkl", "pickle", "pyd"])
-def test_guess_content_decodes_an_image_stored_as_a_pickle_as_energon_once_trusted(ext):
-    """guess_content=True: a pickle part holding an image is refused untrusted (by its name, nothing
-    read); trusted it is that image, as Energon's, and a real pickle there is still unpickled."""
-    with pytest.raises(UntrustedCodeError, match=rf"pickled part '{ext}'.*trust_dataset_code=True"):
-        SampleDecoder(guess_content=True).decode_part(ext, ENCODED["png"])
-    theirs = EnergonSampleDecoder(guess_content=True).decode(f"k1.{ext}", ENCODED["png"])
-    ours = SampleDecoder(guess_content=True, trust_dataset_code=True).decode(f"k1.{ext}", ENCODED["png"])
+class _Tripwire:
+    """Unpickling this creates a file: proof that a pickle was executed."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+@pytest.mark.parametrize("ext", ["pkl", "pickle", "pyd", "pkl.gz"])
+def test_guess_content_decodes_an_image_stored_as_a_pickle_as_energon_trusted_or_not(ext, trusted):
+    """guess_content=True: a pickle part whose bytes are a PNG is that image, as Energon's, also
+    untrusted (its magic bytes say image; nothing is unpickled); without guess_content it stays refused."""
+    data = gzip.compress(ENCODED["png"]) if ext.endswith(".gz") else ENCODED["png"]
+    theirs = EnergonSampleDecoder(guess_content=True).decode(f"k1.{ext}", data)
+    ours = SampleDecoder(guess_content=True, trust_dataset_code=trusted).decode(f"k1.{ext}", data)
     assert isinstance(ours, torch.Tensor) and ours.shape == (3, H, W) and torch.equal(ours, theirs)
+    if not trusted:
+        part = ext.split(".")[0]
+        with pytest.raises(UntrustedCodeError, match=rf"pickled part '{part}'.*trust_dataset_code=True"):
+            SampleDecoder().decode(f"k1.{ext}", data)
+
+
+@pytest.mark.parametrize("ext", ["pkl", "pickle", "pyd"])
+def test_guess_content_still_refuses_a_real_pickle_untrusted_without_unpickling_it(ext, tmp_path):
+    """guess_content=True, untrusted: a real pickle in a pickle part raises UntrustedCodeError naming the
+    part and the opt-in, and is never unpickled."""
+    trip = tmp_path / "unpickled"
+    with pytest.raises(UntrustedCodeError, match=rf"pickled part '{ext}'.*trust_dataset_code=True"):
+        SampleDecoder(guess_content=True).decode_part(ext, pickle.dumps(_Tripwire(str(trip))))
+    assert not trip.exists()
+
+
+@pytest.mark.parametrize("ext", ["pkl", "pickle", "pyd"])
+def test_guess_content_trusted_unpickles_a_real_pickle_as_energon(ext):
+    """guess_content=True, trusted: a real pickle in a pickle part is unpickled, as Energon's."""
     real = pickle.dumps({"a": [1, 2]})
     trusted = SampleDecoder(guess_content=True, trust_dataset_code=True)
     assert trusted.decode(f"k1.{ext}", real) == EnergonSampleDecoder(guess_content=True).decode(f"k1.{ext}", real) == {"a": [1, 2]}
