@@ -55,7 +55,8 @@ class AVHandler:
         av_decode: ``"AVDecoder"`` returns a lazy :class:`AVDecoder` (nothing decoded yet);
             ``"torch"`` decodes the whole file to an :class:`AVData` of tensors; ``"pyav"`` returns
             the opened ``av.container.InputContainer`` (the caller closes it).
-        video_decode_audio: with ``"torch"``, also decode the audio track of videos that have one.
+        video_decode_audio: with ``"torch"``, also decode a video's audio track (a video without one
+            raises :class:`SampleException`, as Energon's asserts).
         max_video_pixels: most pixels (width × height) a video frame may have; ``None``: no limit.
         max_av_duration_s: longest duration in seconds the headers may state; ``None``: no limit.
 

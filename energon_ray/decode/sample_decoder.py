@@ -192,7 +192,8 @@ class SampleDecoder:
     Args:
         image_decode: one of webdataset's image specs (``torchrgb`` = float CHW in [0, 1]).
         av_decode: ``"AVDecoder"`` (lazy decoder object), ``"torch"`` (decoded tensors) or ``"pyav"``.
-        video_decode_audio: with ``av_decode="torch"``, also decode a video's audio track.
+        video_decode_audio: with ``av_decode="torch"``, also decode a video's audio track (a video
+            without one raises :class:`SampleException`, as Energon's asserts).
         guess_content: sniff the content type with ``filetype`` instead of trusting the extension.
         trust_dataset_code: unpickle ``pyd``/``pickle``/``pkl`` parts and fully ``torch.load`` ``pth``.
         max_image_pixels: most pixels (width × height) an image may have; ``None`` follows

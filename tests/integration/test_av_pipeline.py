@@ -342,6 +342,38 @@ def test_corrupt_video_is_skipped_counted_and_named(corrupt_videos, caplog, av_d
     assert "mp4: cannot open media" in lines[0]
 
 
+class AudioProbe(er.DefaultTaskEncoder):
+    """Decodes videos with their audio (av_decode="torch", video_decode_audio=True); reports the shapes."""
+
+    decoder = er.SampleDecoder(av_decode="torch", video_decode_audio=True)
+
+    def encode_sample(self, sample):
+        return {"__key__": sample.__key__, "channels": int(sample.video.audio_clips[0].shape[0])}
+
+
+def test_video_decode_audio_on_a_silent_video_skips_counts_and_names_it(tmp_path, caplog):
+    """video_decode_audio=True: a video with an AAC track gives its audio; a silent one (PyAV-made) drops
+    only its sample, counted under load and logged with shard, key and part, as Energon's decoder fails it
+    (an assertion), where it arrived without audio."""
+    options = {"sc_threshold": "0", "bf": "0"}
+    loud = write_video(tmp_path / "loud.mp4", codec="libx264", gop=10, options=options, audio=True, n_frames=10)
+    silent = write_video(tmp_path / "silent.mp4", codec="libx264", gop=10, options=options, n_frames=10)
+    with av.open(str(silent)) as container:
+        assert len(container.streams.audio) == 0 and len(container.streams.video) == 1
+    meta = json.dumps({"question": "q", "answers": ["a"]}).encode()
+    samples = [(f"v{i}", {"mp4": path.read_bytes(), "json": meta}) for i, path in enumerate([loud, silent, loud])]
+    write_shards(tmp_path / "ds" / "shards", samples, 3)
+    prepare_dataset(tmp_path / "ds", split_ratio=(1, 0, 0), sample_type="VidQASample", field_map=VIDEO_FIELDS, progress=False)
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    loader = _val(tmp_path / "ds", AudioProbe(), batch_size=None)
+    assert [(item["__key__"], item["channels"]) for item in loader] == [("v0", 1), ("v2", 1)]
+    assert loader.stats.skipped == {"load": 1}
+    lines = [r.getMessage() for r in caplog.records if "'v1'" in r.getMessage()]
+    assert len(lines) == 1
+    assert "shards/shard_0000.tar: sample 'v1'" in lines[0] and "cannot decode part 'mp4'" in lines[0]
+    assert "mp4: video_decode_audio=True, but the video has no audio stream" in lines[0]
+
+
 def test_video_qa_skips_answers_that_are_no_list_and_questions_that_are_no_string(bad_text_videos, caplog):
     """A string of answers (it would train on its first letter) and a null question (it would fail the
     tokenizer and the whole batch) drop only their own samples, counted and logged with their field."""

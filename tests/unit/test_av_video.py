@@ -28,6 +28,7 @@ from energon_ray.decode.av import _video_reader
 from energon_ray.decode.av._container import open_container, video_stream
 from energon_ray.decode.av._video_index import VideoIndex
 from energon_ray.decode.av._video_reader import VideoClipReader
+from energon_ray.errors import SampleException
 
 
 @pytest.fixture(scope="module")
@@ -247,14 +248,23 @@ def test_decoder_accepts_streams_and_bytearrays(media_dir):
 
 
 def test_get_frames_decodes_video_and_optionally_its_audio(media_dir):
-    """get_frames returns all frames; with video_decode_audio also the audio track when there is one."""
+    """get_frames returns all frames; with video_decode_audio also the audio track."""
     with_audio = decoder(media_dir, "h264_aac.mp4").get_frames(video_decode_audio=True)
     assert with_audio.video_clips[0].shape[0] == N_FRAMES
     assert with_audio.audio_clips[0].shape[0] == 1 and with_audio.audio_clips[0].shape[1] >= 2 * 16000
-    no_audio = decoder(media_dir, "h264.mp4").get_frames(video_decode_audio=True)
-    assert no_audio.video_clips[0].shape[0] == N_FRAMES and no_audio.audio_clips == []
-    only_video = decoder(media_dir, "h264_aac.mp4").get_frames()
-    assert only_video.audio_clips == []
+    only_video = decoder(media_dir, "h264.mp4").get_frames()
+    assert only_video.video_clips[0].shape[0] == N_FRAMES and only_video.audio_clips == []
+    assert decoder(media_dir, "h264_aac.mp4").get_frames().audio_clips == []
+
+
+def test_get_frames_with_video_decode_audio_on_a_silent_video_raises_naming_the_key(media_dir):
+    """video_decode_audio=True on a video without an audio stream raises SampleException naming the key
+    (Energon asserts), where an empty audio_clips came back unnoticed."""
+    raw = (media_dir / "h264.mp4").read_bytes()
+    with pytest.raises(SampleException, match=r"^clip\.mp4: video_decode_audio=True, but the video has no audio stream$"):
+        AVDecoder(raw, key="clip.mp4").get_frames(video_decode_audio=True)
+    with pytest.raises(AssertionError, match="No audio stream found"):
+        EnergonAVDecoder(io.BytesIO(raw)).get_frames(video_decode_audio=True)
 
 
 def test_video_with_audio_returns_both(media_dir):

@@ -236,17 +236,20 @@ class AVDecoder:
         """Decode the whole file: the video (plus its audio if asked and present), or the audio.
 
         Args:
-            video_decode_audio: also decode the audio track of a video that has one.
+            video_decode_audio: also decode the audio track of a video (it must have one, as in Energon).
 
         Returns:
             The decoded :class:`AVData`.
 
         Raises:
-            SampleException: when the file has neither an audio nor a video stream, or cannot be decoded.
+            SampleException: when the file has neither an audio nor a video stream, a video asked for
+                its audio has none, or it cannot be decoded.
         """
         has_video, has_audio = self._streams()
         if has_video:
-            audio = WHOLE if video_decode_audio and has_audio else None
+            if video_decode_audio and not has_audio:  # Energon asserts; an empty audio_clips went unnoticed
+                raise SampleException(f"{self.key}: video_decode_audio=True, but the video has no audio stream")
+            audio = WHOLE if video_decode_audio else None
             return self.get_clips(video_clip_ranges=WHOLE, audio_clip_ranges=audio)
         if has_audio:
             return self.get_audio()
