@@ -21,6 +21,9 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from energon_ray.blend.metadataset_values import (
+    MULTIPLIER_VALUES, absolute_subset_error, combine_multipliers, compose_ratio, config_number, is_multiplier, node_error, parse_subset,
+)  # fmt: skip
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format import energon_yaml
 from energon_ray.storage import RemotePath, StorageError, as_path, is_remote, local_of
@@ -73,89 +76,6 @@ def is_metadataset_path(path: Any) -> bool:
     return p.suffix in (".yaml", ".yml") and p.is_file()
 
 
-def _err(file: str, where: str, message: str) -> DatasetConfigError:
-    return DatasetConfigError(f"{file}: {where}: {message}")
-
-
-def _number(value: Any, file: str, where: str, name: str, allow_zero: bool = True) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise _err(file, where, f"{name} must be a number, got {value!r}") from None
-    if math.isnan(number) or math.isinf(number) or number < 0 or (number == 0 and not allow_zero):
-        raise _err(file, where, f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
-    return number
-
-
-def _parse_bound(value: Any, file: str, where: str) -> Tuple[str, float]:
-    if isinstance(value, str) and value.strip().endswith("%"):
-        try:
-            return "ratio", float(value.strip()[:-1]) / 100
-        except ValueError:  # 'a%': not a percentage (the error below)
-            pass
-    if isinstance(value, str) and value.strip() == "end":
-        return "end", math.nan
-    if isinstance(value, int) and not isinstance(value, bool):
-        return "abs", value
-    raise _err(file, where, f"subset bounds are 'N%', sample indices or 'end', got {value!r}")
-
-
-def _subset(node: dict, file: str, where: str) -> Tuple[Optional[Tuple[float, float]], Optional[Tuple[int, Optional[int]]]]:
-    sub = node.get("subset")
-    if sub is None:
-        return None, None
-    rng = sub.get("range") if isinstance(sub, dict) else None
-    if not (isinstance(rng, (list, tuple)) and len(rng) == 2):
-        raise _err(file, where, f"subset must look like {{range: [start, end]}}, got {sub!r}")
-    (k0, v0), (k1, v1) = _parse_bound(rng[0], file, where), _parse_bound(rng[1], file, where)
-    if k0 == "ratio" and k1 == "ratio":
-        if not 0 <= v0 <= v1 <= 1:
-            raise _err(file, where, f"subset range {rng} must satisfy 0% <= start <= end <= 100%")
-        return (v0, v1), None
-    if k0 == "abs" and k1 in ("abs", "end"):
-        end = None if k1 == "end" else int(v1)
-        if v0 < 0 or (end is not None and end < v0):
-            raise _err(file, where, f"subset range {rng} must satisfy 0 <= start <= end")
-        return None, (int(v0), end)
-    raise _err(file, where, f"subset range {rng} mixes percentages and sample indices")
-
-
-def absolute_subset_error(file: str, where: str, absolute: Tuple[int, Optional[int]]) -> DatasetConfigError:
-    """An absolute subset range above a leaf; the sentence after ``file: where:`` is Energon's."""
-    return _err(file, where, f"Can only use absolute subset ranges for a leaf dataset (Range parent_subset.absolute_range={absolute})")
-
-
-def parse_subset(node: dict, file: str, where: str):
-    """``(ratio, absolute)`` of a node's ``subset: {range: [start, end]}`` (each ``None`` when absent)."""
-    return _subset(node, file, where)
-
-
-def _compose_ratio(inner: Optional[Tuple[float, float]], outer: Optional[Tuple[float, float]]):
-    if outer is None:
-        return inner
-    if inner is None:
-        return outer
-    span = inner[1] - inner[0]
-    return (inner[0] + outer[0] * span, inner[0] + outer[1] * span)
-
-
-#: What ``shuffle_over_epochs_multiplier`` may be, in a YAML node or as ``get_train_dataset``'s argument.
-MULTIPLIER_VALUES = "a positive int, -1 (slices drawn with replacement) or None (no shuffling)"
-
-
-def is_multiplier(value: Any) -> bool:
-    """Whether ``value`` is a ``shuffle_over_epochs_multiplier`` (see ``MULTIPLIER_VALUES``)."""
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or value == -1))
-
-
-def _multiplier(a: Optional[int], b: Optional[int]) -> Optional[int]:
-    if a is None or b is None:
-        return None
-    if a == -1 or b == -1:
-        return -1
-    return int(a) * int(b)
-
-
 @dataclasses.dataclass
 class _Ctx:
     """What flows down the tree from outer to inner nodes."""
@@ -192,16 +112,16 @@ class _Parser:
         """The leaves under ``node``; ``entry_of`` is the list it is an entry of (``blend``,
         ``blend_epochized``) or ``None``."""
         if not isinstance(node, dict):
-            raise _err(self.file, where, f"expected a mapping (path/blend/blend_epochized), got {node!r}")
+            raise node_error(self.file, where, f"expected a mapping (path/blend/blend_epochized), got {node!r}")
         unknown = set(node) - _NODE_KEYS
         if unknown:
-            raise _err(self.file, where, f"unknown keys {sorted(unknown)}")
+            raise node_error(self.file, where, f"unknown keys {sorted(unknown)}")
         self._refuse_ignored_keys(node, where, entry_of)
         if "join" in node:
             return self.join(node, where, ctx)
         kinds = [k for k in ("path", "blend", "blend_epochized") if k in node]
         if len(kinds) != 1:
-            raise _err(self.file, where, f"a node needs exactly one of path, blend, blend_epochized; got {kinds or 'none'}")
+            raise node_error(self.file, where, f"a node needs exactly one of path, blend, blend_epochized; got {kinds or 'none'}")
         ctx = self._descend(node, where, ctx)
         if kinds[0] == "path":
             return self.reference(node, where, ctx)
@@ -212,49 +132,49 @@ class _Parser:
         ``blend_epochized`` entry or a ``dataset_config`` on a blend would silently do nothing
         (Energon's schema refuses them too)."""
         if "weight" in node and entry_of != "blend":
-            raise _err(self.file, where, f"'weight' ({node['weight']!r}) only applies to an entry of a 'blend' list; here it would be ignored")
+            raise node_error(self.file, where, f"'weight' ({node['weight']!r}) only applies to an entry of a 'blend' list; here it would be ignored")
         if "repetitions" in node and entry_of != "blend_epochized":
-            raise _err(self.file, where, f"'repetitions' ({node['repetitions']!r}) only applies to an entry of a 'blend_epochized' list; here it would be ignored")
+            raise node_error(self.file, where, f"'repetitions' ({node['repetitions']!r}) only applies to an entry of a 'blend_epochized' list; here it would be ignored")
         if "joiner" in node and "join" not in node:
-            raise _err(self.file, where, "'joiner' only applies to a 'join' node; here it would be ignored")
+            raise node_error(self.file, where, "'joiner' only applies to a 'join' node; here it would be ignored")
         dataset_only = [k for k in _DATASET_ONLY if k in node]
         if "join" in node:  # parse_join names dataset_config and split_config on a join itself
             dataset_only = [k for k in dataset_only if k == "aux"]
         if dataset_only and "path" not in node:
-            raise _err(self.file, where, f"{dataset_only} only apply to a 'path' to a prepared dataset; here they would be ignored")
+            raise node_error(self.file, where, f"{dataset_only} only apply to a 'path' to a prepared dataset; here they would be ignored")
 
     def _descend(self, node: dict, where: str, ctx: _Ctx) -> _Ctx:
         subflavors = node.get("subflavors") or {}
         if not isinstance(subflavors, dict):
-            raise _err(self.file, where, f"subflavors must be a mapping of names to values, got {subflavors!r}")
+            raise node_error(self.file, where, f"subflavors must be a mapping of names to values, got {subflavors!r}")
         subflavors = dict(subflavors)
         if "subflavor" in node:
             subflavors.setdefault("__subflavor__", node["subflavor"])
-        ratio, absolute = _subset(node, self.file, where)
+        ratio, absolute = parse_subset(node, self.file, where)
         if absolute is not None and "path" not in node and "join" not in node:  # a join is a leaf too, as in Energon
             raise absolute_subset_error(self.file, where, absolute)
         mult = node.get("shuffle_over_epochs_multiplier", 1)
         if not is_multiplier(mult):
-            raise _err(self.file, where, f"shuffle_over_epochs_multiplier must be {MULTIPLIER_VALUES}, got {mult!r}")
+            raise node_error(self.file, where, f"shuffle_over_epochs_multiplier must be {MULTIPLIER_VALUES}, got {mult!r}")
         return dataclasses.replace(
             ctx,
             split_part=node.get("split_part") or ctx.split_part,
             subflavors={**subflavors, **ctx.subflavors},
-            ratio=_compose_ratio(ratio, ctx.ratio),
-            shuffle_over_epochs=_multiplier(ctx.shuffle_over_epochs, mult),
+            ratio=compose_ratio(ratio, ctx.ratio),
+            shuffle_over_epochs=combine_multipliers(ctx.shuffle_over_epochs, mult),
         )
 
     def join(self, node: dict, where: str, ctx: _Ctx) -> List[LeafSpec]:
         from energon_ray.blend.join import parse_join
 
         if any(k in node for k in ("path", "blend", "blend_epochized")):
-            raise _err(self.file, where, "a 'join' node cannot also have path, blend or blend_epochized")
+            raise node_error(self.file, where, "a 'join' node cannot also have path, blend or blend_epochized")
         # the join's own shuffle_over_epochs_multiplier is checked but not applied: Energon's join
         # shuffles by its caller's, so applying it gave other batches than Energon's
         ctx = dataclasses.replace(self._descend(node, where, ctx), shuffle_over_epochs=ctx.shuffle_over_epochs)
         spec = parse_join(node, self, where, ctx)
         primary = spec.members[0]
-        _, absolute = _subset(node, self.file, where)  # of the joined rows
+        _, absolute = parse_subset(node, self.file, where)  # of the joined rows
         return [
             LeafSpec(path=primary.path, split_part=primary.split_part, where=f"{self.file}: {where}",
                      subflavors=dict(ctx.subflavors), ratio=ctx.ratio, absolute=absolute,
@@ -274,30 +194,30 @@ class _Parser:
         try:
             return _as_path(raw if absolute else self.base / raw)
         except (ValueError, StorageError) as exc:
-            raise _err(self.file, where, f"path {raw!r}: {exc}") from None
+            raise node_error(self.file, where, f"path {raw!r}: {exc}") from None
 
     def blend(self, node: dict, kind: str, where: str, ctx: _Ctx) -> List[LeafSpec]:
         entries = node[kind]
         if not isinstance(entries, list) or not entries:
-            raise _err(self.file, f"{where}.{kind}", "must be a non-empty list")
+            raise node_error(self.file, f"{where}.{kind}", "must be a non-empty list")
         self.modes.add(kind)
         if len(self.modes) > 1:
-            raise _err(self.file, f"{where}.{kind}", "cannot combine 'blend' and 'blend_epochized' in one metadataset")
+            raise node_error(self.file, f"{where}.{kind}", "cannot combine 'blend' and 'blend_epochized' in one metadataset")
         out = []
         if kind == "blend":
-            weights = [_number(e.get("weight", 1.0) if isinstance(e, dict) else 1.0, self.file, f"{where}.blend[{i}]", "weight") for i, e in enumerate(entries)]
+            weights = [config_number(e.get("weight", 1.0) if isinstance(e, dict) else 1.0, self.file, f"{where}.blend[{i}]", "weight") for i, e in enumerate(entries)]
             total = sum(weights)
             if math.isinf(total):  # each weight / inf is 0: "all zero" further on, naming no file
-                raise _err(self.file, f"{where}.blend", f"weights {weights} sum to {total} (too large for a float); scale them down")
+                raise node_error(self.file, f"{where}.blend", f"weights {weights} sum to {total} (too large for a float); scale them down")
             if total <= 0:
-                raise _err(self.file, f"{where}.blend", f"weights {weights} are all zero")
+                raise node_error(self.file, f"{where}.blend", f"weights {weights} are all zero")
             for i, (entry, w) in enumerate(zip(entries, weights)):
                 for leaf in self.node(entry, f"{where}.blend[{i}]", ctx, entry_of="blend"):
                     out.append(dataclasses.replace(leaf, weight=leaf.weight * w / total))
         else:
             for i, entry in enumerate(entries):
                 sub = f"{where}.blend_epochized[{i}]"
-                reps = _number(entry.get("repetitions", 1) if isinstance(entry, dict) else 1, self.file, sub, "repetitions", allow_zero=False)
+                reps = config_number(entry.get("repetitions", 1) if isinstance(entry, dict) else 1, self.file, sub, "repetitions", allow_zero=False)
                 for leaf in self.node(entry, sub, ctx, entry_of="blend_epochized"):
                     out.append(dataclasses.replace(leaf, repetitions=reps * (1 if leaf.repetitions is None else leaf.repetitions)))
         return out
@@ -306,20 +226,20 @@ class _Parser:
         raw = node["path"]
         path = self.resolve(raw, where)
         if self.check and not path.exists():
-            raise _err(self.file, where, f"path {str(raw)!r} does not exist ({path})")
-        _, absolute = _subset(node, self.file, where)
+            raise node_error(self.file, where, f"path {str(raw)!r} does not exist ({path})")
+        _, absolute = parse_subset(node, self.file, where)
         if path.suffix in (".yaml", ".yml") and path.is_file():
             if absolute is not None:
                 raise absolute_subset_error(self.file, where, absolute)
             dataset_only = [k for k in _DATASET_ONLY if k in node]
             if dataset_only:  # the inner file's own leaves name their configs; these would be ignored
-                raise _err(self.file, where, f"{dataset_only} cannot be set on a reference to a metadataset ({path.name}); set them on its datasets")
+                raise node_error(self.file, where, f"{dataset_only} cannot be set on a reference to a metadataset ({path.name}); set them on its datasets")
             if str(path.resolve()) in self.stack:
-                raise _err(self.file, where, f"metadataset {path} includes itself")
+                raise node_error(self.file, where, f"metadataset {path} includes itself")
             inner = parse_file(path, ctx.split_part, stack=self.stack, ctx=ctx, check=self.check)
             self.modes |= {inner.mode} - {"none"}
             if len(self.modes) > 1:
-                raise _err(self.file, where, "cannot combine 'blend' and 'blend_epochized' in one metadataset")
+                raise node_error(self.file, where, "cannot combine 'blend' and 'blend_epochized' in one metadataset")
             return inner.leaves
         return [
             LeafSpec(
@@ -343,7 +263,7 @@ class _Parser:
         if refs is None:
             return {}
         if not isinstance(refs, dict) or not all(isinstance(v, str) for v in refs.values()):
-            raise _err(self.file, f"{where}.aux", f"aux must map names to path strings, got {refs!r}")
+            raise node_error(self.file, f"{where}.aux", f"aux must map names to path strings, got {refs!r}")
         out = {}
         for name, ref in refs.items():
             url = _URL.match(ref)
@@ -369,7 +289,7 @@ def _v1_to_v2(data: dict, file: str) -> dict:
     for name, split in (data.get("splits") or {}).items():
         datasets = split.get("datasets") if isinstance(split, dict) else None  # a list here gave AttributeError
         if not isinstance(datasets, list) or not datasets:
-            raise _err(file, f"splits.{name}", f"a V1 split needs a mapping with a non-empty 'datasets' list, got {split!r}")
+            raise node_error(file, f"splits.{name}", f"a V1 split needs a mapping with a non-empty 'datasets' list, got {split!r}")
         splits[name] = {"blend": datasets}
     return {"splits": splits}
 
@@ -378,19 +298,19 @@ def parse(data: Any, file: str, base: Path | RemotePath, split_part: str, *, sta
           ctx: Optional[_Ctx] = None, check: bool = True) -> Flattened:
     """Flatten the node of ``split_part`` of a parsed metadataset (``check=False``: missing paths are leaves)."""
     if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):
-        raise _err(file, "top level", "a metadataset needs a 'splits' mapping")
+        raise node_error(file, "top level", "a metadataset needs a 'splits' mapping")
     unknown = set(data) - _TOP_KEYS
     if unknown:  # Energon refuses them too ("Unexpected arguments"): a misspelled key did nothing
-        raise _err(file, "top level", f"unknown keys {sorted(map(str, unknown))}; a metadataset has {sorted(_TOP_KEYS)}")
+        raise node_error(file, "top level", f"unknown keys {sorted(map(str, unknown))}; a metadataset has {sorted(_TOP_KEYS)}")
     located = stands_for(data, file)
     cls = data.get("__class__")
     if cls in (None, "Metadataset"):
         data = _v1_to_v2(data, file)
     elif cls != "MetadatasetV2":
-        raise _err(file, "__class__", f"unknown metadataset class {cls!r} (MetadatasetV2 or Metadataset)")
+        raise node_error(file, "__class__", f"unknown metadataset class {cls!r} (MetadatasetV2 or Metadataset)")
     splits = data["splits"]
     if split_part not in splits:
-        raise _err(file, "splits", f"unknown split part {split_part!r}; the file defines {sorted(splits)}")
+        raise node_error(file, "splits", f"unknown split part {split_part!r}; the file defines {sorted(splits)}")
     parser = _Parser(file, base if located is None else located.parent, stack, check)
     ctx = ctx or _Ctx(split_part=split_part)
     leaves = parser.node(splits[split_part], f"splits.{split_part}", dataclasses.replace(ctx, split_part=split_part))
@@ -410,7 +330,7 @@ def stands_for(data: dict, file: str) -> Optional[Path | RemotePath]:
         return None
     raw = data["path"]
     if not isinstance(raw, str) or not raw.strip():
-        raise _err(file, "path", f"a metadataset's top-level path is the file it stands for (its relative paths start from that file's folder), a string; got {raw!r}")
+        raise node_error(file, "path", f"a metadataset's top-level path is the file it stands for (its relative paths start from that file's folder), a string; got {raw!r}")
     return _as_path(raw)
 
 

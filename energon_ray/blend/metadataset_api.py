@@ -31,14 +31,12 @@ from energon_ray.blend.metadataset import (
     Flattened,
     LeafSpec,
     _as_path,
-    _multiplier,
-    absolute_subset_error,
     parse,
-    parse_subset,
     read_file,
     stands_for,
     start_context,
 )
+from energon_ray.blend.metadataset_values import absolute_subset_error, combine_multipliers, parse_subset
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.info import INFO_JSON, INFO_YAML, meta_dir
 from energon_ray.worker import WorkerConfig
@@ -98,7 +96,7 @@ class DatasetLoader(DatasetLoaderInterface):
             subflavors={**(self.subflavors or {}), **(subflavors or {})},
             ratio=ratio,
             absolute=absolute,
-            shuffle_over_epochs=_multiplier(multiplier, self.shuffle_over_epochs_multiplier),
+            shuffle_over_epochs=combine_multipliers(multiplier, self.shuffle_over_epochs_multiplier),
             dataset_config=self.dataset_config,
             split_config=self.split_config,
         )

@@ -10,7 +10,8 @@ from energon_ray.errors import resolve_trust
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.storage import as_path
 from energon_ray.blend.base import Composition
-from energon_ray.blend.metadataset import MULTIPLIER_VALUES, is_metadataset_path, is_multiplier
+from energon_ray.blend.metadataset import is_metadataset_path
+from energon_ray.blend.metadataset_values import MULTIPLIER_VALUES, is_multiplier
 from energon_ray.loader.dataset import EnergonDataset, PlanOptions
 from energon_ray.loader.metadataset_leaves import check_parts, metadataset_composition
 from energon_ray.task_encoder.base import DefaultTaskEncoder, TaskEncoder
