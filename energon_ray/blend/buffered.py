@@ -14,49 +14,10 @@ from energon_ray.blend.compose import _Draws
 from energon_ray.blend.epoch_map import Wrapper
 from energon_ray.blend.lengths import batch_count, worker_items
 from energon_ray.blend.replay import GroupNode, LiveNode, SubTree
-from energon_ray.errors import check_keywords, log_exception
+from energon_ray.blend.wrapper_hooks import check_size, check_worker_config, hook_outputs, hook_runner, ignored
 from energon_ray.loader.merge import EXHAUSTED
-from energon_ray.pipeline.policy import HookRunner
 
 _SHUFFLE_SALT = 0x5B0F
-
-
-def _check_config(wrapper: Wrapper, worker_config: Any) -> None:
-    if worker_config is not None and worker_config != wrapper.worker_config:
-        raise ValueError(f"{type(wrapper).__name__}: worker_config differs from the dataset's WorkerConfig")
-
-
-def ignored(where: str, **options: Any) -> None:
-    """Warn once about Energon-only options given a non-default value (they tune Energon's internals)."""
-    given = {name: value for name, value in options.items() if value not in (None, False)}
-    check_keywords(where, given, tuple(given))
-
-
-def _check_size(where: str, name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{where}: {name} must be a positive int, got {value!r}")
-
-
-def _count(ctx: PassContext, kind: str, stage: str) -> None:
-    if ctx.stats is not None:
-        counter = getattr(ctx.stats, kind)
-        counter[stage] = counter.get(stage, 0) + 1
-
-
-def _runner(wrapper: Wrapper, stage: str, fn: Callable[[Any], Any], tolerance: int) -> HookRunner:
-    return HookRunner(stage, fn, tolerance, getattr(wrapper.worker_config, "global_error_handler", log_exception))
-
-
-def _outputs(ctx: PassContext, runner: HookRunner, run: Any, item: Any, what: str, many: bool = True) -> List[Any]:
-    """The hook's outputs for ``item`` ([] when it failed or raised ``SkipSample``, counted)."""
-    out = runner.call_many(run, item, what) if many else runner.call(run, item, what)
-    if out is HookRunner.FAILED:
-        _count(ctx, "skipped", runner.stage)
-        return []
-    if out is HookRunner.IGNORED:
-        _count(ctx, "ignored", runner.stage)
-        return []
-    return out if many else [out]
 
 
 class _GroupWrapper(Wrapper):
@@ -112,9 +73,9 @@ class BatchDataset(_GroupWrapper):
         failure_tolerance: int = 100,
         worker_config: Any = None,
     ):
-        _check_size("BatchDataset", "batch_size", batch_size)
+        check_size("BatchDataset", "batch_size", batch_size)
         super().__init__(dataset, "BatchDataset")
-        _check_config(self, worker_config)
+        check_worker_config(self, worker_config)
         ignored("BatchDataset", batcher_stateless=batcher_stateless, batcher_config=batcher_config)
         self.batch_size = self.group_size = batch_size
         self.batcher = batcher
@@ -122,9 +83,9 @@ class BatchDataset(_GroupWrapper):
         self.failure_tolerance = failure_tolerance
 
     def _maker(self, ctx: PassContext):
-        runner = _runner(self, "batcher", self.batcher, self.failure_tolerance)
+        runner = hook_runner(self, "batcher", self.batcher, self.failure_tolerance)
         runs = [runner.new_run() for _ in range(self.num_workers)]
-        return lambda worker, group: _outputs(ctx, runner, runs[worker], group, f"batcher on {len(group)} items of worker stream {worker}")
+        return lambda worker, group: hook_outputs(ctx, runner, runs[worker], group, f"batcher on {len(group)} items of worker stream {worker}")
 
     def is_endless(self) -> bool:
         return self.dataset.is_endless()
@@ -157,30 +118,30 @@ class PackingDataset(_GroupWrapper):
         sample_encoder_failure_tolerance: int = 100,
         worker_config: Any = None,
     ):
-        _check_size("PackingDataset", "buffer_size", buffer_size)
+        check_size("PackingDataset", "buffer_size", buffer_size)
         super().__init__(dataset, "PackingDataset")
-        _check_config(self, worker_config)
+        check_worker_config(self, worker_config)
         ignored("PackingDataset", final_packer_stateless=final_packer_stateless, sample_encoder_stateless=sample_encoder_stateless, packer_config=packer_config)
         self.buffer_size = self.group_size = buffer_size
         self.pre_packer, self.final_packer, self.sample_encoder = pre_packer, final_packer, sample_encoder
         self.tolerances = (pre_packer_failure_tolerance, final_packer_failure_tolerance, sample_encoder_failure_tolerance)
 
     def _maker(self, ctx: PassContext):
-        pre = _runner(self, "pre_packer", self.pre_packer, self.tolerances[0])
-        final = _runner(self, "final_packer", self.final_packer, self.tolerances[1])
-        enc = None if self.sample_encoder is None else _runner(self, "sample_encoder", self.sample_encoder, self.tolerances[2])
+        pre = hook_runner(self, "pre_packer", self.pre_packer, self.tolerances[0])
+        final = hook_runner(self, "final_packer", self.final_packer, self.tolerances[1])
+        enc = None if self.sample_encoder is None else hook_runner(self, "sample_encoder", self.sample_encoder, self.tolerances[2])
         runs = [(pre.new_run(), final.new_run(), None if enc is None else enc.new_run()) for _ in range(self.num_workers)]
 
         def make(worker: int, buffer: List[Any]) -> List[Any]:
             r_pre, r_final, r_enc = runs[worker]
             where = f"worker stream {worker}"
-            packs = _outputs(ctx, pre, r_pre, buffer, f"pre_packer on {len(buffer)} items of {where}", many=False)
+            packs = hook_outputs(ctx, pre, r_pre, buffer, f"pre_packer on {len(buffer)} items of {where}", many=False)
             out: List[Any] = []
             for pack in packs[0] if packs else []:
                 if enc is not None:
-                    pack = [x for item in pack for x in _outputs(ctx, enc, r_enc, item, f"sample_encoder in {where}", many=False)]
+                    pack = [x for item in pack for x in hook_outputs(ctx, enc, r_enc, item, f"sample_encoder in {where}", many=False)]
                 if pack:
-                    out.extend(_outputs(ctx, final, r_final, list(pack), f"final_packer on a pack of {len(pack)} in {where}"))
+                    out.extend(hook_outputs(ctx, final, r_final, list(pack), f"final_packer on a pack of {len(pack)} in {where}"))
             return out
 
         return make
@@ -209,7 +170,7 @@ class IterMapDataset(Wrapper):
         worker_config: Any = None,
     ):
         super().__init__(dataset, "IterMapDataset")
-        _check_config(self, worker_config)
+        check_worker_config(self, worker_config)
         ignored("IterMapDataset", iter_map_fn_config=iter_map_fn_config)
         self.iter_map_fn = iter_map_fn
         self.len_map_fn = len_map_fn
@@ -267,9 +228,9 @@ class ShuffleBufferDataset(Wrapper):
     taken and which of the recent pulls are still buffered (ranges of integers)."""
 
     def __init__(self, dataset: Composition, size: int, *, worker_config: Any = None):
-        _check_size("ShuffleBufferDataset", "size", size)
+        check_size("ShuffleBufferDataset", "size", size)
         super().__init__(dataset, "ShuffleBufferDataset")
-        _check_config(self, worker_config)
+        check_worker_config(self, worker_config)
         self.size = size
 
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
@@ -338,9 +299,9 @@ class GroupBatchDataset(Wrapper):
         worker_config: Any = None,
     ):
         if fixed_batch_size is not None:
-            _check_size("GroupBatchDataset", "fixed_batch_size", fixed_batch_size)
+            check_size("GroupBatchDataset", "fixed_batch_size", fixed_batch_size)
         super().__init__(dataset, "GroupBatchDataset")
-        _check_config(self, worker_config)
+        check_worker_config(self, worker_config)
         ignored("GroupBatchDataset", batcher_stateless=batcher_stateless, batcher_config=batcher_config)
         self.fixed_batch_size = fixed_batch_size
         self.sample_group_key, self.batcher = sample_group_key, batcher
@@ -369,7 +330,7 @@ class GroupBatchDataset(Wrapper):
             SubTree(ctx, first, ctx.leaf_indices(self.dataset)), workers, lambda w: {"order": list(buckets[w])}, set_extra
         )
         ctx.register(node)
-        runner = _runner(self, "batcher", self.batcher, self.failure_tolerance)
+        runner = hook_runner(self, "batcher", self.batcher, self.failure_tolerance)
         runs = [runner.new_run() for _ in range(workers)]
 
         def add(worker: int, index: int, item: Any) -> Optional[_Bucket]:
@@ -388,7 +349,7 @@ class GroupBatchDataset(Wrapper):
             for index, _ in taken:
                 node.release(worker, index)
             items = [item for _, item in taken]
-            return _outputs(ctx, runner, runs[worker], items, f"batcher on group {bucket.key!r} of worker stream {worker}", many=False)
+            return hook_outputs(ctx, runner, runs[worker], items, f"batcher on group {bucket.key!r} of worker stream {worker}", many=False)
 
         def next_item(worker: int) -> Any:
             if node.replay[worker] is not None:

@@ -19,7 +19,8 @@ import math
 from typing import Any, Callable, List, Optional
 
 from energon_ray.blend.base import Composition, PassContext, Provider
-from energon_ray.blend.buffered import BatchDataset, GroupBatchDataset, IterMapDataset, PackingDataset, ShuffleBufferDataset, ignored
+from energon_ray.blend.buffered import BatchDataset, GroupBatchDataset, IterMapDataset, PackingDataset, ShuffleBufferDataset
+from energon_ray.blend.wrapper_hooks import ignored
 from energon_ray.blend.base import ListNode
 from energon_ray.blend.epoch_map import Wrapper
 from energon_ray.blend.lengths import worker_items
