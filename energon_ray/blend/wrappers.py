@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional
 
 from energon_ray.blend.base import Composition, PassContext, Provider
 from energon_ray.blend.buffered import BatchDataset, GroupBatchDataset, IterMapDataset, PackingDataset, ShuffleBufferDataset
-from energon_ray.blend.wrapper_hooks import ignored
+from energon_ray.blend.wrapper_hooks import check_worker_config, count_failure, ignored
 from energon_ray.blend.base import ListNode
 from energon_ray.blend.epoch_map import Wrapper
 from energon_ray.blend.lengths import worker_items
@@ -39,18 +39,6 @@ __all__ = [
 ]  # fmt: skip
 
 
-def _check_config(wrapper: Wrapper, worker_config: Any) -> None:
-    if worker_config is not None and worker_config != wrapper.worker_config:
-        raise ValueError(f"{type(wrapper).__name__}: worker_config differs from the dataset's WorkerConfig")
-
-
-def _count(ctx: PassContext, kind: str, stage: str) -> None:
-    stats = ctx.stats
-    if stats is not None:
-        counter = getattr(stats, kind)
-        counter[stage] = counter.get(stage, 0) + 1
-
-
 class FilterDataset(Wrapper):
     """Keeps the items for which ``filter_fn(item)`` is true (dropped ones count as ignored ``filter_fn``).
 
@@ -59,7 +47,7 @@ class FilterDataset(Wrapper):
 
     def __init__(self, dataset: Composition, *, filter_fn: Callable[[Any], bool], filter_fn_config: Any = None, worker_config: Any = None):
         super().__init__(dataset, "FilterDataset")
-        _check_config(self, worker_config)
+        check_worker_config(self, worker_config)
         ignored("FilterDataset", filter_fn_config=filter_fn_config)
         self.filter_fn = filter_fn
 
@@ -71,7 +59,7 @@ class FilterDataset(Wrapper):
                 item = inner(worker)
                 if item is EXHAUSTED or self.filter_fn(item):
                     return item
-                _count(ctx, "ignored", "filter_fn")
+                count_failure(ctx, "ignored", "filter_fn")
 
         return next_item
 
@@ -85,7 +73,7 @@ class LimitDataset(Wrapper):
         if not isinstance(length, int) or isinstance(length, bool) or length < 0:
             raise ValueError(f"LimitDataset: length must be an int >= 0, got {length!r}")
         super().__init__(dataset, "LimitDataset")
-        _check_config(self, worker_config)
+        check_worker_config(self, worker_config)
         self.length = length
         self.reset_after_epoch = reset_after_epoch
 
@@ -170,7 +158,7 @@ class RepeatDataset(Wrapper):
         if repeats is not None and (isinstance(repeats, bool) or not isinstance(repeats, (int, float)) or not repeats > 0 or math.isinf(repeats)):
             raise ValueError(f"RepeatDataset: repeats must be None or a finite number > 0, got {repeats!r}")
         super().__init__(dataset, "RepeatDataset")
-        _check_config(self, worker_config)
+        check_worker_config(self, worker_config)
         if not restart:  # each loader iter() is a new pass: there is no second iteration to keep empty
             check_keywords("RepeatDataset", {"restart": restart}, ("restart",))
         self.repeats = repeats
@@ -219,7 +207,7 @@ class LogSampleDataset(Wrapper):
         if mode not in ("train", "val"):
             raise ValueError(f"LogSampleDataset: mode must be 'train' or 'val', got {mode!r}")
         super().__init__(dataset, "LogSampleDataset")
-        _check_config(self, worker_config)
+        check_worker_config(self, worker_config)
         self.mode = mode
         self.get_keys_fn = get_keys_fn
 
@@ -250,6 +238,6 @@ class GcDataset(Wrapper):
 
     def __init__(self, dataset: Composition, *, worker_config: Any = None, every_n_iter: int = 10, freeze: bool = True):
         super().__init__(dataset, "GcDataset")
-        _check_config(self, worker_config)
+        check_worker_config(self, worker_config)
         self.every_n_iter = every_n_iter
         self.freeze = freeze
