@@ -69,8 +69,9 @@ class PlanOptions:
     packing_buffer_size: Optional[int] = None
     #: Batched together with the neighbouring datasets of a validation metadataset (see ConcatDataset).
     batch_across_sources: bool = False
-    #: There, per local worker, the samples of its stream in the datasets before this one: the hooks'
-    #: ``current_batch_index`` counts on over them, as Energon's batches of the concatenation do.
+    #: Per local worker, the samples of its stream in the datasets of a validation metadataset before
+    #: this one (batched or not): the hooks' ``current_batch_index``/``current_sample_index`` count
+    #: on over them, as in Energon's concatenation.
     batch_index_offsets: Optional[Tuple[int, ...]] = None
     #: A leaf of a batched train blend of a metadataset with ``blend_samples=True``: every sample leaves
     #: its Ray task unbatched (still serialized), the blend draws samples, and Ray tasks batch them

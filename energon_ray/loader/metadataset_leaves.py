@@ -150,12 +150,12 @@ def _combine(flat: Flattened, leaves: List[EnergonDataset], options: PlanOptions
         only.options.virtual_epoch_length, only.options.limit = options.virtual_epoch_length, options.limit
         return only
     if not options.training:
-        if leaves[0].options.batch_across_sources:
-            # one batched stream per worker through all datasets: batch indices count on over them
-            before = [0] * len(leaves[0].worker_lengths())
-            for ds in leaves:
-                ds.options.batch_index_offsets = tuple(before)
-                before = [a + b for a, b in zip(before, ds.worker_lengths())]
+        # one stream per worker through all datasets (batched or not): the hooks' sample and batch
+        # indices count on over them, as over Energon's concatenation
+        before = [0] * len(leaves[0].worker_lengths())
+        for ds in leaves:
+            ds.options.batch_index_offsets = tuple(before)
+            before = [a + b for a, b in zip(before, ds.worker_lengths())]
         if blend_samples:
             return SampleConcatDataset(*leaves, batch_size=options.batch_size, packing_buffer_size=options.packing_buffer_size,
                                        drop_last=options.drop_last, limit=options.limit)  # fmt: skip

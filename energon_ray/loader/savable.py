@@ -94,6 +94,8 @@ def describe(dataset: Composition, order_only: bool = False, encoders: bool = Fa
     options = getattr(dataset, "options", None)
     if options is not None:  # a leaf dataset
         fields = dataclasses.asdict(options)
+        if not options.batch_across_sources:  # an unbatched validation metadataset's: fingerprinted as before it had them
+            fields["batch_index_offsets"] = None
         if order_only:
             fields.pop("batch_size", None)
         out = {

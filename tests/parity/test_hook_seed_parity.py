@@ -242,3 +242,47 @@ def test_batches_made_once_a_late_carry_came_match_energon(path):
     ours = batches(er, samples_per_segment=4)
     assert ours == batches(me)
     assert len(ours) == 24 and ours[1][0] == ["sample_000024", "sample_000026"]
+
+
+@pytest.fixture(scope="module")
+def two_leaf_val(tmp_path_factory):
+    """A validation metadataset of two datasets (7 and 8 samples)."""
+    from tests.helpers import prefixed_text_dataset
+
+    root = tmp_path_factory.mktemp("unbatched_meta")
+    prefixed_text_dataset(root / "b", "b", 7, per_shard=7)
+    prefixed_text_dataset(root / "f", "f", 8, per_shard=4)
+    (root / "val.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  val:\n    blend:\n"
+        "      - {path: b, split_part: train}\n      - {path: f, split_part: train}\n"
+    )
+    return root / "val.yaml"
+
+
+def _index_encoder(lib):
+    class Encoder(lib.DefaultTaskEncoder):
+        @lib.stateless(restore_seeds=True)
+        def encode_sample(self, sample):
+            return [sample.__key__, self.current_batch_index, self.current_sample_index, random.randint(0, 1000), int(torch.randint(0, 1000, ()))]
+
+    return Encoder()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_unbatched_val_metadataset_indices_count_on_into_the_next_dataset_like_energon(two_leaf_val, workers):
+    """An unbatched validation metadataset (``batch_size=None``): the second dataset's samples get
+    Energon's ``current_batch_index``/``current_sample_index`` (counted on from the first dataset's,
+    over the worker's concatenated stream) and a ``restore_seeds`` encode_sample's draws. They
+    restarted at 0 in each dataset (only a batched metadataset counted on)."""
+    import megatron.energon as me
+
+    def samples(lib):
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+        ds = lib.get_val_dataset(two_leaf_val, split_part="val", batch_size=None, task_encoder=_index_encoder(lib), worker_config=wc)
+        return [[int(v) if isinstance(v, torch.Tensor) else v for v in s] for s in lib.get_loader(ds)]
+
+    ours = samples(er)
+    assert ours == samples(me)
+    assert len(ours) == 15 and len({tuple(s[3:]) for s in ours}) == 15
+    if workers == 0:
+        assert [s[:3] for s in ours[6:8]] == [["b_000006", 6, 6], ["f_000000", 7, 7]]
