@@ -330,7 +330,7 @@ class EnergonDataset(Composition):
             across = self.options.batch_across_sources or self.options.blend_samples
             postencode = not (self.options.blend_samples and self.options.packing_buffer_size)
             chained = chains_outputs(
-                self.task_encoder, self.options.batch_size, bool(packing), across, postencode,
+                self.task_encoder, self.options.batch_size, bool(packing), across,
                 chain_packs=not (self.segment_packs or self.segment_pack_batches), chain_batches=not self.segment_batches,
             )
             self._stages = StageConfig(

@@ -140,8 +140,8 @@ class BatchSamples:
 
     def eager(self, data: rows.SegmentData) -> Optional["EagerBatches"]:
         """Batches made while ``data`` is still being encoded, where a segment's batches are plain
-        consecutive groups of its samples (no packing, grouping, ``postencode_sample`` or cross-source
-        batching; not a restore read); ``None`` elsewhere."""
+        consecutive groups of its samples (no packing, grouping or cross-source batching; not a restore
+        read); ``None`` elsewhere."""
         config = self.configs[data.spec.source]
         te: TaskEncoder = config.task_encoder.get()
         if (
@@ -150,7 +150,6 @@ class BatchSamples:
             or config.batch_across_sources
             or data.spec.keep is not None
             or is_overridden(te, "batch_group_criterion")
-            or (config.postencode and is_overridden(te, "postencode_sample"))
         ):
             return None
         return EagerBatches(data, Batcher(te, config.error_handler), config.batch_size)
@@ -238,7 +237,6 @@ class BatchSamples:
         te: TaskEncoder = self.config.task_encoder.get()
         return not (
             self.config.packing_buffer_size
-            or (self.config.postencode and is_overridden(te, "postencode_sample"))
             or data.spec.keep is not None
             or is_overridden(te, "batch_group_criterion")
             or self.config.batch_across_sources
@@ -263,8 +261,6 @@ class BatchSamples:
             final = not (self.config.chained and data.carry is not None) or data.spec.last
             entries = packer(entries, seed, runs, final=final)
             self._open_buffer = packer.partial  # a chained stream's next segment packs on from it
-        elif self.config.postencode and is_overridden(te, "postencode_sample"):
-            entries = _postencode(te, entries, seed, handler, data.runs, size or 1, self.config.index_offset(data.spec.worker))
         if data.spec.keep is not None:  # a restore read: the listed samples (or packs) for the trainer's pools
             wanted = {(int(p), int(s)) for p, s in data.spec.keep}
             return [], [(None, 0, [e for e in entries if (e[0], e[1]) in wanted])]
@@ -288,19 +284,6 @@ class BatchSamples:
         for start in range(0, cut, size):
             items.extend(batcher.with_positions(entries[start : start + size], seed, size, runs))
         return items, ([(None, size, entries[cut:])] if cut < len(entries) else [])
-
-
-def _postencode(te: TaskEncoder, entries, seed: int, handler: Any, runs_out: List[StageRun], per_batch: int = 1, before: int = 0):
-    runner = _runner(te, "postencode_sample", "postencode_sample", handler)
-    run = runner.new_run()
-    runs_out.append(run)
-    out = []
-    for position, sub, sample in entries:
-        with hook_call(seed, "postencode", before + position, sample_index=before + position, batch_index=(before + position) // per_batch):
-            result = runner.call(run, sample, _what(sample), at=position)
-        if result is not HookRunner.FAILED and result is not HookRunner.IGNORED:
-            out.append((position, sub, result))
-    return out
 
 
 #: seconds between two looks for a chained segment's carry while its samples are encoded

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def chains_outputs(
-    te: TaskEncoder, batch_size: Optional[int], packing: bool, across_sources: bool, postencode: bool, chain_packs: bool = True,
+    te: TaskEncoder, batch_size: Optional[int], packing: bool, across_sources: bool, chain_packs: bool = True,
     chain_batches: bool = True,
 ) -> bool:
     """Whether a dataset's segments must be chained.
@@ -42,7 +42,8 @@ def chains_outputs(
     worker (the rank's worker streams still run side by side). Also where ``batch`` or
     ``encode_batch`` is marked ``@stateless(restore_seeds=True)``: its seed is Energon's batch
     count, which samples skipped in earlier segments lower. Not where the segments do not batch
-    their own samples (grouping, ``postencode_sample``, batching across datasets, no batching). An
+    their own samples (grouping, batching across datasets, no batching; ``postencode_sample`` runs in
+    the encode stage, on each output as it is made). An
     ``encode_sample`` that is a plain function returning a generator is not detected (a generator
     function is: ``yield`` in its body).
 
@@ -65,7 +66,6 @@ def chains_outputs(
         and not across_sources
         and (chain_batches or counts_outputs(te))
         and not is_overridden(te, "batch_group_criterion")
-        and not (postencode and is_overridden(te, "postencode_sample"))
     )
 
 

@@ -127,6 +127,7 @@ class EncodeSamples:
 
     def __init__(self, config: Union[StageConfig, Mapping[int, StageConfig]]):
         self.configs = _configs(config)
+        self.post: Optional[_Postencode] = None
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out = []
@@ -152,6 +153,7 @@ class EncodeSamples:
         encode = _runner(te, hook, "encode_sample", handler)
         runs = {r.stage: r for r in (load.new_run(), cook.new_run(), encode.new_run())}
         data.runs.extend(runs.values())
+        self.post = _Postencode.where_run(te, config, handler, data.runs)
         if data.fatal is None:
             try:
                 with cook_context(config.aux), worker_slot(data.spec.worker, config.num_workers):
@@ -159,6 +161,9 @@ class EncodeSamples:
             except FatalSampleError as exc:
                 data.fatal = ("FatalSampleError", str(exc))
         data.raw = []
+
+    def _postencoded(self, sample: Any, seed: int, position: int, before: int, per_batch: int) -> List[Any]:
+        return [sample] if self.post is None else self.post(sample, seed, position, before, per_batch)
 
     def _encode_all(self, data, te, loader, load, cook, encode, runs, sink) -> None:
         do_encode = is_overridden(te, sample_encode_hook(te))
@@ -202,7 +207,7 @@ class EncodeSamples:
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue
             if not do_encode:
-                data.encoded.append((position, 0, sample))
+                data.encoded.extend((position, 0, kept) for kept in self._postencoded(sample, seed, position, before, per_batch))
             else:
                 with hook_call(seed, encode_kind, before + position, sample_index=before + position, batch_index=batch_of(position)):
                     outputs = encode.call_many(
@@ -221,10 +226,39 @@ class EncodeSamples:
                     for n, item in enumerate(outputs):
                         sub_restore_key(item, key, n)
                 for sub, item in enumerate(outputs):
-                    data.encoded.append((position, sub, item))
+                    data.encoded.extend((position, sub, kept) for kept in self._postencoded(item, seed, position, before, per_batch))
             del sample
             if sink is not None:
                 sink()
+
+
+class _Postencode:
+    """``postencode_sample`` on each output of ``encode_sample`` as it is made (Energon maps it right
+    after ``encode_sample`` where it does not pack), so a chained stream batches postencoded samples
+    as the rest. Where a packer runs it (on a pack's members), the encode stage does not."""
+
+    def __init__(self, runner: HookRunner, run: Any):
+        self.runner, self.run = runner, run
+
+    @classmethod
+    def where_run(cls, te: TaskEncoder, config: StageConfig, handler: Any, runs: List[Any]) -> Optional["_Postencode"]:
+        """The stage's ``postencode_sample`` (its run added to ``runs``), or ``None`` where it is not
+        overridden or a packer runs it (packing here or in a sample blend: ``config.postencode`` off)."""
+        if not config.postencode or config.packing_buffer_size or not is_overridden(te, "postencode_sample"):
+            return None
+        runner = _runner(te, "postencode_sample", "postencode_sample", handler)
+        run = runner.new_run()
+        runs.append(run)
+        return cls(runner, run)
+
+    def __call__(self, sample: Any, seed: int, position: int, before: int, per_batch: int) -> List[Any]:
+        """The hook's sample for the output of the sample at stream ``position`` (``before``: the
+        stream's samples in the datasets of a validation metadataset before this one): ``[sample]``,
+        or ``[]`` (it failed or was skipped)."""
+        at = before + position
+        with hook_call(seed, "postencode", at, sample_index=at, batch_index=at // per_batch):
+            result = self.runner.call(self.run, sample, _what(sample), at=position)
+        return [] if result is HookRunner.FAILED or result is HookRunner.IGNORED else [result]
 
 
 def output_table(out: List[Tuple[int, int, int, int, Any, Optional[List[int]]]], source: int) -> pa.Table:

@@ -68,23 +68,29 @@ def test_which_streams_chain_and_which_count_outputs():
         def encode_batch(self, batch):
             return batch
 
-    assert chains_outputs(SeededBatch(), 3, False, False, True)
-    assert chains_outputs(er.AugmentTaskEncoder(SeededEncodeBatch()), 3, False, False, True)
+    assert chains_outputs(SeededBatch(), 3, False, False)
+    assert chains_outputs(er.AugmentTaskEncoder(SeededEncodeBatch()), 3, False, False)
     # packing: always chained (buffers run across segments), not across datasets or for old states
-    assert chains_outputs(SeededBatch(), 3, True, False, True) and chains_outputs(Plain(), None, True, False, True)
-    assert not chains_outputs(Plain(), 3, True, True, True) and not chains_outputs(Plain(), 3, True, False, True, chain_packs=False)
+    assert chains_outputs(SeededBatch(), 3, True, False) and chains_outputs(Plain(), None, True, False)
+    assert not chains_outputs(Plain(), 3, True, True) and not chains_outputs(Plain(), 3, True, False, chain_packs=False)
 
-    assert chains_outputs(Varying(), 3, False, False, True)
-    assert chains_outputs(er.AugmentTaskEncoder(er.AugmentTaskEncoder(Varying())), 3, False, False, True)
+    assert chains_outputs(Varying(), 3, False, False)
+    assert chains_outputs(er.AugmentTaskEncoder(er.AugmentTaskEncoder(Varying())), 3, False, False)
     # plain batches too (a skipped sample shifts every batch after it), unless segments batch their own
-    assert chains_outputs(Plain(), 3, False, False, True) and chains_outputs(er.AugmentTaskEncoder(Plain()), 3, False, False, True)
-    assert not chains_outputs(er.AugmentTaskEncoder(Plain()), 3, False, False, True, chain_batches=False)
-    assert not chains_outputs(Plain(), 3, False, False, True, chain_batches=False)
-    assert chains_outputs(Varying(), 3, False, False, True, chain_batches=False)
-    assert chains_outputs(SeededBatch(), 3, False, False, True, chain_batches=False)
-    assert not chains_outputs(Plain(), 3, False, True, True)  # across datasets: the trainer's pool batches
-    assert not chains_outputs(Varying(), None, False, False, True)  # no batching: nothing to chain
-    assert chains_outputs(Varying(), 3, True, False, True)
+    assert chains_outputs(Plain(), 3, False, False) and chains_outputs(er.AugmentTaskEncoder(Plain()), 3, False, False)
+    assert not chains_outputs(er.AugmentTaskEncoder(Plain()), 3, False, False, chain_batches=False)
+    assert not chains_outputs(Plain(), 3, False, False, chain_batches=False)
+    assert chains_outputs(Varying(), 3, False, False, chain_batches=False)
+    assert chains_outputs(SeededBatch(), 3, False, False, chain_batches=False)
+    assert not chains_outputs(Plain(), 3, False, True)  # across datasets: the trainer's pool batches
+    assert not chains_outputs(Varying(), None, False, False)  # no batching: nothing to chain
+    assert chains_outputs(Varying(), 3, True, False)
+
+    class Postencoded(Plain):  # postencode_sample runs on each output as it is encoded: chained as the rest
+        def postencode_sample(self, sample):
+            return sample
+
+    assert chains_outputs(Postencoded(), 3, False, False) and not chains_outputs(Postencoded(), 3, False, False, chain_batches=False)
     # only generators and restore_seeds batch hooks count outputs while encoding (their keys name them)
     assert counts_outputs(Varying()) and counts_outputs(SeededBatch()) and counts_outputs(SeededEncodeBatch())
     assert not counts_outputs(Plain()) and not counts_outputs(er.AugmentTaskEncoder(Plain()))

@@ -98,3 +98,37 @@ def test_grouped_batch_index_runs_on_after_a_restore(path):
     restored = loader()
     restored.restore_state_rank(state)
     assert head + [dict(b) for b in restored] == full
+
+
+def _postencoded_generator_encoder(lib):
+    class Encoder(lib.DefaultTaskEncoder):
+        def encode_sample(self, sample):
+            i = int(sample.text)
+            if i % 4 == 1:
+                raise lib.SkipSample()
+            for sub in range(i % 3):  # 0, 1 or 2 outputs
+                yield {"key": f"{sample.__key__}{'ab'[sub]}"}
+
+        def postencode_sample(self, sample):
+            return {**sample, "post": True}
+
+        def batch(self, samples):
+            return {"keys": [s["key"] for s in samples], "post": all(s["post"] for s in samples), "batch_index": self.current_batch_index}
+
+    return Encoder()
+
+
+@pytest.mark.parametrize("workers,segment", [(1, 2), (2, 3), (0, None)])
+def test_postencode_sample_after_a_generator_encode_sample_gives_energons_batches(path, workers, segment):
+    """A generator ``encode_sample`` (0-2 outputs, some samples skipped) and a ``postencode_sample``,
+    batches of 2 over segments of a few samples: Energon's batches (keys and order) and
+    ``current_batch_index``. With ``postencode_sample`` the segments were not chained: each batched
+    its own outputs and pooled the rest (batches out of order, indices the first sample's position)."""
+    import megatron.energon as me
+
+    extra = {} if segment is None else {"samples_per_segment": segment}
+    ours = _batches(er, path, _postencoded_generator_encoder(er), workers, 2, **extra)
+    theirs = _batches(me, path, _postencoded_generator_encoder(me), workers, 2)
+    assert ours == theirs
+    assert [b["batch_index"] for b in ours] == list(range(len(ours))) and all(b["post"] for b in ours)
+    assert sum(len(b["keys"]) for b in ours) == 21
