@@ -220,8 +220,8 @@ class _PackedBatches:
         while len(pending) < wanted and self.take_chunk(worker):
             pass
         count = min(len(pending), wanted)
-        if count < size and self.blend.drop_last:
-            count = 0
+        if self.blend.drop_last:  # fewer than wanted: the stream's end, whose short last batch goes
+            count -= count % size
         if count == 0:
             pending.clear()
             return None

@@ -303,3 +303,20 @@ def test_val_metadataset_packing_buffers_run_from_one_dataset_into_the_next_like
     assert got == expected
     if workers == 0 and hooks is PairHooks:  # a's last three samples open the buffer b's first two fill
         assert got[5:7] == [[5, 5, "a_000017+b_000000", "b_000001"], [6, 6, "b_000002+b_000003", "b_000004+b_000005"]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_val_metadataset_packing_drops_the_last_short_batch_like_energon(two_val, workers):
+    """``batch_drop_last=True`` on a packed validation metadataset: each worker stream's last short
+    batch of packs is dropped, as Energon drops it (it was handed out)."""
+    ours, theirs = (
+        lib.get_loader(lib.get_val_dataset(
+            two_val, split_part="val", worker_config=lib.WorkerConfig(rank=0, world_size=1, num_workers=workers), batch_size=2,
+            batch_drop_last=True, packing_buffer_size=5, task_encoder=type("P", (PairHooks, lib.DefaultTaskEncoder), {"sample_cls": lib.TextSample})(),
+            **kwargs,
+        ))
+        for lib, kwargs in ((er, {"samples_per_segment": 5}), (me, {}))
+    )  # fmt: skip
+    got, expected = list(ours), list(theirs)
+    assert got == expected
+    assert all(len(b) == 4 for b in got)  # [batch index, sample index, pack, pack]
