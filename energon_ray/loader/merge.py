@@ -102,6 +102,9 @@ class WorkerQueues:
         self.grouped = grouped
         #: per worker (``grouped``): groups made so far (shared along a concatenation's chain)
         self.groups_made = [0] * num_workers
+        #: per worker: whether a restore set ``groups_made`` yet (shared with it): a chain's leaves
+        #: restore one after another, and its count goes on from its oldest checkpoint's
+        self.counts_restored = [False] * num_workers
         #: per worker (chained): where a restore rebuilds the carry (``QueueCheckpoint.chain``); with
         #: ``chain_unit`` (packs chained: the packing buffer size) reaching back to the oldest pooled pack
         self.chains = ChainPoints(num_workers, chain_unit or batch_size or 1, packs=chain_unit is not None) if chained else None
@@ -139,6 +142,7 @@ class WorkerQueues:
         self.index_offsets.update(downstream.index_offsets)  # carried samples keep their source's offsets
         downstream.index_offsets = self.index_offsets
         downstream.groups_made = self.groups_made  # a grouped stream's batch count runs on
+        downstream.counts_restored = self.counts_restored
         downstream.waiting = [True] * downstream.num_workers
         for w in range(self.num_workers):
             if self.done[w]:  # closed before the chain existed (no segments for this worker)
@@ -370,7 +374,11 @@ class WorkerQueues:
         self.staged[worker] = []
         if self.chains is not None:
             self.chains.restored(worker, cp.chain, [(p, s) for _, _, refs in cp.pools for _, p, s in refs])
-        self.groups_made[worker] = cp.groups_made
+        if self.counts_restored[worker]:  # a later leaf of the chain: a checkpoint of now holds a count
+            # of groups made ahead, where the oldest one (the replay starts there) holds the count then
+            self.groups_made[worker] = min(self.groups_made[worker], cp.groups_made)
+        else:
+            self.groups_made[worker], self.counts_restored[worker] = cp.groups_made, True
         if cp.event == "carry":
             self.carry_in(worker, {key: (size, [item(r) for r in refs]) for key, size, refs in cp.carried})
         elif cp.event == "close":

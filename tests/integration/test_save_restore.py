@@ -1156,6 +1156,47 @@ def test_restore_sample_takes_keys_from_before_batch_keys_held_their_index(roots
     loader.close()
 
 
+class GroupedIndexed(er.DefaultTaskEncoder):
+    def batch_group_criterion(self, sample):
+        return int(sample.__key__.split("_")[-1]) % 2, None
+
+    def batch(self, samples):
+        return {"keys": [s.__key__ for s in samples], "index": self.current_batch_index}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_grouped_validation_metadataset_restores_its_batch_count(roots, tmp_path, workers):
+    """A grouped validation metadataset counts its groups on through its datasets: restored mid-pass,
+    the batch hooks' current_batch_index goes on from where it was (the later dataset's checkpoint,
+    saved after groups made ahead, set a higher count: 5 instead of 1 after one batch)."""
+    (tmp_path / "val.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        f"      - path: {roots['b']}\n      - path: {roots['a']}\n"
+    )
+    config = er.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+
+    def loader():
+        return er.get_savable_loader(er.get_val_dataset(tmp_path / "val.yaml", split_part="train", batch_size=4,
+                                                        worker_config=config, task_encoder=GroupedIndexed()))  # fmt: skip
+
+    def view(batches):
+        return [(list(b["keys"]), int(b["index"])) for b in batches]
+
+    whole = view(loader())
+    assert len(whole) >= 18 and sorted(i for _, i in whole) == list(range(len(whole)))
+    for k in (1, 6, 9):
+        saved = loader()
+        it = iter(saved)
+        for _ in range(k):
+            next(it)
+        state = saved.save_state_rank()
+        saved.close()
+        again = loader()
+        again.restore_state_rank(state)
+        assert view(again) == whole[k:], k
+        again.close()
+
+
 def test_restore_sample_rebuilds_batches_exactly(roots):
     """Batches of both passes (their own hook seeds), of a short last batch and of a grouped loader."""
     loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=4, shuffle_buffer_size=5, worker_config=WC,
