@@ -133,6 +133,10 @@ class EnergonDataset(Composition):
         #: restored state saved before batches ran across segments, ``executor="ray_data"``, or
         #: tasks that may not wait: ``savable.adopt_pack_batching``, ``Loader``)
         self.segment_batches = False
+        #: the batches the trainer's pool makes across a validation metadataset's datasets count
+        #: their index as batches made (Energon's, also after skipped samples); ``False`` for a
+        #: restored state saved before, which counted it by position (``savable.adopt_pack_batching``)
+        self.pool_batches_counted = True
 
     def _check_hooks(self) -> None:
         te, spec = self.task_encoder, self.dataset.spec

@@ -30,6 +30,7 @@ class LeafFeed:
             len(plan.streams), dataset.options.batch_size, self._seam_batches, drop_last=dataset.options.drop_last,
             stats=stats, leaf=source, hand_out=dataset.options.blend_samples, chained=config.chained,
             index_offsets=dataset.options.batch_index_offsets, grouped=dataset.groups_batches,
+            count_batches=dataset.pool_batches_counted,
             chain_unit=chain_unit(config) if config.chained and config.packing_buffer_size else None,
         )  # fmt: skip
         for w in range(len(plan.streams)):

@@ -94,13 +94,17 @@ class WorkerQueues:
         index_offsets: Optional[Sequence[int]] = None,
         grouped: bool = False,
         chain_unit: Optional[int] = None,
+        count_batches: bool = True,
     ):
         self.num_workers = num_workers
         #: leaf → per worker, its samples' offset in the concatenated stream (shared along a chain)
         self.index_offsets: Dict[int, List[int]] = {} if index_offsets is None else {leaf: list(index_offsets)}
         self.chained = chained
         self.grouped = grouped
-        #: per worker (``grouped``): groups made so far (shared along a concatenation's chain)
+        #: batches across sources (``index_offsets``) count their index as batches made (else by position)
+        self.count_batches = count_batches
+        #: per worker (``grouped``, or counted batches across sources): groups made so far (shared
+        #: along a concatenation's chain)
         self.groups_made = [0] * num_workers
         #: per worker: whether a restore set ``groups_made`` yet (shared with it): a chain's leaves
         #: restore one after another, and its count goes on from its oldest checkpoint's
@@ -265,6 +269,9 @@ class WorkerQueues:
             return (limit, _strip(items), index)
         if not self.index_offsets:
             return (limit, _strip(items))
+        if self.count_batches:  # Energon's count of batches made, also after skipped samples
+            index, self.groups_made[worker] = self.groups_made[worker], self.groups_made[worker] + 1
+            return (limit, _strip(items), index)
         position, _, _, leaf = items[0]
         return (limit, _strip(items), (self.index_offsets[leaf][worker] + int(position)) // limit)
 
@@ -338,7 +345,7 @@ class WorkerQueues:
             done=self.done[worker],
             carried=carried,
             chain=None if chain is None else list(chain),
-            groups_made=self.groups_made[worker] if self.grouped else 0,
+            groups_made=self.groups_made[worker] if self.grouped or (self.index_offsets and self.count_batches) else 0,
         )
 
     def _checkpoint_segment(self, worker: int) -> int:

@@ -222,6 +222,7 @@ def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderStat
         packs_pooled=not any(leaf.segment_pack_batches for leaf in dataset.leaves()),
         packs_chained=not any(leaf.segment_packs or leaf.segment_pack_batches for leaf in dataset.leaves()),
         batches_chained=not any(leaf.segment_batches for leaf in dataset.leaves()),
+        pool_batches_counted=all(leaf.pool_batches_counted for leaf in dataset.leaves()),
     )
 
 
@@ -282,6 +283,7 @@ def adopt_pack_batching(state: LoaderState, dataset: Composition) -> None:
         leaf.batch_packs_in_segments(not state.packs_pooled)
         leaf.pack_in_segments(not state.packs_chained)
         leaf.batch_in_segments(not state.batches_chained)
+        leaf.pool_batches_counted = state.pool_batches_counted
 
 
 def adopt_val_packing(state: LoaderState, dataset: Composition) -> None:

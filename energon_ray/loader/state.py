@@ -147,6 +147,10 @@ class LoaderState:
     #: ``chain_batches``); ``False`` in states saved before, or by a loader whose segments batched
     #: their own samples (restored so)
     batches_chained: bool = False
+    #: a validation metadataset's batches, made from the trainer's pool across its datasets, count
+    #: their batch index (``current_batch_index``) as batches made, as Energon's; ``False`` in states
+    #: saved before, which counted it from the first sample's position (restored so)
+    pool_batches_counted: bool = False
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -202,6 +206,7 @@ class LoaderState:
             packs_pooled=bool(data.get("packs_pooled", False)),
             packs_chained=bool(data.get("packs_chained", False)),
             batches_chained=bool(data.get("batches_chained", False)),
+            pool_batches_counted=bool(data.get("pool_batches_counted", False)),
         )
 
     @classmethod

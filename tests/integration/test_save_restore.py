@@ -1197,6 +1197,56 @@ def test_grouped_validation_metadataset_restores_its_batch_count(roots, tmp_path
         again.close()
 
 
+class SkipsIndexed(er.DefaultTaskEncoder):
+    def encode_sample(self, sample):
+        if int(sample.__key__.split("_")[-1]) % 5 == 2:
+            raise er.SkipSample()
+        return sample
+
+    def batch(self, samples):
+        return {"keys": [s.__key__ for s in samples], "index": self.current_batch_index}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_validation_metadataset_batch_count_after_skips_restores_and_older_states_keep_theirs(roots, tmp_path, workers):
+    """A batched validation metadataset that skips samples counts its batches as Energon's (see
+    test_hook_seed_parity): restored mid-pass, the count goes on exactly. A state saved before (no
+    ``pool_batches_counted``; its batches counted by position) restores as it was saved."""
+    (tmp_path / "val.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        f"      - path: {roots['b']}\n      - path: {roots['a']}\n"
+    )
+    config = er.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+
+    def loader(counted=True):
+        ds = er.get_val_dataset(tmp_path / "val.yaml", split_part="train", batch_size=4, worker_config=config, task_encoder=SkipsIndexed())
+        for leaf in ds.leaves():
+            leaf.pool_batches_counted = counted  # False: as a loader before the count
+        return er.get_savable_loader(ds)
+
+    def view(batches):
+        return [(list(b["keys"]), int(b["index"])) for b in batches]
+
+    whole, by_position = view(loader()), view(loader(counted=False))
+    assert [k for k, _ in whole] == [k for k, _ in by_position] and sorted(i for _, i in whole) == list(range(len(whole)))
+    assert [i for _, i in whole] != [i for _, i in by_position]
+    for k in (1, 7):
+        for counted, expected in ((True, whole), (False, by_position)):
+            saved = loader(counted)
+            it = iter(saved)
+            for _ in range(k):
+                next(it)
+            state = saved.save_state_rank().to_dict()
+            saved.close()
+            assert state["pool_batches_counted"] is counted
+            if not counted:
+                del state["pool_batches_counted"]  # (a state saved before the field existed has none)
+            again = loader()
+            again.restore_state_rank(state)
+            assert view(again) == expected[k:], (k, counted)
+            again.close()
+
+
 def test_restore_sample_rebuilds_batches_exactly(roots):
     """Batches of both passes (their own hook seeds), of a short last batch and of a grouped loader."""
     loader = er.get_savable_loader(er.get_train_dataset(roots["b"], batch_size=4, shuffle_buffer_size=5, worker_config=WC,

@@ -286,3 +286,35 @@ def test_unbatched_val_metadataset_indices_count_on_into_the_next_dataset_like_e
     assert len(ours) == 15 and len({tuple(s[3:]) for s in ours}) == 15
     if workers == 0:
         assert [s[:3] for s in ours[6:8]] == [["b_000006", 6, 6], ["f_000000", 7, 7]]
+
+
+def _skipping_batch_encoder(lib):
+    class Encoder(lib.DefaultTaskEncoder):
+        def encode_sample(self, sample):
+            if sample.__key__ in ("b_000002", "b_000006", "f_000001", "f_000005"):
+                raise lib.SkipSample()
+            return sample
+
+        @lib.stateless(restore_seeds=True)
+        def batch(self, samples):
+            return [[s.__key__ for s in samples], self.current_batch_index, random.randint(0, 1000), int(torch.randint(0, 1000, ()))]
+
+    return Encoder()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batched_val_metadataset_batch_hooks_count_batches_after_skipped_samples_like_energon(two_leaf_val, workers):
+    """A batched validation metadataset whose ``encode_sample`` skips samples: the batch hooks'
+    ``current_batch_index`` and a ``restore_seeds`` batch hook's draws are Energon's (the batches made
+    before, over the worker's stream through both datasets); they were the first sample's position
+    there over the batch size, ahead of Energon's after each skip."""
+    import megatron.energon as me
+
+    def batches(lib):
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+        ds = lib.get_val_dataset(two_leaf_val, split_part="val", batch_size=2, task_encoder=_skipping_batch_encoder(lib), worker_config=wc)
+        return [[list(b[0]), int(b[1]), int(b[2]), int(b[3])] for b in lib.get_loader(ds)]
+
+    ours = batches(er)
+    assert ours == batches(me)
+    assert sum(len(b[0]) for b in ours) == 11 and sorted(b[1] for b in ours) == list(range(len(ours)))
