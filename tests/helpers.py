@@ -93,6 +93,16 @@ def prefixed_text_dataset(root: Path, prefix: str, n: int, per_shard: int = 10, 
     return root
 
 
+def val_metadataset(root: Path, parts: Sequence[Tuple[str, int, int]]) -> Path:
+    """``root/val.yaml``: a validation metadataset (split ``val``) of text datasets ``(prefix, samples,
+    per shard)`` made under ``root``, in that order."""
+    for prefix, n, per_shard in parts:
+        prefixed_text_dataset(root / prefix, prefix, n, per_shard=per_shard)
+    entries = "".join(f"      - {{path: {prefix}, split_part: train}}\n" for prefix, _, _ in parts)
+    (root / "val.yaml").write_text("__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  val:\n    blend:\n" + entries)
+    return root / "val.yaml"
+
+
 def classification_dataset(root: Path, prefix: str, n: int, per_shard: int = 10) -> Path:
     """ImageClassificationSample data: a JPEG and an integer class per sample."""
     from energon_ray.synthetic import encode_image, sample_image

@@ -247,16 +247,9 @@ def test_batches_made_once_a_late_carry_came_match_energon(path):
 @pytest.fixture(scope="module")
 def two_leaf_val(tmp_path_factory):
     """A validation metadataset of two datasets (7 and 8 samples)."""
-    from tests.helpers import prefixed_text_dataset
+    from tests.helpers import val_metadataset
 
-    root = tmp_path_factory.mktemp("unbatched_meta")
-    prefixed_text_dataset(root / "b", "b", 7, per_shard=7)
-    prefixed_text_dataset(root / "f", "f", 8, per_shard=4)
-    (root / "val.yaml").write_text(
-        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  val:\n    blend:\n"
-        "      - {path: b, split_part: train}\n      - {path: f, split_part: train}\n"
-    )
-    return root / "val.yaml"
+    return val_metadataset(tmp_path_factory.mktemp("unbatched_meta"), [("b", 7, 7), ("f", 8, 4)])
 
 
 def _index_encoder(lib):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import energon_ray as er
-from tests.helpers import prefixed_text_dataset
+from tests.helpers import prefixed_text_dataset, val_metadataset
 
 me = pytest.importorskip("megatron.energon")
 pytestmark = pytest.mark.parity
@@ -274,14 +274,7 @@ def test_packing_buffers_run_across_segments_like_energon(text, workers, hooks):
 @pytest.fixture(scope="module")
 def two_val(tmp_path_factory):
     """A validation metadataset of two datasets (18 and 13 samples)."""
-    root = tmp_path_factory.mktemp("valpack")
-    prefixed_text_dataset(root / "a", "a", 18, per_shard=5)
-    prefixed_text_dataset(root / "b", "b", 13, per_shard=4)
-    (root / "val.yaml").write_text(
-        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  val:\n    blend:\n"
-        "      - {path: a, split_part: train}\n      - {path: b, split_part: train}\n"
-    )
-    return root / "val.yaml"
+    return val_metadataset(tmp_path_factory.mktemp("valpack"), [("a", 18, 5), ("b", 13, 4)])
 
 
 @pytest.mark.parametrize("hooks", [PairHooks, SkipEveryThird], ids=["pairs", "skipped"])
