@@ -345,7 +345,7 @@ class WorkerQueues:
             done=self.done[worker],
             carried=carried,
             chain=None if chain is None else list(chain),
-            groups_made=self.groups_made[worker] if self.grouped or (self.index_offsets and self.count_batches) else 0,
+            groups_made=self.groups_made[worker],  # (0 where nothing counts groups)
         )
 
     def _checkpoint_segment(self, worker: int) -> int:

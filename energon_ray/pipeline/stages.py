@@ -162,8 +162,14 @@ class EncodeSamples:
                 data.fatal = ("FatalSampleError", str(exc))
         data.raw = []
 
-    def _postencoded(self, sample: Any, seed: int, position: int, before: int, per_batch: int) -> List[Any]:
-        return [sample] if self.post is None else self.post(sample, seed, position, before, per_batch)
+    def _add(self, data: rows.SegmentData, position: int, sub: int, item: Any, seed: int, before: int, per_batch: int) -> None:
+        """Add an output of ``encode_sample`` to ``data.encoded`` (through ``postencode_sample`` where
+        the stage runs it; not where that failed or skipped it)."""
+        if self.post is not None:
+            item = self.post(item, seed, position, before, per_batch)
+            if item is HookRunner.FAILED or item is HookRunner.IGNORED:
+                return
+        data.encoded.append((position, sub, item))
 
     def _encode_all(self, data, te, loader, load, cook, encode, runs, sink) -> None:
         do_encode = is_overridden(te, sample_encode_hook(te))
@@ -207,7 +213,7 @@ class EncodeSamples:
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue
             if not do_encode:
-                data.encoded.extend((position, 0, kept) for kept in self._postencoded(sample, seed, position, before, per_batch))
+                self._add(data, position, 0, sample, seed, before, per_batch)
             else:
                 with hook_call(seed, encode_kind, before + position, sample_index=before + position, batch_index=batch_of(position)):
                     outputs = encode.call_many(
@@ -226,7 +232,7 @@ class EncodeSamples:
                     for n, item in enumerate(outputs):
                         sub_restore_key(item, key, n)
                 for sub, item in enumerate(outputs):
-                    data.encoded.extend((position, sub, kept) for kept in self._postencoded(item, seed, position, before, per_batch))
+                    self._add(data, position, sub, item, seed, before, per_batch)
             del sample
             if sink is not None:
                 sink()
@@ -251,14 +257,13 @@ class _Postencode:
         runs.append(run)
         return cls(runner, run)
 
-    def __call__(self, sample: Any, seed: int, position: int, before: int, per_batch: int) -> List[Any]:
+    def __call__(self, sample: Any, seed: int, position: int, before: int, per_batch: int) -> Any:
         """The hook's sample for the output of the sample at stream ``position`` (``before``: the
-        stream's samples in the datasets of a validation metadataset before this one): ``[sample]``,
-        or ``[]`` (it failed or was skipped)."""
+        stream's samples in the datasets of a validation metadataset before this one), or
+        ``HookRunner.FAILED``/``IGNORED``."""
         at = before + position
         with hook_call(seed, "postencode", at, sample_index=at, batch_index=at // per_batch):
-            result = self.runner.call(self.run, sample, _what(sample), at=position)
-        return [] if result is HookRunner.FAILED or result is HookRunner.IGNORED else [result]
+            return self.runner.call(self.run, sample, _what(sample), at=position)
 
 
 def output_table(out: List[Tuple[int, int, int, int, Any, Optional[List[int]]]], source: int) -> pa.Table:
