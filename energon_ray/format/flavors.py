@@ -2,7 +2,8 @@
 factories, on :mod:`energon_ray.format.factories`.
 
 A ``dataset.yaml`` with ``__class__: CaptioningWebdataset`` names one of these; Energon deprecates
-them in favour of ``sample_type:``, and so do we (a ``DeprecationWarning`` says how to convert).
+them in favour of ``sample_type:``, and so do we (a ``FutureWarning``, Energon's category, which Python
+shows by default, says how to convert).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class _TypedWebdataset(DefaultDecoderWebdatasetFactory):
             f"{type(self).__name__} is deprecated: in {path}/.nv-meta/dataset.yaml drop the top-level "
             f"__module__/__class__ and write `sample_type: {{__module__: megatron.energon, __class__: "
             f"{self.__sample_type__.__name__}}}` instead, keeping the rest",
-            DeprecationWarning,
+            FutureWarning,  # Energon's category: shown by default, where a DeprecationWarning would be hidden
             stacklevel=2,
         )
         super().__init__(path, **kwargs)

@@ -29,7 +29,7 @@ def _decoder(task_encoder: TaskEncoder, kwargs: dict) -> Optional[SampleDecoder]
     warnings.warn(
         f"{sorted(legacy)} are deprecated arguments of get_train_dataset/get_val_dataset; set "
         "`decoder = SampleDecoder(...)` (or `decoder = None`) as a class attribute of your task encoder",
-        DeprecationWarning,
+        FutureWarning,  # Energon's category: shown by default, where a DeprecationWarning would be hidden
         stacklevel=3,
     )
     legacy.pop("handler", None)

@@ -70,7 +70,7 @@ TYPED = [
 @pytest.mark.parametrize("cls,sample_type,field_map,field,value", TYPED, ids=[t[0].__name__ for t in TYPED])
 def test_typed_webdataset_builds_its_samples(mixed, cls, sample_type, field_map, field, value):
     """A typed factory (deprecated, with a warning) yields its sample type, every key in order, mapped fields."""
-    with pytest.warns(DeprecationWarning, match="sample_type"):
+    with pytest.warns(FutureWarning, match="sample_type"):
         factory = cls(mixed, split_part="train", training=False, worker_config=_wc(), field_map=field_map)
     assert cls.__sample_type__ is sample_type and len(factory) == 6
     out = _read(factory)

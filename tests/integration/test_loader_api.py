@@ -89,7 +89,7 @@ def test_documents_example_runs_as_written(ds_path):
                 image_decode="torchrgb",
             )
         )
-    assert any(issubclass(w.category, DeprecationWarning) and "image_decode" in str(w.message) for w in caught)
+    assert any(issubclass(w.category, FutureWarning) and "image_decode" in str(w.message) for w in caught)
     assert loader.dataset.worker_config.config() == {"rank": 0, "world_size": 1, "num_workers": 4, "data_parallel_group": None}  # Energon's form
     it = iter(loader)
     batch = next(it)
@@ -102,7 +102,7 @@ def test_documents_example_runs_as_written(ds_path):
 
 def test_legacy_auto_decode_false_gives_raw_bytes(ds_path):
     """auto_decode=False (deprecated) leaves the parts as bytes."""
-    with pytest.warns(DeprecationWarning):
+    with pytest.warns(FutureWarning):
         ds = er.get_val_dataset(ds_path, split_part="train", batch_size=None, auto_decode=False)
     sample = next(iter(er.get_loader(ds)))
     assert isinstance(sample.image, bytes) and sample.image[:2] == b"\xff\xd8"

@@ -644,3 +644,30 @@ def test_a_bad_jsonl_line_names_file_key_and_part():
     with pytest.raises(SampleException) as info:
         SampleLoader(jsonl_spec("/d/corpus.jsonl"), None, None)(_jsonl_raw(b'{"a": 2, bad}', index=5))
     assert str(info.value).startswith("corpus.jsonl: sample '5': cannot decode part 'json' (13 bytes): JSONDecodeError: ")
+
+
+def test_deprecation_advice_is_shown_to_code_in_a_users_module(tmp_path):
+    """A deprecated typed factory or decoder argument used from a user's module (not ``__main__``) warns
+    on stderr under Python's default filters: a FutureWarning, Energon's category (a DeprecationWarning
+    would be hidden there)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import captioning_dataset
+
+    path = captioning_dataset(tmp_path / "ds", n=4, per_shard=2)
+    (tmp_path / "user_code.py").write_text(
+        "import energon_ray as er\n"
+        f"path = {str(path)!r}\n"
+        "wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)\n"
+        "er.CaptioningWebdataset(path, split_part='train', training=False, worker_config=wc,\n"
+        "                        field_map={'image': 'jpg', 'caption': 'txt'})\n"
+        "er.get_val_dataset(path, split_part='train', batch_size=None, worker_config=wc, image_decode='pil')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[2])])
+    done = subprocess.run([sys.executable, "-c", "import user_code"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "FutureWarning: CaptioningWebdataset is deprecated: in " in done.stderr
+    assert "FutureWarning: ['image_decode'] are deprecated arguments of get_train_dataset/get_val_dataset" in done.stderr
