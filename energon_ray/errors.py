@@ -79,15 +79,66 @@ SYSTEM_EXCEPTIONS: tuple[type[BaseException], ...] = (
 
 
 def log_exception(exc: BaseException, sample: Any = None, sources: Optional[Sequence[Any]] = None) -> None:
-    """Default error handler: log the failure with its sources; the sample is then skipped."""
+    """Default error handler: log the failure with its sources and the sample that failed (its
+    key and each field in short, as Energon prints it); the sample is then skipped."""
     where = ", ".join(str(s) for s in sources) if sources else "unknown source"
     logger.warning(
-        "Skipping sample from %s: %s: %s\n%s",
+        "Skipping sample from %s: %s: %s\n%s%s",
         where,
         type(exc).__name__,
         exc,
+        describe_sample(sample),
         "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3)),
     )
+
+
+#: Longest text of one field in :func:`describe_sample`.
+FIELD_TEXT = 80
+
+
+def _short_value(value: Any) -> str:
+    """A tensor or array as type, dtype and shape; bytes as their length; else a truncated repr."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{type(value).__name__} {str(value.dtype).replace('torch.', '')} {list(value.shape)}"
+    if isinstance(value, (bytes, bytearray)):
+        return f"bytes[{len(value)}]"
+    text = repr(value)
+    return text if len(text) <= FIELD_TEXT else text[: FIELD_TEXT - 1] + "…"
+
+
+def _fields(sample: Any) -> Optional[list]:
+    """``(name, value)`` of a sample's fields (a dict's items, a dataclass's fields), else None."""
+    if isinstance(sample, dict):
+        return list(sample.items())
+    names = getattr(sample, "__dataclass_fields__", None)
+    if names is None or isinstance(sample, type):
+        return None
+    return [(name, getattr(sample, name, None)) for name in names]
+
+
+def describe_sample(sample: Any) -> str:
+    """Lines naming what an error handler got: each field of a sample (or of each sample of a list),
+    one per line; empty for ``None``.
+
+    Example:
+        >>> print(describe_sample({"__key__": "s1", "caption": "a cat", "jpg": b"abc"}), end="")
+        sample:
+          __key__: 's1'
+          caption: 'a cat'
+          jpg: bytes[3]
+    """
+    if sample is None:
+        return ""
+    items = sample if isinstance(sample, (list, tuple)) and sample and all(_fields(s) is not None for s in sample) else [sample]
+    lines = []
+    for i, item in enumerate(items):
+        lines.append("sample:" if len(items) == 1 else f"sample {i} of {len(items)}:")
+        fields = _fields(item)
+        if fields is None:
+            lines.append(f"  {_short_value(item)}")
+        else:
+            lines += [f"  {name}: {_short_value(value)}" for name, value in fields]
+    return "\n".join(lines) + "\n"
 
 
 class RemoteTraceback(Exception):

@@ -578,3 +578,22 @@ def test_dumps_parts_joined_is_dumps_and_loads_checks_its_parts():
     with pytest.raises(ValueError, match="do not match their header"):
         serde.loads(serde.Parts(parts.head, parts.buffers[:1]), copy=False)
     assert serde.loads(serde.dumps_parts([1, "x"])) == [1, "x"]
+
+
+def test_log_exception_names_the_failed_samples_key_and_fields(caplog):
+    """The default handler logs, as Energon's prints, the sample it was given: its key and each field
+    in short (a tensor's dtype and shape, a text's repr), after the sources and the error."""
+    sample = CaptioningSample(__key__="sample_000007", image=torch.zeros(3, 4, 5), caption="a cat")
+    source = SourceInfo(dataset_path="/d", index=7, shard_name="parts/shard_0001.tar", file_names=("sample_000007.jpg",))
+    try:
+        raise ValueError("boom")
+    except ValueError as exc:
+        with caplog.at_level("WARNING", logger="energon_ray"):
+            log_exception(exc, sample, [source])
+    lines = caplog.records[-1].getMessage().splitlines()
+    assert lines[0] == f"Skipping sample from {source}: ValueError: boom"
+    assert lines[1:8] == [
+        "sample:", "  __key__: 'sample_000007'", "  __restore_key__: ()", "  __subflavors__: None",
+        "  __sources__: None", "  image: Tensor float32 [3, 4, 5]", "  caption: 'a cat'",
+    ]  # fmt: skip
+    assert lines[8] == "Traceback (most recent call last):"
