@@ -18,7 +18,8 @@ from energon_ray.format.prepare import ENERGON_FORMAT_VERSION, package_version
     message=f"%(prog)s %(version)s (megatron-energon {ENERGON_FORMAT_VERSION} dataset format)",
 )  # fmt: skip
 def main() -> None:
-    """Tools for Energon-format datasets on Ray Data: prepare tar shards, inspect a dataset."""
+    """Tools for Energon-format datasets: prepare tar shards, describe, preview and check a dataset
+    (each runs in this process, without Ray)."""
 
 
 main.add_command(prepare_command)
