@@ -11,13 +11,23 @@ The rules for an unquoted scalar: ``null``/``~`` is None, ``true``/``yes`` and `
 (any case) are booleans, text holding ``.`` or ``e`` is a float if Python's ``float`` reads it,
 other text an int if ``int`` reads it, anything else stays text. Quoted and block scalars stay text;
 keys stay as written. An empty value is None (Energon cannot read one at all).
+
+Aliases are not resolved, as Energon's reader leaves them: ``*name`` is the text ``'*name'`` (a merge
+``<<: *base`` is the key ``'<<'`` with that text), and an anchor only labels its value. So a file
+cannot refer to itself (``s: &s {self: *s}``, a value no JSON or checkpoint can hold) nor expand an
+alias bomb; each alias read is logged as a warning naming its line.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import yaml
+
+logger = logging.getLogger("energon_ray")
+#: ``(alias, line)`` pairs warned about in this process (a config is read again in each Ray worker)
+_WARNED: set = set()
 
 _NULL = frozenset({"null", "~", ""})
 _TRUE = frozenset({"true", "yes"})
@@ -49,6 +59,14 @@ class _EnergonLoader(yaml.SafeLoader):
 
     yaml_implicit_resolvers: dict = {}
 
+    def compose_node(self, parent: Any, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.get_event()
+            _warn_alias("*" + event.anchor, event.start_mark.line + 1)
+            return yaml.ScalarNode("tag:yaml.org,2002:str", "*" + event.anchor, event.start_mark, event.end_mark)
+        self.anchors = {}  # anchors only label values here: a repeated one is no error (as in Energon)
+        return super().compose_node(parent, index)
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         out = {}
         for key_node, value_node in node.value:
@@ -57,6 +75,13 @@ class _EnergonLoader(yaml.SafeLoader):
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else self.construct_object(key_node, deep=deep)
             out[key] = self.construct_object(value_node, deep=deep)
         return out
+
+
+def _warn_alias(text: str, line: int) -> None:
+    if (text, line) not in _WARNED:
+        _WARNED.add((text, line))
+        logger.warning("YAML alias %r on line %d is read as the text %r, as megatron-energon reads it (aliases "
+                       "are not resolved): write the value out", text, line, text)
 
 
 def _construct_text(loader: _EnergonLoader, node: yaml.ScalarNode) -> Any:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from energon_ray.errors import DatasetConfigError, ShardReadError
+from energon_ray.format import energon_yaml
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.indexer import index_dataset
 from energon_ray.format.info import read_info
@@ -350,6 +351,20 @@ def test_a_legacy_info_yaml_is_read_with_energons_scalar_rules_as_energon_reads_
     meta.mkdir()
     (meta / ".info.yaml").write_text("energon_version: on\nshard_counts:\n  shards/a.tar: 010\n  1: 2\n")
     assert read_info(tmp_path) == {"shards/a.tar": 10, "1": 2}
+
+
+def test_yaml_aliases_stay_text_as_energon_reads_them_so_a_self_reference_or_bomb_cannot_form(tmp_path, caplog):
+    """dataset.yaml subflavors `s: &s {x: 1, self: *s}` were a dict holding itself (save_state_rank then
+    failed: 'Circular reference detected'), an alias bomb expanded; Energon reads each alias as its text."""
+    root = prepared_text(tmp_path / "ds")
+    spec_file = root / ".nv-meta" / "dataset.yaml"
+    spec_file.write_text(spec_file.read_text() + "subflavors: &s\n  x: 1\n  self: *s\n  merged: {<<: *s, y: 2}\n")
+    spec = PreparedDataset.open(root, "train").spec
+    assert spec.subflavors == {"x": 1, "self": "*s", "merged": {"<<": "*s", "y": 2}}
+    assert json.loads(json.dumps(spec.subflavors)) == spec.subflavors
+    assert "YAML alias '*s' on line 8 is read as the text '*s'" in caplog.text
+    bomb = "a: &a [x, x, x]\n" + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    assert energon_yaml.load(bomb)["i"] == ["*h"] * 9
 
 
 @pytest.mark.parametrize("file_name", [".info.json", ".info.yaml"])
