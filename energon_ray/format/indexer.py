@@ -24,7 +24,7 @@ from energon_ray.format.info import check_write_target, meta_dir, write_file
 from energon_ray.format.pool import process_pool
 from energon_ray.format.tar_index import write_tar_index
 from energon_ray.format.tar_reader import SKIP_META_RE, TAR_ENCODING, non_utf8_name, split_member_name
-from energon_ray.storage import RemoteFile, RemotePath, as_path
+from energon_ray.storage import BucketNotFoundError, RemoteFile, RemotePath, as_path
 
 INDEX_SQLITE = "index.sqlite"
 
@@ -140,6 +140,20 @@ def _skip_reason(member: tarfile.TarInfo, split: Optional[Tuple[str, str]]) -> O
     return None
 
 
+def _open_shard(path: Path | RemotePath):
+    """The shard opened for reading; a missing one is named as the listed shard it is (``--tar-index-only``
+    indexes the shards ``.info.json`` lists), not as a bare ``No such file``."""
+    try:
+        return path.open("rb")
+    except FileNotFoundError as exc:
+        if isinstance(exc, BucketNotFoundError):  # a wrong URL, not a missing shard
+            raise
+        raise DatasetConfigError(
+            f"{path}: shard does not exist (listed in .nv-meta/.info.json); restore it, or prepare the dataset "
+            "again without it"
+        ) from None
+
+
 def index_shard(root: Path | str, name: str) -> ShardIndex:
     """Index one tar shard and write its ``.tar.idx``.
 
@@ -164,7 +178,7 @@ def index_shard(root: Path | str, name: str) -> ShardIndex:
     first_seen: Dict[str, int] = {}
     sample_parts: Set[str] = set()  # the parts of the sample being read
     skipped: List[str] = []
-    with path.open("rb") as file:
+    with _open_shard(path) as file:
         if file.read(2) == b"\x1f\x8b":
             raise DatasetConfigError(
                 f"{path}: gzip-compressed shard; samples cannot be read by byte offset, decompress it to .tar"

@@ -54,6 +54,16 @@ def _read_if_exists(path: Path | RemotePath) -> Optional[bytes]:
         return None
 
 
+def _missing_index(path: Path | RemotePath, shard_path: Path | str, root: Optional[Path | str]) -> DatasetConfigError:
+    """The error for a shard without its index: a rebuild fixes that only while the shard itself is there."""
+    if not as_path(shard_path, settings_of(shard_path)).exists():
+        return DatasetConfigError(
+            f"{shard_path}: shard listed in .nv-meta/.info.json does not exist (nor its index {path}); restore it, "
+            "or prepare the dataset again without it"
+        )
+    return DatasetConfigError(f"{path}: missing index of {shard_path}; run `{rebuild_command(shard_path, root)}` to rebuild it")
+
+
 def read_tar_index(shard_path: Path | str, root: Optional[Path | str] = None) -> np.ndarray:
     """Read the ``count + 1`` offsets of a shard's index (``root``, the dataset folder, only goes into messages).
 
@@ -61,8 +71,8 @@ def read_tar_index(shard_path: Path | str, root: Optional[Path | str] = None) ->
     :func:`energon_tgz_index_path`), which is read when ``x.tgz.idx`` is missing.
 
     Raises:
-        DatasetConfigError: if the index is missing, not a whole number of uint64 values, or holds a
-            value of 2**63 or more (no file is that large: a corrupt index, which int64 would wrap).
+        DatasetConfigError: if the shard or its index is missing, the index not a whole number of uint64
+            values, or holds a value of 2**63 or more (no file is that large: a corrupt index, which int64 would wrap).
     """
     path = index_path(shard_path)
     raw = _read_if_exists(path)
@@ -70,9 +80,7 @@ def read_tar_index(shard_path: Path | str, root: Optional[Path | str] = None) ->
         energon_name = energon_tgz_index_path(shard_path)
         raw = _read_if_exists(energon_name) if energon_name is not None else None
         if raw is None:
-            raise DatasetConfigError(
-                f"{path}: missing index of {shard_path}; run `{rebuild_command(shard_path, root)}` to rebuild it"
-            )
+            raise _missing_index(path, shard_path, root)
         path = energon_name
     if len(raw) % 8 != 0 or len(raw) < 8:
         raise DatasetConfigError(f"{path}: {len(raw)} bytes is not a valid .tar.idx (count+1 uint64 offsets)")

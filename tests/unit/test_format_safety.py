@@ -353,6 +353,26 @@ def test_a_legacy_info_yaml_is_read_with_energons_scalar_rules_as_energon_reads_
     assert read_info(tmp_path) == {"shards/a.tar": 10, "1": 2}
 
 
+def test_a_listed_shard_gone_with_its_index_is_named_missing_not_told_to_rebuild_its_index(tmp_path):
+    """Both gone: the loader said 'missing index, run prepare --tar-index-only', which then failed with a
+    bare '[Errno 2] No such file or directory'; both now say the listed shard does not exist."""
+    root = prepared_text(tmp_path / "ds")
+    shard = root / "shards" / "shard_0001.tar"
+    shard.unlink()
+    Path(str(shard) + ".idx").unlink()
+    with pytest.raises(DatasetConfigError) as opened:
+        PreparedDataset.open(root, "train")
+    assert str(opened.value) == (
+        f"{shard}: shard listed in .nv-meta/.info.json does not exist (nor its index {shard}.idx); restore it, "
+        "or prepare the dataset again without it"
+    )
+    with pytest.raises(DatasetConfigError) as reindexed:
+        prepare_dataset(root, tar_index_only=True, progress=False)
+    assert str(reindexed.value) == (
+        f"{shard}: shard does not exist (listed in .nv-meta/.info.json); restore it, or prepare the dataset again without it"
+    )
+
+
 def test_yaml_aliases_stay_text_as_energon_reads_them_so_a_self_reference_or_bomb_cannot_form(tmp_path, caplog):
     """dataset.yaml subflavors `s: &s {x: 1, self: *s}` were a dict holding itself (save_state_rank then
     failed: 'Circular reference detected'), an alias bomb expanded; Energon reads each alias as its text."""
