@@ -1,7 +1,8 @@
-"""What a ``dataset.yaml`` names that is code: sample and factory classes (``{__module__, __class__}``)
-and ``file.py:function`` loaders. Energon's and our own classes resolve to ours; anything else is
-imported or executed only when the dataset is trusted (``trust_dataset_code``: safe by default).
-A remote dataset's module is copied locally once (Python imports files).
+"""What a ``dataset.yaml`` names that is code: sample and factory classes (``{__module__, __class__}``),
+``file.py:function`` loaders and ``{__module__, __function__}`` factories of loaders. Energon's and our
+own classes resolve to ours; anything else is imported or executed only when the dataset is trusted
+(``trust_dataset_code``: safe by default). A remote dataset's module is copied locally once (Python
+imports files).
 """
 
 from __future__ import annotations
@@ -136,6 +137,41 @@ def load_function(
     if not callable(fn):
         raise DatasetConfigError(f"{file}: {what} {ref!r}: {source} has no function {fn_name!r}")
     return fn
+
+
+def load_callable(
+    value: Any, meta: Path | RemotePath, file: str, what: str, trusted: bool, files: Optional[RemoteFiles] = None
+) -> Callable:
+    """A ``sample_loader``/``part_filter`` of a dataset config: ``'file.py:function'`` (see
+    :func:`load_function`) or, as Energon's config reader makes one, ``{__module__, __function__ (or
+    __class__), **kwargs}``: that function called (class made) with the kwargs, giving the callable.
+    Either is imported only when ``trusted``.
+
+    Raises:
+        UntrustedCodeError: without the opt-in. DatasetConfigError: another kind of value, or the
+            mapping's call fails or gives no callable.
+    """
+    if isinstance(value, str):
+        return load_function(value, meta, file, what, trusted, files)
+    if not (isinstance(value, dict) and ("__function__" in value or "__class__" in value)):
+        raise DatasetConfigError(
+            f"{file}: {what} must be 'file.py:function' or a mapping of __module__ and __function__ (or __class__) "
+            f"with its arguments, got {type(value).__name__} {value!r}"
+        )
+    kwargs = dict(value)
+    module, name = kwargs.pop("__module__", None), kwargs.pop("__function__", None) or kwargs.pop("__class__", None)
+    _check_names(file, what, module, name)
+    if not trusted:
+        raise untrusted(f"{what} {module}.{name} would import module {module!r}", file)
+    try:
+        made = getattr(importlib.import_module(module), name)(**kwargs)
+    except (ImportError, AttributeError) as exc:
+        raise DatasetConfigError(f"{file}: cannot import {what} {module}.{name}: {exc}") from None
+    except Exception as exc:
+        raise DatasetConfigError(f"{file}: {what} {module}.{name}(**{kwargs!r}) failed: {type(exc).__name__}: {exc}") from None
+    if not callable(made):
+        raise DatasetConfigError(f"{file}: {what} {module}.{name}(**{kwargs!r}) gave {made!r}, which is not callable")
+    return made
 
 
 def named_sample_type(data: Dict[str, Any], fname: str, trusted: bool) -> type:

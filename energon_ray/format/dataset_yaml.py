@@ -17,7 +17,7 @@ import yaml
 
 from energon_ray.errors import DatasetConfigError, parse_problem
 from energon_ray.format import energon_yaml
-from energon_ray.format.dataset_code import RemoteFiles, load_function, named_sample_type
+from energon_ray.format.dataset_code import RemoteFiles, load_callable, named_sample_type
 from energon_ray.format.field_access import parse_field_access
 from energon_ray.format.info import check_write_target, meta_dir, write_file
 from energon_ray.storage import RemotePath, as_path, is_remote
@@ -212,8 +212,8 @@ def _set_parts(spec: DatasetSpec, meta: Any, field_map: Any, loader_ref: Any, pa
     if spec.sample_type is CrudeSample:
         if isinstance(part_filter_ref, list):
             spec.parts = frozenset(part_filter_ref)
-        elif isinstance(part_filter_ref, str):
-            spec.part_filter = load_function(part_filter_ref, meta, fname, "part_filter", trusted, files)
+        elif part_filter_ref is not None:
+            spec.part_filter = load_callable(part_filter_ref, meta, fname, "part_filter", trusted, files)
         return
     if (field_map is None) == (loader_ref is None):
         raise DatasetConfigError(f"{fname}: give exactly one of 'field_map' or 'sample_loader'")
@@ -225,11 +225,11 @@ def _set_parts(spec: DatasetSpec, meta: Any, field_map: Any, loader_ref: Any, pa
         return
     if part_filter_ref is None:
         raise DatasetConfigError(f"{fname}: 'sample_loader' needs a 'part_filter'")
-    spec.sample_loader = load_function(str(loader_ref), meta, fname, "sample_loader", trusted, files)
+    spec.sample_loader = load_callable(loader_ref, meta, fname, "sample_loader", trusted, files)
     if isinstance(part_filter_ref, list):
         spec.parts = frozenset(part_filter_ref)
     else:
-        spec.part_filter = load_function(str(part_filter_ref), meta, fname, "part_filter", trusted, files)
+        spec.part_filter = load_callable(part_filter_ref, meta, fname, "part_filter", trusted, files)
 
 
 def write_dataset_yaml(

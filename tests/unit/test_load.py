@@ -569,6 +569,44 @@ def test_untrusted_crude_part_filter_module_is_refused(tmp_path):
     assert read_dataset_spec(tmp_path).wants_part("txt")
 
 
+def make_part_filter(wanted):
+    """A part_filter factory, as a dataset.yaml names one with {__module__, __function__, wanted}."""
+    return lambda part: part in wanted
+
+
+def text_of(raw):
+    return {"text": raw["txt"]}
+
+
+def make_text_loader():
+    return text_of
+
+
+def test_a_sample_loader_or_part_filter_mapping_is_called_as_energon_and_needs_trust(tmp_path):
+    """{__module__, __function__, **kwargs} (Energon calls the function with the kwargs) was read as a
+    file name ('would execute .nv-meta/{'__module__'') and, in a crude dataset, ignored (every part read)."""
+    here = "tests.unit.test_load"
+    crude = {"__module__": "megatron.energon", "__class__": "CrudeWebdataset",
+             "part_filter": {"__module__": here, "__function__": "make_part_filter", "wanted": ["txt"]}}
+    _write_raw_yaml(tmp_path, crude)
+    with pytest.raises(UntrustedCodeError, match=rf"\(part_filter {here}.make_part_filter would import module '{here}'\)"):
+        read_dataset_spec(tmp_path)
+    spec = read_dataset_spec(tmp_path, trusted=True)
+    assert (spec.wants_part("txt"), spec.wants_part("jpg")) == (True, False)
+    typed = {"sample_type": "TextSample", "sample_loader": {"__module__": here, "__function__": "make_text_loader"}, "part_filter": ["txt"]}
+    _write_raw_yaml(tmp_path, typed)
+    with pytest.raises(UntrustedCodeError, match=rf"\(sample_loader {here}.make_text_loader would import module '{here}'\)"):
+        read_dataset_spec(tmp_path)
+    assert read_dataset_spec(tmp_path, trusted=True).sample_loader is text_of
+    _write_raw_yaml(tmp_path, {**crude, "part_filter": 5})
+    with pytest.raises(DatasetConfigError) as info:
+        read_dataset_spec(tmp_path, trusted=True)
+    assert str(info.value) == (
+        f"{tmp_path / '.nv-meta' / 'dataset.yaml'}: part_filter must be 'file.py:function' or a mapping of __module__ "
+        "and __function__ (or __class__) with its arguments, got int 5"
+    )
+
+
 def test_untrusted_sample_type_may_only_name_our_classes(tmp_path):
     """sample_type from another module is not imported without the opt-in; megatron.energon and
     energon_ray names resolve to our classes either way."""
