@@ -36,6 +36,8 @@ PICKLE_EXTENSIONS = ("pyd", "pickle", "pkl")
 CODE_EXTENSIONS = PICKLE_EXTENSIONS + ("pth",)
 
 _UNTRUSTED_WHERE = "SampleDecoder(trust_dataset_code=False)"
+#: Pillow formats whose decoding runs the file as a program (EPS/PS: Pillow draws it with Ghostscript).
+CODE_IMAGE_FORMATS = frozenset({"EPS"})
 
 
 class _CodePartHandler:
@@ -97,7 +99,9 @@ _ARROW_CHANNELS = {"L": 1, "RGB": 3, "RGBA": 4}
 class _ImageHandler:
     """Images by webdataset's spec (``torchrgb``, ``rgb8``, ``pil``, …), refused first if too large.
 
-    The header's size is checked against ``max_pixels`` before any pixel is decoded
+    PostScript (``eps``/``ps`` parts, or any image part whose bytes are EPS) is refused unless
+    ``trusted``: Pillow would run it in Ghostscript. The header's size is checked against
+    ``max_pixels`` before any pixel is decoded
     (``max_pixels=None`` follows ``PIL.Image.MAX_IMAGE_PIXELS`` at decode time; ``None`` there: no
     limit). Torch specs are converted here, equal bit for bit to webdataset's ``ImageHandler`` (test:
     ``test_image_decode_matches_webdataset``), so that one ``PIL.Image.open`` serves the size check and
@@ -105,9 +109,10 @@ class _ImageHandler:
     Numpy and PIL specs are webdataset's own.
     """
 
-    def __init__(self, spec: str, max_pixels: Optional[int]):
+    def __init__(self, spec: str, max_pixels: Optional[int], trusted: bool = False):
         self.handler = wds_decode.imagehandler(spec)
         self.max_pixels = max_pixels
+        self.trusted = trusted
         atype, etype, mode = wds_decode.imagespecs[spec]
         self.torch_spec = (etype, mode.upper()) if atype == "torch" else None
 
@@ -150,6 +155,12 @@ class _ImageHandler:
                 f"{part}: image refused before decoding, PIL says: {exc} (PIL refuses twice its "
                 f"MAX_IMAGE_PIXELS; the decoder's limit is {limit:,} pixels from {source}); {how}"
             ) from exc
+        if image.format in CODE_IMAGE_FORMATS and not self.trusted:
+            image.close()
+            raise untrusted(
+                f"part {part!r}, an image in PostScript ({image.format}): a program, which Pillow would run in "
+                "Ghostscript to draw it", _UNTRUSTED_WHERE
+            )
         width, height = image.size
         if limit is not None and width * height > limit:
             raise MediaTooLargeError(
@@ -182,7 +193,8 @@ class SampleDecoder:
     handlers. Unknown extensions stay ``bytes``, and so do the basic ones in another case (``TXT``,
     ``PKL``: webdataset matches them case-sensitively); image and AV extensions match in any case.
 
-    Safe by default: pickled parts (``pyd``, ``pickle``, ``pkl``, also inside ``.gz``)
+    Safe by default: pickled parts (``pyd``, ``pickle``, ``pkl``, also inside ``.gz``) and PostScript
+    images (EPS, which Pillow runs in Ghostscript to draw; whatever the part's extension)
     raise :class:`UntrustedCodeError` unless ``trust_dataset_code`` (with ``guess_content``, one
     whose bytes are an image, audio or video is decoded as that, as Energon's, nothing unpickled);
     untrusted ``pth`` parts load with ``torch.load(weights_only=True)``. Images, videos and audio
@@ -195,7 +207,8 @@ class SampleDecoder:
         video_decode_audio: with ``av_decode="torch"``, also decode a video's audio track (a video
             without one raises :class:`SampleException`, as Energon's asserts).
         guess_content: sniff the content type with ``filetype`` instead of trusting the extension.
-        trust_dataset_code: unpickle ``pyd``/``pickle``/``pkl`` parts and fully ``torch.load`` ``pth``.
+        trust_dataset_code: unpickle ``pyd``/``pickle``/``pkl`` parts, fully ``torch.load`` ``pth`` and
+            draw PostScript (EPS) images with Ghostscript.
         max_image_pixels: most pixels (width × height) an image may have; ``None`` follows
             ``PIL.Image.MAX_IMAGE_PIXELS`` when decoding (no limit if that is ``None``). PIL itself
             refuses images over twice its own value, whatever this limit.
@@ -260,7 +273,7 @@ class SampleDecoder:
 
     def _build(self) -> wds_decode.Decoder:
         media: list = [
-            _ImageHandler(self.image_decode, self.max_image_pixels),
+            _ImageHandler(self.image_decode, self.max_image_pixels, self.trust_dataset_code),
             AVWebdatasetDecoder(
                 av_decode=self.av_decode,
                 video_decode_audio=self.video_decode_audio,

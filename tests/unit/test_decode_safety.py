@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
+import shutil
 from typing import List
 
 import av
@@ -144,6 +145,34 @@ def test_pth_with_a_custom_object_is_refused_untrusted_and_loads_trusted():
     assert TRIPPED == []
     out = SampleDecoder().with_trust(True).decode_part("ckpt.pth", data)
     assert torch.equal(out["w"], torch.ones(2)) and out["obj"] == "ran" and TRIPPED == ["ran"]
+
+
+#: An EPS image: a PostScript program, which Pillow draws by running it in Ghostscript.
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nnewpath 0 0 moveto 8 8 lineto stroke\nshowpage\n"
+
+
+@pytest.mark.parametrize("image_decode", ["torchrgb", "pil"])
+@pytest.mark.parametrize("part", ["eps", "ps", "jpg", "photo.png"])
+def test_postscript_images_are_refused_untrusted_whatever_their_extension(part, image_decode):
+    """webdataset's image handler takes eps/ps parts and Pillow opens EPS bytes under any image name,
+    then runs them in Ghostscript to draw them: untrusted, that is refused before any pixel is drawn."""
+    with pytest.raises(UntrustedCodeError) as info:
+        SampleDecoder(image_decode=image_decode).decode_part(part, EPS)
+    assert str(info.value).startswith(
+        f"SampleDecoder(trust_dataset_code=False): refusing to run code the dataset brings (part '{part}', an image "
+        "in PostScript (EPS): a program, which Pillow would run in Ghostscript to draw it); "
+    )
+
+
+def test_postscript_images_go_to_pillow_when_trusted():
+    """Trusted, an EPS part is drawn as Energon draws it (Pillow and Ghostscript; where Ghostscript is
+    not installed, Pillow's own error says so)."""
+    decoder = SampleDecoder(trust_dataset_code=True)
+    if shutil.which("gs") is None:
+        with pytest.raises(OSError, match="^Unable to locate Ghostscript on paths$"):
+            decoder.decode_part("eps", EPS)
+    else:
+        assert decoder.decode_part("eps", EPS).shape == (3, 8, 8)
 
 
 def test_with_trust_returns_a_copy():
