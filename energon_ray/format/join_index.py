@@ -50,11 +50,24 @@ def _sample_rows(dataset: PreparedDataset) -> List[Tuple[int, str]]:
         shard = shard_of_id.get(int(tar_id))
         if shard is None:
             continue
+        _check_index(file, dataset, shard, int(index), str(key))
         gindex = int(starts[shard]) + int(index)
         if gindex not in excluded:
             out.append((gindex, str(key)))
     out.sort()
     return out
+
+
+def _check_index(file, dataset: PreparedDataset, shard: int, index: int, key: str) -> None:
+    """A sample's index in its shard, as ``index.sqlite`` gives it, must be one of the shard's samples:
+    past its end it would name a sample of the next shard, or none at all (a failure deep in a Ray task)."""
+    info = dataset.shards[shard]
+    if not 0 <= index < info.count:
+        raise DatasetConfigError(
+            f"{file}: sample key {key!r} is at index {index} of {info.name}, which holds {info.count} samples "
+            f"(.nv-meta/.info.json): the index is stale or corrupt; run `energon-ray prepare --tar-index-only "
+            f"{dataset.root}` to rebuild it"
+        )
 
 
 def build_join_table(datasets: Sequence[PreparedDataset], nonmatch: Sequence[str], where: str) -> np.ndarray:

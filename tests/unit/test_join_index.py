@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
+
 import numpy as np
 import pytest
 
@@ -82,3 +85,22 @@ def test_a_bad_join_index_is_refused(pair, tmp_path):
         read_join_index(bad, _open(paths))
     with pytest.raises(DatasetConfigError, match="does not exist"):
         read_join_index(tmp_path / "missing.bin", _open(paths))
+
+
+def test_an_index_sqlite_naming_a_sample_past_its_shards_end_is_refused_naming_key_shard_and_counts(pair, tmp_path):
+    """A stale index.sqlite put secondary key s_000 at index 5 of a 3-sample shard: the table named
+    sample 8 of 7 (an IndexError deep in the Ray task that read it); the index is now refused."""
+    _, paths = pair
+    secondary = tmp_path / "secondary"
+    shutil.copytree(paths[1], secondary)
+    db = sqlite3.connect(secondary / ".nv-meta" / "index.sqlite")
+    db.execute("UPDATE samples SET sample_index = 5 WHERE sample_key = 's_000'")
+    db.commit()
+    db.close()
+    with pytest.raises(DatasetConfigError) as info:
+        build_join_table(_open([paths[0], secondary]), ["error", "none"], "here")
+    assert str(info.value) == (
+        f"{secondary / '.nv-meta' / 'index.sqlite'}: sample key 's_000' is at index 5 of shards/shard_0001.tar, which "
+        f"holds 3 samples (.nv-meta/.info.json): the index is stale or corrupt; run `energon-ray prepare --tar-index-only "
+        f"{secondary}` to rebuild it"
+    )
