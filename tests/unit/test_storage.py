@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 import numpy as np
 import pytest
 
-from energon_ray.errors import ShardReadError, UntrustedCodeError
+from energon_ray.errors import DatasetConfigError, ShardReadError, UntrustedCodeError
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_yaml import read_dataset_spec
 from energon_ray.format.indexer import index_shard
@@ -189,6 +189,36 @@ def test_remote_spec_with_dataset_code_ships_its_files(server, tmp_path):
     assert again.sample_loader({"txt": "cd"}) == {"text": "CD"} and server.app.requests == []
     with pytest.raises(UntrustedCodeError):
         read_dataset_spec(url)
+
+
+def test_a_remote_sample_loader_runs_from_a_private_copy_holding_the_datasets_bytes(server, tmp_path, monkeypatch):
+    """The local copy of a remote sample_loader.py went to a shared temp folder and was imported if a
+    file already sat at its (predictable) name: another user of the node could put code there. It now
+    lives in a folder of this user's own (0700), and a file there holding other bytes is replaced."""
+    import stat
+    import sys
+    import tempfile
+
+    local = text_dataset(tmp_path / "ds", [4])
+    meta = local / ".nv-meta"
+    (meta / "dataset.yaml").write_text(
+        "sample_type: {__module__: megatron.energon, __class__: TextSample}\n"
+        "sample_loader: sample_loader.py:load\npart_filter: [txt]\n"
+    )
+    (meta / "sample_loader.py").write_text("def load(raw):\n    return dict(text=raw['txt'].upper())\n")
+    url = server.upload(local, "unit", "planted")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    assert read_dataset_spec(url, trusted=True).sample_loader({"txt": "ab"}) == {"text": "AB"}
+    (copy,) = (tmp_path / "tmp").rglob("sample_loader.py")
+    assert stat.S_IMODE(copy.parent.parent.stat().st_mode) == 0o700 and copy.parent.parent.parent == tmp_path / "tmp"
+    copy.write_text("def load(raw):\n    return dict(text='PLANTED')\n")
+    for name in [m for m in sys.modules if m.startswith("_energon_ray_dsmod_")]:
+        del sys.modules[name]  # as in a fresh worker process
+    assert read_dataset_spec(url, trusted=True).sample_loader({"txt": "ab"}) == {"text": "AB"}
+    copy.parent.parent.chmod(0o777)
+    with pytest.raises(DatasetConfigError, match=rf"^{copy.parent.parent}: the folder for local copies of dataset code is not a private"):
+        read_dataset_spec(url, trusted=True)
 
 
 def test_a_refused_connection_is_retried_then_names_the_url(server, shard, caplog):
