@@ -10,14 +10,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 from energon_ray.errors import DatasetConfigError, untrusted
 from energon_ray.samples import SAMPLE_TYPES, CrudeSample
-from energon_ray.storage import RemotePath, read_optional
+from energon_ray.storage import RemotePath, StorageError, read_optional
+from energon_ray.storage.cache import private_folder, user_temp_folder
 
 #: Modules whose sample classes we provide under the same names.
 _COMPATIBLE_MODULES = ("megatron.energon", "energon_ray")
@@ -92,28 +92,16 @@ class RemoteFiles:
         return self.files[str(path)]
 
 
-def _private_folder(path: Path) -> Path:
-    """``path`` created (mode 0700), or checked to be ours and closed to others: code imported from it
-    must be the copy we wrote, not a file another user of the node put there."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
-        raise DatasetConfigError(
-            f"{path}: the folder for local copies of dataset code is not a private folder of this user (a link, "
-            "another owner, or writable by others); remove it"
-        )
-    return path
-
-
 def _local_code_copy(source: RemotePath, data: bytes) -> Path:
     """A local copy of a remote dataset module (Python imports files), named by its URL and content, in
     a folder of this user's own; a file there that holds other bytes is replaced before it is imported."""
     import hashlib
-    import tempfile
 
     digest = hashlib.sha256(str(source).encode() + b"\0" + data).hexdigest()[:24]
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    folder = _private_folder(Path(tempfile.gettempdir()) / f"energon_ray_dataset_code-{uid}") / digest
+    try:
+        folder = Path(private_folder(user_temp_folder("energon_ray_dataset_code"))) / digest
+    except StorageError as exc:
+        raise DatasetConfigError(f"{source}: cannot keep a local copy to import: {exc}") from None
     folder.mkdir(mode=0o700, exist_ok=True)
     local = folder / source.name
     if not (local.is_file() and not local.is_symlink() and local.read_bytes() == data):

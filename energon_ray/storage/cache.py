@@ -13,9 +13,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import stat
 import tempfile
 import uuid
 from typing import Callable, Optional
+
+from energon_ray.storage.errors import StorageError
 
 BYTES_ENV = "ENERGON_RAY_SHARD_CACHE_BYTES"
 DIR_ENV = "ENERGON_RAY_SHARD_CACHE_DIR"
@@ -31,7 +34,8 @@ class CacheConfig:
     @classmethod
     def from_environment(cls) -> Optional["CacheConfig"]:
         """``ENERGON_RAY_SHARD_CACHE_BYTES`` (e.g. ``50e9``; unset or 0: no cache) and
-        ``ENERGON_RAY_SHARD_CACHE_DIR`` (default: ``<tmp>/energon_ray_shard_cache``).
+        ``ENERGON_RAY_SHARD_CACHE_DIR`` (default: ``<tmp>/energon_ray_shard_cache-<uid>``; a private
+        folder of this user's: see :func:`private_folder`).
 
         Raises:
             ValueError: a budget that is not a number >= 0, naming the variable.
@@ -47,8 +51,31 @@ class CacheConfig:
             raise ValueError(f"{BYTES_ENV}={raw!r} must be >= 0")
         if budget == 0:
             return None
-        folder = os.environ.get(DIR_ENV) or os.path.join(tempfile.gettempdir(), "energon_ray_shard_cache")
+        folder = os.environ.get(DIR_ENV) or user_temp_folder("energon_ray_shard_cache")
         return cls(directory=folder, max_bytes=budget)
+
+
+def user_temp_folder(name: str) -> str:
+    """``<tmp>/<name>-<uid>``: a default cache folder of this user's own (a shared name in the temp folder
+    could be made first, or filled, by another user of the node)."""
+    return os.path.join(tempfile.gettempdir(), f"{name}-{os.getuid() if hasattr(os, 'getuid') else 'user'}")
+
+
+def private_folder(path: str) -> str:
+    """``path``, created with mode 0700 or checked to be a folder of this user that others cannot write:
+    files read back from it (shards, index.sqlite copies, dataset code) must be the ones we wrote.
+
+    Raises:
+        StorageError: naming the folder, when it is a link, another user's, or writable by others.
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
+        raise StorageError(
+            path, "cache folder is not a private folder of this user (a link, another owner, or writable by others), "
+            "so another user could put files there; remove it, chmod 700 it, or choose another folder"
+        )
+    return path
 
 
 class ShardCache:
@@ -78,6 +105,7 @@ class ShardCache:
         """
         if size > self.config.max_bytes:
             return None
+        private_folder(self.config.directory)
         path = self._name(url, size, etag)
         if os.path.exists(path):
             try:
@@ -85,7 +113,6 @@ class ShardCache:
                 return path
             except FileNotFoundError:  # evicted by another process just now
                 pass
-        os.makedirs(self.config.directory, exist_ok=True)
         self._make_room(size)
         tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
         try:
@@ -119,7 +146,7 @@ class ShardCache:
             total -= nbytes
 
 
-#: where ``local_file_copy`` keeps its copies (default ``<tmp>/energon_ray_file_cache``)
+#: where ``local_file_copy`` keeps its copies (default ``<tmp>/energon_ray_file_cache-<uid>``)
 FILE_DIR_ENV = "ENERGON_RAY_FILE_CACHE_DIR"
 #: the byte budget of those copies (least recently used evicted first)
 FILE_CACHE_BYTES = 16 << 30
@@ -142,7 +169,7 @@ def local_file_copy(path) -> str:
     def download(file) -> None:
         file.write(path.read_bytes())
 
-    folder = os.environ.get(FILE_DIR_ENV) or os.path.join(tempfile.gettempdir(), "energon_ray_file_cache")
+    folder = os.environ.get(FILE_DIR_ENV) or user_temp_folder("energon_ray_file_cache")
     local = ShardCache(CacheConfig(directory=folder, max_bytes=FILE_CACHE_BYTES)).local_copy(str(path), size, etag, download)
     if local is None:
         handle, local = tempfile.mkstemp(suffix=f".{path.name}")

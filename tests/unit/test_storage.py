@@ -151,6 +151,32 @@ def test_shard_cache_downloads_once_and_evicts_least_recently_used(server, shard
     assert sorted(p.suffix for p in (tmp_path / "cache").iterdir()) == [".shard"]  # the older shard was evicted
 
 
+def test_node_caches_live_in_private_folders_of_this_user(tmp_path, monkeypatch):
+    """Shard and index.sqlite copies are read back by name: a shared /tmp folder (the default was
+    <tmp>/energon_ray_shard_cache for every user) let another user put a file there that we then read.
+    The defaults are per user now, and a folder others can write (or a link) is refused by name."""
+    import stat
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("ENERGON_RAY_SHARD_CACHE_BYTES", "1000")
+    monkeypatch.delenv("ENERGON_RAY_SHARD_CACHE_DIR", raising=False)
+    folder = tmp_path / f"energon_ray_shard_cache-{os.getuid()}"
+    assert CacheConfig.from_environment().directory == str(folder)
+    cache = ShardCache(CacheConfig.from_environment())
+    assert open(cache.local_copy("s3://unit/a.tar", 4, "e", lambda f: f.write(b"abcd")), "rb").read() == b"abcd"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for shared in (tmp_path / "shared", tmp_path / "link"):
+        if shared.name == "link":
+            shared.symlink_to(folder)
+        else:
+            shared.mkdir(mode=0o777)
+            shared.chmod(0o777)
+        with pytest.raises(StorageError) as info:
+            ShardCache(CacheConfig(str(shared), 1000)).local_copy("s3://unit/a.tar", 4, "e", lambda f: f.write(b"abcd"))
+        assert str(info.value).startswith(f"{shared}: cache folder is not a private folder of this user")
+
+
 def test_segment_reads_coalesce_sorted_runs_and_close_gaps(server, tmp_path):
     """A shuffled segment read from the bucket gives the local samples in plan order with one ranged GET per
     sorted run; with ENERGON_RAY_STORAGE_MAX_GAP_BYTES runs that close share one GET."""
@@ -217,7 +243,7 @@ def test_a_remote_sample_loader_runs_from_a_private_copy_holding_the_datasets_by
         del sys.modules[name]  # as in a fresh worker process
     assert read_dataset_spec(url, trusted=True).sample_loader({"txt": "ab"}) == {"text": "AB"}
     copy.parent.parent.chmod(0o777)
-    with pytest.raises(DatasetConfigError, match=rf"^{copy.parent.parent}: the folder for local copies of dataset code is not a private"):
+    with pytest.raises(DatasetConfigError, match=rf"cannot keep a local copy to import: {copy.parent.parent}: cache folder is not a private"):
         read_dataset_spec(url, trusted=True)
 
 
