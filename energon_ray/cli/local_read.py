@@ -183,6 +183,20 @@ class ShardSamples:
         self.reader.close()
 
 
+def printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\x1b``, ``\\n``): a sample key or shard name is the
+    dataset's text, and printed as it is, it could move the cursor, clear the screen or start a line of
+    its own in a terminal or a report.
+
+    Example:
+        >>> printable("k1\\x1b[2J\\nok")
+        'k1\\\\x1b[2J\\\\nok'
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """Why a sample (or a shard's index, ``key == "-"``) is bad."""
@@ -193,8 +207,8 @@ class Problem:
     reason: str
 
     def line(self) -> str:
-        """``shard  key  field  reason`` on one line."""
-        return "  ".join((self.shard, self.key, self.field, " ".join(self.reason.split())))
+        """``shard  key  field  reason`` on one line, control characters of the dataset's names escaped."""
+        return printable("  ".join((self.shard, self.key, self.field, " ".join(self.reason.split()))))
 
 
 class SampleChecker:

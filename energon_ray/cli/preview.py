@@ -12,7 +12,7 @@ import PIL.Image
 import torch
 
 from energon_ray.cli.gallery import PreviewItem, find_images, write_output
-from energon_ray.cli.local_read import LocalDataset, Problem, SampleChecker, ShardSamples, open_local
+from energon_ray.cli.local_read import printable, LocalDataset, Problem, SampleChecker, ShardSamples, open_local
 from energon_ray.cli.prepare import LocalDatasetPath, user_errors
 from energon_ray.decode.sample_decoder import IMAGE_MODES, SampleDecoder
 from energon_ray.errors import ShardReadError, resolve_trust
@@ -156,9 +156,9 @@ def preview_command(
         for n, (shard, key, sample, problems) in enumerate(iter_first(dataset, count, checker)):
             bad += sample is None
             shown += 1
-            click.echo(f"[{n}] {key}  ({shard})")
+            click.echo(printable(f"[{n}] {key}  ({shard})"))
             for field, text in _lines(sample, problems, WIDTH):
-                click.echo(f"  {field}: {text}")
+                click.echo(printable(f"  {field}: {text}"))
             if out is not None:
                 items.append(_item(shard, key, sample, problems, width))
     if bad:

@@ -275,3 +275,22 @@ def test_preview_and_lint_read_a_jsonl_file(tmp_path):
     assert res.exit_code == 1, res.output
     assert [columns(line)[:3] for line in res.stdout.splitlines()[:-1]] == [["corpus.jsonl", "1", "json"]]
     assert res.stdout.splitlines()[-1] == "3 samples checked, 1 bad"
+
+
+def test_control_characters_of_a_sample_key_are_printed_escaped(tmp_path):
+    """A key is the dataset's text: 'k\\x1b[2J\\rfake' printed as it was cleared the terminal and started
+    a line of its own; preview and lint now print its control characters escaped."""
+    samples = captioning_samples(3)
+    samples[1] = ("k\x1b[2J\rfake", samples[1][1])
+    del samples[1][1]["txt"]
+    write_shards(tmp_path / "ds" / "shards", samples, 4)
+    prepare_dataset(tmp_path / "ds", split_ratio=(1, 0, 0), sample_type="CaptioningSample",
+                    field_map={"image": "jpg", "caption": "txt"}, progress=False)  # fmt: skip
+    shown = "k\\x1b[2J\\rfake"
+    preview = run_cli("preview", tmp_path / "ds", "-n", 3)
+    assert "\x1b" not in preview.output and "\r" not in preview.output
+    assert f"[1] {shown}  (shards/shard_0000.tar)" in preview.output.splitlines()
+    lint = run_cli("lint", tmp_path / "ds")
+    assert "\x1b" not in lint.output and "\r" not in lint.output and lint.exit_code == 1
+    (bad,) = [columns(line) for line in lint.output.splitlines() if line.startswith("shards/")]
+    assert bad[:3] == ["shards/shard_0000.tar", shown, "caption"]
