@@ -92,7 +92,7 @@ class SampleLoader:
             return out
         try:
             out["json"] = json.loads(raw["json"])
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # (too deeply nested: RecursionError, a skip as a tar's .json part)
             raise SampleException(
                 f"{self._where(raw)}: cannot decode part 'json' ({len(raw['json'])} bytes): {type(exc).__name__}: {exc}"
             ) from exc

@@ -684,6 +684,18 @@ def test_a_bad_jsonl_line_names_file_key_and_part():
     assert str(info.value).startswith("corpus.jsonl: sample '5': cannot decode part 'json' (13 bytes): JSONDecodeError: ")
 
 
+def test_a_too_deeply_nested_jsonl_line_is_a_sample_error_not_a_fatal_one():
+    """A line nested deeper than Python's recursion limit (json raises RecursionError, which the
+    error policy would treat as fatal and stop the loader) is a SampleException naming file, key
+    and part, as a tar's .json part is: a counted skip under the skip policy."""
+    from energon_ray.format.jsonl import jsonl_spec
+
+    line = b"[" * 100000 + b"]" * 100000
+    with pytest.raises(SampleException) as info:
+        SampleLoader(jsonl_spec("/d/corpus.jsonl"), None, None)(_jsonl_raw(line, index=3))
+    assert str(info.value).startswith("corpus.jsonl: sample '3': cannot decode part 'json' (200000 bytes): RecursionError: ")
+
+
 def test_deprecation_advice_is_shown_to_code_in_a_users_module(tmp_path):
     """A deprecated typed factory or decoder argument used from a user's module (not ``__main__``) warns
     on stderr under Python's default filters: a FutureWarning, Energon's category (a DeprecationWarning
