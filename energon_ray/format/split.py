@@ -9,7 +9,7 @@ import math
 import random
 import re
 from pathlib import Path
-from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import braceexpand
 import yaml
@@ -30,8 +30,61 @@ class SplitPart:
     sample_excludes: FrozenSet[str]
 
 
-def _expand(patterns: List[str]) -> List[str]:
-    return [name for pattern in patterns for name in braceexpand.braceexpand(str(pattern))]
+#: the most names one list of a split file's patterns (a part's shards, the excludes) may expand to;
+#: ``braceexpand`` builds every range it parses, so ``{0..999999999}`` would take minutes and gigabytes
+MAX_EXPANDED_NAMES = 1_000_000
+_INT_RANGE_RE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?$")
+_CHAR_RANGE_RE = re.compile(r"^[A-Za-z]\.\.[A-Za-z](?:\.\.-?\d+)?$")
+
+
+def expansion_bound(pattern: str) -> int:
+    """At least as many names as ``braceexpand`` makes of ``pattern``, counted without making them:
+    the product over its brace groups of each one's size (an integer range's length, 52 for a letter
+    range, a list's entries)."""
+    bound, starts, pos = 1, [], 0
+    while pos < len(pattern):
+        char = pattern[pos]
+        if char == "\\":
+            pos += 2
+            continue
+        if char == "{":
+            starts.append(pos)
+        elif char == "}" and starts:
+            bound *= _group_size(pattern[starts.pop() + 1 : pos])
+        pos += 1
+    return bound
+
+
+def _group_size(expr: str) -> int:
+    """How many alternatives one brace group ``{expr}`` has at most."""
+    found = _INT_RANGE_RE.match(expr)
+    if found:
+        first, last, step = (int(v) if v else 1 for v in found.groups())
+        return abs(last - first) // max(abs(step), 1) + 1
+    if _CHAR_RANGE_RE.match(expr):
+        return 52
+    depth, commas, pos = 0, 0, 0
+    while pos < len(expr):
+        char = expr[pos]
+        pos += 2 if char == "\\" else 1
+        depth += (char == "{") - (char == "}")
+        commas += char == "," and depth == 0
+    return commas + 1
+
+
+def _expand(file: str, what: str, patterns: List[str], known: Optional[Mapping[str, int]] = None) -> Iterator[str]:
+    """The brace-expanded names of ``patterns`` (checked by ``read_split_file``; ``what``: where in
+    ``file``, for errors; ``known``: the shards ``.nv-meta/.info.json`` lists, each name checked as
+    it comes).
+
+    Raises:
+        DatasetConfigError: a name ``known`` lacks (at the first one).
+    """
+    for pattern in patterns:
+        for name in braceexpand.braceexpand(str(pattern)):
+            if known is not None and name not in known:
+                raise DatasetConfigError(f"{file}: {what} names shard {name!r}, which .nv-meta/.info.json does not list")
+            yield name
 
 
 def read_split_file(path: Path | str, split_config: str = "split.yaml") -> Dict:
@@ -69,11 +122,18 @@ def _check_patterns(file: Path, where: str, patterns: object) -> None:
         raise DatasetConfigError(
             f"{file}: {where} must be a list of shard names or patterns, got {type(patterns).__name__} {patterns!r}{hint}"
         )
+    names = 0
     for pattern in patterns:
         if not isinstance(pattern, str):
             raise DatasetConfigError(f"{file}: {where} holds {pattern!r} ({type(pattern).__name__}); every entry must be a string")
+        names += expansion_bound(pattern)
+        if names > MAX_EXPANDED_NAMES:
+            raise DatasetConfigError(
+                f"{file}: {where} expands to more than {MAX_EXPANDED_NAMES:,} names (at {pattern!r}); list shards "
+                "in ranges of at most that many"
+            )
         try:
-            braceexpand.braceexpand(pattern)  # parses at once; names are only generated when iterated
+            braceexpand.braceexpand(pattern)  # parses: raises on braces that do not balance
         except braceexpand.UnbalancedBracesError:
             raise DatasetConfigError(
                 f"{file}: {where} holds {pattern!r}, whose braces do not balance; write a range as "
@@ -96,15 +156,11 @@ def resolve_split_part(
         raise DatasetConfigError(
             f"{file}: unknown split part {split_part!r}; the file defines {sorted(parts)}"
         )
-    excludes = set(_expand(data.get("exclude") or []))
-    shards = [name for name in _expand(parts[split_part] or []) if name not in excludes]
+    excludes = set(_expand(file, "exclude", data.get("exclude") or []))
+    part_names = _expand(file, f"split part {split_part!r}", parts[split_part] or [], known=shard_counts)
+    shards = [name for name in part_names if name not in excludes]
     if not shards:
         raise DatasetConfigError(f"{file}: split part {split_part!r} has no shards (after excludes)")
-    for name in shards:
-        if name not in shard_counts:
-            raise DatasetConfigError(
-                f"{file}: split part {split_part!r} names shard {name!r}, which .nv-meta/.info.json does not list"
-            )
     return SplitPart(
         name=split_part,
         shards=tuple(shards),

@@ -485,3 +485,43 @@ def test_split_part_names_are_read_as_energon_reads_them(tmp_path):
         ours = resolve_split_part(root, name, read_info(root)).shards
         theirs = WebdatasetMeta.from_config(EPath(root), split_part=name).split_part_files
         assert list(ours) == theirs == [f"shards/shard_000{i % 2}.tar"], name
+
+
+# --- split.yaml patterns that expand to huge lists ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "part, exclude, message",
+    [
+        (["shards/data-{0..999999999}.tar"], [], "split_parts['train'] expands to more than 1,000,000 names (at 'shards/data-{0..999999999}.tar')"),
+        (["shards/data-0.tar"], ["shards/data-0.tar/{0..9}{0..999}{00..99}{a,b}"], "exclude expands to more than 1,000,000 names"),
+        (["shards/data-{0..999999}.tar"], [], "split part 'train' names shard 'shards/data-0.tar', which .nv-meta/.info.json does not list"),
+    ],
+    ids=["part", "exclude", "unknown-shard"],
+)
+def test_a_brace_pattern_that_would_expand_without_end_fails_at_once(tmp_path, part, exclude, message):
+    """A split.yaml list whose patterns would make more than a million names (``{0..999999999}``:
+    braceexpand builds each range it parses, minutes and gigabytes) is a DatasetConfigError naming the
+    file before anything is expanded; a part's names are checked against .info.json as they come."""
+    import time
+
+    root = prepared_text(tmp_path / "ds")
+    (root / ".nv-meta" / "split.yaml").write_text(yaml.safe_dump({"split_parts": {"train": part}, "exclude": exclude}))
+    started = time.perf_counter()
+    with pytest.raises(DatasetConfigError) as info:
+        PreparedDataset.open(root, "train")
+    assert str(info.value).startswith(str(root / ".nv-meta" / "split.yaml") + ": ") and message in str(info.value)
+    assert time.perf_counter() - started < 30
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["a.tar", "s/{0..9}.tar", "s/{000..120..3}.tar", "s/{9..-3}", "{a..e}/{x,y{1..4},z}", r"s\{1..9\}/{1,2}", "{a..c..2}{A,{B,C}}", "{,x}{0..0}"],
+)
+def test_the_expansion_bound_is_never_below_what_braceexpand_makes(pattern):
+    """The count the million-name check uses is at least braceexpand's number of names."""
+    import braceexpand
+
+    from energon_ray.format.split import expansion_bound
+
+    assert expansion_bound(pattern) >= len(list(braceexpand.braceexpand(pattern))) >= 1
