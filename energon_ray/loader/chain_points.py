@@ -3,7 +3,8 @@
 A chained stream (``StageConfig.chained``) hands the batch, or packing buffer, still open at a
 segment's end to the next segment (``pipeline.chained.Carry``). A checkpoint records where a restore
 rebuilds that carry: ``(segment, outputs before it, first position of what is open there, or None
-when nothing is)``, from the segments' reports. With chained packs it reaches back to the segment
+when nothing is[, outputs of batch, batches given])``, from the segments' reports (the counts: where
+batches are chained, the stream's before the segment a restore resumes at, ``Carry.counts``). With chained packs it reaches back to the segment
 that made the oldest pack still in the pool, so a restore can make those packs again
 (``restore.ChainedRead``). No Ray imports.
 """
@@ -13,8 +14,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Deque, Dict, Iterable, List, Optional, Tuple
 
-#: a reported segment: ``(segment, outputs before it, its outputs, first position of the open tail)``
-Entry = Tuple[int, int, int, Optional[int]]
+#: a reported segment: ``(segment, outputs before it, its outputs, first position of the open tail,
+#: the stream's batch counts after it or None)`` (``Carry.counts``)
+Entry = Tuple[int, int, int, Optional[int], Optional[Tuple[int, int]]]
 #: a pooled pack's ``(position, sub)``
 PackKey = Tuple[int, int]
 
@@ -75,17 +77,21 @@ class ChainPoints:
         log = [entry for entry in self.log[worker] if entry[0] < into]
         if not log:
             return self._base(worker)
-        last, before, outputs, tail_from = log[-1]
+        last, before, outputs, tail_from, counts = log[-1]
+        # the batches counted up to ``into`` (only where nothing but batches is chained: ``into`` is
+        # then the segment after the last one reported)
+        more = () if counts is None or self.packs else tuple(int(c) for c in counts)
         total = before + outputs
         need = total % self.unit
         if need == 0:
-            return (last + 1, total, None)
+            return (last + 1, total, None, *more)
         covered = 0
-        for segment, before, outputs, _ in reversed(log):
+        for segment, before, outputs, *_ in reversed(log):
             covered += outputs
             if covered >= need:
-                return (segment, before, tail_from)
-        return self._base(worker)  # the open batch reaches back before the restore it started from
+                return (segment, before, tail_from, *more)
+        base = self._base(worker)  # the open batch reaches back before the restore it started from
+        return (*base[:3], *more)
 
     def _base(self, worker: int) -> Tuple[int, ...]:
         """Where the restore the stream started from began, or ``(0, 0, None)``: the stream's start

@@ -150,7 +150,7 @@ class MultiFeed:
         self._windows = iter(windows(self.schedules, MAX_WINDOW_SEGMENTS, first=FIRST_WINDOW_SEGMENTS))
         self._recoveries = 0
         #: chained leaves: where each restored worker stream rebuilds its carry (``QueueCheckpoint.chain``)
-        self._chain_starts: Dict[Tuple[int, int], Tuple[int, int]] = {}
+        self._chain_starts: Dict[Tuple[int, int], Tuple[int, ...]] = {}
         if restored is not None:  # (from another world size: the new streams' states, chains afresh)
             self._set_chain_starts(restored.streams)
 
@@ -283,7 +283,7 @@ class MultiFeed:
 
     def _set_chain_starts(self, streams: Sequence[Sequence[StreamState]]) -> None:
         self._chain_starts = {
-            (source, worker): (int(s.checkpoint.chain[0]), int(s.checkpoint.chain[1]))
+            (source, worker): (int(s.checkpoint.chain[0]), int(s.checkpoint.chain[1]), *(int(c) for c in s.checkpoint.chain[3:5]))
             for source, per_worker in enumerate(streams) for worker, s in enumerate(per_worker)
             if s.checkpoint.chain is not None
         }  # fmt: skip

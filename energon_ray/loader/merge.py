@@ -220,7 +220,7 @@ class WorkerQueues:
                     raise
                 self._put(worker, [Failed(exc)])
             if self.chains is not None and payload.outputs_before is not None:
-                entry = (segment, payload.outputs_before, payload.samples_encoded, payload.tail_from)
+                entry = (segment, payload.outputs_before, payload.samples_encoded, payload.tail_from, getattr(payload, "counts", None))
                 self.chains.reported(worker, entry, self._pooled(worker))
             if self.hand_out:
                 staged, self.staged[worker] = self.staged[worker], []

@@ -16,6 +16,7 @@ from energon_ray.errors import unwrap_error
 from energon_ray.loader.restore import run_reads
 from energon_ray.loader.state import StateError
 from energon_ray.pipeline import rows, serde
+from energon_ray.pipeline.batch_counts import MADE
 from energon_ray.pipeline.batch_stages import BATCH, BATCHED
 from energon_ray.pipeline.packing import restore_key_of
 from energon_ray.plan.stream import SegmentSpec
@@ -23,12 +24,13 @@ from energon_ray.plan.stream import SegmentSpec
 
 def rebuild_batch(
     leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], remote_args=None, output: Optional[Tuple[int, int]] = None,
-    batch_index: Optional[int] = None,
+    batch_index: Optional[int] = None, counts: Optional[Tuple[int, int]] = None,
 ) -> Any:  # fmt: skip
     """One batch made again from its samples' restore keys ``("Webdataset", index, leaf, worker,
     position, hook seed)``: the samples are re-read and encoded at their positions and batched by
     the seam-batch task, with the hook seeds they had (``output``: which of generator batch hooks'
-    outputs, see ``split_output``; ``batch_index``: the one its key holds, see ``split_batch_index``)."""
+    outputs, see ``split_output``; ``batch_index``: the one its key holds, see ``split_batch_index``;
+    ``counts``: the stream's batch counts before it, see ``split_counts``)."""
     spec = _reread_spec(leaf, source, worker, seed, keys, index=-1)
     config = leaf.stage_config()
     found = run_reads([spec], {source: leaf.reader()}, {source: config}, remote_args, {source: leaf})
@@ -39,15 +41,17 @@ def rebuild_batch(
     if batch_index is None:  # a key from before batch keys held it: by its first sample (a short last
         # batch too; a validation metadataset's stream counts on over the datasets before this one)
         batch_index = (config.index_offset(worker) + group[0][0]) // size
-    return _batch_once(config, source, worker, seed, group, remote_args, batch_index, output)
+    return _batch_once(config, source, worker, seed, group, remote_args, batch_index, output, counts)
 
 
 def rebuild_chained_batch(
     leaf: Any, source: int, worker: int, seed: int, keys: List[tuple], remote_args=None, output: Optional[Tuple[int, int]] = None,
+    counts: Optional[Tuple[int, int]] = None,
 ) -> Any:  # fmt: skip
     """A batch of a chained stream (a generator ``encode_sample``) made again from its outputs' keys
     ``("Webdataset", index, leaf, worker, position, hook seed, sub, output index)``: each sample
-    re-read and encoded with the outputs its stream had before it, the named outputs batched."""
+    re-read and encoded with the outputs its stream had before it, the named outputs batched
+    (``counts``: the stream's batch counts before them, see ``split_counts``)."""
     from energon_ray.pipeline.build import rebuild_chained
 
     if any(len(k) != 8 for k in keys):
@@ -57,7 +61,8 @@ def rebuild_chained_batch(
         )
     spec = _reread_spec(leaf, source, worker, seed, list({k[4]: k for k in keys}.values()), index=-1)
     try:
-        made = rebuild_chained(spec, leaf.reader(), leaf.stage_config(), [(int(k[4]), int(k[6]), int(k[7])) for k in keys], remote_args)
+        outputs = [(int(k[4]), int(k[6]), int(k[7])) for k in keys]
+        made = rebuild_chained(spec, leaf.reader(), leaf.stage_config(), outputs, remote_args, counts)
     except Exception as exc:
         ours = unwrap_error(exc)
         raise StateError(f"restore_sample: {ours if ours is not None else exc}") from None
@@ -194,13 +199,14 @@ def _reread_spec(leaf: Any, source: int, worker: int, seed: int, keys: List[tupl
 
 def _batch_once(
     config: Any, source: int, worker: int, seed: int, group: List[Tuple[int, int, Any]], remote_args, index: Optional[int] = None,
-    output: Optional[Tuple[int, int]] = None,
+    output: Optional[Tuple[int, int]] = None, counts: Optional[Tuple[int, int]] = None,
 ) -> Any:  # fmt: skip
     """The batch the seam-batch task makes of ``group`` (``index``: its batch index in the stream;
-    ``output``: which of generator batch hooks' outputs, else the only one)."""
+    ``output``: which of generator batch hooks' outputs, else the only one; ``counts``: the stream's
+    batch counts before it, counted on as the loader did)."""
     from energon_ray.pipeline.seam_tasks import SeamTasks
 
-    table = SeamTasks(config, source, remote_args).submit(worker, seed, [(len(group), group, index)])()
+    table = SeamTasks(config, source, remote_args).submit(worker, seed, [(len(group), group, index, counts)])()
     items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
     return one_made(items, output, f"the {len(group)} samples")
 
@@ -219,6 +225,25 @@ def split_batch_index(restore_key: Any) -> Tuple[Optional[int], Any]:
     if len(restore_key) < 3 or not isinstance(index, Integral) or isinstance(index, bool) or index < 0:
         raise StateError(f"restore key {tuple(restore_key)!r} is not a batch's ({BATCH!r}, batch index, *the samples' keys)")
     return int(index), list(restore_key[2:])
+
+
+def split_counts(restore_key: Any) -> Tuple[Optional[Tuple[int, int]], Any]:
+    """A batch key's rest after its index (and output) that starts with the stream's batch counts
+    before the batch's group (``(MADE, outputs of batch, batches given, *key)``, see ``pipeline.batch_stages``):
+    ``((outputs, batches), key)``; any other (a key from before they were counted, or whose hook calls
+    all read the group's index): ``(None, key)``.
+
+    Raises:
+        StateError: a ``MADE`` key without two counts and a key after them.
+    """
+    if not (isinstance(restore_key, (tuple, list)) and restore_key and restore_key[0] == MADE):
+        return None, restore_key
+    counts = list(restore_key[1:3])
+    if len(restore_key) < 4 or not all(isinstance(v, Integral) and not isinstance(v, bool) and v >= 0 for v in counts):
+        raise StateError(
+            f"restore key {tuple(restore_key)!r} is not a counted batch's ({MADE!r}, outputs of batch, batches given, *key)"
+        )
+    return (int(counts[0]), int(counts[1])), list(restore_key[3:])
 
 
 def split_output(restore_key: Any) -> Tuple[Optional[Tuple[int, int]], Any]:

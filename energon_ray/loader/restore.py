@@ -50,7 +50,7 @@ def _chained_read(plan: SegmentPlan, worker: int, state: StreamState, refs: Sequ
     from energon_ray.pipeline.chained import Carry
 
     cp = state.checkpoint
-    first, outputs, open_from = (0, 0, None) if cp.chain is None else cp.chain
+    first, outputs, open_from = (0, 0, None) if cp.chain is None else cp.chain[:3]
     keep = tuple(sorted(refs))
     if open_from is None:  # no buffer open into ``first``
         carry, rebuild, start = Carry(int(outputs), []), None, int(first)

@@ -15,9 +15,10 @@ from energon_ray.blend.base import Composition
 from energon_ray.loader.remake import remade, remakers
 from energon_ray.loader.rebuild import (
     rebuild_batch, rebuild_blended_batch, rebuild_chained_batch, rebuild_concat_batch, rebuild_concat_packed_batch,
-    rebuild_packed_batch, split_batch_index, split_output,
+    rebuild_packed_batch, split_batch_index, split_counts, split_output,
 )  # fmt: skip
 from energon_ray.loader.state import StateError
+from energon_ray.pipeline.batch_counts import MADE
 from energon_ray.pipeline.batch_stages import BATCH, BATCHED
 from energon_ray.pipeline.packing import PACKED
 
@@ -47,9 +48,9 @@ def sample_keys(restore_key: Any) -> List[tuple]:
 
 
 def _batch_marker(parts: Any, at: int) -> int:
-    """How many parts from ``at`` are a batch's index (``BATCH``, index) or outputs (``BATCHED``, i,
-    j) and name no sample (0: none)."""
-    size = {BATCH: 2, BATCHED: 3}.get(parts[at]) if isinstance(parts[at], str) else None
+    """How many parts from ``at`` are a batch's index (``BATCH``, index), outputs (``BATCHED``, i,
+    j) or counts (``MADE``, outputs, batches) and name no sample (0: none)."""
+    size = {BATCH: 2, BATCHED: 3, MADE: 3}.get(parts[at]) if isinstance(parts[at], str) else None
     if size is None or len(parts) < at + size:
         return 0
     return size if all(isinstance(v, Integral) and not isinstance(v, bool) for v in parts[at + 1 : at + size]) else 0
@@ -77,7 +78,10 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     A batch's key holds its index in its worker stream (``("Batch", index, *key)``; older keys do not:
     then it is its first sample's position over the batch size). A key that names one of several
     batches a generator ``batch``/``encode_batch`` made of the same samples (``("Batched", i, j,
-    *keys)`` after the index) gets that output; other batches' keys are their samples'.
+    *keys)`` after the index) gets that output; other batches' keys are their samples'. Where the
+    batch hooks read other counts than the group's index, the samples' keys follow ``("Made",
+    outputs of batch, batches given)``, the stream's before the group, counted on from there again
+    (keys without them, also older ones, are made again with every call reading the index).
 
     Raises:
         StateError: an unusable key, samples of several datasets (outside a train metadataset's
@@ -86,6 +90,7 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     """
     batch_index, restore_key = split_batch_index(restore_key)
     output, restore_key = split_output(restore_key)
+    counts, restore_key = split_counts(restore_key)
     packs = pack_keys(restore_key)
     if packs is not None:
         return _rebuild_packed(dataset, packs, remote_args, output, batch_index)
@@ -106,8 +111,8 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     if leaf.options.packing_buffer_size:
         raise StateError(f"restore key {restore_key!r} names samples, not packs, of {leaf!r}, which packs samples")
     if leaf.stage_config().counts_outputs:
-        return remade(fns, rebuild_chained_batch(leaf, source, worker, seed, keys, remote_args, output))
-    return remade(fns, rebuild_batch(leaf, source, worker, seed, keys, remote_args, output, batch_index))
+        return remade(fns, rebuild_chained_batch(leaf, source, worker, seed, keys, remote_args, output, counts))
+    return remade(fns, rebuild_batch(leaf, source, worker, seed, keys, remote_args, output, batch_index, counts))
 
 
 def _check_keys(leaves: List[Any], keys: List[tuple]) -> None:

@@ -44,7 +44,9 @@ class QueueCheckpoint:
     carried: List[Tuple[Any, int, List[SampleRef]]] = dataclasses.field(default_factory=list)
     #: a chained stream (a generator ``encode_sample``): ``[segment, outputs before it, first position
     #: of the batch open at ``segment`` or None]``: where the carry into ``segment`` is rebuilt from
-    #: (``WorkerQueues.chain_point``); ``None``: from the stream's start
+    #: (``WorkerQueues.chain_point``); ``None``: from the stream's start. Chained batches add the
+    #: stream's ``outputs of batch, batches given`` before the segment the restore resumes at
+    #: (``Carry.counts``; states saved before have three items: one each per whole batch of outputs)
     chain: Optional[List[Optional[int]]] = None
     #: grouped batching: the groups the worker's stream made before the event (the next group's
     #: batch index)

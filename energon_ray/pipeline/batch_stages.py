@@ -7,6 +7,7 @@ batches made (``EagerBatches``) as soon as their samples are encoded.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Iterator, List, Mapping, Optional, Tuple, Union
 
@@ -14,13 +15,30 @@ import pyarrow as pa
 
 from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline import rows, serde
+from energon_ray.pipeline.batch_counts import MADE, Made
 from energon_ray.pipeline.chained import Carry
 from energon_ray.pipeline.grouping import Grouper
 from energon_ray.pipeline.packing import Packer, restore_key_of, set_restore_key
 from energon_ray.pipeline.policy import HookRunner, StageRun
 from energon_ray.pipeline.stages import EncodeSamples, StageConfig, _configs, _one_source, _runner, _what, output_table
 from energon_ray.task_encoder.base import TaskEncoder, is_overridden
-from energon_ray.task_encoder.context import hook_call, worker_slot
+from energon_ray.task_encoder.context import hook_call, set_batch_index, worker_slot
+
+
+@dataclasses.dataclass
+class _GroupCall:
+    """One group's batch hook calls (``Batcher``): where the group is, its samples' keys, the runs,
+    its counts and the batches made."""
+
+    seed: int
+    sub: int
+    position: int
+    what: str
+    at: int  # the group's last sample's position (where a failure is placed)
+    keys: Tuple[Any, ...]
+    runs: List[StageRun]
+    count: Made
+    out: List[Any] = dataclasses.field(default_factory=list)
 
 
 class Batcher:
@@ -38,38 +56,64 @@ class Batcher:
 
     def __call__(
         self, group: List[Tuple[int, int, Any]], seed: int, batch_size: int, runs: List[StageRun],
-        batch_index: Optional[int] = None,
+        batch_index: Optional[int] = None, made: Optional[List[int]] = None,
     ) -> List[Any]:
         """``(position, sub, sample)`` group → the encoded batch(es) (0, 1 or more); ``batch_index``:
-        the batch's index in its worker stream (default: its first sample's position over the size)."""
+        the group's index in its worker stream (default: its first sample's position over the size).
+
+        ``made``: ``[outputs of batch, batches]`` the worker stream made before the group, counted on
+        here (``Made``): as in Energon, ``batch`` reads the group's index as ``current_sample_index``
+        and the batches given before as ``current_batch_index`` (one more per batch given, also between
+        a generator's outputs), ``encode_batch`` the outputs of ``batch`` before it and the batches
+        given. ``None``: every hook call reads the group's index (a stream whose batches are not
+        counted: each segment batches its own samples, or a key from before these were counted)."""
         position, sub = group[0][0], group[0][1]
         samples = [item for _, _, item in group]
         what = f"batch of {len(samples)} starting at {_what(samples[0])}"
         index = position // batch_size if batch_index is None else batch_index
-        # as Energon counts them, a batch hook's current_sample_index is its call's: the batch index
-        kwargs = dict(sample_index=index, batch_index=index, restore_rng=self.restore_rng)
-        with hook_call(seed, *self._seeding(self.batch, f"batch.{sub}", position, index), **kwargs):
-            raws = self.batch.call_many(runs[0], samples, what, at=group[-1][0])
-        if raws is HookRunner.FAILED or raws is HookRunner.IGNORED:
-            return []
-        keys = tuple(restore_key_of(sample) for sample in samples)
-        several = _several(self.batch, raws)
-        out: List[Any] = []
-        for i, item in enumerate(raws):
-            _key_batch(item, keys, index, (i, 0) if several else None)
-            if not self.do_encode_batch:
-                out.append(item)
-                continue
-            with hook_call(seed, *self._seeding(self.encode_batch, f"encode_batch.{sub}.{i}", position, index), **kwargs):
-                results = self.encode_batch.call_many(runs[1], item, what, at=group[-1][0])
-            if results is HookRunner.FAILED or results is HookRunner.IGNORED:
-                continue
-            if several or _several(self.encode_batch, results):
-                for j, result in enumerate(results):
-                    _key_batch(result, keys, index, (i, j))
-            out.extend(results)
-        return out
+        call = _GroupCall(seed, sub, position, what, group[-1][0], tuple(restore_key_of(s) for s in samples), runs, Made(index, made))
+        done: List[Any] = []  # outputs of batch encode_batch has run on
 
+        def each(item: Any) -> None:  # a generator's output, encoded (and given) before it resumes
+            self._encode(call, item, len(done), several=True)
+            done.append(item)
+            set_batch_index(call.count.batches)
+
+        # as Energon counts them, a batch hook's current_sample_index is its call's: the group's index
+        with hook_call(seed, *self._seeding(self.batch, f"batch.{sub}", position, index), sample_index=index,
+                       batch_index=call.count.batches, restore_rng=self.restore_rng):  # fmt: skip
+            raws = self.batch.call_many(runs[0], samples, what, at=call.at, after_each=each)
+        if raws is HookRunner.FAILED or raws is HookRunner.IGNORED:
+            return call.out
+        for item in raws[len(done) :]:
+            self._encode(call, item, len(done), several=_several(self.batch, raws))
+            done.append(item)
+        return call.out
+
+    def _encode(self, call: "_GroupCall", item: Any, i: int, several: bool) -> None:
+        """Output ``i`` of ``batch`` (one of ``several``), keyed, through ``encode_batch`` (if
+        overridden) into ``call.out``, counted on in ``call.count``."""
+        count, index = call.count, call.count.index
+        made = count.key(several or self.encode_batch.is_generator)
+        _key_batch(item, call.keys, index, (i, 0) if several else None, made)
+        if not self.do_encode_batch:
+            call.out.append(item)
+            count.encoded()
+            count.given(1)
+            return
+        # inside a generator batch, its RNG state is kept for it
+        with hook_call(call.seed, *self._seeding(self.encode_batch, f"encode_batch.{call.sub}.{i}", call.position, count.outputs),
+                       sample_index=count.outputs, batch_index=count.batches,
+                       restore_rng=self.restore_rng or self.batch.is_generator):  # fmt: skip
+            results = self.encode_batch.call_many(call.runs[1], item, call.what, at=call.at)
+        count.encoded()
+        if results is HookRunner.FAILED or results is HookRunner.IGNORED:
+            return
+        if several or _several(self.encode_batch, results):
+            for j, result in enumerate(results):
+                _key_batch(result, call.keys, index, (i, j), made)
+        call.out.extend(results)
+        count.given(len(results))
 
     @staticmethod
     def _seeding(runner: HookRunner, kind: str, position: int, index: int) -> Tuple[Optional[str], int]:
@@ -79,11 +123,11 @@ class Batcher:
 
     def with_positions(
         self, group: List[Tuple[int, int, Any]], seed: int, batch_size: int, runs: List[StageRun],
-        batch_index: Optional[int] = None,
+        batch_index: Optional[int] = None, counts: Optional[List[int]] = None,
     ) -> List[Tuple[Any, List[int]]]:
         """``__call__``'s batches, the last one carrying the group's positions (the group is consumed
         when its last batch is)."""
-        made = self(group, seed, batch_size, runs, batch_index)
+        made = self(group, seed, batch_size, runs, batch_index, counts)
         positions = [position for position, _, _ in group]
         return [(item, positions if i == len(made) - 1 else []) for i, item in enumerate(made)]
 
@@ -108,14 +152,18 @@ def _several(runner: HookRunner, outputs: List[Any]) -> bool:
     return runner.is_generator or len(outputs) > 1
 
 
-def _key_batch(batch: Any, keys: Tuple[Any, ...], index: int, output: Optional[Tuple[int, int]] = None) -> None:
+def _key_batch(
+    batch: Any, keys: Tuple[Any, ...], index: int, output: Optional[Tuple[int, int]] = None, made: Optional[Tuple[int, int]] = None
+) -> None:
     """Give a batch that has a ``__restore_key__`` (an attribute, or a dict's item) its index and its
     samples' keys (``BATCH``), whatever the ``batch`` hook put there, as Energon's batching does
     (``restore_sample`` reads them); ``output``: ``(i, j)`` of an output of generator hooks, put
-    before the samples' keys (``BATCHED``). Samples without keys leave it as the hook made it."""
+    before the samples' keys (``BATCHED``); ``made``: the stream's counts before the group, put
+    right before the samples' keys (``MADE``). Samples without keys leave it as the hook made it."""
     has_key = "__restore_key__" in batch if isinstance(batch, dict) else hasattr(batch, "__restore_key__")
     if has_key and keys and all(key is not None for key in keys):
-        set_restore_key(batch, (BATCH, int(index), *(keys if output is None else (BATCHED, *output, *keys))))
+        rest = keys if made is None else (MADE, *made, *keys)
+        set_restore_key(batch, (BATCH, int(index), *(rest if output is None else (BATCHED, *output, *rest))))
 
 
 class BatchSamples:
@@ -206,6 +254,7 @@ class BatchSamples:
             read_retries=data.read_retries,
             outputs_before=data.carry.outputs if self.config.chained and data.carry is not None else None,
             tail_from=data.carry_out.tail[0][0] if data.carry_out is not None and data.carry_out.tail else None,
+            counts=data.carry_out.counts if data.carry_out is not None else None,
             ending_items=ending if items else 0,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report, None
@@ -224,12 +273,12 @@ class BatchSamples:
         size, total = self.config.batch_size, data.carry.outputs + encoded
         rest = [entry for _, _, group in leftovers for entry in group]
         if not data.spec.last:
-            data.carry_out = Carry(total, rest)
+            data.carry_out = Carry(total, rest, counts=None if eager.counts is None else (eager.counts[0], eager.counts[1]))
             return items, [], 0
         if not rest or self.config.drop_last:
             return items, [], 0
         with worker_slot(data.spec.worker, self.config.num_workers):
-            last = eager.batcher.with_positions(rest, data.spec.seed, size, eager.runs, total // size)
+            last = eager.batcher.with_positions(rest, data.spec.seed, size, eager.runs, total // size, eager.counts)
         return items + last, [], len(last)
 
     def _plain(self, data: rows.SegmentData) -> bool:
@@ -307,6 +356,8 @@ class EagerBatches:
         self.samples = 0
         #: a chained stream: the index in the worker stream of ``data.encoded``'s first sample
         self.base: Optional[int] = None
+        #: a chained stream: ``[outputs of batch, batches given]`` so far (``Made``)
+        self.counts: Optional[List[int]] = None
         #: a chained stream's carry still to come (``build.LaterCarry``: ``ready()``, ``wait()``):
         #: nothing is batched before it opens the segment's first batch (``take_carry``)
         self.later: Any = None
@@ -333,8 +384,15 @@ class EagerBatches:
             return True
         self.data.carry = carry
         self.data.encoded[:0] = list(carry.tail or ())
-        self.base = carry.outputs - len(carry.tail or ())
+        self.chain_from(carry)
         return True
+
+    def chain_from(self, carry: Carry) -> None:
+        """Batch on from ``carry`` (its tail already opens ``data.encoded``): the index of the first
+        sample and the batches counted so far (as many as groups where the carry has no counts)."""
+        self.base = carry.outputs - len(carry.tail or ())
+        groups = self.base // self.size
+        self.counts = [groups, groups] if carry.counts is None else [int(carry.counts[0]), int(carry.counts[1])]
 
     def __call__(self) -> None:
         data, size = self.data, self.size
@@ -346,7 +404,7 @@ class EagerBatches:
             del data.encoded[:size]
             index = None if self.base is None else (self.base + self.samples) // size
             self.samples += size
-            for item, positions in self.batcher.with_positions(group, spec.seed, size, self.runs, index):
+            for item, positions in self.batcher.with_positions(group, spec.seed, size, self.runs, index, self.counts):
                 row = (rows.ITEM, spec.worker, spec.index, len(self.items), item)
                 self.items.append((rows.dumped(row), positions))
             del group

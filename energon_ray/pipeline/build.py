@@ -481,18 +481,23 @@ def later(carry: Any) -> Any:
 
 @ray.remote(num_cpus=1, max_retries=3)
 @deaf_to_cancel
-def _rebuild_chained_task(spec: "SegmentSpec", reader: Any, config: Any, outputs: List[Tuple[int, int, int]]) -> List[Any]:
+def _rebuild_chained_task(
+    spec: "SegmentSpec", reader: Any, config: Any, outputs: List[Tuple[int, int, int]], counts: Optional[Tuple[int, int]] = None
+) -> List[Any]:
     import_task_modules()
     from energon_ray.pipeline.chained import rebuild_chained_batch
 
     _limit_torch_threads()
-    return rebuild_chained_batch(unship(reader)(spec), unship(config), outputs)
+    return rebuild_chained_batch(unship(reader)(spec), unship(config), outputs, counts)
 
 
-def rebuild_chained(spec: "SegmentSpec", reader: Any, config: Any, outputs: List[Tuple[int, int, int]], remote_args=None) -> List[Any]:
+def rebuild_chained(
+    spec: "SegmentSpec", reader: Any, config: Any, outputs: List[Tuple[int, int, int]], remote_args=None,
+    counts: Optional[Tuple[int, int]] = None,
+) -> List[Any]:
     """``chained.rebuild_chained_batch`` in a Ray task (where the segment tasks read): the batches."""
     task = _with_options(_rebuild_chained_task, remote_args, TASK_OPTIONS)
-    return ray.get(task.remote(spec, ship_each({spec.source: reader})[spec.source], ship({spec.source: config}), outputs))
+    return ray.get(task.remote(spec, ship_each({spec.source: reader})[spec.source], ship({spec.source: config}), outputs, counts))
 
 
 @ray.remote(num_cpus=1, max_retries=3)

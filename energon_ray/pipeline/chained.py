@@ -109,6 +109,10 @@ class Carry:
     tail: Optional[List[Tuple[int, int, Any]]] = None
     #: a ``restore_sample`` re-read of single samples: the stream's outputs before each position
     bases: Optional[Dict[int, int]] = None
+    #: batches: ``(outputs of batch, batches given)`` of the worker stream before the next segment
+    #: (``batch_stages.Made``); ``None``: one each per whole batch of outputs (a stream's start, or a
+    #: state saved before they were counted)
+    counts: Optional[Tuple[int, int]] = None
 
 
 def chain_restore_key(output: Any, key: Any, sub: int, index: int) -> None:
@@ -165,7 +169,7 @@ def chained_segment(
     data.encoded = list(carry.tail or ())
     eager = stage.batch.eager(data)
     if eager is not None:
-        eager.base = carry.outputs - len(data.encoded)
+        eager.chain_from(carry)
     stage.encode.encode(data, eager)
     out = list(stage.batch.explode(data, eager))
     return output_table(out, data.spec.source), data.carry_out
@@ -239,7 +243,8 @@ def _carry_on(data: rows.SegmentData, carry: Carry, config: StageConfig) -> Opti
             f"energon_ray: rebuilding worker {data.spec.worker}'s batch across segment {data.spec.index}: "
             f"{need} samples needed, the segment gave {len(data.encoded)}"
         )
-    return Carry(total, pool[len(pool) - need :])
+    # (the batches of the segments made again here were counted in ``carry.counts`` already)
+    return Carry(total, pool[len(pool) - need :], counts=carry.counts)
 
 
 def replay_chain(
@@ -263,12 +268,14 @@ def replay_chain(
 
 
 def rebuild_chained_batch(
-    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], outputs: List[Tuple[int, int, int]]
+    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], outputs: List[Tuple[int, int, int]],
+    counts: Optional[Tuple[int, int]] = None,
 ) -> List[Any]:
     """A chained stream's batch made again (``restore_sample``): ``data`` holds its samples, read at
     their positions; ``outputs``: ``(position, sub, index in the worker stream)`` of the batch's
     outputs, in order. Each sample is encoded with the outputs its stream had before it (so its
-    hooks read the batch index they read then) and the batch hooks run with the batch's own index.
+    hooks read the batch index they read then) and the batch hooks run with the batch's own index
+    (and ``counts``, the stream's batch counts before the batch's group, counted on as then).
 
     Raises:
         LookupError: an output is not made again (the data or the task encoder changed).
@@ -290,5 +297,5 @@ def rebuild_chained_batch(
     with worker_slot(data.spec.worker, cfg.num_workers):
         return batcher(
             [(position, sub, made[(position, sub)]) for position, sub, _ in outputs], data.spec.seed, cfg.batch_size,
-            batcher.new_runs(), outputs[0][2] // cfg.batch_size,
+            batcher.new_runs(), outputs[0][2] // cfg.batch_size, None if counts is None else list(counts),
         )  # fmt: skip

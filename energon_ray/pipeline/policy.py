@@ -241,14 +241,18 @@ class HookRunner:
     def call_many(
         self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]] = None,
         before_each: Optional[Callable[[int], None]] = None, at: Optional[int] = None,
+        after_each: Optional[Callable[[Any], None]] = None,
     ) -> Any:
         """Run a hook that may be a generator: the list of its outputs, or ``FAILED`` / ``IGNORED``.
-        ``before_each(n)`` is called before the generator is resumed for its output ``n``."""
-        return self._call(run, item, what, sources, many=True, before_each=before_each, at=at)
+        ``before_each(n)`` is called before the generator is resumed for its output ``n``;
+        ``after_each(output)`` as each output is made, before the generator is resumed (what it
+        raises is not the hook's failure: it propagates)."""
+        return self._call(run, item, what, sources, many=True, before_each=before_each, at=at, after_each=after_each)
 
     def _call(
         self, run: StageRun, item: Any, what: str, sources: Optional[Sequence[Any]], many: bool,
         before_each: Optional[Callable[[int], None]] = None, at: Optional[int] = None,
+        after_each: Optional[Callable[[Any], None]] = None,
     ) -> Any:
         # a generator that fails (or skips) after some outputs keeps them, as Energon's lazy map does:
         # they were given before it raised
@@ -259,9 +263,11 @@ class HookRunner:
                 raise TypeError(f"{self.stage} returned None (a missing `return`?)")
             if many:
                 if self.is_generator or inspect.isgenerator(result):
-                    result = _drain(result, before_each, partial)
+                    result = _drain(result, before_each, partial, after_each)
                 else:
                     result = [result]
+        except _Escaped as escaped:  # raised by after_each, not by the hook
+            raise escaped.error from None
         except SkipSample:
             run.ignored += 1
             return partial or HookRunner.IGNORED
@@ -284,9 +290,19 @@ class HookRunner:
         return result
 
 
-def _drain(outputs: Any, before_each: Optional[Callable[[int], None]], out: List[Any]) -> List[Any]:
+class _Escaped(BaseException):
+    """What an ``after_each`` callback raised, carried past the hook's own error policy."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(error)
+        self.error = error
+
+
+def _drain(
+    outputs: Any, before_each: Optional[Callable[[int], None]], out: List[Any], after_each: Optional[Callable[[Any], None]] = None
+) -> List[Any]:
     """A generator's outputs, collected into ``out`` (kept if it raises), with ``before_each(n)``
-    called before it is resumed for output ``n``."""
+    called before it is resumed for output ``n`` and ``after_each(output)`` after each output."""
     iterator = iter(outputs)
     while True:
         if before_each is not None:
@@ -295,3 +311,8 @@ def _drain(outputs: Any, before_each: Optional[Callable[[int], None]], out: List
             out.append(next(iterator))
         except StopIteration:
             return out
+        if after_each is not None:
+            try:
+                after_each(out[-1])
+            except BaseException as exc:  # noqa: B036 (re-raised as it is by the caller)
+                raise _Escaped(exc) from None

@@ -107,9 +107,11 @@ def seam_batches(
     fatal = None
     made: List[Tuple[Any, List[int]]] = []
     try:  # only batched or grouped pipelines pool samples, so there is always a batcher to run
-        for batch_size, group, *index in groups:  # (batch size, group[, its batch index in the stream])
+        # (batch size, group[, its batch index in the stream[, the stream's batch counts before it]])
+        for batch_size, group, *index in groups:
             samples = [(position, sub, serde.loads(payload, copy=False)) for position, sub, payload in group]
-            made.extend(batcher.with_positions(samples, seed, batch_size, runs, index[0] if index else None))
+            counts = list(index[1]) if len(index) > 1 and index[1] is not None else None
+            made.extend(batcher.with_positions(samples, seed, batch_size, runs, index[0] if index else None, counts))
     except FatalSampleError as exc:
         fatal = ("FatalSampleError", str(exc))
     return _made_table(made, runs, fatal, worker, source)

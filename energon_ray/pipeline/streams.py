@@ -135,7 +135,8 @@ class TaskStream:
     stream's first segment of a pass from its start is made here, and its task runs all the same
     (the next segment's task needs its carry). A pass that starts inside a worker stream (a restore)
     gets ``chain_start(source, worker)`` = the segment to rebuild the carry from and the stream's
-    outputs before it: those segments run once more, giving only their carry
+    outputs before it (and, where batches are counted, the stream's ``Carry.counts`` before the
+    segment the pass resumes at): those segments run once more, giving only their carry
     (``segment_spec(source, worker, index)`` makes their specs).
 
     Args:
@@ -153,7 +154,7 @@ class TaskStream:
     def __init__(self, segments, readers, configs, *, ray_remote_args: Optional[Dict[str, Any]] = None,
                  fuse_stages: bool = True, ahead: Optional[int] = None, object_store_limit: Optional[int] = None,
                  local_start: Optional[str] = None, before_first: Optional[Callable[[], bool]] = None,
-                 chain_start: Optional[Callable[[int, int], Optional[Tuple[int, int]]]] = None,
+                 chain_start: Optional[Callable[[int, int], Optional[Tuple[int, ...]]]] = None,
                  segment_spec: Optional[Callable[[int, int, int], Any]] = None,
                  **_execution_options: Any):  # fmt: skip
         self._task, self._chained_task, self._task_cpus = build.segment_tasks(ray_remote_args)
@@ -274,11 +275,12 @@ class TaskStream:
         if start is None:
             return Carry(0, [])
         first, outputs = int(start[0]), int(start[1])
+        counts = (int(start[2]), int(start[3])) if len(start) > 3 else None  # the batches counted before spec
         if first >= spec.index:  # the batches broke exactly there: nothing to carry
-            return Carry(outputs, [])
+            return Carry(outputs, [], counts=counts)
         if self._segment_spec is None:
             raise RuntimeError("energon_ray: a chained stream restored inside a worker stream needs segment_spec")
-        carry: Any = Carry(outputs, None)
+        carry: Any = Carry(outputs, None, counts=counts)
         for index in range(first, spec.index):
             _, carry = self._chained_task.remote(
                 self._segment_spec(spec.source, spec.worker, index), self._reader_refs[spec.source], self._config_ref,

@@ -1500,3 +1500,14 @@ def test_packed_states_saved_before_packs_were_pooled_restore_as_saved(roots):
 
     pooled = _old_packing_state_restores_as_saved(build, "packs_pooled", 4)
     round_trip(dataset, [2, 5, 9], count=len(pooled) + 1)  # pooled packs restore exactly too
+
+
+def test_sample_keys_of_a_mix_skip_each_batchs_counts():
+    """The samples of a key holding several batches' keys (a mix of batches), whose batch hooks
+    counted on (``("Made", outputs of batch, batches given)`` before their samples' keys): the
+    samples, not a StateError on ``"Made"``."""
+    from energon_ray.loader.restore_keys import sample_keys
+
+    first, second = ("Webdataset", 4, 0, 1, 2, 77), ("Webdataset", 9, 0, 0, 5, 78, 0, 6)
+    key = ("Batch", 0, "Made", 1, 2, first, "Batch", 3, "Batched", 1, 0, "Made", 5, 4, second)
+    assert sample_keys(key) == [first, second]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import random
+
 import pytest
 
 import energon_ray as er
@@ -132,3 +135,101 @@ def test_postencode_sample_after_a_generator_encode_sample_gives_energons_batche
     assert ours == theirs
     assert [b["batch_index"] for b in ours] == list(range(len(ours))) and all(b["post"] for b in ours)
     assert sum(len(b["keys"]) for b in ours) == 21
+
+
+def _generator_batch_encoder(lib):
+    class Encoder(lib.DefaultTaskEncoder):
+        @lib.stateless(restore_seeds=True)
+        def batch(self, samples):
+            texts = [int(s.text) for s in samples]
+            for k in range(1 + texts[0] // 2 % 3):  # 1 to 3 batches of a group
+                seen = [self.current_batch_index, self.current_sample_index, random.randint(0, 10**6)]
+                yield {"texts": texts, "k": k, "batch": seen, "__restore_key__": ()}
+
+        @lib.stateless(restore_seeds=True)
+        def encode_batch(self, batch):
+            if batch["texts"][0] in (8, 9) and batch["k"] == 0:
+                raise ValueError("this batch is dropped")
+            return {**batch, "encode_batch": [self.current_batch_index, self.current_sample_index, random.randint(0, 10**6)]}
+
+    return Encoder()
+
+
+def _generator_batch_dataset(lib, path, workers, **kwargs):
+    wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    te = _generator_batch_encoder(lib)
+    return lib.get_val_dataset(str(path), split_part="train", batch_size=2, task_encoder=te, worker_config=wc, **kwargs)
+
+
+_VIEW = ("texts", "k", "batch", "encode_batch")
+
+
+def _view(batch) -> list:
+    return [batch[name] for name in _VIEW]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_generator_batch_hooks_count_batches_given_like_energon(path, workers):
+    """A generator ``batch`` yielding 1-3 batches per group of 2 and an ``encode_batch`` that drops
+    two of them, both ``@stateless(restore_seeds=True)``, segments of 3 samples: each batch's
+    ``current_batch_index`` (Energon's: the batches given before, also between a generator's
+    outputs), ``current_sample_index`` (``batch``: the group's; ``encode_batch``: the outputs of
+    ``batch`` before) and both hooks' draws are Energon's (ours read the group's index everywhere),
+    and restore_sample makes each batch again as it was."""
+    import megatron.energon as me
+
+    loader = er.get_savable_loader(_generator_batch_dataset(er, path, workers, samples_per_segment=3))
+    ours = [dict(b) for b in loader]
+    theirs = [dict(b) for b in me.get_loader(_generator_batch_dataset(me, path, workers))]
+    assert [_view(b) for b in ours] == [_view(b) for b in theirs]
+    given = sorted(b["encode_batch"][0] for b in ours)  # each batch its own index (workers interleaved)
+    assert len(ours) == (29 if workers == 0 else 31) and len(set(given)) == len(ours)
+    assert workers or given == list(range(29))
+    assert any(b["batch"][0] != b["batch"][1] for b in ours)  # not the group's index
+    for batch in ours:
+        again = loader.restore_sample(batch["__restore_key__"])
+        assert _view(again) == _view(batch)
+        assert json.loads(json.dumps(again["__restore_key__"])) == json.loads(json.dumps(batch["__restore_key__"]))
+    loader.close()
+
+
+def test_generator_batch_counts_run_on_after_a_restore_and_older_states_and_keys_restore(path):
+    """The batch counts of the generator batch hooks above run on in a restored loader (a state
+    records them where each worker stream's carry is rebuilt) as in the loader saved; a state saved
+    before they were counted (three items in ``chain``) restores the same batches, counted from its
+    groups; a restore key without ``("Made", ...)`` (saved before) is made again as it was: every
+    hook call reading the group's index."""
+    import dataclasses
+
+    def loader():
+        return er.get_savable_loader(_generator_batch_dataset(er, path, 2, samples_per_segment=3))
+
+    full = [_view(b) for b in loader()]
+    for cut in (5, 12):
+        first = loader()
+        it = iter(first)
+        head = [_view(next(it)) for _ in range(cut)]
+        state = first.save_state_rank()
+        first.close()
+        assert any(len(s.checkpoint.chain or ()) == 5 for s in state.streams[0])
+        restored = loader()
+        restored.restore_state_rank(state)
+        assert head + [_view(b) for b in restored] == full
+        restored.close()
+        old = dataclasses.replace(state, streams=[[
+            dataclasses.replace(s, checkpoint=dataclasses.replace(s.checkpoint, chain=s.checkpoint.chain and s.checkpoint.chain[:3]))
+            for s in workers] for workers in state.streams])  # fmt: skip
+        again = loader()
+        again.restore_state_rank(old)
+        assert [v[:2] for v in head + [_view(b) for b in again]] == [v[:2] for v in full]
+        again.close()
+    keeper = loader()
+    batches = [dict(b) for b in keeper]
+    for batch in (batches[3], batches[4], batches[-1]):
+        key = list(batch["__restore_key__"])
+        made = key.index("Made")
+        again = keeper.restore_sample(key[:made] + key[made + 3 :])
+        group = key[1] * 2 + key[-1][3]  # the group's index over the rank's 2 interleaved workers
+        assert again["texts"] == batch["texts"] and again["k"] == batch["k"]
+        assert again["batch"][:2] == again["encode_batch"][:2] == [group, group]
+    keeper.close()
