@@ -162,11 +162,15 @@ class EncodeSamples:
                 data.fatal = ("FatalSampleError", str(exc))
         data.raw = []
 
-    def _add(self, data: rows.SegmentData, position: int, sub: int, item: Any, seed: int, before: int, per_batch: int) -> None:
+    def _add(
+        self, data: rows.SegmentData, position: int, sub: int, item: Any, seed: int, before: int, per_batch: int,
+        counted: Optional[int] = None,
+    ) -> None:
         """Add an output of ``encode_sample`` to ``data.encoded`` (through ``postencode_sample`` where
-        the stage runs it; not where that failed or skipped it)."""
+        the stage runs it; not where that failed or skipped it). ``counted``: the worker stream's
+        outputs before it, where the stage counts them."""
         if self.post is not None:
-            item = self.post(item, seed, position, before, per_batch)
+            item = self.post(item, seed, position, before, per_batch, counted)
             if item is HookRunner.FAILED or item is HookRunner.IGNORED:
                 return
         data.encoded.append((position, sub, item))
@@ -222,6 +226,7 @@ class EncodeSamples:
                     )
                 if outputs is HookRunner.FAILED or outputs is HookRunner.IGNORED:
                     continue
+                first = None if produced is None else produced[0]  # the stream's outputs before these
                 if produced is not None:
                     key = restore_key_of(sample)
                     for n, item in enumerate(outputs):
@@ -232,7 +237,7 @@ class EncodeSamples:
                     for n, item in enumerate(outputs):
                         sub_restore_key(item, key, n)
                 for sub, item in enumerate(outputs):
-                    self._add(data, position, sub, item, seed, before, per_batch)
+                    self._add(data, position, sub, item, seed, before, per_batch, None if first is None else first + sub)
             del sample
             if sink is not None:
                 sink()
@@ -245,6 +250,8 @@ class _Postencode:
 
     def __init__(self, runner: HookRunner, run: Any):
         self.runner, self.run = runner, run
+        # a hook marked @stateless(restore_seeds=True) gets Energon's seed (hook_seed)
+        self.kind = None if getattr(runner.fn, "__restore_seeds__", False) else "postencode"
 
     @classmethod
     def where_run(cls, te: TaskEncoder, config: StageConfig, handler: Any, runs: List[Any]) -> Optional["_Postencode"]:
@@ -257,12 +264,18 @@ class _Postencode:
         runs.append(run)
         return cls(runner, run)
 
-    def __call__(self, sample: Any, seed: int, position: int, before: int, per_batch: int) -> Any:
+    def __call__(
+        self, sample: Any, seed: int, position: int, before: int, per_batch: int, counted: Optional[int] = None
+    ) -> Any:
         """The hook's sample for the output of the sample at stream ``position`` (``before``: the
         stream's samples in the datasets of a validation metadataset before this one), or
-        ``HookRunner.FAILED``/``IGNORED``."""
-        at = before + position
-        with hook_call(seed, "postencode", at, sample_index=at, batch_index=at // per_batch):
+        ``HookRunner.FAILED``/``IGNORED``. Its ``current_sample_index`` (and a ``restore_seeds``
+        hook's seed) is Energon's, the worker stream's outputs before it, where the stage counts
+        them (``counted``); else the sample's position, which is that until a sample is skipped or
+        gives other than one output."""
+        at = before + (position if counted is None else counted)
+        # (energon_ray's own seed stays the position's)
+        with hook_call(seed, self.kind, at if self.kind is None else before + position, sample_index=at, batch_index=at // per_batch):
             return self.runner.call(self.run, sample, _what(sample), at=position)
 
 

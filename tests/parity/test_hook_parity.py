@@ -233,3 +233,48 @@ def test_generator_batch_counts_run_on_after_a_restore_and_older_states_and_keys
         assert again["texts"] == batch["texts"] and again["k"] == batch["k"]
         assert again["batch"][:2] == again["encode_batch"][:2] == [group, group]
     keeper.close()
+
+
+def _seeded_postencode_encoder(lib):
+    class Encoder(lib.DefaultTaskEncoder):
+        def encode_sample(self, sample):
+            i = int(sample.text)
+            if i % 4 == 1:
+                raise lib.SkipSample()
+            for sub in range(i % 3):  # 0, 1 or 2 outputs
+                yield {"key": f"{sample.__key__}{'ab'[sub]}", "__restore_key__": sample.__restore_key__}
+
+        @lib.stateless(restore_seeds=True)
+        def postencode_sample(self, sample):
+            return {**sample, "post": [self.current_batch_index, self.current_sample_index, random.randint(0, 10**6)]}
+
+        def batch(self, samples):
+            return {"keys": [s["key"] for s in samples], "post": [s["post"] for s in samples], "__restore_key__": ()}
+
+    return Encoder()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_postencode_sample_after_a_generator_encode_sample_counts_outputs_like_energon(path, workers):
+    """A generator ``encode_sample`` (0-2 outputs, some samples skipped) and a ``postencode_sample``
+    marked ``@stateless(restore_seeds=True)``, batches of 2 over segments of 3 samples: inside
+    ``postencode_sample``, ``current_sample_index`` is the worker stream's outputs before (Energon's
+    count; ours was the sample's position), ``current_batch_index`` the batch the output goes into,
+    and the hook draws Energon's numbers (it drew energon_ray's own); restore_sample makes each batch
+    again as it was."""
+    import megatron.energon as me
+
+    def dataset(lib, **more):
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+        te = _seeded_postencode_encoder(lib)
+        return lib.get_val_dataset(str(path), split_part="train", batch_size=2, task_encoder=te, worker_config=wc, **more)
+
+    view = lambda b: [b["keys"], b["post"]]  # noqa: E731
+    loader = er.get_savable_loader(dataset(er, samples_per_segment=3))
+    ours = [dict(b) for b in loader]
+    assert [view(b) for b in ours] == [view(dict(b)) for b in me.get_loader(dataset(me))]
+    indices = sorted(p[1] for b in ours for p in b["post"])
+    assert len(ours) == 11 and indices == list(range(21))
+    for batch in ours:
+        assert view(loader.restore_sample(batch["__restore_key__"])) == view(batch)
+    loader.close()
