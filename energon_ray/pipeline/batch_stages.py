@@ -318,7 +318,7 @@ class BatchSamples:
             run = grouper.new_run()
             data.runs.append(run)
             return [], grouper(entries, run)  # batched where the buckets fill, across segments
-        if size is None:
+        if size is None and not self.config.batch_across_sources:  # (else a packed blend's leaf: its samples pooled)
             return [(item, [position]) for position, _, item in entries], []
         if self.config.batch_across_sources or self.config.pool_packs:
             return [], ([(None, size, entries)] if entries else [])
