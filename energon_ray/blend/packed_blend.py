@@ -10,7 +10,8 @@ batches the packs, so a pack mixes datasets. Here too, off the training process:
 2. the packs stay in Ray's object store; the trainer keeps where each lies (``Located``) and its
    ``(position, sub)``, never the bytes;
 3. consecutive ``batch_size`` packs make a batch, made by a Ray task (``batch``/``encode_batch``),
-   ``BATCHES_PER_GROUP`` batches per task (a pass's first: one).
+   ``BATCHES_PER_GROUP`` batches per task (a pass's first: one); unbatched (``batch_size=None``,
+   a validation metadataset's), each pack is an item, read from the store by such a task too.
 
 Ahead of the trainer (from a worker's second batch on): the next chunk is drawn and its packing
 task started while the current group's batches are handed out, and once its packs are made, the
@@ -134,7 +135,8 @@ class _PackedBatches:
 
     def __init__(self, blend: Any, ctx: PassContext, draw: Provider, tree: SubTree, batcher: Any, batches_per_group: int):
         self.blend, self.draw, self.tree, self.batcher = blend, draw, tree, batcher
-        self.size, self.buffer = blend.batch_size, blend.packing_buffer_size
+        # unbatched: the packs are handed out one by one (each its own "batch" of one, not batched)
+        self.size, self.buffer, self.batched = blend.batch_size or 1, blend.packing_buffer_size, blend.batch_size is not None
         self.batches_per_group = batches_per_group
         workers = blend.num_workers
         self.node = _PackNode(workers)
@@ -230,7 +232,7 @@ class _PackedBatches:
 
     def submit(self, worker: int, groups: List[List[Pack]], first_index: int) -> Tuple[Any, List[List[Pack]], List[Cursor]]:
         """Start the batching task of ``groups`` (the first batch's index ``first_index``)."""
-        wait = self.batcher(worker, [[(p[2], p[3], p[4], None) for p in group] for group in groups], first_index)
+        wait = self.batcher(worker, [[(p[2], p[3], p[4], None) for p in group] for group in groups], first_index, batched=self.batched)
         # where the next batch starts once each made batch is given: after its group
         starts: List[Cursor] = [(g[0][0], g[0][1]) for g in groups[1:]] + [self.node.head(worker)]
         return wait, groups, starts

@@ -246,16 +246,18 @@ class _GroupBatcher:
         return self.feeds[0].plan.streams[worker].config.hook_seed
 
     def __call__(
-        self, worker: int, groups: List[List[Any]], first_index: Optional[int] = None,
+        self, worker: int, groups: List[List[Any]], first_index: Optional[int] = None, batched: bool = True,
     ) -> Callable[[], Tuple[List[Any], List[List[int]]]]:
         """Start the task; the returned function waits for its batches and their samples' positions
         (fewer batches than groups where a batch hook failed or skipped: counted). ``first_index``:
-        the first group's batch index in the worker's blended stream (the next ones follow it)."""
+        the first group's batch index in the worker's blended stream (the next ones follow it).
+        ``batched=False``: each group's items (packs) are handed out as they are, one by one."""
         ship = self.feeds[0].multi.block_refs.ship
         groups_out = [
-            (len(g), [(position, sub, ship(payload)) for position, sub, payload, _ in g], *(() if first_index is None else (first_index + i,)))
+            (len(g) if batched else None, [(position, sub, ship(payload)) for position, sub, payload, _ in g],
+             *(() if first_index is None else (first_index + i,)))
             for i, g in enumerate(groups)
-        ]
+        ]  # fmt: skip
         wait = self._seam_tasks().submit(worker, self._seed(worker), groups_out)
         return GroupItems(wait, self.pinner, self.stats, self.chain, stream=("group", id(self), worker), count_seams=True)
 
@@ -269,4 +271,15 @@ class _GroupBatcher:
         ``([(position, sub)] of the packs, report)`` (``ready()``: whether that would wait)."""
         ship = self.feeds[0].multi.block_refs.ship
         chunk = [(position, sub, ship(payload)) for position, sub, payload, _ in samples]
-        return self._seam_tasks().submit_pack(worker, self._seed(worker), chunk, buffer_size)
+        return self._seam_tasks().submit_pack(worker, self._seed(worker), chunk, buffer_size, self._index_offsets(worker, samples))
+
+    def _index_offsets(self, worker: int, samples: List[Any]) -> Optional[List[int]]:
+        """Per drawn sample, the samples of the worker's stream before its leaf's (a validation
+        metadataset's ``batch_index_offsets``: the packing hooks' indices count on over the
+        datasets, as sample hooks' do); ``None`` where every one is 0 (a training blend)."""
+        before = {}
+        for feed in self.feeds:
+            offsets = feed.dataset.options.batch_index_offsets
+            before[feed.source] = int(offsets[worker]) if offsets is not None else 0
+        out = [before.get(leaf, 0) for _, _, _, leaf in samples]
+        return out if any(out) else None

@@ -4,11 +4,13 @@ Energon concatenates a validation metadataset's datasets and then encodes, packs
 one stream each worker reads, so a packing buffer (like a batch) runs from the end of one dataset
 into the next. Here the leaves hand out their encoded samples (as a sample blend's do), each
 worker takes all of its first dataset's, then all of the next one's, and the packing and batching
-of ``blend.packed_blend`` run over that stream: the packs and batches are Energon's.
+of ``blend.packed_blend`` run over that stream: the packs and batches are Energon's. Unbatched
+(``batch_size=None``), the packs are handed out one by one, as Energon's are.
 
-Loaders before 2026-11-28 built a ``ConcatDataset`` of leaves that packed their own samples (buffers
-restarting at each dataset); a state they saved restores so (``pack_per_dataset``, set by
-``loader.savable.adopt_val_packing``), and the states saved after it record that.
+Loaders before 2026-11-28 (before 2026-11-29 unbatched) built a ``ConcatDataset`` of leaves that
+packed their own samples (buffers restarting at each dataset); a state they saved restores so
+(``pack_per_dataset``, set by ``loader.savable.adopt_val_packing``), and the states saved after it
+record that.
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ class SampleConcatDataset(SampleBlendDataset):
 
     Args:
         *datasets: leaves built with ``blend_samples=True``, in order.
-        batch_size: packs per batch.
+        batch_size: packs per batch (``None``: the packs one by one, unbatched).
         packing_buffer_size: samples per packing buffer.
         drop_last: drop each worker's last short batch.
         limit: at most this many batches per rank and pass.
     """
 
-    def __init__(self, *datasets: Composition, batch_size: int, packing_buffer_size: int, drop_last: bool = False,
+    def __init__(self, *datasets: Composition, batch_size: Optional[int], packing_buffer_size: int, drop_last: bool = False,
                  limit: Optional[int] = None):  # fmt: skip
         super().__init__(*((ds, 1.0) for ds in datasets), batch_size=batch_size, drop_last=drop_last,
                          packing_buffer_size=packing_buffer_size)  # fmt: skip
@@ -76,12 +78,13 @@ class SampleConcatDataset(SampleBlendDataset):
         return one_after_another(subs, current)
 
     def leaf_shares(self) -> Dict[int, Tuple[float, float]]:
-        # a step takes about batch_size samples, all of one leaf; a leaf starts after the steps before it
-        out, before = {}, 0.0
+        # a step takes about batch_size samples (one, unbatched), all of one leaf; a leaf starts after
+        # the steps before it
+        out, before, per_step = {}, 0.0, self.batch_size or 1
         for ds in self.datasets:
             for leaf, (share, offset) in ds.leaf_shares().items():
-                out[leaf] = (share * self.batch_size, offset + before)
-            before += sum(worker_samples(ds)) / self.num_workers / self.batch_size
+                out[leaf] = (share * per_step, offset + before)
+            before += sum(worker_samples(ds)) / self.num_workers / per_step
         return out
 
     def schedule_hints(self, pass_index: int, items_per_step: int = 1):

@@ -67,11 +67,11 @@ def _blends_samples(path: Any, flat: Flattened, options: PlanOptions, te: TaskEn
 
 
 def _packs_across(flat: Flattened, options: PlanOptions) -> bool:
-    """A validation metadataset of several datasets, packed and batched: Energon packs the one
+    """A validation metadataset of several datasets, packed (batched or not): Energon packs the one
     stream each worker reads through all of them (a packing buffer runs from one dataset into the
-    next), so the leaves hand out their samples to ``SampleConcatDataset``, which packs and batches
-    them in that order."""
-    return not options.training and len(flat.leaves) > 1 and options.batch_size is not None and bool(options.packing_buffer_size)
+    next), so the leaves hand out their samples to ``SampleConcatDataset``, which packs them in that
+    order (and batches the packs, or hands them out one by one)."""
+    return not options.training and len(flat.leaves) > 1 and bool(options.packing_buffer_size)
 
 
 def _open_leaf(leaf: LeafSpec, trusted: bool) -> Tuple[PreparedDataset, Optional[list]]:

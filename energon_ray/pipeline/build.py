@@ -588,14 +588,14 @@ def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: 
 
 
 @deaf_to_cancel
-def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int):
+def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int, offsets: Optional[List[int]] = None):
     import_task_modules()
     from energon_ray.pipeline.rows import parts, resolve_located
     from energon_ray.pipeline.seam_stages import seam_packs
 
     _limit_torch_threads()
     ((_, samples),) = resolve_located([(0, samples)], ray.get)  # read from their blocks here
-    table, packs, report = seam_packs(unship(config), worker, seed, samples, buffer_size, source)
+    table, packs, report = seam_packs(unship(config), worker, seed, samples, buffer_size, source, offsets)
     return parts(table), (packs, report)
 
 

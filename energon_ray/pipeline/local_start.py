@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import pyarrow as pa
 
@@ -125,7 +125,8 @@ def local_seam(config: Any, worker: int, seed: int, groups, source: int, get: Ca
         return seam_batches(unship(config), worker, seed, resolve_located(groups, get), source)
 
 
-def local_pack(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int, get: Callable[[Any], Any]):
+def local_pack(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int, get: Callable[[Any], Any],
+               offsets: Optional[List[int]] = None):  # fmt: skip
     """What a packing task makes of a chunk of drawn samples (``build._pack_chunk``: the packs'
     table, their ``(position, sub)``, the report), made in this process; ``get`` reads the samples'
     blocks (``ray.get``)."""
@@ -134,4 +135,4 @@ def local_pack(config: Any, worker: int, seed: int, samples, buffer_size: int, s
 
     with as_in_a_task():
         ((_, samples),) = resolve_located([(0, samples)], get)
-        return seam_packs(unship(config), worker, seed, samples, buffer_size, source)
+        return seam_packs(unship(config), worker, seed, samples, buffer_size, source, offsets)

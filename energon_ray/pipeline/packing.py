@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline.policy import HookRunner, StageRun, item_key, next_seq
@@ -101,13 +101,17 @@ class Packer:
 
     ``batch_size`` and ``before`` (the samples of the stream in the datasets before this one) give
     the hooks' ``current_batch_index``: their first sample's position over the batch size, as a
-    sample hook's (Energon's counts the batches made, which a segment cannot know)."""
+    sample hook's (Energon's counts the batches made, which a segment cannot know). ``offsets``
+    (``id`` of an item given to the call → the samples of the stream before its dataset's, a packed
+    validation metadataset's drawn samples): added to that item's position in both indices."""
 
-    def __init__(self, te: TaskEncoder, buffer_size: int, handler: Any, batch_size: Optional[int] = None, before: int = 0):
+    def __init__(self, te: TaskEncoder, buffer_size: int, handler: Any, batch_size: Optional[int] = None, before: int = 0,
+                 offsets: Optional[Dict[int, int]] = None):  # fmt: skip
         self.te = te
         self.buffer_size = buffer_size
         self.per_batch = batch_size or 1
         self.before = before
+        self.offsets = offsets or {}
         tol = te.__default_failure_tolerance__
         self.select = HookRunner("select_samples_to_pack", te.select_samples_to_pack, get_failure_tolerance(te.select_samples_to_pack, tol), handler)
         pack, post = te.pack_selected_samples, te.postencode_sample
@@ -120,14 +124,18 @@ class Packer:
         empty = EmptyRounds(stage="select_samples_to_pack (no pack)", tolerance=self.tolerance)
         return [self.select.new_run(), self.post.new_run(), self.pack.new_run(), empty]
 
-    def _batch_of(self, position: int) -> int:
-        return (self.before + position) // self.per_batch
+    def _batch_of(self, position: int, offset: int = 0) -> int:
+        return (self.before + offset + position) // self.per_batch
+
+    def _offset(self, entry: Item) -> int:
+        return self.offsets.get(id(entry), 0)
 
     def _groups(self, buffer: List[Item], seed: int, runs: List[StageRun]) -> List[List[Item]]:
         samples = [item for _, _, item in buffer]
         by_id = {id(item): entry for entry, item in zip(buffer, samples)}
         what = f"select_samples_to_pack on {len(samples)} samples starting at {_key(samples[0])!r}"
-        with hook_call(seed, "pre_pack", buffer[0][0], sample_index=buffer[0][0], batch_index=self._batch_of(buffer[0][0])):
+        first, offset = buffer[0][0], self._offset(buffer[0])
+        with hook_call(seed, "pre_pack", first, sample_index=offset + first, batch_index=self._batch_of(first, offset)):
             groups = self.select.call(runs[0], samples, what, at=buffer[-1][0])
         if groups is HookRunner.FAILED or groups is HookRunner.IGNORED:
             return []
@@ -158,11 +166,13 @@ class Packer:
         sample's ``(position, sub)``, where ``group`` holds only the members a pack's restore key
         names (those ``postencode_sample`` kept): its packs' positions and hook seeds stay the same."""
         position, sub = at if at is not None else group[0][:2]
-        members, keys_of_members, index = [], [], self._batch_of(position)
-        for member_at, _, sample in group:
+        offset = self._offset(group[0]) if group else 0
+        members, keys_of_members, index = [], [], self._batch_of(position, offset)
+        for entry in group:
+            member_at, _, sample = entry
             key = restore_key_of(sample)
             if self.do_post:
-                with hook_call(seed, "postencode", member_at, sample_index=member_at, batch_index=index):
+                with hook_call(seed, "postencode", member_at, sample_index=self._offset(entry) + member_at, batch_index=index):
                     sample = self.post.call(runs[1], sample, f"postencode_sample of {_key(sample)!r}", at=member_at)
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue
@@ -171,7 +181,7 @@ class Packer:
         if not members:
             return []
         keys = [_key(m) for m in members]
-        with hook_call(seed, "pack", position, sample_index=position, batch_index=index):
+        with hook_call(seed, "pack", position, sample_index=offset + position, batch_index=index):
             packs = self.pack.call_many(runs[2], members, f"pack_selected_samples of {keys}", at=position)
         if packs is HookRunner.FAILED or packs is HookRunner.IGNORED:
             return []

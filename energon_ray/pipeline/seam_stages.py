@@ -33,18 +33,22 @@ def _in_worker_slot(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @_in_worker_slot
 def seam_packs(
-    config: StageConfig, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int, source: int = 0
+    config: StageConfig, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int, source: int = 0,
+    offsets: Optional[List[int]] = None,
 ) -> Tuple[pa.Table, List[Tuple[int, int]], rows.Report]:
     """Pack a chunk of a sample blend's drawn samples (serialized, in draw order) with Energon's
     buffer semantics (``Packer``): a table with one ``LEFTOVER`` row of the packs (each serialized on
     its own, so a batching call reads them from the store by ``Located``), their ``(position, sub)``
-    and a report."""
+    and a report. ``offsets``: per sample, the samples of the worker's stream before its dataset's
+    (a validation metadataset's), added to its position in the hooks' indices."""
     te: TaskEncoder = config.task_encoder.get()
-    packer = Packer(te, buffer_size, config.error_handler, config.batch_size)
+    items = [(position, sub, serde.loads(payload, copy=False)) for position, sub, payload in samples]
+    packer = Packer(te, buffer_size, config.error_handler, config.batch_size,
+                    offsets=None if offsets is None else {id(item): int(o) for item, o in zip(items, offsets)})  # fmt: skip
     runs = packer.new_runs()
     fatal, packs = None, []
     try:
-        packs = packer([(position, sub, serde.loads(payload, copy=False)) for position, sub, payload in samples], seed, runs)
+        packs = packer(items, seed, runs)
     except FatalSampleError as exc:
         fatal, packs = ("FatalSampleError", str(exc)), []
     report = rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=0, runs=runs, fatal=fatal)
@@ -94,8 +98,8 @@ def repacked_batches(
 def seam_batches(
     config: StageConfig, worker: int, seed: int, groups: List[Tuple[int, List[Tuple[int, int, Any]]]], source: int = 0
 ) -> pa.Table:
-    """Batch pooled samples (serialized, in stream order), ``(batch size, group)`` after another:
-    ``ITEM`` rows and a ``REPORT``.
+    """Batch pooled samples (serialized, in stream order), ``(batch size, group)`` after another
+    (batch size ``None``: the group's items one by one, not batched): ``ITEM`` rows and a ``REPORT``.
 
     These are the batches that straddle segments (samples were skipped, a stream ended, or buckets of
     grouped batching filled across segments); they run in a Ray task like every other batch, with the
@@ -106,10 +110,13 @@ def seam_batches(
     runs = batcher.new_runs()
     fatal = None
     made: List[Tuple[Any, List[int]]] = []
-    try:  # only batched or grouped pipelines pool samples, so there is always a batcher to run
+    try:  # batched or grouped pipelines pool samples (an unbatched packed blend only its packs, handed out as they are)
         # (batch size, group[, its batch index in the stream[, the stream's batch counts before it]])
         for batch_size, group, *index in groups:
             samples = [(position, sub, serde.loads(payload, copy=False)) for position, sub, payload in group]
+            if batch_size is None:  # an unbatched packed blend's packs, handed out as they are
+                made.extend((item, [position]) for position, _, item in samples)
+                continue
             counts = list(index[1]) if len(index) > 1 and index[1] is not None else None
             made.extend(batcher.with_positions(samples, seed, batch_size, runs, index[0] if index else None, counts))
     except FatalSampleError as exc:

@@ -88,15 +88,17 @@ class SeamTasks:
             self._config_ref = build.put(ship(self._config))
         return self._config_ref
 
-    def submit_pack(self, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
+    def submit_pack(self, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int,
+                    offsets: Optional[List[int]] = None) -> Tuple[Any, Callable[[], Any]]:  # fmt: skip
         """Start packing a chunk of samples in a Ray task: the reference of its packs' table (for
         ``Located`` packs) and a callable waiting for ``(packs' (position, sub), report)``, whose
-        ``ready()`` says whether that would wait."""
+        ``ready()`` says whether that would wait. ``offsets``: per sample, added to its position
+        in the packing hooks' indices (``seam_stages.seam_packs``)."""
         if self._here():
             from energon_ray.pipeline.rows import parts
 
             try:
-                table, packs, report = local_pack(ship(self._config), worker, seed, samples, buffer_size, self.source, build.values)
+                table, packs, report = local_pack(ship(self._config), worker, seed, samples, buffer_size, self.source, build.values, offsets)
                 table_ref = build.put(parts(table))  # the batching task reads the packs from the store
                 del table
                 give_back_memory()
@@ -105,7 +107,7 @@ class SeamTasks:
             else:
                 self.local_groups += 1
                 return table_ref, _Made((packs, report))
-        table_ref, meta_ref = self._pack_task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source)
+        table_ref, meta_ref = self._pack_task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source, offsets)
         return table_ref, _Waiting(meta_ref)
 
     def _here(self) -> bool:

@@ -93,9 +93,9 @@ def _pass(yaml, encoder, monkeypatch, ahead: bool, step_s: float = 0.0):
     monkeypatch.setattr(packed_blend, "LOOK_AHEAD", ahead)
     started = []
 
-    def recorded(self, worker, groups, first_index=None):
+    def recorded(self, worker, groups, first_index=None, **kwargs):
         started.append((first_index, time.perf_counter()))
-        return _SUBMIT(self, worker, groups, first_index)
+        return _SUBMIT(self, worker, groups, first_index, **kwargs)
 
     monkeypatch.setattr(sample_blend._GroupBatcher, "__call__", recorded)
     loader = er.get_loader(_packed(yaml, encoder))

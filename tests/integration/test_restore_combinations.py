@@ -124,6 +124,8 @@ PAIRED = {"generator-grouped": GeneratingGrouped, "generator-packing": Generatin
 def view(item) -> Any:
     if isinstance(item, list):  # a mix of batches
         return tuple(view(b) for b in item)
+    if isinstance(item.__key__, str):  # a sample or pack, unbatched
+        return ((item.__key__,), (item.text,))
     return (tuple(item.__key__), tuple(item.text))
 
 
@@ -146,6 +148,8 @@ def build(roots, composition: str, feature: str, num_workers: int):
         return _train(roots["b"], feature, num_workers, repeat=True)
     if composition == "val":  # a validation metadataset: its datasets concatenated per worker stream
         return er.get_val_dataset(roots["blend"], split_part="train", **_options(feature, num_workers, 3))
+    if composition == "val-unbatched":  # the same, its samples (or packs) handed out one by one
+        return er.get_val_dataset(roots["blend"], split_part="train", **{**_options(feature, num_workers, 3), "batch_size": None})
     if composition == "blend":
         return er.BlendDataset((_train(roots["a"], feature, num_workers), 2), (_train(roots["b"], feature, num_workers), 1))
     if composition == "mix":
@@ -186,6 +190,7 @@ REFUSED = {
     "meta-packing": (MIXED_PACKS, "a sample blend's packs mix datasets"),
     "epochized-packing": (MIXED_PACKS, "a sample blend's packs mix datasets"),
     "val-packing": (MIXED_PACKS, "a packing buffer runs from one dataset into the next, as Energon's"),
+    "val-unbatched-packing": (MIXED_PACKS, "a packing buffer runs from one dataset into the next, as Energon's"),
 }
 
 
@@ -202,6 +207,7 @@ CASES = [
     _case(composition, feature, workers)
     for composition, feature, workers in [
         ("endless", "skip", 1), ("endless", "packing", 3), ("val", "plain", 1), ("val", "generator", 3), ("val", "packing", 1),
+        ("val-unbatched", "packing", 3),
     ]
 ]
 
@@ -220,6 +226,8 @@ def test_restore_is_exact_after_0_1_mid_and_all_but_the_last_batch(roots, compos
         assert len(items) >= 3
         if composition == "val":  # some batch runs from one dataset into the next
             assert any(len({key[0] for key in item[0]}) == 2 for item in items)
+        if composition == "val-unbatched":  # some pack does
+            assert any("a_" in item[0][0] and "b_" in item[0][0] for item in items)
         reference = runs[0]
         refused = REFUSED.get(composition) or REFUSED.get(f"{composition}-{feature}")
         if refused is not None:
@@ -237,15 +245,16 @@ def test_restore_is_exact_after_0_1_mid_and_all_but_the_last_batch(roots, compos
             run.loader.close()
 
 
-def test_a_packed_validation_metadatasets_state_saved_when_each_dataset_packed_alone_restores(roots):
+@pytest.mark.parametrize("composition", ["val", "val-unbatched"])
+def test_a_packed_validation_metadatasets_state_saved_when_each_dataset_packed_alone_restores(roots, composition):
     """A packed validation metadataset's state saved before its packing buffers ran across its
     datasets (each dataset packed its own samples; that loader is built here with
     ``pack_per_dataset(True)``, as its fingerprint shows) restores into a loader built now: the rest
     of the saved loader's pass, as it packed (such states were refused: ``StateError`` "type was
-    'ConcatDataset', is now 'SampleConcatDataset'")."""
+    'ConcatDataset', is now 'SampleConcatDataset'"), batched or not."""
 
     def loader(alone: bool):
-        dataset = build(roots, "val", "packing", 1)
+        dataset = build(roots, composition, "packing", 1)
         dataset.pack_per_dataset(alone)
         return er.get_savable_loader(dataset)
 
@@ -256,7 +265,7 @@ def test_a_packed_validation_metadatasets_state_saved_when_each_dataset_packed_a
     it = iter(saving)
     next(it), next(it)
     state = json_transport(saving.save_state_rank())
-    restored = er.get_savable_loader(build(roots, "val", "packing", 1))
+    restored = er.get_savable_loader(build(roots, composition, "packing", 1))
     restored.restore_state_rank(state)
     assert [view(b) for b in restored] == before[2:]
     for each in (old, new, saving, restored):

@@ -313,3 +313,40 @@ def test_val_metadataset_packing_drops_the_last_short_batch_like_energon(two_val
     got, expected = list(ours), list(theirs)
     assert got == expected
     assert all(len(b) == 4 for b in got)  # [batch index, sample index, pack, pack]
+
+
+class IndexedPairs(PairHooks):
+    """PairHooks whose ``postencode_sample`` records its ``current_sample_index`` in the sample's text."""
+
+    def postencode_sample(self, sample):
+        sample.text = f"{sample.text}@{self.current_sample_index}"
+        return sample
+
+
+def _unbatched_packs(lib, meta, hooks, world_size, workers, limit, **kwargs):
+    """Per rank, ``(key, text)`` of each pack an unbatched packed validation loader hands out."""
+    out = []
+    for rank in range(world_size):
+        encoder = type(hooks.__name__, (hooks, lib.DefaultTaskEncoder), {"sample_cls": lib.TextSample})()
+        wc = lib.WorkerConfig(rank=rank, world_size=world_size, num_workers=workers)
+        ds = lib.get_val_dataset(meta, split_part="val", worker_config=wc, batch_size=None, packing_buffer_size=5,
+                                 task_encoder=encoder, limit=limit, **kwargs)  # fmt: skip
+        out.append([(pack.__key__, pack.text) for pack in lib.get_loader(ds)])
+    return out
+
+
+@pytest.mark.parametrize(
+    "hooks, world_size, workers, limit",
+    [(IndexedPairs, 1, 0, None), (IndexedPairs, 1, 1, 12), (IndexedPairs, 2, 2, None), (IndexedPairs, 2, 0, 7), (SkipEveryThird, 1, 2, None)],
+    ids=["w1-n0", "w1-n1-limit", "w2-n2", "w2-n0-limit", "skipped-n2"],
+)
+def test_unbatched_val_metadataset_packing_buffers_run_from_one_dataset_into_the_next_like_energon(two_val, hooks, world_size, workers, limit):
+    """An unbatched (``batch_size=None``) packed validation metadataset packs each worker stream's
+    samples through both datasets, as Energon packs the concatenated stream: the same packs, one by
+    one, in the same order per rank (``limit`` counting packs), and ``postencode_sample`` sees
+    Energon's ``current_sample_index``. Each dataset's buffers restarted at its start (a's last short
+    buffer was packed alone, b's started at b_000000)."""
+    ours = _unbatched_packs(er, two_val, hooks, world_size, workers, limit, samples_per_segment=5)
+    assert ours == _unbatched_packs(me, two_val, hooks, world_size, workers, limit)
+    if (world_size, workers, limit) == (1, 0, None):  # a's last three samples open the buffer b's first two fill
+        assert [key for key, _ in ours[0][9:12]] == ["a_000015+a_000016", "a_000017+b_000000", "b_000001"]
