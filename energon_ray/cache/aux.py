@@ -1,8 +1,9 @@
 """A metadataset's ``aux:`` references (resolved to paths by ``energon_ray.blend.metadataset``) →
 named file stores for the cook functions.
 
-A plain path names a prepared dataset (a folder holding ``.nv-meta/.info.json`` or ``.info.yaml``;
-files by ``"<key>.<part>"``); a folder that is none is refused, as Energon refuses it. A folder
+A plain path names a prepared dataset (a folder holding ``.nv-meta/.info.json`` or ``.info.yaml``,
+and the ``index.sqlite`` its files are looked up in; files by ``"<key>.<part>"``); a folder that is
+none, or lacks the index, is refused, as Energon refuses it. A folder
 written ``filesystem://…`` (a prepared one too, as Energon's ``SystemFileStore``; its
 ``.nv-meta/index.sqlite`` may hold media metadata from ``prepare-media``) is read by relative file
 path. Either may be local or on an object store (``s3://``, ``msc://``, ``filesystem+s3://``).
@@ -16,6 +17,7 @@ from typing import Any, Collection, Dict, Mapping
 from energon_ray.cache.base import FileStore
 from energon_ray.cache.stores import DatasetFileStore, SystemFileStore
 from energon_ray.errors import DatasetConfigError
+from energon_ray.format.indexer import INDEX_SQLITE
 from energon_ray.format.info import INFO_JSON, INFO_YAML, META_DIR
 from energon_ray.storage import RemotePath, StorageError, as_path
 
@@ -60,6 +62,7 @@ def _store(path: Any, where: str, by_path: bool) -> FileStore:
     """A folder's files by path (``filesystem://``), else the prepared dataset there, as Energon's
     aux references: a plain path to a folder that is no prepared dataset is refused (Energon asserts)."""
     if not by_path and any((path / META_DIR / info).is_file() for info in (INFO_JSON, INFO_YAML)):
+        _check_index(path, where)
         return DatasetFileStore(path)
     if not path.is_dir():
         raise DatasetConfigError(f"{where}: {path} is neither a prepared dataset nor a folder")
@@ -70,3 +73,15 @@ def _store(path: Any, where: str, by_path: bool) -> FileStore:
             "filesystem://<path> to read the folder's files by relative path"
         )
     return SystemFileStore(path)
+
+
+def _check_index(path: Any, where: str) -> None:
+    """A prepared dataset read by name needs its ``index.sqlite``: refused here, where the dataset is
+    built, as Energon asserts it, not at the cooker's first read in a Ray task."""
+    index = path / META_DIR / INDEX_SQLITE
+    if not index.is_file():
+        raise DatasetConfigError(
+            f"{where}: {path} is a prepared dataset without its index ({index} is missing), which a plain aux path "
+            f"reads files by name through, as in Energon: write it with energon-ray prepare {path}, or write the aux "
+            "filesystem://<path> to read the folder's files by relative path"
+        )

@@ -206,6 +206,50 @@ def test_plain_aux_path_to_an_unprepared_folder_is_refused_naming_entry_path_and
     er.get_val_dataset(mds, split_part="train", batch_size=None, worker_config=WC, task_encoder=AuxEncoder())
 
 
+def test_plain_aux_path_to_a_prepared_dataset_without_its_index_is_refused_naming_the_folder_and_the_fix(tmp_path):
+    """aux 'imgs' on a prepared dataset whose .nv-meta/index.sqlite is gone (its .info.json is there):
+    DatasetConfigError when the dataset is built, naming the YAML, node, entry, folder and the missing
+    file, and saying how to write it (it was accepted, and the cooker's first read failed in a Ray
+    task); Energon asserts too (an aux dataset must have its index.sqlite)."""
+    import megatron.energon as me
+
+    mds = write_aux_tree(tmp_path)
+    imgs = tmp_path / "imgs"
+    (imgs / ".nv-meta" / "index.sqlite").unlink()
+    with pytest.raises(er.DatasetConfigError) as info:
+        er.get_val_dataset(mds, split_part="train", batch_size=None, worker_config=WC, task_encoder=AuxEncoder())
+    assert str(info.value) == (
+        f"{mds}: splits.train: aux.imgs: {imgs} is a prepared dataset without its index "
+        f"({imgs / '.nv-meta' / 'index.sqlite'} is missing), which a plain aux path reads files by name through, "
+        f"as in Energon: write it with energon-ray prepare {imgs}, or write the aux filesystem://<path> to read "
+        "the folder's files by relative path"
+    )
+
+    class Theirs(me.DefaultTaskEncoder):
+        cookers = [me.Cooker(cook_with_aux)]
+
+    with pytest.raises(AssertionError, match="Auxiliary datasets must be prepared Energon datasets"):
+        me.get_val_dataset(mds, split_part="train", batch_size=None, worker_config=me.WorkerConfig(rank=0, world_size=1, num_workers=0),
+                           task_encoder=Theirs())  # fmt: skip
+
+
+def test_a_main_dataset_without_its_index_sqlite_is_read_as_energon_reads_it(ray_session, tmp_path):
+    """A prepared dataset whose .nv-meta/index.sqlite is gone is still a main dataset, as in Energon
+    (its samples are read through their .tar.idx): the same samples."""
+    import megatron.energon as me
+
+    from tests.helpers import prefixed_text_dataset
+
+    root = prefixed_text_dataset(tmp_path / "t", "t", 6, per_shard=4)
+    (root / ".nv-meta" / "index.sqlite").unlink()
+    got, expected = (
+        [s.__key__ for s in lib.get_loader(lib.get_val_dataset(root, split_part="train", batch_size=None, task_encoder=lib.DefaultTaskEncoder(),
+                                                               worker_config=lib.WorkerConfig(rank=0, world_size=1, num_workers=0)))]
+        for lib in (er, me)
+    )  # fmt: skip
+    assert got == expected == [f"t_{i:06d}" for i in range(6)]
+
+
 def _cook_by_filesystem_and_by_dataset(lib):
     @lib.stateless
     @lib.cooker
