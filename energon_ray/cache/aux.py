@@ -75,6 +75,22 @@ def _store(path: Any, where: str, by_path: bool) -> FileStore:
     return SystemFileStore(path)
 
 
+def check_primary_index(root: Any) -> None:
+    """A prepared (tar) dataset cooked by a ``need_primary`` cooker reads its own files by name through
+    its ``index.sqlite``: refused where the dataset is built when it has none, as Energon refuses it
+    (not each sample's cooking, in Ray tasks).
+
+    Raises:
+        DatasetConfigError: naming the dataset's folder, the missing file and how to write it.
+    """
+    index = root / META_DIR / INDEX_SQLITE
+    if not index.is_file():
+        raise DatasetConfigError(
+            f"{root}: a cooker that needs primary= reads the dataset's own files by name through {index}, which is "
+            f"missing, as Energon refuses it: write it with energon-ray prepare {root}"
+        )
+
+
 def _check_index(path: Any, where: str) -> None:
     """A prepared dataset read by name needs its ``index.sqlite``: refused here, where the dataset is
     built, as Energon asserts it, not at the cooker's first read in a Ray task."""

@@ -11,6 +11,7 @@ import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from energon_ray.blend.base import Composition, PassContext
+from energon_ray.cache.aux import check_primary_index
 from energon_ray.cache.cooking import AuxConfig
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.pipeline.chained import chains_outputs, counts_outputs
@@ -145,12 +146,15 @@ class EnergonDataset(Composition):
                 f"{spec.file}: a crude dataset (CrudeWebdataset) needs a task encoder with `cookers` or an "
                 f"overridden cook_crude_sample; {type(te).__name__} has neither"
             )
-        if spec.is_crude and te.cookers and matching_cooker(te.cookers, self.subflavors) is None:
+        cooker = matching_cooker(te.cookers, self.subflavors) if spec.is_crude and te.cookers else None
+        if spec.is_crude and te.cookers and cooker is None:
             # Energon refuses it when the dataset is built; cooking each sample would fail them all
             raise DatasetConfigError(
                 f"{spec.file}: no cooker of {type(te).__name__} matches the crude dataset's subflavors "
                 f"{self.subflavors!r} (the cookers' has_subflavors: {[c.has_subflavors for c in te.cookers]!r})"
             )
+        if cooker is not None and cooker.need_primary and self.dataset.format == "tar":
+            check_primary_index(as_path(self.dataset.root, self.dataset.storage))
         if self.options.packing_buffer_size and not (
             is_overridden(te, "select_samples_to_pack") and is_overridden(te, "pack_selected_samples")
         ):

@@ -250,6 +250,42 @@ def test_a_main_dataset_without_its_index_sqlite_is_read_as_energon_reads_it(ray
     assert got == expected == [f"t_{i:06d}" for i in range(6)]
 
 
+def _cook_own_text(lib):
+    @lib.stateless
+    @lib.cooker(need_primary=True)
+    def cook(sample, primary):
+        return lib.TextSample(**lib.basic_sample_keys(sample), text=str(primary.get(".txt")))
+
+    return cook
+
+
+def test_a_crude_dataset_without_index_sqlite_whose_cooker_needs_primary_is_refused_naming_it(tmp_path):
+    """A crude dataset whose .nv-meta/index.sqlite is gone, cooked by a ``need_primary`` cooker (its
+    own files read by name through that index): DatasetConfigError when the dataset is built, naming
+    the dataset's folder, the missing file and how to write it (every sample was skipped instead, each
+    cooking failing in a Ray task); Energon refuses it when the dataset is built too (SystemError)."""
+    import megatron.energon as me
+
+    write_aux_tree(tmp_path)
+    main = tmp_path / "main"
+    (main / ".nv-meta" / "index.sqlite").unlink()
+
+    def build(lib):
+        encoder = type("Cooking", (lib.DefaultTaskEncoder,), {"cookers": [lib.Cooker(_cook_own_text(lib))]})()
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=0)
+        return lib.get_val_dataset(main, split_part="train", batch_size=None, task_encoder=encoder, worker_config=wc)
+
+    with pytest.raises(er.DatasetConfigError) as info:
+        build(er)
+    assert str(info.value) == (
+        f"{main}: a cooker that needs primary= reads the dataset's own files by name through "
+        f"{main / '.nv-meta' / 'index.sqlite'}, which is missing, as Energon refuses it: write it with "
+        f"energon-ray prepare {main}"
+    )
+    with pytest.raises(SystemError, match="Error getting primary auxiliary dataset"):
+        build(me)
+
+
 def _cook_by_filesystem_and_by_dataset(lib):
     @lib.stateless
     @lib.cooker
