@@ -34,7 +34,7 @@ def resolve_joiner(value: Any, file: str, trusted: bool) -> Callable[..., Any]:
     if isinstance(value, dict) and ("__class__" in value or "__function__" in value):
         module = str(value.get("__module__", "energon_ray"))
         name = str(value["__class__"] if "__class__" in value else value["__function__"])
-        ours = module.split(".")[0] == "energon_ray" or module.startswith("megatron.energon")
+        ours = any(module == package or module.startswith(package + ".") for package in _OURS)
         if ours and "__class__" in value:
             value = resolve_class(value, file, "joiner", trusted)
         else:

@@ -104,3 +104,21 @@ def test_an_index_sqlite_naming_a_sample_past_its_shards_end_is_refused_naming_k
         f"holds 3 samples (.nv-meta/.info.json): the index is stale or corrupt; run `energon-ray prepare --tar-index-only "
         f"{secondary}` to rebuild it"
     )
+
+
+@pytest.mark.parametrize("module", ["megatron.energonx", "megatron.energon_tools", "energon_rayx.joiners"])
+def test_a_joiner_module_that_only_starts_like_ours_is_user_code(module):
+    """A joiner's module counts as energon_ray's or Energon's only when it is that package or inside it:
+    ``megatron.energonx`` (any installed module so named) is user code, refused without the opt-in."""
+    from energon_ray.errors import UntrustedCodeError
+    from energon_ray.pipeline.join_load import resolve_joiner
+
+    with pytest.raises(UntrustedCodeError, match=rf"joiner {module}\.f would import module '{module}'"):
+        resolve_joiner({"__module__": module, "__function__": "f"}, "meta.yaml", trusted=False)
+
+
+def test_a_joiner_in_our_packages_needs_no_opt_in():
+    from energon_ray.pipeline.join_load import resolve_joiner
+    from energon_ray.samples.types import TextSample
+
+    assert resolve_joiner({"__module__": "megatron.energon", "__class__": "TextSample"}, "meta.yaml", trusted=False) == TextSample.from_joined
