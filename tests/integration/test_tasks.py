@@ -5,6 +5,7 @@ the session's 2-CPU Ray."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -96,12 +97,16 @@ def test_lightning_checkpoint_continues_on_the_next_batches(work_dir):
     assert not [m for m in said if "not resumable" in m or "transfer_batch_to_device" in m], said
 
 
-def test_ray_train_runs_the_task_on_two_workers(work_dir, monkeypatch):
+def test_ray_train_runs_the_task_on_two_workers_and_the_command_line_on_a_private_ray_logs_no_cleaner_noise(work_dir, tmp_path):
     """trainer.ray.num_workers=2: TorchTrainer on the session Ray (0.25 CPU each), one rank per worker; the
-    reported Lightning checkpoint holds both ranks' loader states. A second fit continues from it with
-    ckpt_path and dataset.path relative to the caller's directory (ray.train workers run in their run's
-    folder: they looked for both there and failed); so are its test_path and a ModelCheckpoint's dirpath (the
-    test split was looked for, and the checkpoints written, in the worker's folder)."""
+    reported Lightning checkpoint holds both ranks' loader states. A second fit, the command line on the private
+    Ray it starts (no dashboard), continues from it with ckpt_path and dataset.path relative to the caller's
+    directory (ray.train workers run in their run's folder: they looked for both there and failed); so are its
+    test_path and a ModelCheckpoint's dirpath (the test split was looked for, and the checkpoints written, in
+    the worker's folder). Ray Train's PlacementGroupCleaner, which asks the dashboard's State API, said nothing
+    there (it logged "Failed to query Ray Train Controller actor state" every second, or its thread's traceback
+    where other Ray instances run, as this session's does); rank 0's progress bar and losses, and the result,
+    still show. One test: every ray.train run starts a controller and its workers (seconds each)."""
     overrides = ("trainer.limit_val_batches=0", "trainer.ray.num_workers=2", "dataset.virtual_epoch_length=4")
     result = fit(_cfg(work_dir, "vision/captioning", "trainer.max_steps=4", *overrides))
     assert (result.global_step, result.world_size, len(result.losses)) == (4, 2, 4)
@@ -110,34 +115,26 @@ def test_ray_train_runs_the_task_on_two_workers(work_dir, monkeypatch):
     states = checkpoint["EnergonDataModule"]["train_loader_states"]
     assert [(s["rank"], s["world_size"]) for s in states] == [(0, 2), (1, 2)]
     assert checkpoint["global_step"] == 4
-    monkeypatch.chdir(work_dir)
-    relative = (f"ckpt_path={os.path.relpath(result.checkpoint)}", "dataset.path=data/vision_captioning_synthetic", "dataset.prepare=null",
-                "test=true", "+dataset.test_path=data/vision_captioning_synthetic", "trainer.enable_checkpointing=true",
-                "trainer.callbacks=[{_target_: lightning.pytorch.callbacks.ModelCheckpoint, dirpath: own_ckpts, save_last: true}]")  # fmt: skip
-    resumed = fit(_cfg(work_dir, "vision/captioning", "trainer.max_steps=6", *overrides, *relative))
-    assert (resumed.global_step, resumed.world_size, len(resumed.losses)) == (6, 2, 2)
-    assert "test_loss" in resumed.metrics
-    assert torch.load(os.path.join(work_dir, "own_ckpts", "last.ckpt"), weights_only=True)["global_step"] == 6
 
-
-def test_ray_train_on_a_private_ray_logs_no_placement_group_cleaner_noise(work_dir, tmp_path):
-    """The command line with trainer.ray.num_workers=1 on the private Ray it starts (no dashboard): Ray
-    Train's PlacementGroupCleaner, which asks the dashboard's State API, said nothing (it logged "Failed
-    to query Ray Train Controller actor state" every second, or its thread's traceback where other Ray
-    instances run, as this session's does); rank 0's progress bar and losses, and the result, still show."""
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "ENERGON_RAY_VERBOSE")}
     env["PYTHONPATH"] = str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    argv = ["+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={work_dir}", "seed=0",
-            "trainer.max_steps=4", "trainer.limit_val_batches=0", "trainer.enable_checkpointing=false",
-            "trainer.ray.num_workers=1", f"trainer.ray.storage_path={tmp_path / 'ray_results'}", f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    relative = (f"ckpt_path={os.path.relpath(result.checkpoint, work_dir)}", "dataset.path=data/vision_captioning_synthetic", "dataset.prepare=null",
+                "test=true", "+dataset.test_path=data/vision_captioning_synthetic", "trainer.enable_checkpointing=true",
+                "trainer.callbacks=[{_target_: lightning.pytorch.callbacks.ModelCheckpoint, dirpath: own_ckpts, save_last: true}]")  # fmt: skip
+    argv = ["+task=vision/captioning", "+dataset=vision/captioning/synthetic", f"work_dir={work_dir}", "seed=0", "trainer.max_steps=6",
+            *overrides, *relative, f"trainer.ray.storage_path={tmp_path / 'ray_results'}", f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "energon_ray.train", *argv], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=root)  # fmt: skip
+                          timeout=300, cwd=work_dir)  # fmt: skip
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0, said[-3000:]
     assert "PlacementGroupCleaner" not in said and "State API" not in said, said[-3000:]
-    assert "trained 4 steps on 1 rank(s)" in proc.stdout, said[-3000:]
-    assert "Epoch 0: " in said and "train_loss=" in said, said[-3000:]
+    # the resumed run's result: 6 steps on 2 ranks, 2 losses of its own (the summary names how many it averaged), a test loss
+    assert "trained 6 steps on 2 rank(s)" in proc.stdout, said[-3000:]
+    assert re.search(r"^loss: first 2 steps [\d.]+, last 2 steps [\d.]+$", proc.stdout, re.M), said[-3000:]
+    assert re.search(r"^test_loss: ", proc.stdout, re.M), said[-3000:]
+    assert "Epoch 1: " in said and "train_loss=" in said, said[-3000:]  # it resumed at the start of epoch 1
+    assert torch.load(os.path.join(work_dir, "own_ckpts", "last.ckpt"), weights_only=True)["global_step"] == 6
 
 
 class _OwnModule(pl.LightningModule):
