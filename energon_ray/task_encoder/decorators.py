@@ -104,11 +104,12 @@ class Cooker:
 def basic_sample_keys(crude_sample: Dict[str, Any], additional_source_info: tuple = ()) -> Dict[str, Any]:
     """The meta fields of a crude sample, to forward into the cooked sample."""
     sources = tuple(crude_sample.get("__sources__") or ()) + tuple(additional_source_info)
+    given = "__sources__" in crude_sample or additional_source_info  # (an empty tuple stays one, as Energon's)
     return {
         "__key__": crude_sample["__key__"],
         "__restore_key__": crude_sample.get("__restore_key__", ()),
         "__subflavors__": crude_sample.get("__subflavors__"),
-        "__sources__": sources or None,
+        "__sources__": sources if given else None,
     }
 
 

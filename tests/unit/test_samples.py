@@ -450,3 +450,15 @@ def test_source_info_is_frozen_and_readable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.index = 5  # type: ignore[misc]
     assert str(s) == "/ds/shard_0000.tar[4] ['k4.jpg', 'k4.txt']"
+
+
+@pytest.mark.parametrize("sources", [(), ("a.tar",)])
+def test_basic_sample_keys_keeps_the_crude_samples_sources_as_energon(sources):
+    """A crude sample's ``__sources__`` is forwarded as it is, an empty tuple as an empty tuple
+    (Energon's ``basic_sample_keys``), not turned into None."""
+    import energon_ray
+
+    crude = {"__key__": "k", "__restore_key__": ("Webdataset", 1), "__subflavors__": {"a": 1}, "__sources__": sources}
+    ours, theirs = energon_ray.basic_sample_keys(crude), energon.basic_sample_keys(crude)
+    assert ours["__sources__"] == theirs["__sources__"] == sources
+    assert {k: ours[k] for k in theirs} == theirs
