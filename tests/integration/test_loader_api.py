@@ -258,3 +258,21 @@ def test_savable_data_loader_is_energons_class_name(ds_path):
     assert [b.__key__ for b in again] == rest and len(first.__key__) == 4
     with pytest.raises(TypeError):
         er.SavableDataLoader(ds, no_such_option=1)
+
+
+@pytest.mark.parametrize("make", ["get_loader", "get_savable_loader"])
+def test_a_worker_config_given_to_the_loader_warns_as_energon_at_the_callers_line(ds_path, make):
+    """A worker_config passed to the loader as well (the dataset's own) is Energon's deprecated form: a
+    FutureWarning pointing at the user's line; one that differs from the dataset's is refused."""
+    import warnings
+
+    wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1)
+    ds = er.get_val_dataset(ds_path, split_part="train", batch_size=4, worker_config=wc)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        getattr(er, make)(ds, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=1))
+    ours = [w for w in caught if issubclass(w.category, FutureWarning) and "worker_config" in str(w.message)]
+    assert len(ours) == 1 and str(ours[0].message).endswith("() is deprecated and will have no effect.")
+    assert ours[0].filename == __file__
+    with pytest.raises(ValueError, match=r"worker_config .* differs from the dataset's"):
+        getattr(er, make)(ds, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2))
