@@ -4,6 +4,7 @@ item in the trainer process, 1 → n, with its state for an exact restore)."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, Callable, Dict, List, Optional
 
@@ -37,6 +38,21 @@ class Wrapper(Composition):
 
     def virtual_epoch_length(self) -> int:
         return self.dataset.virtual_epoch_length()
+
+    def packing_form(self) -> Optional[Composition]:
+        """The dataset inside that may pack its leaves alone, as older loaders did (``SampleBlendDataset``)."""
+        inner = getattr(self.dataset, "packing_form", None)
+        return inner() if inner is not None else None
+
+    def other_form(self) -> Optional[Composition]:
+        """This wrapper around the dataset inside packing the other way (its states fit too), or ``None``."""
+        inner = getattr(self.dataset, "other_form", None)
+        other = inner() if inner is not None else None
+        if other is None:
+            return None
+        twin = copy.copy(self)
+        twin.dataset = other
+        return twin
 
     def leaf_shares(self):
         return self.dataset.leaf_shares()

@@ -11,7 +11,7 @@ batches the packs, so a pack mixes datasets. Here too, off the training process:
    ``(position, sub)``, never the bytes;
 3. consecutive ``batch_size`` packs make a batch, made by a Ray task (``batch``/``encode_batch``),
    ``BATCHES_PER_GROUP`` batches per task (a pass's first: one); unbatched (``batch_size=None``,
-   a validation metadataset's), each pack is an item, read from the store by such a task too.
+   a train or validation metadataset's), each pack is an item, read from the store by such a task too.
 
 Ahead of the trainer (from a worker's second batch on): the next chunk is drawn and its packing
 task started while the current group's batches are handed out, and once its packs are made, the

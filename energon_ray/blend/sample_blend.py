@@ -20,11 +20,13 @@ batches than were given of it) and drops those (``blend.replay.GroupNode``).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, PassContext, Provider
 from energon_ray.blend.base import ListNode
-from energon_ray.blend.compose import PooledBlendDataset
+from energon_ray.blend.compose import BlendDataset, PooledBlendDataset
 from energon_ray.blend.replay import GroupNode, SubTree
 from energon_ray.loader.group_items import GroupItems, read_finished
 from energon_ray.loader.merge import EXHAUSTED
@@ -36,26 +38,76 @@ BATCHES_PER_GROUP = 4
 
 
 class SampleBlendDataset(PooledBlendDataset):
-    """A metadataset's batched train blend: samples drawn by weight from the leaves, then batched
-    in Ray tasks (batches mix datasets, as Energon's do).
+    """A metadataset's batched (or packed) train blend: samples drawn by weight from the leaves,
+    then packed and batched in Ray tasks (batches and packs mix datasets, as Energon's do).
 
     Args:
         *datasets: ``(leaf, weight)`` pairs of leaves built with ``blend_samples=True``.
-        batch_size: samples per batch.
+        batch_size: samples per batch (``None``: unbatched, the packs one by one; needs packing).
         drop_last: drop each worker's last short batch (a pass of non-repeating leaves).
         packing_buffer_size: pack the drawn samples before batching (``blend.packed_blend``); a
             batch is then ``batch_size`` packs.
+
+    Raises:
+        ValueError: ``batch_size=None`` without ``packing_buffer_size``, or a leaf not built to
+            hand out its samples.
     """
 
-    def __init__(self, *datasets: Tuple[Composition, float], batch_size: int, drop_last: bool = False,
+    def __init__(self, *datasets: Tuple[Composition, float], batch_size: Optional[int], drop_last: bool = False,
                  packing_buffer_size: Optional[int] = None):  # fmt: skip
+        if batch_size is None and not packing_buffer_size:
+            raise ValueError("SampleBlendDataset: batch_size=None needs packing_buffer_size (unbatched samples are "
+                             "drawn as they are: PooledBlendDataset)")  # fmt: skip
         super().__init__(*datasets, batch_size=batch_size, drop_last=drop_last)
         self.packing_buffer_size = packing_buffer_size
         for ds in self.datasets:
             if not getattr(getattr(ds, "options", None), "blend_samples", False):
                 raise ValueError(f"SampleBlendDataset: {ds!r} was not built to hand out its samples (blend_samples)")
+        #: each leaf packs its own samples, as older loaders did (``packing_form``; a state they saved
+        #: restores so): ``datasets`` are then copies of the leaves that do, these the leaves
+        self.per_dataset = False
+        self.sample_leaves = list(self.datasets)
+
+    def packing_form(self) -> Optional["SampleBlendDataset"]:
+        """This blend, where loaders before 2026-11-29 packed each leaf's samples on its own (an
+        unbatched packed blend: its packs were drawn by weight, ``PooledBlendDataset``), so that
+        their states restore so (``pack_per_dataset``); ``None`` where none did."""
+        return self if self.batch_size is None and self.packing_buffer_size else None
+
+    def pack_per_dataset(self, value: bool) -> None:
+        """``True``: pack as the older loaders did (``alone_provider`` over copies of the leaves that
+        pack their own samples); ``False``: the blended samples are packed."""
+        if value and self.packing_form() is None:
+            raise ValueError(f"{type(self).__name__}: no older loader packed its datasets alone")
+        if value != self.per_dataset:
+            self.per_dataset = value
+            self.datasets = packing_alone(self.sample_leaves) if value else list(self.sample_leaves)
+
+    def described(self) -> Composition:
+        """What a saved state's fingerprint describes (packing alone: the older loaders' composition)."""
+        return self.alone(self.datasets) if self.per_dataset else self
+
+    def alone(self, leaves: List[Composition]) -> Composition:
+        """The composition older loaders built of ``leaves`` that pack their own samples."""
+        return PooledBlendDataset(*zip(leaves, [w for _, w in self.dataset_weights]), batch_size=self.batch_size,
+                                  drop_last=self.drop_last)  # fmt: skip
+
+    def other_form(self) -> Optional[Composition]:
+        """This blend packing the other way (``pack_per_dataset``), whose states fit too; ``None``
+        where it packs one way only."""
+        if self.packing_form() is None:
+            return None
+        other = copy.copy(self)
+        other.pack_per_dataset(not self.per_dataset)
+        return other
+
+    def alone_provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        """Packing alone: the leaves' packs drawn by weight, as ``PooledBlendDataset``'s."""
+        return BlendDataset.provider(self, ctx, pass_index)
 
     def provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        if self.per_dataset:
+            return self.alone_provider(ctx, pass_index)
         first = len(ctx.nodes)
         draw = self.draw_provider(ctx, pass_index)  # one pooled (position, sub, payload, leaf) per call
         batcher = _GroupBatcher([ctx.feeds[id(leaf)] for leaf in self.leaves()])
@@ -70,15 +122,27 @@ class SampleBlendDataset(PooledBlendDataset):
         return super().provider(ctx, pass_index)
 
     def leaf_shares(self):
-        # a step (one batch) takes batch_size samples, weight × batch_size of them from each leaf
-        return {leaf: (share * self.batch_size, offset) for leaf, (share, offset) in super().leaf_shares().items()}
+        # a step (one batch) takes batch_size samples (about one, unbatched), weight × that from each leaf
+        per_step = self.batch_size or 1
+        return {leaf: (share * per_step, offset) for leaf, (share, offset) in super().leaf_shares().items()}
 
     def schedule_hints(self, pass_index: int, items_per_step: int = 1):
-        return super().schedule_hints(pass_index, items_per_step=self.batch_size)
+        return super().schedule_hints(pass_index, items_per_step=self.batch_size or 1)
 
     def __repr__(self) -> str:
         return "SampleBlendDataset(" + ", ".join(f"({ds!r}, {w:.3g})" for ds, w in zip(self.datasets, self.weights)) + ")"
 
+
+def packing_alone(leaves: List[Composition]) -> List[Composition]:
+    """Copies of ``leaves`` that pack their own samples (their Ray tasks pack, buffers restarting at
+    each leaf), as older loaders' leaves did."""
+    twins = []
+    for leaf in leaves:
+        twin = copy.copy(leaf)
+        twin.options = dataclasses.replace(leaf.options, blend_samples=False)
+        twin._stages = None
+        twins.append(twin)
+    return twins
 
 
 class _SampleBatches:

@@ -15,8 +15,6 @@ record that.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 from energon_ray.blend.base import Composition, ListNode, PassContext, Provider
@@ -41,33 +39,18 @@ class SampleConcatDataset(SampleBlendDataset):
         super().__init__(*((ds, 1.0) for ds in datasets), batch_size=batch_size, drop_last=drop_last,
                          packing_buffer_size=packing_buffer_size)  # fmt: skip
         self.limit = limit
-        #: each leaf packs its own samples, as before 2026-11-28 (a state saved then is restored):
-        #: ``datasets`` are then copies of the leaves that do, these the leaves
-        self.per_dataset = False
-        self.sample_leaves = list(self.datasets)
 
-    def pack_per_dataset(self, value: bool) -> None:
-        """``True``: pack and batch as loaders before 2026-11-28 did (``ConcatDataset``'s provider over
-        copies of the leaves that pack their own samples); ``False``: buffers run across the leaves."""
-        if value != self.per_dataset:
-            self.per_dataset = value
-            self.datasets = _packing_alone(self.sample_leaves) if value else list(self.sample_leaves)
+    def packing_form(self) -> "SampleConcatDataset":
+        """Always this dataset: loaders before 2026-11-28 (before 2026-11-29 unbatched) packed each
+        dataset's samples on its own (``pack_per_dataset``)."""
+        return self
 
-    def described(self) -> Composition:
-        """What a saved state's fingerprint describes: before 2026-11-28's, a ``ConcatDataset``."""
-        return ConcatDataset(*self.datasets, limit=self.limit) if self.per_dataset else self
+    def alone(self, leaves: List[Composition]) -> Composition:
+        """Before 2026-11-28's composition: a ``ConcatDataset`` of leaves that pack their own samples."""
+        return ConcatDataset(*leaves, limit=self.limit)
 
-    def other_form(self) -> Composition:
-        """This metadataset packed the other way (``pack_per_dataset``): its states fit too."""
-        if self.per_dataset:
-            return SampleConcatDataset(*self.sample_leaves, batch_size=self.batch_size, drop_last=self.drop_last,
-                                       packing_buffer_size=self.packing_buffer_size, limit=self.limit)  # fmt: skip
-        return ConcatDataset(*_packing_alone(self.datasets), limit=self.limit)
-
-    def provider(self, ctx: PassContext, pass_index: int) -> Provider:
-        if self.per_dataset:
-            return ConcatDataset.provider(self, ctx, pass_index)  # type: ignore[arg-type]
-        return super().provider(ctx, pass_index)
+    def alone_provider(self, ctx: PassContext, pass_index: int) -> Provider:
+        return ConcatDataset.provider(self, ctx, pass_index)  # type: ignore[arg-type]
 
     def draw_provider(self, ctx: PassContext, pass_index: int) -> Provider:
         """Each worker's samples of the first leaf, then of the next: no randomness."""
@@ -103,15 +86,3 @@ class SampleConcatDataset(SampleBlendDataset):
 
     def __repr__(self) -> str:
         return "SampleConcatDataset(" + ", ".join(repr(ds) for ds in self.datasets) + ")"
-
-
-def _packing_alone(leaves: List[Composition]) -> List[Composition]:
-    """Copies of ``leaves`` that pack their own samples (their Ray tasks pack, buffers restarting at
-    each leaf) and pool the packs, batched across the leaves."""
-    twins = []
-    for leaf in leaves:
-        twin = copy.copy(leaf)
-        twin.options = dataclasses.replace(leaf.options, blend_samples=False)
-        twin._stages = None
-        twins.append(twin)
-    return twins

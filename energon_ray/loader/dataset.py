@@ -74,7 +74,7 @@ class PlanOptions:
     #: this one (batched or not): the hooks' ``current_batch_index``/``current_sample_index`` count
     #: on over them, as in Energon's concatenation.
     batch_index_offsets: Optional[Tuple[int, ...]] = None
-    #: A leaf of a batched train blend of a metadataset with ``blend_samples=True``: every sample leaves
+    #: A leaf of a batched (or packed) train blend of a metadataset with ``blend_samples=True``: every sample leaves
     #: its Ray task unbatched (still serialized), the blend draws samples, and Ray tasks batch them
     #: (``SampleBlendDataset``). On the factory's options: what the user asked for (``None``: blend
     #: samples wherever it can, as Energon does).

@@ -191,8 +191,8 @@ def get_train_dataset(
         **kwargs: ``split_config``, ``dataset_config``, ``subflavors``, ``parallel_shard_iters``,
             ``samples_per_segment`` (samples one Ray task processes, rounded up to whole batches;
             default: 64 for each worker's first segment, 128 after, 64 with packing; an int makes
-            every segment that long — lower it for large media; ``(first, later)`` sets both), ``blend_samples`` (a batched train
-            metadataset: ``None``, the default, blends samples, then packs (with ``packing_buffer_size``)
+            every segment that long — lower it for large media; ``(first, later)`` sets both), ``blend_samples`` (a batched, or unbatched
+            and packed, train metadataset: ``None``, the default, blends samples, then packs (with ``packing_buffer_size``)
             and batches them in Ray tasks, as Energon does, so batches and packs mix datasets, except
             with ``batch_group_criterion`` (grouping runs before blending here: whole per-dataset
             batches); ``False``: each batch is one dataset's, drawn by weight (a faster start);

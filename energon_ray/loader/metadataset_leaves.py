@@ -48,7 +48,7 @@ def _blends_samples(path: Any, flat: Flattened, options: PlanOptions, te: TaskEn
 
     Energon blends a train metadataset's samples and then batches them, and so do we by default:
     the leaves hand out samples, Ray tasks batch the drawn groups (blend.sample_blend); packing then
-    runs on the blended samples too (blend.packed_blend). ``blend_samples=False`` draws whole
+    runs on the blended samples too (blend.packed_blend), also unbatched. ``blend_samples=False`` draws whole
     per-dataset batches by weight instead (faster to start, see benchmarks/bench_sample_blend.py).
     Grouping runs in the leaves' Ray tasks, before any blending, so a task encoder with
     batch_group_criterion gets whole per-dataset (grouped) batches unless it asks for
@@ -57,7 +57,10 @@ def _blends_samples(path: Any, flat: Flattened, options: PlanOptions, te: TaskEn
     grouped = is_overridden(te, "batch_group_criterion")
     if _packs_across(flat, options):
         return True
-    blendable = options.training and len(flat.leaves) > 1 and options.batch_size is not None
+    # unbatched, only packing needs the blended samples (Energon packs them); plain samples are drawn
+    # by weight from the leaves as they are (``PooledBlendDataset``), which is the same
+    packs_or_batches = options.batch_size is not None or bool(options.packing_buffer_size)
+    blendable = options.training and len(flat.leaves) > 1 and packs_or_batches
     if options.blend_samples and blendable and grouped:
         raise ValueError(
             f"{path}: blend_samples=True cannot be combined with {type(te).__name__}.batch_group_criterion: grouping "

@@ -182,9 +182,16 @@ def fingerprints(dataset: Composition, order_only: bool = False) -> Tuple[str, .
     """The fingerprint a state saved now has, and those older states have: before the joins' rows were
     recorded without them, before 2026-12-02 without the leaves' sample layouts, before 2026-11-25 also
     with the task encoders' classes. A state with any of them fits; so does one saved before
-    2026-11-28 for a packed validation metadataset (``adopt_val_packing``)."""
+    2026-11-28 for a packed validation metadataset, before 2026-11-29 for an unbatched packed one or
+    train blend (``adopt_val_packing``: packing each dataset alone)."""
     other = getattr(dataset, "other_form", None)
-    return (fingerprints(other(), order_only) if other is not None else ()) + (
+    older = other() if other is not None else None
+    return (own_fingerprints(older, order_only) if older is not None else ()) + own_fingerprints(dataset, order_only)
+
+
+def own_fingerprints(dataset: Composition, order_only: bool = False) -> Tuple[str, ...]:
+    """``fingerprints`` of ``dataset`` as it packs now (not those of its other form)."""
+    return (
         fingerprint(describe(dataset, order_only)),
         fingerprint(describe(dataset, order_only, joins=False)),
         fingerprint(describe(dataset, order_only, layout=False)),
@@ -287,9 +294,11 @@ def adopt_pack_batching(state: LoaderState, dataset: Composition) -> None:
 
 
 def adopt_val_packing(state: LoaderState, dataset: Composition) -> None:
-    """A packed validation metadataset packs each dataset's samples on its own, as the loader that
-    saved ``state`` before 2026-11-28 did (its packing buffers restarted at each dataset), or runs
-    its buffers across them."""
-    if hasattr(dataset, "pack_per_dataset"):
-        older = dataset.described() if dataset.per_dataset else dataset.other_form()
-        dataset.pack_per_dataset(state.fingerprint in fingerprints(older))
+    """A packed validation metadataset (an unbatched packed train blend) packs each dataset's
+    samples on its own, as the loader that saved ``state`` before 2026-11-28 (2026-11-29) did (its
+    packing buffers restarted at each dataset), or packs across them (``packing_form``: the
+    dataset, or the one a wrapper such as ``EpochizeDataset`` holds)."""
+    form = getattr(dataset, "packing_form", lambda: None)()
+    if form is not None:
+        alone = dataset if form.per_dataset else dataset.other_form()
+        form.pack_per_dataset(state.fingerprint in own_fingerprints(alone))

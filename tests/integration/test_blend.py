@@ -163,6 +163,46 @@ def test_train_yaml_blends_samples_then_batches(sources):
     assert all(len({k[0] for k in b}) == 1 for b in whole)  # whole per-dataset batches
 
 
+class _Pairs(er.DefaultTaskEncoder):
+    """Packs of two samples in buffer order, keyed ``a_000001+c_000004``."""
+
+    def select_samples_to_pack(self, samples):
+        return [samples[i : i + 2] for i in range(0, len(samples), 2)]
+
+    def pack_selected_samples(self, samples):
+        return er.TextSample(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text="|".join(s.text for s in samples))
+
+
+def test_an_unbatched_packed_train_yaml_packs_the_blended_samples(sources):
+    """Unbatched (``batch_size=None``) and packed, a train metadataset packs the blended samples, as
+    Energon blends and then packs: packs mix the datasets (a pair mixes 3:1 sources 3 times in 8),
+    over 150 packs each source's share of the samples is its weight's within ±7 points; the same seed
+    gives the same packs whatever the segments, another seed other ones."""
+    root = sources["root"]
+    (root / "packed.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - {weight: 3, path: a}\n      - {weight: 1, path: c}\n"
+    )
+
+    def packs(wc, n=150, **kwargs):
+        ds = er.get_train_dataset(root / "packed.yaml", worker_config=wc, batch_size=None, packing_buffer_size=6,
+                                  shuffle_buffer_size=10, task_encoder=_Pairs(), **kwargs)  # fmt: skip
+        loader = er.get_loader(ds)
+        out = [pack.__key__ for pack in itertools.islice(loader, n)]
+        loader.close()
+        return out
+
+    got = packs(WC)
+    assert all(key.count("+") == 1 for key in got)
+    mixed = [key for key in got if {part[0] for part in key.split("+")} == {"a", "c"}]
+    assert len(mixed) >= 0.2 * len(got), f"only {len(mixed)} of {len(got)} packs mix both datasets: {got[:8]}"
+    samples = [part for key in got for part in key.split("+")]
+    assert abs(sum(k.startswith("a") for k in samples) / len(samples) - 0.75) <= 0.07
+    assert packs(WC, samples_per_segment=(3, 7)) == got
+    other = er.WorkerConfig(rank=0, world_size=1, num_workers=2, seed_offset=5)
+    assert packs(other, 20) != got[:20]
+
+
 def test_blend_samples_refuses_grouping(sources):
     """``blend_samples=True`` with a batch group criterion is refused by name (grouping runs in the
     datasets' Ray tasks, before blending), not quietly turned into whole per-dataset batches; left

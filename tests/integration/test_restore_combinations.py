@@ -150,6 +150,10 @@ def build(roots, composition: str, feature: str, num_workers: int):
         return er.get_val_dataset(roots["blend"], split_part="train", **_options(feature, num_workers, 3))
     if composition == "val-unbatched":  # the same, its samples (or packs) handed out one by one
         return er.get_val_dataset(roots["blend"], split_part="train", **{**_options(feature, num_workers, 3), "batch_size": None})
+    if composition.startswith("meta-unbatched"):  # a train metadataset's packs handed out one by one (-epochs: 5 per iter())
+        epochs = {"virtual_epoch_length": 5} if composition.endswith("-epochs") else {}
+        options = {**_options(feature, num_workers, 3), "batch_size": None, **epochs}
+        return er.get_train_dataset(roots["blend"], shuffle_buffer_size=4, max_samples_per_sequence=3, repeat=False, **options)
     if composition == "blend":
         return er.BlendDataset((_train(roots["a"], feature, num_workers), 2), (_train(roots["b"], feature, num_workers), 1))
     if composition == "mix":
@@ -191,6 +195,7 @@ REFUSED = {
     "epochized-packing": (MIXED_PACKS, "a sample blend's packs mix datasets"),
     "val-packing": (MIXED_PACKS, "a packing buffer runs from one dataset into the next, as Energon's"),
     "val-unbatched-packing": (MIXED_PACKS, "a packing buffer runs from one dataset into the next, as Energon's"),
+    "meta-unbatched-packing": (MIXED_PACKS, "a sample blend's packs mix datasets"),
 }
 
 
@@ -207,7 +212,7 @@ CASES = [
     _case(composition, feature, workers)
     for composition, feature, workers in [
         ("endless", "skip", 1), ("endless", "packing", 3), ("val", "plain", 1), ("val", "generator", 3), ("val", "packing", 1),
-        ("val-unbatched", "packing", 3),
+        ("val-unbatched", "packing", 3), ("meta-unbatched", "packing", 3), ("meta-unbatched", "packing", 1),
     ]
 ]
 
@@ -226,7 +231,7 @@ def test_restore_is_exact_after_0_1_mid_and_all_but_the_last_batch(roots, compos
         assert len(items) >= 3
         if composition == "val":  # some batch runs from one dataset into the next
             assert any(len({key[0] for key in item[0]}) == 2 for item in items)
-        if composition == "val-unbatched":  # some pack does
+        if composition in ("val-unbatched", "meta-unbatched"):  # some pack does
             assert any("a_" in item[0][0] and "b_" in item[0][0] for item in items)
         reference = runs[0]
         refused = REFUSED.get(composition) or REFUSED.get(f"{composition}-{feature}")
@@ -245,22 +250,25 @@ def test_restore_is_exact_after_0_1_mid_and_all_but_the_last_batch(roots, compos
             run.loader.close()
 
 
-@pytest.mark.parametrize("composition", ["val", "val-unbatched"])
-def test_a_packed_validation_metadatasets_state_saved_when_each_dataset_packed_alone_restores(roots, composition):
-    """A packed validation metadataset's state saved before its packing buffers ran across its
-    datasets (each dataset packed its own samples; that loader is built here with
-    ``pack_per_dataset(True)``, as its fingerprint shows) restores into a loader built now: the rest
-    of the saved loader's pass, as it packed (such states were refused: ``StateError`` "type was
-    'ConcatDataset', is now 'SampleConcatDataset'"), batched or not."""
+@pytest.mark.parametrize("composition", ["val", "val-unbatched", "meta-unbatched", "meta-unbatched-epochs"])
+def test_a_packed_metadatasets_state_saved_when_each_dataset_packed_alone_restores(roots, composition):
+    """A packed validation metadataset's (an unbatched packed train metadataset's) state saved before
+    its packing buffers ran across its datasets (each dataset packed its own samples; that loader is
+    built here with ``pack_per_dataset(True)``, as its fingerprint shows) restores into a loader built
+    now: the rest of the saved loader's pass (or virtual epoch), as it packed (such states were
+    refused: ``StateError`` "type was 'ConcatDataset', is now 'SampleConcatDataset'", for the train
+    metadataset 'PooledBlendDataset' and 'SampleBlendDataset'), batched or not."""
 
     def loader(alone: bool):
         dataset = build(roots, composition, "packing", 1)
-        dataset.pack_per_dataset(alone)
+        dataset.packing_form().pack_per_dataset(alone)
         return er.get_savable_loader(dataset)
 
     old, new = loader(True), loader(False)
     before, now = [view(b) for b in old], [view(b) for b in new]
     assert [b[0] for b in before] != [b[0] for b in now]  # other packs
+    if composition.startswith("meta"):  # each dataset packed alone: no pack mixed them
+        assert not any("a_" in b[0][0] and "b_" in b[0][0] for b in before)
     saving = loader(True)
     it = iter(saving)
     next(it), next(it)
