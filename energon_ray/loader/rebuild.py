@@ -17,7 +17,7 @@ from energon_ray.loader.restore import run_reads
 from energon_ray.loader.state import StateError
 from energon_ray.pipeline import rows, serde
 from energon_ray.pipeline.batch_counts import MADE
-from energon_ray.pipeline.batch_stages import BATCH, BATCHED
+from energon_ray.pipeline.batcher import BATCH, BATCHED
 from energon_ray.pipeline.packing import restore_key_of
 from energon_ray.plan.stream import SegmentSpec
 
@@ -212,7 +212,7 @@ def _batch_once(
 
 
 def split_batch_index(restore_key: Any) -> Tuple[Optional[int], Any]:
-    """A batch key ``(BATCH, batch index, *key)`` (see ``pipeline.batch_stages``): ``(index, key)``;
+    """A batch key ``(BATCH, batch index, *key)`` (see ``pipeline.batcher``): ``(index, key)``;
     any other key (a sample's, a pack's, or a batch's from before batch keys held their index):
     ``(None, key)``.
 
@@ -229,7 +229,7 @@ def split_batch_index(restore_key: Any) -> Tuple[Optional[int], Any]:
 
 def split_counts(restore_key: Any) -> Tuple[Optional[Tuple[int, int]], Any]:
     """A batch key's rest after its index (and output) that starts with the stream's batch counts
-    before the batch's group (``(MADE, outputs of batch, batches given, *key)``, see ``pipeline.batch_stages``):
+    before the batch's group (``(MADE, outputs of batch, batches given, *key)``, see ``pipeline.batcher``):
     ``((outputs, batches), key)``; any other (a key from before they were counted, or whose hook calls
     all read the group's index): ``(None, key)``.
 
@@ -248,7 +248,7 @@ def split_counts(restore_key: Any) -> Tuple[Optional[Tuple[int, int]], Any]:
 
 def split_output(restore_key: Any) -> Tuple[Optional[Tuple[int, int]], Any]:
     """A batch key naming output ``j`` of ``encode_batch`` on output ``i`` of a generator ``batch``
-    (``(BATCHED, i, j, *keys)``, see ``pipeline.batch_stages``): ``((i, j), keys)``; any other key:
+    (``(BATCHED, i, j, *keys)``, see ``pipeline.batcher``): ``((i, j), keys)``; any other key:
     ``(None, key)``.
 
     Raises:

@@ -19,7 +19,7 @@ from energon_ray.loader.rebuild import (
 )  # fmt: skip
 from energon_ray.loader.state import StateError
 from energon_ray.pipeline.batch_counts import MADE
-from energon_ray.pipeline.batch_stages import BATCH, BATCHED
+from energon_ray.pipeline.batcher import BATCH, BATCHED
 from energon_ray.pipeline.packing import PACKED
 
 

@@ -110,7 +110,7 @@ class Carry:
     #: a ``restore_sample`` re-read of single samples: the stream's outputs before each position
     bases: Optional[Dict[int, int]] = None
     #: batches: ``(outputs of batch, batches given)`` of the worker stream before the next segment
-    #: (``batch_stages.Made``); ``None``: one each per whole batch of outputs (a stream's start, or a
+    #: (``batch_counts.Made``); ``None``: one each per whole batch of outputs (a stream's start, or a
     #: state saved before they were counted)
     counts: Optional[Tuple[int, int]] = None
 
@@ -280,7 +280,7 @@ def rebuild_chained_batch(
     Raises:
         LookupError: an output is not made again (the data or the task encoder changed).
     """
-    from energon_ray.pipeline.batch_stages import Batcher
+    from energon_ray.pipeline.batcher import Batcher
     from energon_ray.pipeline.stages import EncodeSamples
 
     stage = EncodeSamples(config)

@@ -14,7 +14,7 @@ from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline import rows, serde
 from energon_ray.pipeline.packing import Packer
 from energon_ray.pipeline.policy import StageRun
-from energon_ray.pipeline.batch_stages import Batcher
+from energon_ray.pipeline.batcher import Batcher
 from energon_ray.pipeline.stages import StageConfig, output_table
 from energon_ray.task_encoder.base import TaskEncoder
 from energon_ray.task_encoder.context import worker_slot
