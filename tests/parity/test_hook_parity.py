@@ -103,15 +103,24 @@ def test_grouped_batch_index_runs_on_after_a_restore(path):
     assert head + [dict(b) for b in restored] == full
 
 
-def _postencoded_generator_encoder(lib):
-    class Encoder(lib.DefaultTaskEncoder):
+def _skipping_generator(lib, keyed: bool = False):
+    """A task encoder class whose generator ``encode_sample`` skips every fourth sample and gives the
+    others 0, 1 or 2 outputs (``keyed``: each with its sample's restore key)."""
+
+    class Generator(lib.DefaultTaskEncoder):
         def encode_sample(self, sample):
             i = int(sample.text)
             if i % 4 == 1:
                 raise lib.SkipSample()
             for sub in range(i % 3):  # 0, 1 or 2 outputs
-                yield {"key": f"{sample.__key__}{'ab'[sub]}"}
+                out = {"key": f"{sample.__key__}{'ab'[sub]}"}
+                yield {**out, "__restore_key__": sample.__restore_key__} if keyed else out
 
+    return Generator
+
+
+def _postencoded_generator_encoder(lib):
+    class Encoder(_skipping_generator(lib)):
         def postencode_sample(self, sample):
             return {**sample, "post": True}
 
@@ -236,14 +245,7 @@ def test_generator_batch_counts_run_on_after_a_restore_and_older_states_and_keys
 
 
 def _seeded_postencode_encoder(lib):
-    class Encoder(lib.DefaultTaskEncoder):
-        def encode_sample(self, sample):
-            i = int(sample.text)
-            if i % 4 == 1:
-                raise lib.SkipSample()
-            for sub in range(i % 3):  # 0, 1 or 2 outputs
-                yield {"key": f"{sample.__key__}{'ab'[sub]}", "__restore_key__": sample.__restore_key__}
-
+    class Encoder(_skipping_generator(lib, keyed=True)):
         @lib.stateless(restore_seeds=True)
         def postencode_sample(self, sample):
             return {**sample, "post": [self.current_batch_index, self.current_sample_index, random.randint(0, 10**6)]}

@@ -196,9 +196,8 @@ def test_segment_reads_coalesce_sorted_runs_and_close_gaps(server, tmp_path):
         assert got.read_requests == gets + 2  # and this process's first read of the two .tar.idx
 
 
-def test_remote_spec_with_dataset_code_ships_its_files(server, tmp_path):
-    """A remote dataset.yaml naming a sample_loader.py (trusted) loads it from a local copy; the pickled
-    spec rebuilds in a worker from the files it carries, without a request to the store."""
+def _dataset_with_code(tmp_path):
+    """A local text dataset whose dataset.yaml names a sample_loader.py (upper-cases the text)."""
     local = text_dataset(tmp_path / "ds", [4])
     meta = local / ".nv-meta"
     (meta / "dataset.yaml").write_text(
@@ -206,7 +205,13 @@ def test_remote_spec_with_dataset_code_ships_its_files(server, tmp_path):
         "sample_loader: sample_loader.py:load\npart_filter: [txt]\n"
     )
     (meta / "sample_loader.py").write_text("def load(raw):\n    return dict(text=raw['txt'].upper())\n")
-    url = server.upload(local, "unit", "code")
+    return local
+
+
+def test_remote_spec_with_dataset_code_ships_its_files(server, tmp_path):
+    """A remote dataset.yaml naming a sample_loader.py (trusted) loads it from a local copy; the pickled
+    spec rebuilds in a worker from the files it carries, without a request to the store."""
+    url = server.upload(_dataset_with_code(tmp_path), "unit", "code")
     spec = read_dataset_spec(url, trusted=True)
     assert spec.sample_loader({"txt": "ab"}) == {"text": "AB"} and spec.parts == frozenset({"txt"})
     blob = pickle.dumps(spec)
@@ -225,14 +230,7 @@ def test_a_remote_sample_loader_runs_from_a_private_copy_holding_the_datasets_by
     import sys
     import tempfile
 
-    local = text_dataset(tmp_path / "ds", [4])
-    meta = local / ".nv-meta"
-    (meta / "dataset.yaml").write_text(
-        "sample_type: {__module__: megatron.energon, __class__: TextSample}\n"
-        "sample_loader: sample_loader.py:load\npart_filter: [txt]\n"
-    )
-    (meta / "sample_loader.py").write_text("def load(raw):\n    return dict(text=raw['txt'].upper())\n")
-    url = server.upload(local, "unit", "planted")
+    url = server.upload(_dataset_with_code(tmp_path), "unit", "planted")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     assert read_dataset_spec(url, trusted=True).sample_loader({"txt": "ab"}) == {"text": "AB"}
