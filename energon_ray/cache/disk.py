@@ -19,10 +19,11 @@ import json
 import os
 import shutil
 import socket
-import stat
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
+
+from energon_ray.storage.cache import folder_problem
 
 if TYPE_CHECKING:
     from energon_ray.samples.base import SourceInfo
@@ -35,10 +36,10 @@ ENTRY_SUFFIX = ".entry"
 def _private_dir(path: Path) -> Path:
     """Create ``path`` (mode 0700) or check that an existing one is ours and not open to others."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(f"{path}: cache folder belongs to another user (uid {st.st_uid}); choose another parent_cache_dir")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    problem = folder_problem(str(path), follow_links=True)
+    if problem == "owner":
+        raise PermissionError(f"{path}: cache folder belongs to another user (uid {path.stat().st_uid}); choose another parent_cache_dir")
+    if problem == "writable":
         raise PermissionError(f"{path}: cache folder is writable by other users; chmod 700 it or choose another parent_cache_dir")
     return path
 

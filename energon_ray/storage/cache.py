@@ -61,6 +61,18 @@ def user_temp_folder(name: str) -> str:
     return os.path.join(tempfile.gettempdir(), f"{name}-{os.getuid() if hasattr(os, 'getuid') else 'user'}")
 
 
+def folder_problem(path: str, follow_links: bool = False) -> Optional[str]:
+    """Why files read back from folder ``path`` may not be ours: ``"link"`` (not a folder itself, or not
+    one at all), ``"owner"`` (another user's) or ``"writable"`` (by others); ``None`` when it is a
+    folder of this user that others cannot write (``follow_links``: judge where a link leads)."""
+    st = os.stat(path) if follow_links else os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return "link"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return "owner"
+    return "writable" if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) else None
+
+
 def private_folder(path: str) -> str:
     """``path``, created with mode 0700 or checked to be a folder of this user that others cannot write:
     files read back from it (shards, index.sqlite copies, dataset code) must be the ones we wrote.
@@ -69,8 +81,7 @@ def private_folder(path: str) -> str:
         StorageError: naming the folder, when it is a link, another user's, or writable by others.
     """
     os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
+    if folder_problem(path) is not None:
         raise StorageError(
             path, "cache folder is not a private folder of this user (a link, another owner, or writable by others), "
             "so another user could put files there; remove it, chmod 700 it, or choose another folder"
