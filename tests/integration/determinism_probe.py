@@ -1,7 +1,9 @@
 """Runs one training loader and records what it yields; used in-process and in subprocesses.
 
 ``python -m tests.integration.determinism_probe MODE DATASET OUT.json`` starts its own Ray:
-``local1`` (a private 1-CPU local Ray) or ``cluster2`` (a 2-node ``ray.cluster_utils.Cluster``).
+``local1`` (a private 1-CPU local Ray: ``record``) or ``cluster2`` (a 2-node
+``ray.cluster_utils.Cluster``: ``record``, then ``node_loss`` in the same cluster, under the key
+``"node_loss"``; one cluster start for both, the slowest set-up of the suite).
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def main(mode: str, path: str, out: str) -> None:
     cluster = None
     if mode == "local1":
         ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    elif mode in ("cluster2", "node-loss"):
+    elif mode == "cluster2":
         from ray.cluster_utils import Cluster
 
         # the GCS marks a node dead after health_check_failure_threshold missed checks, one per
@@ -155,7 +157,9 @@ def main(mode: str, path: str, out: str) -> None:
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     try:
-        result = node_loss(path, cluster) if mode == "node-loss" else record(path)
+        result = record(path)
+        if cluster is not None:  # last: it removes the worker node
+            result["node_loss"] = node_loss(path, cluster)
     finally:
         ray.shutdown()
         if cluster is not None:
