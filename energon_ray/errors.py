@@ -217,7 +217,9 @@ def check_keywords(where: str, kwargs: dict, energon_only: Sequence[str]) -> Non
 
 class MediaTooLargeError(SampleException):
     """An image, video or audio part whose header promises more pixels or a longer duration than the
-    decoder allows; it is refused before decoding (a counted skip under the per-sample error policy)."""
+    decoder allows, or a part over ``SampleDecoder(max_part_bytes=...)`` (a ``.gz`` part inflating past
+    it, a ``json``/``npy``/… part larger); it is refused before decoding (a counted skip under the
+    per-sample error policy)."""
 
 
 class IndexMismatchError(ShardReadError):

@@ -19,6 +19,7 @@ from energon_ray.decode.av_handler import (
     AVWebdatasetDecoder,
     check_limit,
 )
+from energon_ray.decode.part_limits import DEFAULT_MAX_PART_BYTES, BoundedBasicHandler, GzipPartHandler
 from energon_ray.errors import MediaTooLargeError, untrusted
 
 ImageDecoderType = Literal[
@@ -199,7 +200,8 @@ class SampleDecoder:
     whose bytes are an image, audio or video is decoded as that, as Energon's, nothing unpickled);
     untrusted ``pth`` parts load with ``torch.load(weights_only=True)``. Images, videos and audio
     whose headers promise more pixels or a longer duration than the limits raise
-    :class:`MediaTooLargeError` before decoding.
+    :class:`MediaTooLargeError` before decoding, and so are parts over ``max_part_bytes``: a ``.gz`` part
+    inflating past it (inflated in chunks, never whole), a ``json``/``txt``/``npy``/… part larger.
 
     Args:
         image_decode: one of webdataset's image specs (``torchrgb`` = float CHW in [0, 1]).
@@ -214,6 +216,9 @@ class SampleDecoder:
             refuses images over twice its own value, whatever this limit.
         max_video_pixels: most pixels a video frame may have (default 7680×4320×2); ``None``: no limit.
         max_av_duration_s: longest duration of a video or audio part (default 6 h); ``None``: no limit.
+        max_part_bytes: most bytes a ``.gz`` part inflates to, and most bytes of a part parsed by the
+            basic handlers (``json``, ``txt``, ``cls``, ``mp``, ``npy``/``npz`` also by their headers'
+            declared arrays); default 512 MiB; ``None``: no limit.
 
     Raises:
         ValueError: for an unknown ``image_decode`` or ``av_decode``, or a limit that is not positive.
@@ -235,6 +240,7 @@ class SampleDecoder:
         max_image_pixels: Optional[int] = None,
         max_video_pixels: Optional[int] = DEFAULT_MAX_VIDEO_PIXELS,
         max_av_duration_s: Optional[float] = DEFAULT_MAX_AV_DURATION_S,
+        max_part_bytes: Optional[int] = DEFAULT_MAX_PART_BYTES,
     ):
         if image_decode not in IMAGE_MODES:
             raise ValueError(f"SampleDecoder: image_decode={image_decode!r} is not one of {list(IMAGE_MODES)}")
@@ -244,6 +250,7 @@ class SampleDecoder:
         check_limit("SampleDecoder", "max_image_pixels", max_image_pixels)
         check_limit("SampleDecoder", "max_video_pixels", max_video_pixels)
         check_limit("SampleDecoder", "max_av_duration_s", max_av_duration_s, integer=False)
+        check_limit("SampleDecoder", "max_part_bytes", max_part_bytes)
         self.image_decode = image_decode
         self.av_decode = av_decode
         self.video_decode_audio = video_decode_audio
@@ -252,6 +259,7 @@ class SampleDecoder:
         self.max_image_pixels = max_image_pixels
         self.max_video_pixels = max_video_pixels
         self.max_av_duration_s = max_av_duration_s
+        self.max_part_bytes = max_part_bytes
         self._decoder: Optional[wds_decode.Decoder] = None
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -283,12 +291,17 @@ class SampleDecoder:
         ]
         if self.guess_content:
             media = [_GuessingHandler(h) for h in media]
-        # Runs after webdataset's gz pre-handler and before its basic handlers, which never see pickles.
+        # Runs after the gz pre-handler and before the basic handlers, which never see pickles.
         # The media handlers go first, as in Energon, so guess_content decodes an image stored as
         # ``.pkl`` as an image, trusted or not: they read a pickle part only where its magic bytes say
         # image, audio or video, and then decode it as that, never unpickling it. Any other pickle part
         # reaches the code handler, which refuses it untrusted.
-        return wds_decode.Decoder([*media, _CodePartHandler(self.trust_dataset_code)])
+        # webdataset's own gz filter and basic handlers, with max_part_bytes (decode/part_limits.py).
+        return wds_decode.Decoder(
+            [*media, _CodePartHandler(self.trust_dataset_code)],
+            pre=[GzipPartHandler(self.max_part_bytes)],
+            post=[BoundedBasicHandler(self.max_part_bytes)],
+        )
 
     def decode_part(self, part: str, data: bytes) -> Any:
         """Decode the bytes of one part (``jpg``, ``caption.txt``, ``json``, …)."""
@@ -318,6 +331,7 @@ class SampleDecoder:
             "max_image_pixels": self.max_image_pixels,
             "max_video_pixels": self.max_video_pixels,
             "max_av_duration_s": self.max_av_duration_s,
+            "max_part_bytes": self.max_part_bytes,
         }
 
     def __repr__(self) -> str:

@@ -69,6 +69,40 @@ def test_captioning_skips_a_caption_that_is_not_a_string_without_losing_its_batc
     assert "sample 'sample_000009'" in caplog.text and "field 'caption': must be a string, got None" in caplog.text
 
 
+class SmallParts(er.DefaultTaskEncoder):
+    """Decodes with max_part_bytes=64 KiB; yields each sample's key and caption."""
+
+    decoder = er.SampleDecoder(max_part_bytes=64 * 1024)
+
+    def encode_sample(self, sample):
+        return {"__key__": sample.__key__, "caption": sample.caption}
+
+
+def test_a_gzip_bomb_part_is_skipped_counted_and_named_without_inflating_it(tmp_path, caplog):
+    """Captions stored as txt.gz; one is 64 MiB of spaces in a 64 KiB gzip: only its sample is dropped,
+    counted under load and logged with dataset, shard, key, part and the limit; the others decode."""
+    import gzip
+
+    samples = captioning_samples(8)
+    for _, parts in samples:
+        parts["txt.gz"] = gzip.compress(parts.pop("txt"))
+    bomb = samples[3][1]["txt.gz"] = gzip.compress(b" " * (64 * 1024 * 1024))
+    path = prepared(tmp_path / "ds", samples, 4, field_map={"image": "jpg", "caption": "txt.gz"})
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    loader = _val(path, task_encoder=SmallParts(), batch_size=None)
+    items = {item["__key__"]: item["caption"] for item in loader}
+    assert sorted(items) == [f"sample_{i:06d}" for i in range(8) if i != 3]
+    assert items["sample_000004"] == "a cat sleeping on a sofa (sample 4)"
+    assert loader.stats.skipped == {"load": 1}
+    lines = [r.getMessage() for r in caplog.records if "sample_000003" in r.getMessage()]
+    assert len(lines) == 1
+    assert f"dataset {path}: shards/shard_0000.tar: sample 'sample_000003'" in lines[0]
+    assert (
+        f"cannot decode part 'txt.gz' ({len(bomb)} bytes): MediaTooLargeError: txt.gz: gzip of {len(bomb):,} bytes "
+        "inflates to more than 65,536 bytes, over the limit of 65,536 bytes per part (max_part_bytes)"
+    ) in lines[0]
+
+
 class FailSome(er.DefaultTaskEncoder):
     def encode_sample(self, sample):
         index = int(sample.__key__[-6:])

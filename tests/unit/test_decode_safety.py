@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import pickle
 import shutil
 from typing import List
@@ -17,6 +18,7 @@ import torch
 
 from energon_ray.decode.av import AVData, AVDecoder
 from energon_ray.decode.av_handler import DEFAULT_MAX_AV_DURATION_S, DEFAULT_MAX_VIDEO_PIXELS, AVHandler
+from energon_ray.decode.part_limits import DEFAULT_MAX_PART_BYTES, INFLATE_CHUNK
 from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import MediaTooLargeError, SampleException, UntrustedCodeError
 
@@ -227,7 +229,10 @@ def test_config_names_trust_and_limits_with_their_defaults():
     assert config["trust_dataset_code"] is False and config["max_image_pixels"] is None
     assert config["max_video_pixels"] == DEFAULT_MAX_VIDEO_PIXELS == 7680 * 4320 * 2
     assert config["max_av_duration_s"] == DEFAULT_MAX_AV_DURATION_S == 6 * 3600
-    custom = SampleDecoder(trust_dataset_code=True, max_image_pixels=5, max_video_pixels=None, max_av_duration_s=2)
+    assert config["max_part_bytes"] == DEFAULT_MAX_PART_BYTES == 512 * 1024 * 1024
+    custom = SampleDecoder(
+        trust_dataset_code=True, max_image_pixels=5, max_video_pixels=None, max_av_duration_s=2, max_part_bytes=9
+    )
     assert SampleDecoder(**custom.config()).config() == custom.config()
 
 
@@ -320,6 +325,8 @@ def test_small_png_bomb_is_refused_with_the_default_limit():
         (dict(max_av_duration_s=-1.0), ValueError),
         (dict(max_av_duration_s=float("nan")), ValueError),
         (dict(max_av_duration_s="1h"), TypeError),
+        (dict(max_part_bytes=0), ValueError),
+        (dict(max_part_bytes=2.0**20), TypeError),
     ],
 )
 def test_invalid_limits_raise_in_init(kwargs, error):
@@ -327,6 +334,86 @@ def test_invalid_limits_raise_in_init(kwargs, error):
     (name,) = kwargs
     with pytest.raises(error, match=f"{name} must be"):
         SampleDecoder(**kwargs)
+
+
+# ------------------------------------------------- parts that inflate: gzip, json, npy/npz (max_part_bytes)
+
+MiB = 1024 * 1024
+
+
+def test_a_gzip_bomb_is_refused_naming_part_sizes_and_limit():
+    """16 MiB of JSON whitespace in a gzip part of a few KiB: refused past max_part_bytes=1 MiB."""
+    bomb = gzip.compress(b"[" + b" " * (16 * MiB) + b"]")
+    assert len(bomb) < 40_000
+    message = (
+        rf"^json\.gz: gzip of {len(bomb):,} bytes inflates to more than 1,048,576 bytes, over the limit of "
+        r"1,048,576 bytes per part \(max_part_bytes\); raise it with SampleDecoder\(max_part_bytes=\.\.\.\)"
+    )
+    with pytest.raises(MediaTooLargeError, match=message):
+        SampleDecoder(max_part_bytes=MiB).decode_part("json.gz", bomb)
+    assert SampleDecoder(max_part_bytes=17 * MiB).decode_part("json.gz", bomb) == []
+    assert SampleDecoder().decode_part("json.gz", bomb) == []
+
+
+def test_a_gzip_part_is_refused_before_its_end_is_inflated():
+    """Inflated in chunks: a truncated gzip of 8 MiB is refused at the limit, before the missing end
+    is reached (inflating it whole first would fail on the truncation instead)."""
+    truncated = gzip.compress(bytes(8 * MiB))[:-100]
+    with pytest.raises(EOFError):
+        SampleDecoder(max_part_bytes=None).decode_part("bin.gz", truncated)
+    with pytest.raises(MediaTooLargeError, match=r"^bin\.gz: gzip of .* inflates to more than 2,097,152 bytes"):
+        SampleDecoder(max_part_bytes=2 * MiB).decode_part("bin.gz", truncated)
+    assert INFLATE_CHUNK <= MiB
+
+
+@pytest.mark.parametrize("part, value", [("txt.gz", "héllo"), ("json.gz", {"a": [1, 2]}), ("cls.gz", 7), ("bin.gz", None)])
+def test_gzip_parts_under_the_limit_decode_as_webdatasets_filter_decodes_them(part, value):
+    """Under the limit a .gz part decodes by the rest of its name, as webdataset's gz filter does;
+    a limit of exactly the inflated size is allowed."""
+    import webdataset.autodecode as wds_decode
+
+    raw = {"txt.gz": "héllo".encode(), "json.gz": b'{"a": [1, 2]}', "cls.gz": b"7", "bin.gz": b"\x00\x01raw"}[part]
+    data = gzip.compress(raw) + gzip.compress(b"")  # a second (empty) member, as gzip reads it
+    ours = SampleDecoder(max_part_bytes=len(raw)).decode_part(part, data)
+    assert ours == wds_decode.Decoder([]).decode1(part, data) == (raw if value is None else value)
+
+
+def test_parts_parsed_by_the_basic_handlers_are_refused_over_the_limit():
+    """A json/txt part of more bytes than max_part_bytes is refused before parsing; at the limit it parses."""
+    doc = json.dumps({"caption": "x" * 1000}).encode()
+    dec = SampleDecoder(max_part_bytes=len(doc) - 1)
+    with pytest.raises(MediaTooLargeError, match=rf"^json: {len(doc):,} bytes, over the limit of {len(doc) - 1:,} bytes"):
+        dec.decode_part("json", doc)
+    with pytest.raises(MediaTooLargeError, match=r"^caption\.txt: 1,100 bytes, over the limit"):
+        dec.decode_part("caption.txt", b"y" * 1100)
+    assert SampleDecoder(max_part_bytes=len(doc)).decode_part("json", doc) == {"caption": "x" * 1000}
+    assert dec.decode_part("bin", b"z" * 2000) == b"z" * 2000  # not parsed: stays bytes, no limit
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def test_npy_and_npz_parts_are_refused_by_the_arrays_their_headers_declare():
+    """A forged npy header declaring a 2**40-byte array (numpy would allocate it before reading) and a
+    compressed npz of 4 MiB of zeros are refused at max_part_bytes=1 MiB; real small ones decode."""
+    small = _npy(np.arange(6, dtype=np.int64))
+    forged = small.replace(b"(6,)", b"(137438953472,)".ljust(4))
+    forged = forged[:8] + (int.from_bytes(forged[8:10], "little") + len(forged) - len(small)).to_bytes(2, "little") + forged[10:]
+    dec = SampleDecoder(max_part_bytes=MiB)
+    with pytest.raises(MediaTooLargeError, match=r"^npy: its header\(s\) declare 1,099,511,627,776 bytes of arrays"):
+        dec.decode_part("npy", forged)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, a=np.zeros(4 * MiB, np.uint8))
+    assert len(buf.getvalue()) < 20_000
+    with pytest.raises(MediaTooLargeError, match=r"^feats\.npz: its header\(s\) declare 4,194,\d{3} bytes of arrays"):
+        dec.decode_part("feats.npz", buf.getvalue())
+    assert dec.decode_part("npy", small).tolist() == list(range(6))
+    buf = io.BytesIO()
+    np.savez_compressed(buf, a=np.arange(3))
+    assert dec.decode_part("npz", buf.getvalue())["a"].tolist() == [0, 1, 2]
 
 
 # ------------------------------------------------------------ video and audio

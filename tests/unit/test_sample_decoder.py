@@ -218,7 +218,7 @@ def test_config_matches_energons_config():
     kwargs = dict(image_decode="pil", av_decode="torch", video_decode_audio=True, guess_content=True)
     ours, theirs = SampleDecoder(**kwargs).config(), EnergonSampleDecoder(**kwargs).config()
     assert {k: ours[k] for k in theirs} == theirs
-    safety = {"trust_dataset_code", "max_image_pixels", "max_video_pixels", "max_av_duration_s"}
+    safety = {"trust_dataset_code", "max_image_pixels", "max_video_pixels", "max_av_duration_s", "max_part_bytes"}
     assert set(ours) - set(theirs) == safety
 
 
