@@ -12,6 +12,10 @@ The rules for an unquoted scalar: ``null``/``~`` is None, ``true``/``yes`` and `
 other text an int if ``int`` reads it, anything else stays text. Quoted and block scalars stay text;
 keys stay as written. An empty value is None (Energon cannot read one at all).
 
+Tags are ignored, as Energon's reader ignores them: ``!!int "7"`` is the text ``'7'`` (quoted),
+``!!str 7`` the int 7 (plain), ``!!binary``/``!!timestamp``/``!custom`` values are read as if untagged,
+so a tag can neither change a value's type nor name a constructor (PyYAML's ``!!python/...``).
+
 Aliases are not resolved, as Energon's reader leaves them: ``*name`` is the text ``'*name'`` (a merge
 ``<<: *base`` is the key ``'<<'`` with that text), and an anchor only labels its value. So a file
 cannot refer to itself (``s: &s {self: *s}``, a value no JSON or checkpoint can hold) nor expand an
@@ -65,7 +69,9 @@ class _EnergonLoader(yaml.SafeLoader):
             _warn_alias("*" + event.anchor, event.start_mark.line + 1)
             return yaml.ScalarNode("tag:yaml.org,2002:str", "*" + event.anchor, event.start_mark, event.end_mark)
         self.anchors = {}  # anchors only label values here: a repeated one is no error (as in Energon)
-        return super().compose_node(parent, index)
+        node = super().compose_node(parent, index)
+        node.tag = _UNTAGGED[type(node)]  # a tag written in the file is ignored, as Energon's reader does
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         out = {}
@@ -75,6 +81,13 @@ class _EnergonLoader(yaml.SafeLoader):
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else self.construct_object(key_node, deep=deep)
             out[key] = self.construct_object(value_node, deep=deep)
         return out
+
+
+_UNTAGGED = {
+    yaml.ScalarNode: "tag:yaml.org,2002:str",
+    yaml.SequenceNode: "tag:yaml.org,2002:seq",
+    yaml.MappingNode: "tag:yaml.org,2002:map",
+}
 
 
 def _warn_alias(text: str, line: int) -> None:

@@ -387,6 +387,29 @@ def test_yaml_aliases_stay_text_as_energon_reads_them_so_a_self_reference_or_bom
     assert energon_yaml.load(bomb)["i"] == ["*h"] * 9
 
 
+TAGGED = [
+    'a: !!int "7"', "a: !!int '7'", "a: !!str 7", "a: !!float 1", "a: !!bool 'yes'", 'a: !!null ""', "a: !!int |\n  7\n",
+    "a: !!binary aGVsbG8=", "a: !!timestamp 2024-01-01", "a: !foo bar", "a: !custom {b: 2}", "a: !!seq [1, x]",
+    "a: !!omap [x: 1]", "a: !!python/object/apply:os.system [echo]", 'a: !<tag:yaml.org,2002:int> "5"', '? !!int "3"\n: v',
+]
+
+
+@pytest.mark.parametrize("text", TAGGED)
+def test_yaml_tags_are_ignored_as_energons_reader_ignores_them(text):
+    """`!!int "7"` was the int 7 here and is the text '7' in Energon (its reader ignores tags; the quotes
+    decide); every tagged value reads as Energon's, and no tag names a constructor."""
+    from megatron.energon.eyaml import load_yaml
+
+    assert energon_yaml.load(text) == load_yaml(text.encode())
+
+
+def test_a_tagged_subflavor_in_dataset_yaml_reads_as_energon_reads_it(tmp_path):
+    root = prepared_text(tmp_path / "ds")
+    spec_file = root / ".nv-meta" / "dataset.yaml"
+    spec_file.write_text(spec_file.read_text() + 'subflavors: {n: !!int "7", m: !!str 8, d: !!timestamp 2024-01-01}\n')
+    assert PreparedDataset.open(root, "train").spec.subflavors == {"n": "7", "m": 8, "d": "2024-01-01"}
+
+
 @pytest.mark.parametrize("file_name", [".info.json", ".info.yaml"])
 def test_an_info_file_that_is_not_a_mapping_is_a_config_error_naming_it(tmp_path, file_name):
     meta = tmp_path / ".nv-meta"
