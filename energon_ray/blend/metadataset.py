@@ -18,6 +18,7 @@ import dataclasses
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -34,6 +35,8 @@ _NODE_KEYS = _REF_KEYS | {"blend", "blend_epochized", "join", "joiner"}
 _TOP_KEYS = {"__module__", "__class__", "splits", "path"}
 #: keys that only a reference to a prepared dataset reads (anywhere else they would do nothing)
 _DATASET_ONLY = ("dataset_config", "split_config", "aux")
+#: ``(file, node)`` whose deprecated ``subflavor:`` was warned about in this process.
+_WARNED_SUBFLAVOR: set = set()
 _URL = re.compile(r"^(?P<protocol>[a-z][a-z0-9+.-]*)://(?P<rest>.*)", re.IGNORECASE)
 
 
@@ -150,6 +153,7 @@ class _Parser:
         subflavors = dict(subflavors)
         if "subflavor" in node:
             subflavors.setdefault("__subflavor__", node["subflavor"])
+            _warn_subflavor(self.file, where, node["subflavor"])
         ratio, absolute = parse_subset(node, self.file, where)
         if absolute is not None and "path" not in node and "join" not in node:  # a join is a leaf too, as in Energon
             raise absolute_subset_error(self.file, where, absolute)
@@ -274,6 +278,20 @@ class _Parser:
                 ref = f"{protocol[len('filesystem+'):]}://{url.group('rest')}"
             out[name] = self.resolve(ref, f"{where}.aux.{name}")
         return out
+
+
+def _warn_subflavor(file: str, where: str, value: Any) -> None:
+    """Energon's deprecation of a reference's ``subflavor:`` (a ``FutureWarning``), once per node and
+    process; metadatasets are read where the loader is built, never in Ray workers."""
+    if (file, where) in _WARNED_SUBFLAVOR:
+        return
+    _WARNED_SUBFLAVOR.add((file, where))
+    warnings.warn(
+        f"{file}: {where}: subflavor is deprecated (as in megatron-energon), use subflavors instead: "
+        f"`subflavors: {{__subflavor__: {value!r}}}` gives the samples the same __subflavors__",
+        FutureWarning,
+        stacklevel=2,
+    )
 
 
 def _filesystem_names(refs: Any) -> Tuple[str, ...]:

@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from energon_ray.errors import DatasetConfigError
-from energon_ray.format.dataset_yaml import DatasetSpec, read_dataset_spec, warn_unknown_keys
+from energon_ray.format.dataset_yaml import DatasetSpec, read_dataset_spec, warn_legacy_class, warn_unknown_keys
 from energon_ray.format.info import read_info
 from energon_ray.format.split import resolve_split_part
 from energon_ray.format.tar_index import check_tar_index, read_tar_index
@@ -83,6 +83,7 @@ class PreparedDataset:
         if spec is None:  # a dataset factory brings its own (its arguments instead of dataset.yaml)
             spec = read_dataset_spec(root, dataset_config, trusted)
             warn_unknown_keys(spec)
+            warn_legacy_class(spec)
         shards = tuple(ShardInfo(name=n, path=str(root / n), count=counts[n]) for n in part.shards)
         dataset = cls(
             root=str(root),

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -34,6 +35,8 @@ DATASET_YAML_KEYS = (
 )  # fmt: skip
 #: Dataset config files whose unknown keys were warned about in this process.
 _WARNED_FILES: set = set()
+#: Dataset config files whose legacy ``__class__`` was warned about in this process.
+_WARNED_LEGACY: set = set()
 
 
 @dataclasses.dataclass
@@ -64,6 +67,8 @@ class DatasetSpec:
     #: read from it: Ray workers rebuild the spec from these, without a request to the store.
     location: Optional[RemotePath] = dataclasses.field(default=None, repr=False, compare=False)
     files: Optional[Dict[str, Optional[bytes]]] = dataclasses.field(default=None, repr=False, compare=False)
+    #: The deprecated typed factory a top-level ``__class__`` names (``CaptioningWebdataset``), else None.
+    legacy_class: Optional[str] = dataclasses.field(default=None, repr=False, compare=False)
 
     def __reduce__(self):
         if self.dataset_config == "<jsonl>":
@@ -141,6 +146,33 @@ def _remote_spec(location: RemotePath, dataset_config: str, trusted: bool, files
     return read_dataset_spec(location, dataset_config, trusted, files=RemoteFiles(files))
 
 
+def warn_legacy_class(spec: DatasetSpec) -> None:
+    """Energon's deprecation of a top-level ``__class__: CaptioningWebdataset`` (any typed
+    ``<Name>Webdataset``): a ``FutureWarning`` (Energon's category) naming the file and the
+    ``sample_type:`` to write instead, once per file and process. Called where the driver opens a
+    dataset, not where a Ray worker rebuilds the spec (workers stay quiet)."""
+    if spec.legacy_class is None or spec.file in _WARNED_LEGACY:
+        return
+    _WARNED_LEGACY.add(spec.file)
+    warnings.warn(
+        f"{spec.file}: __class__: {spec.legacy_class} is deprecated (as in megatron-energon): drop the "
+        f"top-level __module__/__class__ and write `sample_type: {{__module__: megatron.energon, __class__: "
+        f"{spec.sample_type.__name__}}}` instead, keeping the rest",
+        FutureWarning,
+        stacklevel=3,
+    )
+
+
+def _legacy_class(data: Dict[str, Any]) -> Optional[str]:
+    """The typed factory (``CaptioningWebdataset``…) a config's ``__class__`` names, if Energon's."""
+    name, module = data.get("__class__"), data.get("__module__")
+    if not isinstance(name, str) or not name.endswith("Webdataset") or name == "CrudeWebdataset":
+        return None
+    if module is not None and not str(module).startswith(("megatron.energon", "energon_ray")):
+        return None  # a factory of the user's own
+    return name
+
+
 def read_dataset_spec(
     path: Path | str | RemotePath, dataset_config: str = "dataset.yaml", trusted: bool = False,
     files: Optional[RemoteFiles] = None,
@@ -165,6 +197,7 @@ def read_dataset_spec(
     subflavors = data.pop("subflavors", None) or {}
     if not isinstance(subflavors, dict):
         raise DatasetConfigError(f"{fname}: subflavors must be a mapping of names to values, got {type(subflavors).__name__} {subflavors!r}")
+    legacy_class = _legacy_class(data)
     sample_type = named_sample_type(data, fname, trusted)
     field_map = data.pop("field_map", None)
     loader_ref = data.pop("sample_loader", None)
@@ -180,6 +213,7 @@ def read_dataset_spec(
         trusted=trusted,
         location=as_path(path) if remote else None,
         files=files.files if files is not None else None,
+        legacy_class=legacy_class,
     )
     _set_parts(spec, meta, field_map, loader_ref, part_filter_ref, files)
     return spec

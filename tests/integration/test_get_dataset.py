@@ -96,3 +96,42 @@ def test_a_relative_path_is_read_from_the_callers_directory(tmp_path, monkeypatc
     expected = batches(str(tmp_path / "ds"))
     monkeypatch.chdir(tmp_path)
     assert batches("ds") == expected and [len(e) for e in expected] == [6, 12]
+
+
+class WarnedHere(er.DefaultTaskEncoder):
+    """Reports, from the Ray worker that encodes the sample, which config files this process warned about."""
+
+    def encode_sample(self, sample):
+        import os
+
+        from energon_ray.blend import metadataset
+        from energon_ray.format import dataset_yaml
+
+        warned = sorted(dataset_yaml._WARNED_LEGACY) + sorted(f for f, _ in metadataset._WARNED_SUBFLAVOR)
+        return {"__key__": sample.__key__, "subflavors": sample.__subflavors__, "pid": os.getpid(), "warned": warned}
+
+
+def test_deprecated_config_is_warned_about_once_in_the_trainer_and_never_in_ray_workers(tmp_path, monkeypatch):
+    """A legacy `__class__: TextWebdataset` dataset.yaml and a V1 metadataset's `subflavor:` give Energon's
+    FutureWarnings, each naming its file, once, while the loader is built; the Ray workers that re-read
+    the dataset config to decode the samples warn about neither."""
+    import os
+
+    import yaml
+
+    monkeypatch.setenv("ENERGON_RAY_LOCAL_START", "off")  # every sample encoded in a Ray worker
+    root = text_dataset(tmp_path / "ds", [4])
+    config = root / ".nv-meta" / "dataset.yaml"
+    config.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": "TextWebdataset", "field_map": {"text": "txt"}}))
+    mds = tmp_path / "mix.yaml"
+    mds.write_text(f"splits:\n  train:\n    datasets:\n      - {{weight: 1, path: {root}, subflavor: old}}\n")
+    with pytest.warns(FutureWarning) as caught:
+        loader = er.get_loader(er.get_val_dataset(mds, split_part="train", batch_size=None, task_encoder=WarnedHere(), **WC))
+    assert [str(w.message).split(": ")[:2] for w in caught] == [
+        [str(mds), "splits.train.blend[0]"], [str(config), "__class__"],
+    ]
+    assert "subflavor is deprecated" in str(caught[0].message) and "TextWebdataset is deprecated" in str(caught[1].message)
+    items = list(loader)
+    assert [item["__key__"] for item in items] == ["000000", "000002", "000001", "000003"]  # 2 workers in turn
+    assert all(item["subflavors"] == {"__subflavor__": "old"} and item["pid"] != os.getpid() for item in items)
+    assert not {str(config), str(mds)} & {f for item in items for f in item["warned"]}

@@ -393,6 +393,36 @@ def test_legacy_captioning_webdataset_yaml_loads_captioning_samples(tmp_path):
     assert sample.caption == "old" and sample.__subflavors__ == {"legacy": True}
 
 
+def test_a_legacy_class_is_warned_about_once_where_the_dataset_is_opened_and_never_when_rebuilt(tmp_path):
+    """Energon's FutureWarning for `__class__: CaptioningWebdataset`, naming the file and the sample_type
+    to write, once per file and process where the driver opens the dataset; rebuilding the spec (what
+    a Ray worker does with the spec it is sent) is silent."""
+    import warnings
+
+    from energon_ray.format.dataset import PreparedDataset
+    from energon_ray.synthetic import captioning_samples, write_shards
+    from energon_ray.format.prepare import prepare_dataset
+
+    write_shards(tmp_path / "shards", captioning_samples(3), 3)
+    prepare_dataset(tmp_path, split_ratio=(1, 0, 0), sample_type="CaptioningSample",
+                    field_map={"image": "jpg", "caption": "txt"}, progress=False)  # fmt: skip
+    config = tmp_path / ".nv-meta" / "dataset.yaml"
+    _write_raw_yaml(tmp_path, {"__module__": "megatron.energon", "__class__": "CaptioningWebdataset",
+                               "field_map": {"image": "jpg", "caption": "txt"}})  # fmt: skip
+    with pytest.warns(FutureWarning) as caught:
+        opened = PreparedDataset.open(tmp_path, "train")
+    assert [str(w.message) for w in caught] == [
+        f"{config}: __class__: CaptioningWebdataset is deprecated (as in megatron-energon): drop the top-level "
+        "__module__/__class__ and write `sample_type: {__module__: megatron.energon, __class__: CaptioningSample}` "
+        "instead, keeping the rest"
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rebuilt = pickle.loads(pickle.dumps(opened.spec))
+        assert read_dataset_spec(tmp_path).legacy_class == rebuilt.legacy_class == "CaptioningWebdataset"
+        assert PreparedDataset.open(tmp_path, "train").spec.sample_type is CaptioningSample
+
+
 def test_every_legacy_webdataset_class_resolves_to_its_sample_type(tmp_path):
     """Each deprecated '<Name>Webdataset' __class__ resolves to energon_ray's '<Name>Sample'."""
     resolved, expected = {}, {}

@@ -96,9 +96,26 @@ splits:
       - {weight: 1, path: coco, subflavor: a}
       - {weight: 3, path: coyo, subflavors: {x: 1}}
 """)
-    flat = parse_file(f, "train")
+    with pytest.warns(FutureWarning) as caught:
+        flat = parse_file(f, "train")
     assert [round(l.weight, 2) for l in flat.leaves] == [0.25, 0.75]
     assert flat.leaves[0].subflavors == {"__subflavor__": "a"}
+    assert [str(w.message) for w in caught] == [
+        f"{f}: splits.train.blend[0]: subflavor is deprecated (as in megatron-energon), use subflavors instead: "
+        "`subflavors: {__subflavor__: 'a'}` gives the samples the same __subflavors__"
+    ]
+
+
+def test_the_subflavor_warning_is_given_once_per_node_and_process(tree):
+    """Reading the same V1 file again (val datasets are built one leaf at a time) warns no more."""
+    import warnings
+
+    f = _write(tree / "v1again.yaml", "splits:\n  train:\n    datasets:\n      - {weight: 1, path: coco, subflavor: b}\n")
+    with pytest.warns(FutureWarning, match=r"v1again\.yaml: splits\.train\.blend\[0\]: subflavor is deprecated"):
+        parse_file(f, "train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert parse_file(f, "train").leaves[0].subflavors == {"__subflavor__": "b"}
 
 
 @pytest.mark.parametrize(
