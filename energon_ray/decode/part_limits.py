@@ -87,20 +87,24 @@ def _npy_bytes(stream: Any) -> int:
 
 
 def _declared_bytes(ext: str, data: bytes) -> int:
-    """The bytes an ``npy``/``npz`` part says it decodes to; 0 where its headers do not read (the
-    decoder then fails on them with its own error)."""
+    """The bytes an ``npy``/``npz`` part says it decodes to: an npy header's array; an npz's members,
+    each the larger of its inflated size and its npy header's array. A header that does not read
+    counts nothing (the decoder then fails on it with its own error)."""
     try:
         if ext == "npy":
             return _npy_bytes(io.BytesIO(data))
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            members = archive.infolist()
-            declared = sum(info.file_size for info in members)
-            for info in members:
-                with archive.open(info) as member:
-                    declared = max(declared, _npy_bytes(member))
-            return declared
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError):
+            return sum(_member_bytes(archive, info) for info in archive.infolist())
+    except Exception:  # not an npy/zip at all: numpy's own error says so when it decodes the part
         return 0
+
+
+def _member_bytes(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
+    try:
+        with archive.open(info) as member:
+            return max(info.file_size, _npy_bytes(member))
+    except Exception:  # not an npy member (numpy returns its bytes), encrypted, another compression
+        return info.file_size
 
 
 class BoundedBasicHandler:
@@ -122,5 +126,5 @@ class BoundedBasicHandler:
             if ext in ("npy", "npz"):
                 declared = _declared_bytes(ext, data)
                 if declared > self.limit:
-                    raise _refuse(part, f"its header(s) declare {declared:,} bytes of arrays", self.limit)
+                    raise _refuse(part, f"{declared:,} bytes once decoded (as its headers declare)", self.limit)
         return wds_decode.basichandlers(key, data)

@@ -8,6 +8,7 @@ import io
 import json
 import pickle
 import shutil
+import zipfile
 from typing import List
 
 import av
@@ -397,19 +398,26 @@ def _npy(array: np.ndarray) -> bytes:
 
 
 def test_npy_and_npz_parts_are_refused_by_the_arrays_their_headers_declare():
-    """A forged npy header declaring a 2**40-byte array (numpy would allocate it before reading) and a
-    compressed npz of 4 MiB of zeros are refused at max_part_bytes=1 MiB; real small ones decode."""
+    """A forged npy header declaring a 2**40-byte array (numpy would allocate it before reading), a
+    compressed npz of 4 MiB of zeros and a zip of 3 MiB of other members are refused at
+    max_part_bytes=1 MiB; real small ones decode."""
     small = _npy(np.arange(6, dtype=np.int64))
     forged = small.replace(b"(6,)", b"(137438953472,)".ljust(4))
     forged = forged[:8] + (int.from_bytes(forged[8:10], "little") + len(forged) - len(small)).to_bytes(2, "little") + forged[10:]
     dec = SampleDecoder(max_part_bytes=MiB)
-    with pytest.raises(MediaTooLargeError, match=r"^npy: its header\(s\) declare 1,099,511,627,776 bytes of arrays"):
+    with pytest.raises(MediaTooLargeError, match=r"^npy: 1,099,511,627,776 bytes once decoded \(as its headers declare\), over the limit"):
         dec.decode_part("npy", forged)
     buf = io.BytesIO()
     np.savez_compressed(buf, a=np.zeros(4 * MiB, np.uint8))
     assert len(buf.getvalue()) < 20_000
-    with pytest.raises(MediaTooLargeError, match=r"^feats\.npz: its header\(s\) declare 4,194,\d{3} bytes of arrays"):
+    with pytest.raises(MediaTooLargeError, match=r"^feats\.npz: 4,194,\d{3} bytes once decoded \(as its headers declare\)"):
         dec.decode_part("feats.npz", buf.getvalue())
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:  # members that are no npy count too
+        archive.writestr("notes.txt", b"x" * 100)
+        archive.writestr("big.bin", bytes(3 * MiB))
+    with pytest.raises(MediaTooLargeError, match=r"^npz: 3,145,828 bytes once decoded"):
+        dec.decode_part("npz", buf.getvalue())
     assert dec.decode_part("npy", small).tolist() == list(range(6))
     buf = io.BytesIO()
     np.savez_compressed(buf, a=np.arange(3))
