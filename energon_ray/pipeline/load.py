@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Optional
 
+from energon_ray.decode.part_limits import DEFAULT_MAX_PART_BYTES
 from energon_ray.decode.sample_decoder import SampleDecoder, decodes_by_part
-from energon_ray.errors import SampleException, UntrustedCodeError
+from energon_ray.errors import MediaTooLargeError, SampleException, UntrustedCodeError
 from energon_ray.format.dataset_yaml import DatasetSpec
 from energon_ray.format.field_access import FieldAccessError, field_access
 from energon_ray.format.jsonl import JSONL_CONFIG
@@ -35,7 +36,8 @@ class SampleLoader:
         subflavors: merged subflavors to set on every sample.
         parse_json: a JSONL sample's ``json`` is parsed with ``json.loads`` whatever the decoder (as
             Energon's loader reads a ``.jsonl``: ``DefaultCrudeJsonlDatasetFactory``); ``False``
-            keeps its bytes (``CrudeJsonlDatasetFactory``).
+            keeps its bytes (``CrudeJsonlDatasetFactory``). A line over the decoder's
+            ``max_part_bytes`` (default 512 MiB, also without a decoder) is refused before parsing.
 
     Raises (from ``__call__``):
         SampleException: naming shard, key and the part or field that failed.
@@ -90,6 +92,13 @@ class SampleLoader:
         out["json"] = raw["json"]
         if not self.parse_json:
             return out
+        # our decoder's bound on a parsed part; the default one with another decoder or none
+        limit = self.decoder.max_part_bytes if isinstance(self.decoder, SampleDecoder) else DEFAULT_MAX_PART_BYTES
+        if limit is not None and len(raw["json"]) > limit:
+            raise MediaTooLargeError(
+                f"{self._where(raw)}: cannot decode part 'json' ({len(raw['json'])} bytes): over the limit of {limit:,} "
+                "bytes per part (max_part_bytes); raise it with SampleDecoder(max_part_bytes=...) (None: no limit)"
+            )
         try:
             out["json"] = json.loads(raw["json"])
         except (ValueError, RecursionError) as exc:  # (too deeply nested: RecursionError, a skip as a tar's .json part)

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from energon_ray.decode.sample_decoder import SampleDecoder, trusting
-from energon_ray.errors import TRUST_ENV, DatasetConfigError, SampleException, UntrustedCodeError, resolve_trust
+from energon_ray.errors import TRUST_ENV, DatasetConfigError, MediaTooLargeError, SampleException, UntrustedCodeError, resolve_trust
 from energon_ray.format.dataset_yaml import read_dataset_spec, write_dataset_yaml
 from energon_ray import samples as samples_module
 from energon_ray.pipeline.load import SampleLoader
@@ -712,6 +712,23 @@ def test_a_bad_jsonl_line_names_file_key_and_part():
     with pytest.raises(SampleException) as info:
         SampleLoader(jsonl_spec("/d/corpus.jsonl"), None, None)(_jsonl_raw(b'{"a": 2, bad}', index=5))
     assert str(info.value).startswith("corpus.jsonl: sample '5': cannot decode part 'json' (13 bytes): JSONDecodeError: ")
+
+
+def test_a_jsonl_line_over_max_part_bytes_is_refused_before_parsing():
+    """A line longer than the decoder's max_part_bytes is a SampleException naming file, key, part and
+    the limit (a counted skip), not parsed; at the limit it parses."""
+    from energon_ray.format.jsonl import jsonl_spec
+
+    line = json.dumps({"text": "x" * 100}).encode()
+    small = SampleLoader(jsonl_spec("/d/corpus.jsonl"), SampleDecoder(max_part_bytes=len(line) - 1), None)
+    with pytest.raises(MediaTooLargeError) as info:
+        small(_jsonl_raw(line, index=4))
+    assert str(info.value) == (
+        f"corpus.jsonl: sample '4': cannot decode part 'json' ({len(line)} bytes): over the limit of {len(line) - 1} bytes "
+        "per part (max_part_bytes); raise it with SampleDecoder(max_part_bytes=...) (None: no limit)"
+    )
+    exact = SampleLoader(jsonl_spec("/d/corpus.jsonl"), SampleDecoder(max_part_bytes=len(line)), None)
+    assert exact(_jsonl_raw(line))["json"] == {"text": "x" * 100}
 
 
 def test_a_too_deeply_nested_jsonl_line_is_a_sample_error_not_a_fatal_one():
