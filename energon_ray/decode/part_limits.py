@@ -10,7 +10,8 @@ take a worker's memory. The handlers here are the same steps with a bound, ``max
   the rest of the name decides the decoder;
 - a part a basic handler decodes (``json``, ``txt``, ``cls``, ``mp``, ``npy``, ``npz``, …) is refused
   when its bytes pass the bound, an ``npy`` also when its header declares a larger array, an ``npz``
-  when its members declare more bytes in all (their inflated size; a member cannot inflate past it).
+  when its members declare more in all (each the larger of its inflated size, past which zipfile
+  reads no member, and its npy header's array).
 
 A refusal is :class:`~energon_ray.errors.MediaTooLargeError` naming the part, its size and the bound;
 the loader adds shard and sample key and skips and counts the sample under its error policy.
