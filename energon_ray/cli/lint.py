@@ -22,6 +22,7 @@ from tqdm import tqdm
 from energon_ray.cli.local_read import ALL_PARTS, LocalDataset, LocalShard, Problem, SampleChecker, ShardSamples, open_local
 from energon_ray.cli.prepare import LocalDatasetPath, user_errors
 from energon_ray.format.pool import process_pool
+from energon_ray.decode.part_limits import DEFAULT_MAX_PART_BYTES
 from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import DatasetConfigError, IndexMismatchError, ShardReadError, resolve_trust
 from energon_ray.format.tar_index import check_tar_index, index_path, read_tar_index
@@ -234,11 +235,13 @@ def lint(dataset: LocalDataset, decoder: SampleDecoder, limit: Optional[int], jo
               help="Processes decoding in parallel.")
 @click.option("--max-image-pixels", type=click.IntRange(min=1),
               help="Refuse images with more pixels (default: PIL.Image.MAX_IMAGE_PIXELS, as the loader).")
+@click.option("--max-part-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_PART_BYTES, show_default=True,
+              help="Refuse a part over this many bytes (a .gz part: inflated; json, txt, npy, …), as the loader.")
 @click.option("--trust-dataset-code", is_flag=True,
               help="Run the code the dataset brings (sample_loader.py, part_filter, pickled parts).")
 def lint_command(
     path: Path, split_part: str, limit: Optional[int], jobs: int, max_image_pixels: Optional[int],
-    trust_dataset_code: bool,
+    max_part_bytes: int, trust_dataset_code: bool,
 ) -> None:  # fmt: skip
     """Decode every sample of the prepared dataset (or .jsonl file) at PATH as the loader does; list each
     bad sample as `shard  key  field  reason`, then `N samples checked, K bad`. Exit code 1 if any is bad.
@@ -249,7 +252,7 @@ def lint_command(
     if path.is_file() and path.suffix != ".jsonl":
         raise click.UsageError(f"{path}: PATH must be a prepared dataset folder or a .jsonl file")
     trusted = resolve_trust(True if trust_dataset_code else None)
-    decoder = SampleDecoder(trust_dataset_code=trusted, max_image_pixels=max_image_pixels)
+    decoder = SampleDecoder(trust_dataset_code=trusted, max_image_pixels=max_image_pixels, max_part_bytes=max_part_bytes)
     with user_errors():
         dataset = open_local(path, split_part, trusted)
         checked, bad, index_problems = lint(dataset, decoder, limit, jobs)

@@ -171,6 +171,21 @@ def test_lint_reports_images_over_max_image_pixels_as_media_too_large(tmp_path):
     assert res.stdout.splitlines()[1:] == ["4 samples checked, 1 bad"]
 
 
+def test_lint_reports_a_part_over_max_part_bytes_as_media_too_large(tmp_path):
+    samples = captioning_samples(4)
+    samples[1][1]["txt"] = b"x" * 300
+    write_shards(tmp_path / "shards", samples, 4)
+    prepare_dataset(tmp_path, split_ratio=(1, 0, 0), sample_type="CaptioningSample",
+                    field_map={"image": "jpg", "caption": "txt"}, progress=False)  # fmt: skip
+    assert run_cli("lint", tmp_path).exit_code == 0  # the default bound (512 MiB) takes it
+    res = run_cli("lint", tmp_path, "--max-part-bytes", 200)
+    assert res.exit_code == 1, res.output
+    shard, key, field, reason = columns(res.stdout.splitlines()[0])
+    assert (shard, key, field) == ("shards/shard_0000.tar", "sample_000001", "caption")
+    assert "MediaTooLargeError: txt: 300 bytes, over the limit of 200 bytes per part (max_part_bytes)" in reason
+    assert res.stdout.splitlines()[1:] == ["4 samples checked, 1 bad"]
+
+
 def test_lint_reports_a_tar_with_samples_after_its_index(dataset, tmp_path):
     samples = captioning_samples(5, start=4)
     write_shards(tmp_path / "longer", samples, 5)  # shard_0001's 4 samples, then one more
