@@ -6,7 +6,9 @@ rebuilds that carry: ``(segment, outputs before it, first position of what is op
 when nothing is[, outputs of batch, batches given])``, from the segments' reports (the counts: where
 batches are chained, the stream's before the segment a restore resumes at, ``Carry.counts``). With chained packs it reaches back to the segment
 that made the oldest pack still in the pool, so a restore can make those packs again
-(``restore.ChainedRead``). No Ray imports.
+(``restore.ChainedRead``); where the packing hooks are counted (``packing.Packer``) it adds their
+counts before the segment a restore resumes at, then those before the first segment it packs again
+(four each: 11 items). No Ray imports.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from collections import deque
 from typing import Deque, Dict, Iterable, List, Optional, Tuple
 
 #: a reported segment: ``(segment, outputs before it, its outputs, first position of the open tail,
-#: the stream's batch counts after it or None)`` (``Carry.counts``)
-Entry = Tuple[int, int, int, Optional[int], Optional[Tuple[int, int]]]
+#: the stream's batch (or packing hook) counts after it or None)`` (``Carry.counts``)
+Entry = Tuple[int, int, int, Optional[int], Optional[Tuple[int, ...]]]
 #: a pooled pack's ``(position, sub)``
 PackKey = Tuple[int, int]
 
@@ -78,6 +80,8 @@ class ChainPoints:
         if not log:
             return self._base(worker)
         last, before, outputs, tail_from, counts = log[-1]
+        if self.packs:
+            return self._packs_into(worker, log)
         # the batches counted up to ``into`` (only where nothing but batches is chained: ``into`` is
         # then the segment after the last one reported)
         more = () if counts is None or self.packs else tuple(int(c) for c in counts)
@@ -92,6 +96,31 @@ class ChainPoints:
                 return (segment, before, tail_from, *more)
         base = self._base(worker)  # the open batch reaches back before the restore it started from
         return (*base[:3], *more)
+
+    def _packs_into(self, worker: int, log: List[Entry]) -> Tuple[int, ...]:
+        """``_into`` of chained packs: the segment the open buffer starts in, then (where the packing
+        hooks are counted) their counts before the segment a restore resumes at (after the last one
+        reported) and before the first segment packed again (``restore.ChainedRead``)."""
+        resume = self.log[worker][-1][4]
+        last, before, outputs, tail_from, counts = log[-1]
+        total = before + outputs
+        need = total % self.unit
+        start: Tuple[Optional[int], ...] = (last + 1, total, None)
+        replay = counts
+        if need:
+            covered = 0
+            for segment, seg_before, seg_outputs, _, seg_counts in reversed(log):
+                covered += seg_outputs
+                if covered >= need:
+                    start, replay = (segment, seg_before, tail_from), seg_counts
+                    break
+            else:  # the open buffer reaches back before the restore the stream started from
+                base = self._base(worker)
+                start = base[:3]
+                replay = tuple(base[7:11]) if len(base) == 11 else ((0, 0, 0, 0) if self.base[worker] is None else None)
+        if resume is None or replay is None:
+            return start  # type: ignore[return-value]
+        return (*start, *(int(c) for c in resume), *(int(c) for c in replay))  # type: ignore[return-value]
 
     def _base(self, worker: int) -> Tuple[int, ...]:
         """Where the restore the stream started from began, or ``(0, 0, None)``: the stream's start

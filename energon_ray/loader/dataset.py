@@ -138,6 +138,9 @@ class EnergonDataset(Composition):
         #: their index as batches made (Energon's, also after skipped samples); ``False`` for a
         #: restored state saved before, which counted it by position (``savable.adopt_pack_batching``)
         self.pool_batches_counted = True
+        #: a chained packed stream's packing hooks read Energon's indices (``StageConfig.pack_counts``);
+        #: ``False`` for a restored state saved before, whose hooks read positions (``savable.adopt_pack_batching``)
+        self.pack_hooks_counted = True
 
     def _check_hooks(self) -> None:
         te, spec = self.task_encoder, self.dataset.spec
@@ -241,6 +244,13 @@ class EnergonDataset(Composition):
         worker stream's batches run across its segments (``chained.chains_outputs``)."""
         if value != self.segment_batches:
             self.segment_batches = value
+            self._stages = None
+
+    def count_pack_hooks(self, value: bool) -> None:
+        """``True``: a chained packed stream's packing hooks read Energon's indices; ``False``: their
+        first sample's position (a restored state saved before they were counted)."""
+        if value != self.pack_hooks_counted:
+            self.pack_hooks_counted = value
             self._stages = None
 
     @property
@@ -361,6 +371,7 @@ class EnergonDataset(Composition):
                 counts_outputs=chained and not packing and counts_outputs(self.task_encoder),
                 drop_last=self.options.drop_last,
                 index_offsets=self.options.batch_index_offsets,
+                pack_counts=self.pack_hooks_counted,
             )
         return self._stages
 

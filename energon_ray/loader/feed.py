@@ -283,7 +283,10 @@ class MultiFeed:
 
     def _set_chain_starts(self, streams: Sequence[Sequence[StreamState]]) -> None:
         self._chain_starts = {
-            (source, worker): (int(s.checkpoint.chain[0]), int(s.checkpoint.chain[1]), *(int(c) for c in s.checkpoint.chain[3:5]))
+            # (the counts before the segment the pass resumes at: a chained packed stream's four packing
+            # hook counts where its chain has 11 items, else the batch counts, if any)
+            (source, worker): (int(s.checkpoint.chain[0]), int(s.checkpoint.chain[1]),
+                               *(int(c) for c in s.checkpoint.chain[3 : 7 if len(s.checkpoint.chain) == 11 else 5]))
             for source, per_worker in enumerate(streams) for worker, s in enumerate(per_worker)
             if s.checkpoint.chain is not None
         }  # fmt: skip

@@ -70,51 +70,51 @@ def rebuild_chained_batch(
 
 
 def rebuild_packed_batch(
-    leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[int, int, List[tuple]]], remote_args=None,
+    leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[int, int, List[tuple], Optional[Tuple[int, ...]]]], remote_args=None,
     output: Optional[Tuple[int, int]] = None, batch_index: Optional[int] = None,
 ) -> Any:  # fmt: skip
     """A packed batch made again from its packs' restore keys ``("Packed", position, sub, *members)``:
     the members re-read and encoded at their positions (not packed, not post-encoded), then each
     pack made again from its members (``postencode_sample``, ``pack_selected_samples``) and the packs
-    batched, all with the hook seeds they had. ``packs``: ``(position, sub, member keys)``."""
+    batched, all with the hook seeds they had. ``packs``: ``(position, sub, member keys, made)`` (``restore_keys.pack_keys``)."""
     table = _repacked(leaf, source, worker, seed, packs, leaf.options.batch_size, remote_args, batch_index)
     items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
     return one_made(items, output, f"{len(packs)} pack(s)")
 
 
-def _repacked(leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[int, int, List[tuple]]], batch_size: Optional[int],
+def _repacked(leaf: Any, source: int, worker: int, seed: int, packs: List[Tuple[int, int, List[tuple], Optional[Tuple[int, ...]]]], batch_size: Optional[int],
               remote_args=None, batch_index: Optional[int] = None) -> Any:  # fmt: skip
     """The table of the packs made again from their members (batched by ``batch_size`` as batch
     ``batch_index``, else by the first pack's position; ``None``: the packs)."""
     from energon_ray.pipeline.build import repack
 
-    members = [k for _, _, keys in packs for k in keys]
+    members = [k for _, _, keys, _ in packs for k in keys]
     spec = _reread_spec(leaf, source, worker, seed, members, index=-1)
     config = dataclasses.replace(leaf.stage_config(), packing_buffer_size=None, postencode=False)
     found = run_reads([spec], {source: leaf.reader()}, {source: config}, remote_args, {source: leaf})
     groups = [
-        (position, sub, [(int(k[4]), output_sub(k), found[(source, worker, int(k[4]), output_sub(k))]) for k in keys])
-        for position, sub, keys in packs
+        (position, sub, [(int(k[4]), output_sub(k), found[(source, worker, int(k[4]), output_sub(k))]) for k in keys], made)
+        for position, sub, keys, made in packs
     ]
     return repack(leaf.stage_config(), source, worker, seed, groups, batch_size, remote_args, batch_index)
 
 
 def rebuild_concat_packed_batch(
-    leaves: Dict[int, Any], packs: List[Tuple[int, int, List[tuple]]], remote_args=None, output: Optional[Tuple[int, int]] = None,
+    leaves: Dict[int, Any], packs: List[Tuple[int, int, List[tuple], Optional[Tuple[int, ...]]]], remote_args=None, output: Optional[Tuple[int, int]] = None,
     batch_index: Optional[int] = None,
 ) -> Any:  # fmt: skip
     """A validation metadataset's batch of packs of several datasets (each pack of one), made again:
     each dataset's packs from their members, then all batched in the batch's order as the loader
-    batched them (see ``rebuild_concat_batch``). ``packs``: ``(position, sub, member keys)``."""
+    batched them (see ``rebuild_concat_batch``). ``packs``: ``(position, sub, member keys, made)`` (``restore_keys.pack_keys``)."""
     worker = packs[0][2][0][3]
     made: Dict[Tuple[int, int, int], Any] = {}
     for source, leaf in leaves.items():
         mine = [pack for pack in packs if pack[2][0][2] == source]
         table = _repacked(leaf, source, worker, mine[0][2][0][5], mine, None, remote_args)
         payloads = [payload for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
-        made.update({(source, position, sub): payload for (position, sub, _), payload in zip(mine, payloads)})
+        made.update({(source, position, sub): payload for (position, sub, *_), payload in zip(mine, payloads)})
     first, last = packs[0], packs[-1]
-    group = [(position, sub, made[(keys[0][2], position, sub)]) for position, sub, keys in packs]
+    group = [(position, sub, made[(keys[0][2], position, sub)]) for position, sub, keys, _ in packs]
     size = leaves[last[2][0][2]].options.batch_size
     if batch_index is None:  # a key from before batch keys held it
         batch_index = (leaves[first[2][0][2]].stage_config().index_offset(worker) + first[0]) // size

@@ -51,11 +51,13 @@ def _chained_read(plan: SegmentPlan, worker: int, state: StreamState, refs: Sequ
 
     cp = state.checkpoint
     first, outputs, open_from = (0, 0, None) if cp.chain is None else cp.chain[:3]
+    # the packing hook counts before the first segment packed again (``ChainPoints``; None: positions)
+    counts = tuple(int(c) for c in cp.chain[7:11]) if cp.chain is not None and len(cp.chain) == 11 else None
     keep = tuple(sorted(refs))
     if open_from is None:  # no buffer open into ``first``
-        carry, rebuild, start = Carry(int(outputs), []), None, int(first)
+        carry, rebuild, start = Carry(int(outputs), [], counts=counts), None, int(first)
     else:
-        carry, rebuild, start = Carry(int(outputs), None), plan.segment(worker, int(first)), int(first) + 1
+        carry, rebuild, start = Carry(int(outputs), None, counts=counts), plan.segment(worker, int(first)), int(first) + 1
     specs = [SegmentSpec(**{**_spec_fields(plan.segment(worker, index)), "keep": keep}) for index in range(start, cp.segment)]
     if not specs:
         raise StateError(f"restoring the loader state: worker stream {worker}'s pooled packs {list(keep)[:4]} come from no segment before {cp.segment}")

@@ -20,7 +20,7 @@ from energon_ray.loader.rebuild import (
 from energon_ray.loader.state import StateError
 from energon_ray.pipeline.batch_counts import MADE
 from energon_ray.pipeline.batcher import BATCH, BATCHED
-from energon_ray.pipeline.packing import PACKED
+from energon_ray.pipeline.packing import PACK_MADE, PACKED
 
 
 def sample_keys(restore_key: Any) -> List[tuple]:
@@ -56,13 +56,18 @@ def _batch_marker(parts: Any, at: int) -> int:
     return size if all(isinstance(v, Integral) and not isinstance(v, bool) for v in parts[at + 1 : at + size]) else 0
 
 
-def pack_keys(restore_key: Any) -> Optional[List[Tuple[int, int, List[tuple]]]]:
-    """``(position, sub, member keys)`` of each pack a packed batch's (or pack's) restore key names
-    (``("Packed", position, sub, *members)``, see ``pipeline.packing``); None for unpacked keys."""
+def pack_keys(restore_key: Any) -> Optional[List[Tuple[int, int, List[tuple], Optional[Tuple[int, ...]]]]]:
+    """``(position, sub, member keys, made)`` of each pack a packed batch's (or pack's) restore key
+    names (``("Packed", position, sub[, (PACK_MADE, pack call, packs before, *postencode calls)],
+    *members)``, see ``pipeline.packing``; ``made``: those counts, ``None`` in a key without them,
+    whose hooks read positions); None for unpacked keys."""
     if isinstance(restore_key, (tuple, list)) and restore_key and restore_key[0] == PACKED:
-        if len(restore_key) < 4:
+        members, made = list(restore_key[3:]), None
+        if members and isinstance(members[0], (tuple, list)) and members[0] and members[0][0] == PACK_MADE:
+            made, members = tuple(int(v) for v in members[0][1:]), members[1:]
+        if not members:
             raise StateError(f"restore key {tuple(restore_key)!r} of a pack names no member")
-        return [(int(restore_key[1]), int(restore_key[2]), sample_keys(list(restore_key[3:])))]
+        return [(int(restore_key[1]), int(restore_key[2]), sample_keys(members), made)]
     if isinstance(restore_key, (tuple, list)) and any(isinstance(p, (tuple, list)) for p in restore_key):
         found = [pack_keys(part) for part in restore_key if isinstance(part, (tuple, list))]
         if any(f is not None for f in found):
@@ -151,9 +156,9 @@ def _one_origin(keys: List[tuple], what: str) -> Tuple[int, int, int]:
 
 
 def _rebuild_packed(
-    dataset: Composition, packs: List[Tuple[int, int, List[tuple]]], remote_args: Optional[dict], output=None, batch_index=None
+    dataset: Composition, packs: List[Tuple[int, int, List[tuple], Optional[Tuple[int, ...]]]], remote_args: Optional[dict], output=None, batch_index=None
 ) -> Any:  # fmt: skip
-    keys = [k for _, _, members in packs for k in members]
+    keys = [k for _, _, members, _ in packs for k in members]
     leaves = dataset.leaves()
     _check_keys(leaves, keys)
     fns = remakers(dataset, leaves[min(k[2] for k in keys)])

@@ -230,6 +230,7 @@ def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderStat
         packs_chained=not any(leaf.segment_packs or leaf.segment_pack_batches for leaf in dataset.leaves()),
         batches_chained=not any(leaf.segment_batches for leaf in dataset.leaves()),
         pool_batches_counted=all(leaf.pool_batches_counted for leaf in dataset.leaves()),
+        pack_hooks_counted=all(leaf.pack_hooks_counted for leaf in dataset.leaves()),
     )
 
 
@@ -291,6 +292,7 @@ def adopt_pack_batching(state: LoaderState, dataset: Composition) -> None:
         leaf.pack_in_segments(not state.packs_chained)
         leaf.batch_in_segments(not state.batches_chained)
         leaf.pool_batches_counted = state.pool_batches_counted
+        leaf.count_pack_hooks(state.pack_hooks_counted)
 
 
 def adopt_val_packing(state: LoaderState, dataset: Composition) -> None:

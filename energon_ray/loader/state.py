@@ -153,6 +153,10 @@ class LoaderState:
     #: their batch index (``current_batch_index``) as batches made, as Energon's; ``False`` in states
     #: saved before, which counted it from the first sample's position (restored so)
     pool_batches_counted: bool = False
+    #: a chained packed stream's packing hooks read Energon's indices (``packing.Packer.counts``),
+    #: carried across its segments and recorded in ``QueueCheckpoint.chain``; ``False`` in states
+    #: saved before, whose packing hooks read their first sample's position (restored so)
+    pack_hooks_counted: bool = False
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -209,6 +213,7 @@ class LoaderState:
             packs_chained=bool(data.get("packs_chained", False)),
             batches_chained=bool(data.get("batches_chained", False)),
             pool_batches_counted=bool(data.get("pool_batches_counted", False)),
+            pack_hooks_counted=bool(data.get("pack_hooks_counted", False)),
         )
 
     @classmethod

@@ -32,6 +32,8 @@ class BatchSamples:
         self.node: Optional[str] = None
         #: the last segment's packing buffer left open (a chained stream's carry)
         self._open_buffer: List[Any] = []
+        #: a chained stream's packing hook counts after the last segment (``Packer.counts``; ``None``: not counted)
+        self._pack_counts: Optional[List[int]] = None
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out: list = []
@@ -68,6 +70,7 @@ class BatchSamples:
         self.config = self.configs[spec.source]
         if eager is not None:
             data.runs.extend(eager.runs)
+        self._pack_counts = None
         items: List[Tuple[Any, List[int]]] = []
         leftovers: List[Any] = []
         made: List[Tuple[Any, List[int]]] = []  # plain batching's batches, as they are made
@@ -111,7 +114,7 @@ class BatchSamples:
             read_retries=data.read_retries,
             outputs_before=data.carry.outputs if self.config.chained and data.carry is not None else None,
             tail_from=data.carry_out.tail[0][0] if data.carry_out is not None and data.carry_out.tail else None,
-            counts=data.carry_out.counts if data.carry_out is not None else None,
+            counts=data.carry_out.counts if data.carry_out is not None else self._last_pack_counts(data),
             ending_items=ending if items else 0,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report, None
@@ -123,7 +126,8 @@ class BatchSamples:
         the end are that last batch's (``Report.ending_items``)."""
         if self.config.packing_buffer_size:  # the packs go to the pool; the open buffer to the next segment
             if not data.spec.last:
-                data.carry_out = Carry(data.carry.outputs + encoded, list(self._open_buffer))
+                counts = None if self._pack_counts is None else tuple(self._pack_counts)
+                data.carry_out = Carry(data.carry.outputs + encoded, list(self._open_buffer), counts=counts)
             return items, leftovers, 0
         if eager is None:
             raise RuntimeError(f"energon_ray: chained segment {data.spec.index} of worker {data.spec.worker} cannot batch as it encodes")
@@ -137,6 +141,13 @@ class BatchSamples:
         with worker_slot(data.spec.worker, self.config.num_workers):
             last = eager.batcher.with_positions(rest, data.spec.seed, size, eager.runs, total // size, eager.counts)
         return items + last, [], len(last)
+
+    def _last_pack_counts(self, data: rows.SegmentData) -> Optional[Tuple[int, ...]]:
+        """A chained packed stream's last segment hands on no carry; its report still tells the
+        packing hook counts after it (``ChainPoints``: a restore that makes its packs again)."""
+        if self._pack_counts is None or data.fatal is not None or not data.spec.last:
+            return None
+        return tuple(self._pack_counts)
 
     def _plain(self, data: rows.SegmentData) -> bool:
         """Whether the segment's items are plain consecutive batches of its samples (or the samples)."""
@@ -164,9 +175,12 @@ class BatchSamples:
             packer = Packer(te, self.config.packing_buffer_size, handler, size, self.config.index_offset(data.spec.worker))
             runs = packer.new_runs()
             data.runs.extend(runs)
-            final = not (self.config.chained and data.carry is not None) or data.spec.last
-            entries = packer(entries, seed, runs, final=final)
+            chained = self.config.chained and data.carry is not None
+            final = not chained or data.spec.last
+            counts = _pack_counts(data.carry) if chained and self.config.pack_counts else None
+            entries = packer(entries, seed, runs, final=final, counts=counts)
             self._open_buffer = packer.partial  # a chained stream's next segment packs on from it
+            self._pack_counts = counts
         if data.spec.keep is not None:  # a restore read: the listed samples (or packs) for the trainer's pools
             wanted = {(int(p), int(s)) for p, s in data.spec.keep}
             return [], [(None, 0, [e for e in entries if (e[0], e[1]) in wanted])]
@@ -190,6 +204,14 @@ class BatchSamples:
         for start in range(0, cut, size):
             items.extend(batcher.with_positions(entries[start : start + size], seed, size, runs))
         return items, ([(None, size, entries[cut:])] if cut < len(entries) else [])
+
+
+def _pack_counts(carry: Carry) -> Optional[List[int]]:
+    """The packing hook counts a chained segment packs on from (``Packer.counts``): its carry's,
+    zeros at the stream's start; ``None`` (positions) where a carry inside the stream has none."""
+    if carry.counts is not None:
+        return [int(c) for c in carry.counts]
+    return [0, 0, 0, 0] if carry.outputs == 0 else None
 
 
 #: seconds between two looks for a chained segment's carry while its samples are encoded

@@ -111,8 +111,10 @@ class Carry:
     bases: Optional[Dict[int, int]] = None
     #: batches: ``(outputs of batch, batches given)`` of the worker stream before the next segment
     #: (``batch_counts.Made``); ``None``: one each per whole batch of outputs (a stream's start, or a
-    #: state saved before they were counted)
-    counts: Optional[Tuple[int, int]] = None
+    #: state saved before they were counted). Packs: ``(select_samples_to_pack calls,
+    #: postencode_sample calls, pack_selected_samples calls, packs given)`` (``packing.Packer``);
+    #: ``None``: zeros at the stream's start, else the hooks read positions (a state saved before)
+    counts: Optional[Tuple[int, ...]] = None
 
 
 def chain_restore_key(output: Any, key: Any, sub: int, index: int) -> None:

@@ -79,9 +79,10 @@ def repacked_batches(
     fatal, made = None, []
     try:
         items = []
-        for position, sub, members in packs:
+        for position, sub, members, *made in packs:  # (made: the counts the pack's hooks read, or None)
             group = [(p, s, serde.loads(payload, copy=False)) for p, s, payload in members]
-            items += [item for item in packer.pack_group(group, seed, runs, (position, sub // 1000)) if item[1] == sub]
+            made_at = made[0] if made else None
+            items += [item for item in packer.pack_group(group, seed, runs, (position, sub // 1000), made_at) if item[1] == sub]
         if batch_size is None:
             made = [(pack, [position]) for position, _, pack in items]
         elif items:

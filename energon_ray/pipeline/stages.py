@@ -62,6 +62,9 @@ class StageConfig:
     #: validation metadataset batches across datasets: the hooks' sample and batch indices (and
     #: Energon's per-sample seeds) count on over them, as in Energon's concatenated stream.
     index_offsets: Optional[Tuple[int, ...]] = None
+    #: A chained packed stream's packing hooks read Energon's indices, counted in ``Carry.counts``
+    #: (``packing.Packer``); off for a state saved before (its hooks read their first sample's position).
+    pack_counts: bool = True
 
     def index_offset(self, worker: int) -> int:
         return 0 if self.index_offsets is None else int(self.index_offsets[worker])

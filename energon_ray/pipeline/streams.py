@@ -275,7 +275,8 @@ class TaskStream:
         if start is None:
             return Carry(0, [])
         first, outputs = int(start[0]), int(start[1])
-        counts = (int(start[2]), int(start[3])) if len(start) > 3 else None  # the batches counted before spec
+        # the batches (a packed stream: packing hook calls) counted before spec
+        counts = tuple(int(c) for c in start[2:]) if len(start) > 2 else None
         if first >= spec.index:  # the batches broke exactly there: nothing to carry
             return Carry(outputs, [], counts=counts)
         if self._segment_spec is None:

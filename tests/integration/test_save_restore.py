@@ -1032,7 +1032,7 @@ def test_restore_sample_rebuilds_packed_batches(roots):
         assert again.documents == batch.documents and torch.equal(again.input_ids, batch.input_ids)
         assert again.__restore_key__ == batch.__restore_key__
     with pytest.raises(er.StateError, match="names samples, not packs"):
-        loader.restore_sample(batch_key(batches[0])[1][0][3:])
+        loader.restore_sample(batch_key(batches[0])[1][0][4:])  # (after the pack's ("PackMade", ...))
     loader.close()
 
 
@@ -1054,9 +1054,11 @@ def test_pack_restore_key_names_only_members_that_postencode_kept(roots):
     positions = {}  # document -> (worker stream, position), from the member keys of packs that have one document
     for batch in batches:
         for pack_key, members in zip(batch_key(batch)[1], batch.documents):
-            assert pack_key[0] == "Packed" and len(pack_key) - 3 == len(members), (pack_key, members)
+            # (after the counts the pack's hooks read: one postencode_sample call per member kept)
+            assert pack_key[0] == "Packed" and pack_key[3][0] == "PackMade" and len(pack_key) - 4 == len(members), (pack_key, members)
+            assert len(pack_key[3]) - 3 == len(members)
             if len(members) == 1:
-                positions[members[0]] = pack_key[3][3:5]
+                positions[members[0]] = pack_key[4][3:5]
     assert len(set(positions.values())) == len(positions) > 0
     for batch in [batches[0], batches[len(batches) // 2], batches[-1]]:
         again = loader.restore_sample(batch.__restore_key__)
@@ -1100,8 +1102,8 @@ class SeenBlend(er.DefaultTaskEncoder):
         return _seen_batch(self, samples)
 
 
-def _first_sample_key(key):
-    return key if key[0] == "Webdataset" else _first_sample_key(next(k for k in key if isinstance(k, (list, tuple))))
+def _first_sample_key(key):  # (not a pack's ("PackMade", ...))
+    return key if key[0] == "Webdataset" else _first_sample_key(next(k for k in key if isinstance(k, (list, tuple)) and k[0] != "PackMade"))
 
 
 @pytest.mark.parametrize("case", ["plain-skips", "grouped", "packed", "blend"])

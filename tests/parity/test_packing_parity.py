@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import random
+import re
+
 import pytest
 
 import energon_ray as er
@@ -231,13 +235,14 @@ class IndexHooks:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_packing_hooks_read_current_batch_index(text, workers):
     """current_batch_index inside select_samples_to_pack, postencode_sample and pack_selected_samples
-    is the first sample's position over the batch size, as in sample hooks (it raised RuntimeError
-    there, so every buffer failed and the loader gave no batch); the packs and batches are Energon's."""
+    is Energon's: the batch being filled when the hook runs (packs given before over the batch
+    size; it was the first sample's position over the batch size, and before that it raised
+    RuntimeError); the packs and batches are Energon's."""
     ours, theirs = _packed_val_loaders(text, workers, IndexHooks, 2)
-    got = list(ours)
-    assert _keys(got) == _keys(theirs)
-    if workers == 0:  # buffers start at 0, 5, ...; their packs at 0, 3, 5, 8, ...
-        assert [b.text for b in got[:3]] == [["s0e0p0", "s0e1p1"], ["s2e2p2", "s2e4p4"], ["s5e5p5", "s5e6p6"]]
+    got, expected = list(ours), list(theirs)
+    assert [(b.__key__, b.text) for b in got] == [(b.__key__, b.text) for b in expected]
+    if workers == 0:  # buffers of 5 make packs of 3 and 2: each buffer one batch of 2 packs
+        assert [b.text for b in got[:3]] == [["s0e0p0", "s0e0p0"], ["s1e1p1", "s1e1p1"], ["s2e2p2", "s2e2p2"]]
 
 
 class SkipEveryThird(PairHooks):
@@ -350,3 +355,125 @@ def test_unbatched_val_metadataset_packing_buffers_run_from_one_dataset_into_the
     assert ours == _unbatched_packs(me, two_val, hooks, world_size, workers, limit)
     if (world_size, workers, limit) == (1, 0, None):  # a's last three samples open the buffer b's first two fill
         assert [key for key, _ in ours[0][9:12]] == ["a_000015+a_000016", "a_000017+b_000000", "b_000001"]
+
+
+def _counted_encoder(lib):
+    """Samples 1, 4, 7 … skipped before packing; each buffer (of 5) selected in groups of 3, 1, 2 …;
+    every packing hook ``@stateless(restore_seeds=True)`` and recording its ``current_sample_index``,
+    ``current_batch_index`` and a draw in the texts; ``batch`` a dict of its packs' keys and texts."""
+
+    def seen(te) -> str:
+        return f"{te.current_sample_index},{te.current_batch_index},{random.randint(0, 10**6)}"
+
+    class Encoder(lib.DefaultTaskEncoder):
+        def encode_sample(self, sample):
+            if int(sample.__key__.rsplit("_", 1)[-1]) % 3 == 1:
+                raise lib.SkipSample()
+            return sample
+
+        @lib.stateless(restore_seeds=True)
+        def select_samples_to_pack(self, samples):
+            tag = f"/s{seen(self)}"
+            for sample in samples:
+                sample.text += tag
+            out, i, k = [], 0, 0
+            while i < len(samples):
+                size = (3, 1, 2)[k % 3]
+                out.append(samples[i : i + size])
+                i, k = i + size, k + 1
+            return out
+
+        @lib.stateless(restore_seeds=True)
+        def postencode_sample(self, sample):
+            return lib.TextSample(__key__=sample.__key__, __restore_key__=sample.__restore_key__, text=f"{sample.text}/e{seen(self)}")
+
+        @lib.stateless(restore_seeds=True)
+        def pack_selected_samples(self, samples):
+            text = "|".join(s.text for s in samples) + f"/p{seen(self)}"
+            return lib.TextSample(__key__="+".join(s.__key__ for s in samples), __restore_key__=(), text=text)
+
+        def batch(self, packs):
+            return {"keys": [p.__key__ for p in packs], "texts": [p.text for p in packs], "__restore_key__": ()}
+
+    return Encoder()
+
+
+def _counted_dataset(lib, path, workers, batch_size, **kwargs):
+    wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    return lib.get_val_dataset(str(path), split_part="train", worker_config=wc, batch_size=batch_size,
+                               packing_buffer_size=5, task_encoder=_counted_encoder(lib), **kwargs)  # fmt: skip
+
+
+def _counted_view(item) -> list:
+    return [item["keys"], item["texts"]] if isinstance(item, dict) else [item.__key__, item.text]
+
+
+@pytest.mark.parametrize("batch_size", [3, None], ids=["batched", "unbatched"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packing_hooks_read_energons_indices_and_seeds_across_segments(text, workers, batch_size):
+    """``select_samples_to_pack``, ``postencode_sample`` and ``pack_selected_samples`` read Energon's
+    ``current_sample_index`` (each hook's calls before it in the worker stream), its
+    ``current_batch_index`` (the batch being filled: packs given before over the batch size) and, as
+    ``restore_seeds`` hooks, draw Energon's numbers, across segments of 10 samples and after skipped
+    samples, batched or not (they read the first sample's position and drew our own numbers); and
+    ``restore_sample`` makes each batch (pack) again as it was."""
+    loader = er.get_savable_loader(_counted_dataset(er, text, workers, batch_size, samples_per_segment=10))
+    ours = [_counted_view(item) for item in loader]
+    theirs = [_counted_view(item) for item in me.get_loader(_counted_dataset(me, text, workers, batch_size))]
+    assert ours == theirs
+    if workers == 0:  # the last pack, sample 60 alone: the 9th selection, 41st postencode, 25th pack
+        last = ours[-1][1][-1] if batch_size else ours[-1][1]
+        assert re.sub(r",\d+(/|$)", r"\1", last) == f"60/s8,{24 // (batch_size or 1)}/e40,{24 // (batch_size or 1)}/p24,{24 // (batch_size or 1)}"
+    for item in list(loader)[:: 3 if batch_size else 7]:  # (select_samples_to_pack does not run again, as in Energon)
+        again = loader.restore_sample(item["__restore_key__"] if isinstance(item, dict) else item.__restore_key__)
+        assert _counted_view(again) == _unselected(_counted_view(item))
+    loader.close()
+
+
+def _unselected(view: list) -> list:
+    """A view without what ``select_samples_to_pack`` wrote (``/s…``)."""
+    strip = functools.partial(re.sub, r"/s[\d,]+", "")
+    return [view[0], [strip(t) for t in view[1]] if isinstance(view[1], list) else strip(view[1])]
+
+
+def test_packing_hook_counts_run_on_after_a_restore_and_older_states_and_keys_restore(text):
+    """The packing hooks' counts (above, batched, 2 workers) run on in a restored loader as in the
+    loader saved (a state records them where each worker stream's carry is rebuilt: 11 items in
+    ``chain``); a state saved before they were counted (``pack_hooks_counted`` False, 3 items in
+    ``chain``) restores and goes on as it was made, the hooks reading positions; and a pack's
+    restore key without ``("PackMade", …)`` (saved before) is made again as it was."""
+
+    def loader(counted: bool = True):
+        dataset = _counted_dataset(er, text, 2, 3, samples_per_segment=10)
+        for leaf in dataset.leaves():
+            leaf.count_pack_hooks(counted)
+        return er.get_savable_loader(dataset)
+
+    def head_and_state(made, cut):
+        it = iter(made)
+        head = [_counted_view(next(it)) for _ in range(cut)]
+        state = made.save_state_rank()
+        made.close()
+        return head, state
+
+    full = [_counted_view(b) for b in loader()]
+    for cut in (3, 5):
+        head, state = head_and_state(loader(), cut)
+        chains = [s.checkpoint.chain for s in state.streams[0]]
+        assert state.pack_hooks_counted and any(chains) and all(c is None or len(c) == 11 for c in chains)
+        restored = loader()
+        restored.restore_state_rank(state)
+        assert head + [_counted_view(b) for b in restored] == full
+        restored.close()
+    before = loader(counted=False)
+    old = [dict(b) for b in before]
+    before.close()
+    assert [v[0] for v in map(_counted_view, old)] == [v[0] for v in full] and [_counted_view(b) for b in old] != full
+    head, state = head_and_state(loader(counted=False), 4)
+    assert not state.pack_hooks_counted and all(len(s.checkpoint.chain or ()) <= 3 for s in state.streams[0])
+    again = loader()
+    again.restore_state_rank(state)
+    assert head + [_counted_view(b) for b in again] == [_counted_view(b) for b in old]
+    for batch in old[::3]:
+        assert _counted_view(again.restore_sample(batch["__restore_key__"])) == _unselected(_counted_view(batch))
+    again.close()

@@ -33,6 +33,7 @@ class FakeLeaf:
         self.segment_packs = False
         self.segment_batches = False
         self.pool_batches_counted = True
+        self.pack_hooks_counted = True
         self.task_encoder = er.DefaultTaskEncoder()
 
     def leaves(self):
