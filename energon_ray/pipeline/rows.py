@@ -102,8 +102,8 @@ class Report:
     #: next one's first batch (``None``: it hands none on)
     tail_from: Optional[int] = None
     #: a chained stream's batches: ``(outputs of batch, batches given)`` of the worker stream after
-    #: this segment (``Carry.counts``; ``None``: not counted)
-    counts: Optional[Tuple[int, int]] = None
+    #: this segment; its packs: the four packing hook counts (``Carry.counts``; ``None``: not counted)
+    counts: Optional[Tuple[int, ...]] = None
     #: a chained stream's last segment: its last items are the stream's short last batch (or the
     #: items a batch hook made of it), made once the stream ended: Energon's worker meets every
     #: failure after the last full batch before it
