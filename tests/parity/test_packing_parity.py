@@ -477,3 +477,53 @@ def test_packing_hook_counts_run_on_after_a_restore_and_older_states_and_keys_re
     for batch in old[::3]:
         assert _counted_view(again.restore_sample(batch["__restore_key__"])) == _unselected(_counted_view(batch))
     again.close()
+
+
+def _generator_pack_encoder(lib):
+    """Pairs of each buffer (of 5); ``postencode_sample`` fails on samples 3, 13, 23 … (their packs
+    keep one member); a generator ``pack_selected_samples`` makes two packs of each pair; all three
+    ``@stateless(restore_seeds=True)``, recording their indices and a draw."""
+
+    def seen(te) -> str:
+        return f"{te.current_sample_index},{te.current_batch_index},{random.randint(0, 10**6)}"
+
+    class Encoder(lib.DefaultTaskEncoder):
+        @lib.stateless(restore_seeds=True)
+        def select_samples_to_pack(self, samples):
+            return [samples[i : i + 2] for i in range(0, len(samples), 2)]
+
+        @lib.stateless(restore_seeds=True)
+        def postencode_sample(self, sample):
+            if int(sample.__key__.rsplit("_", 1)[-1]) % 10 == 3:
+                raise ValueError("this member fails")
+            return lib.TextSample(__key__=sample.__key__, __restore_key__=sample.__restore_key__, text=f"{sample.text}/e{seen(self)}")
+
+        @lib.stateless(restore_seeds=True)
+        def pack_selected_samples(self, samples):
+            for k in range(2):
+                text = "|".join(s.text for s in samples) + f"/p{seen(self)}"
+                yield lib.TextSample(__key__="+".join(s.__key__ for s in samples) + f"#{k}", __restore_key__=(), text=text)
+
+        def batch(self, packs):
+            return {"keys": [p.__key__ for p in packs], "texts": [p.text for p in packs], "__restore_key__": ()}
+
+    return Encoder()
+
+
+def test_generator_pack_selected_samples_and_failed_members_count_like_energon(text):
+    """Each output of a generator ``pack_selected_samples`` is one more pack given (the next output
+    reads the next ``current_batch_index``), a member that fails ``postencode_sample`` still counts
+    as its call: the indices and draws are Energon's (2 workers, batches of 3, segments of 10), and
+    restore_sample makes each batch again as it was."""
+    made = []
+    for lib, kwargs in ((er, {"samples_per_segment": 10}), (me, {})):
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        ds = lib.get_val_dataset(str(text), split_part="train", worker_config=wc, batch_size=3, packing_buffer_size=5,
+                                 task_encoder=_generator_pack_encoder(lib), **kwargs)  # fmt: skip
+        made.append((lib.get_savable_loader if lib is er else lib.get_loader)(ds))
+    ours, theirs = list(made[0]), list(made[1])
+    assert [_counted_view(b) for b in ours] == [_counted_view(b) for b in theirs]
+    assert any("#1" in k for b in ours for k in b["keys"]) and not any("_000013" in k for b in ours for k in b["keys"])
+    for batch in ours[::4]:
+        assert _counted_view(made[0].restore_sample(batch["__restore_key__"])) == _counted_view(batch)
+    made[0].close()
