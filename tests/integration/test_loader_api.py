@@ -276,3 +276,45 @@ def test_a_worker_config_given_to_the_loader_warns_as_energon_at_the_callers_lin
     assert ours[0].filename == __file__
     with pytest.raises(ValueError, match=r"worker_config .* differs from the dataset's"):
         getattr(er, make)(ds, worker_config=er.WorkerConfig(rank=0, world_size=1, num_workers=2))
+
+
+def test_merge_transform_in_encode_sample_replays_with_the_seed(ds_path):
+    """A task encoder warping each image with a MergeTransform (a random crop and a random mirror as
+    CustomTransforms) in encode_sample: the reseeded hook draws per sample, and two loaders of the
+    same config give the same crops, flips and pixels."""
+    from energon_ray.transforms import CustomTransform, MergeTransform
+
+    class RandomCrop16(CustomTransform):
+        def apply_transform(self, matrix, dst_size):
+            top, left = (int(torch.randint(0, int(dst_size[i]) - 15, ())) for i in (0, 1))
+            self.drawn = (top, left)
+            return self.translate(-left, -top) @ matrix, np.array((16, 16)), self.drawn
+
+    class RandomMirror(CustomTransform):
+        def apply_transform(self, matrix, dst_size):
+            self.drawn = bool(torch.rand(()) < 0.5)
+            flip = self.translate(dst_size[1], 0) @ self.hflip() if self.drawn else np.eye(3)
+            return flip @ matrix, dst_size, self.drawn
+
+    class Augmenting(DefaultTaskEncoder):
+        def __init__(self):
+            super().__init__()
+            self.merge = MergeTransform([RandomCrop16(), RandomMirror()])
+
+        def encode_sample(self, sample):
+            image = self.merge(sample.image)
+            drawn = tuple(step.drawn for step in self.merge.transforms)
+            return CaptioningSample.derive_from(sample, image=image, caption=repr(drawn))
+
+    def batches():
+        wc = er.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        ds = er.get_val_dataset(ds_path, split_part="train", batch_size=5, worker_config=wc, task_encoder=Augmenting())
+        return [(b.__key__, b.image, b.caption) for b in er.get_loader(ds)]
+
+    first, second = batches(), batches()
+    assert [k for k, _, _ in first] == [k for k, _, _ in second] and sum(len(k) for k, _, _ in first) == 40
+    assert all(image.shape == (5, 3, 16, 16) for _, image, _ in first)
+    assert all(torch.equal(a, b) for (_, a, _), (_, b, _) in zip(first, second))
+    assert [c for _, _, c in first] == [c for _, _, c in second]
+    drawn = [c for _, _, captions in first for c in captions]
+    assert len(set(drawn)) > 20 and {"True)" in c for c in drawn} == {True, False}  # per-sample draws, both flips
