@@ -10,7 +10,7 @@ image.
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
 import numpy as np
 import PIL.Image
@@ -80,9 +80,9 @@ class MergeTransform(torch.nn.Module):
 
     transforms: List[TransformMapper]
 
-    def __init__(self, transforms: Sequence[Any]):
+    def __init__(self, transforms: Iterable[Any]):
         super().__init__()
-        if isinstance(transforms, (str, bytes)) or not isinstance(transforms, Sequence):
+        if isinstance(transforms, (str, bytes)) or not isinstance(transforms, Iterable):
             raise TypeError(f"MergeTransform: transforms must be a list of transforms, got {type(transforms).__name__}")
         self.transforms = [_as_mapper(t, i) for i, t in enumerate(transforms)]
         self.fill_value: FillValue = _agreed(self.transforms, "fill", lambda a, b: a == b)[0]
