@@ -9,7 +9,6 @@ image.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Iterable, List, Optional, Tuple
 
 import numpy as np
@@ -33,9 +32,10 @@ def _mode_name(mode: Any) -> str:
 
 
 def _default_interpolation() -> Any:
-    """Bilinear, as torchvision's enum where torchvision is loaded already (Energon's attribute), else its name."""
-    functional = sys.modules.get("torchvision.transforms.functional")
-    return functional.InterpolationMode.BILINEAR if functional is not None else "bilinear"
+    """Bilinear, by its name (Energon's attribute holds torchvision's enum): never a torchvision
+    object, so a merge of ``CustomTransform`` steps unpickles where torchvision is not installed
+    (a Ray worker on a CPU node), also when the trainer has loaded torchvision."""
+    return "bilinear"
 
 
 def _as_mapper(transform: Any, position: int) -> TransformMapper:

@@ -281,8 +281,12 @@ def test_a_worker_config_given_to_the_loader_warns_as_energon_at_the_callers_lin
 def test_merge_transform_in_encode_sample_replays_with_the_seed(ds_path):
     """A task encoder warping each image with a MergeTransform (a random crop and a random mirror as
     CustomTransforms) in encode_sample: the reseeded hook draws per sample, and two loaders of the
-    same config give the same crops, flips and pixels."""
+    same config give the same crops, flips and pixels. torchvision is loaded in this process (as in a
+    trainer that has it) but not in the Ray workers: such a merge needs none there."""
     from energon_ray.transforms import CustomTransform, MergeTransform
+    from tests.torchvision_cpu import import_torchvision_transforms
+
+    import_torchvision_transforms()
 
     class RandomCrop16(CustomTransform):
         def apply_transform(self, matrix, dst_size):
