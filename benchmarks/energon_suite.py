@@ -2,6 +2,7 @@
 
     pip install --target /tmp/tvlib --no-deps torchvision soundfile   # the suite's own test dependencies
     python benchmarks/energon_suite.py --energon-repo /path/to/Megatron-Energon --extra-path /tmp/tvlib [-k EXPR] [--only-public]
+    # with a CPU-only torch and PyPI's (CUDA) torchvision wheel: add --torchvision-cpu-shim
 
 What it does:
 
@@ -121,6 +122,21 @@ def run_pytest(tests: Path, junit: Path, extra: List[str], timeout: int, only: S
     return results
 
 
+#: a ``sitecustomize`` for ``--torchvision-cpu-shim``: torchvision's CUDA wheel on a CPU-only torch
+#: cannot load its operator library, and its import then stops registering shapes for two operators
+#: that library would have declared; declaring them first lets the pure-Python transforms import
+#: (nothing calls them). Not for a torch whose torchvision library loads (it would clash).
+TORCHVISION_CPU_SHIM = """\
+try:
+    import torch
+    _LIB = torch.library.Library("torchvision", "DEF")
+    for _op in ("nms", "qnms"):
+        _LIB.define(_op + "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+except Exception:
+    pass
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--energon-repo", type=Path, required=True)
@@ -130,10 +146,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=300, help="per-test faulthandler timeout, seconds")
     parser.add_argument("--extra-path", action="append", default=[],
                         help="folder with the suite's own test dependencies (pip install --target DIR torchvision soundfile)")
+    parser.add_argument("--torchvision-cpu-shim", action="store_true",
+                        help="declare torchvision's nms/qnms operator schemas at start-up (a sitecustomize): lets "
+                             "PyPI's CUDA torchvision wheel import its Python transforms on a CPU-only torch")
     args = parser.parse_args()
     EXTRA_PATHS.extend(args.extra_path)
 
     work = Path(tempfile.mkdtemp(prefix="energon_suite_"))
+    if args.torchvision_cpu_shim:
+        (work / "shim").mkdir()
+        (work / "shim" / "sitecustomize.py").write_text(TORCHVISION_CPU_SHIM)
+        EXTRA_PATHS.insert(0, str(work / "shim"))
     ref_tests = copy_tests(args.energon_repo, work / "ref")
     our_tests = copy_tests(args.energon_repo, work / "ours")
     rewrite(our_tests)
