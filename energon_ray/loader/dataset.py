@@ -7,7 +7,6 @@ plans segments and builds Ray Datasets from them, but runs nothing until a loade
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from energon_ray.blend.base import Composition, PassContext
@@ -19,6 +18,7 @@ from energon_ray.pipeline.load import SampleLoader
 from energon_ray.pipeline.policy import deferred_handler
 from energon_ray.pipeline.shipping import Shipped
 from energon_ray.pipeline.stages import StageConfig
+from energon_ray.plan.layout import choose_layout
 from energon_ray.plan.sharder import compute_subset, slice_offsets, worker_ranges
 from energon_ray.plan.stream import SegmentLayout, SegmentPlan, StreamConfig, WorkerStream
 from energon_ray.source.reader import ReadSegment, shard_table
@@ -26,23 +26,6 @@ from energon_ray.storage import as_path
 from energon_ray.errors import DatasetConfigError
 from energon_ray.task_encoder.base import TaskEncoder, is_overridden, matching_cooker
 from energon_ray.worker import WorkerConfig
-
-#: Samples a segment (one Ray task) aims for; rounded up to whole batches (or packing buffers).
-#: Each block costs the trainer its task's submission and a ``ray.get`` (~2-4 ms on 2 slow cores,
-#: nearly all in Ray's calls); 128-sample segments measured 1.4-1.5 vs 2.0-2.2 ms of trainer CPU per
-#: batch for 64, and 32 (one batch a block) 4.3-4.6 vs 1.7 by default (captioning, 2 CPUs). Longer
-#: segments hold more memory: the trainer keeps one partly consumed block per worker stream.
-TARGET_SEGMENT_SAMPLES = 128
-#: ... except each worker's first ``FIRST_SEGMENT_ROUNDS`` segments, which aim for this many: the
-#: first batch waits for one whole segment (measured 1.7-1.8 s with 128-sample segments, 1.4-1.5 s
-#: with 64, on 2 CPUs).
-FIRST_SEGMENT_SAMPLES = 64
-FIRST_SEGMENT_ROUNDS = 1
-#: Packing restarts at segment boundaries: packed datasets keep their one length (of this many samples).
-PACKED_SEGMENT_SAMPLES = 64
-#: A packed blend's leaves (they do not pack: the blend does) start with segments of this many samples.
-PACKED_BLEND_FIRST_SAMPLES = 128
-
 
 @dataclasses.dataclass
 class PlanOptions:
@@ -61,8 +44,7 @@ class PlanOptions:
     subset_absolute: Optional[tuple] = None
     subset_ratio: Optional[tuple] = None
     #: samples per segment the user asked for: one length, ``(first, later)``, or ``None``:
-    #: ``FIRST_SEGMENT_SAMPLES`` for each worker's first segments, ``TARGET_SEGMENT_SAMPLES`` after
-    #: (``PACKED_SEGMENT_SAMPLES`` with packing)
+    #: ``plan.layout``'s defaults (``choose_layout``)
     segment_samples: Optional[Union[int, Tuple[int, int]]] = None
     #: ``blend_epochized`` repetitions of this source per pass (``None``: plain).
     repetitions: Optional[float] = None
@@ -193,32 +175,11 @@ class EnergonDataset(Composition):
         when the user chose it or the dataset packs; a restored state's own (``restored_layout``)."""
         if self.restored_layout is not None:
             return self.restored_layout
-        wanted = self.options.segment_samples
-        if self.options.packing_buffer_size:
-            unit = self.options.packing_buffer_size
-            later = wanted[1] if isinstance(wanted, tuple) else wanted
-            later = unit * max(4, math.ceil((later or PACKED_SEGMENT_SAMPLES) / unit))
-            if not self.options.blend_samples or isinstance(wanted, int):
-                return SegmentLayout(later)
-            # a packed blend's leaf only hands out its samples (packed after the blend, a chunk of
-            # PACK_CHUNK_BUFFERS buffers at a time): short first segments, as many as a chunk may
-            # draw from one leaf, so the first batch waits for about a chunk's samples, not a long
-            # segment of every leaf (measured on 2 CPUs: 2048 samples encoded before it, not ~640)
-            from energon_ray.blend.packed_blend import PACK_CHUNK_BUFFERS
+        from energon_ray.blend.packed_blend import PACK_CHUNK_BUFFERS
 
-            first = wanted[0] if isinstance(wanted, tuple) else PACKED_BLEND_FIRST_SAMPLES
-            if first >= later:
-                return SegmentLayout(later)
-            return SegmentLayout(later, first_length=first, first_rounds=math.ceil(PACK_CHUNK_BUFFERS * unit / first))
-        if wanted is None:
-            # a sample blend's leaves too (measured, stop 36: 128-sample later segments cut the trainer's
-            # CPU per batch from 5.3 to 3.8 ms at the same steady rate; at stop 25 they had been slower)
-            wanted = (FIRST_SEGMENT_SAMPLES, TARGET_SEGMENT_SAMPLES)
-        size = self.options.batch_size or 1
-        first, later = ((size * max(1, math.ceil(n / size))) for n in (wanted if isinstance(wanted, tuple) else (wanted, wanted)))
-        if first == later:
-            return SegmentLayout(later)
-        return SegmentLayout(later, first_length=first, first_rounds=FIRST_SEGMENT_ROUNDS)
+        options = self.options
+        return choose_layout(options.segment_samples, options.batch_size, options.packing_buffer_size,
+                             bool(options.blend_samples), PACK_CHUNK_BUFFERS)  # fmt: skip
 
     @property
     def excluded(self) -> Tuple[int, ...]:

@@ -677,7 +677,7 @@ def test_a_state_restores_with_the_segment_layout_it_was_saved_with(tmp_path, mo
     that cuts segments otherwise (here: shorter first segments, as another energon_ray version might)
     plans the restored pass with the state's own layout, so the batches are the saved loader's next
     ones (with this version's layout they differed), and states saved from it record that layout."""
-    import energon_ray.loader.dataset as dataset_module
+    import energon_ray.plan.layout as layout_module
 
     root = prefixed_text_dataset(tmp_path / "c", "c", 400, per_shard=20)
 
@@ -693,7 +693,7 @@ def test_a_state_restores_with_the_segment_layout_it_was_saved_with(tmp_path, mo
     saved.close()
     assert state["segment_lengths"] == [[128, 64, 1]]
 
-    monkeypatch.setattr(dataset_module, "FIRST_SEGMENT_SAMPLES", 32)
+    monkeypatch.setattr(layout_module, "FIRST_SEGMENT_SAMPLES", 32)
     other = build()
     assert [leaf.segment_layout.to_list() for leaf in other.dataset.leaves()] == [[128, 32, 1]]
     other.restore_state_rank(state)
