@@ -128,6 +128,23 @@ def same_shape(states: Sequence[LoaderState], wc: WorkerConfig) -> bool:
 
 
 def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
+    states = check_complete(states)
+    check_seed(states[0].seed_offset, dataset)
+    # what cannot move at all first: its order fingerprint differs on another world size too (a
+    # validation metadataset's batch index offsets), which named that instead of the reason
+    check_movable(dataset, states, "restoring on another world size or worker count")
+    check_order(dataset, states)
+    return states
+
+
+def check_complete(states: Sequence[Any]) -> List[LoaderState]:
+    """``states`` in rank order, checked to be every rank's state of one run at one step (what can be
+    checked without the dataset; ``energon-ray checkpoint redist`` checks these alone).
+
+    Raises:
+        StateError: no states, ranks missing or repeated, of different world sizes or worker counts,
+            passes or seeds.
+    """
     states = sorted((LoaderState.coerce(s) for s in states), key=lambda s: s.rank)
     if not states:
         raise StateError("restoring on another world size needs the states of all ranks; got none")
@@ -144,11 +161,6 @@ def _check(dataset: Any, states: Sequence[Any]) -> List[LoaderState]:
             f"the ranks' states are from runs of different seeds (WorkerConfig seed_offset {seeds}); pass the states "
             "every rank of one run saved at the same step"
         )
-    check_seed(seeds[0], dataset)
-    # what cannot move at all first: its order fingerprint differs on another world size too (a
-    # validation metadataset's batch index offsets), which named that instead of the reason
-    check_movable(dataset, states, "restoring on another world size or worker count")
-    check_order(dataset, states)
     return states
 
 
@@ -188,6 +200,12 @@ def check_movable(dataset: Any, states: Sequence[LoaderState], what: str) -> Non
                 f"{what} is not supported for {leaf!r}: it {why}; restore with the world size, num_workers "
                 "and batch size it was saved with"
             )
+    check_saved_nodes(states, what)
+
+
+def check_saved_nodes(states: Sequence[LoaderState], what: str) -> None:
+    """Raises ``StateError`` where a state's composition node cannot move (``check_movable``'s part
+    that reads the states alone: a counted ``LimitDataset``, a wrapper holding pulled items)."""
     for s in states:
         for per_worker in s.nodes:
             for worker, node in enumerate(per_worker):
