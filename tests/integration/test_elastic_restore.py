@@ -12,8 +12,11 @@ import re
 from collections import Counter
 
 import pytest
+import torch
+from click.testing import CliRunner
 
 import energon_ray as er
+from energon_ray.cli.main import main as cli_main
 from energon_ray.tasks.text_packing import TextPackingTaskEncoder, lognormal_corpus
 from energon_ray.format.jsonl import prepare_jsonl
 from tests.helpers import keys_of, prefixed_text_dataset
@@ -459,3 +462,87 @@ def test_a_limited_pass_or_a_counted_repeat_is_refused_by_name(roots):
     with pytest.raises(er.StateError, match=r"repeats its epochs a set number of times \(a RepeatDataset with repeats"):
         new.restore_state_global(states)
     new.close()
+
+
+
+def test_checkpoint_commands_describe_and_hand_on_states_for_another_world_size(roots, tmp_path):
+    """``energon-ray checkpoint info`` on the folder 2 ranks x 2 workers saved into names each rank's
+    worker streams; ``redist --new-world-size 1`` checks the set and writes it as a global file and as
+    a folder, from which a 1-rank x 3-worker loader gives the batches ``restore_state_global`` gives;
+    one rank's file alone is refused."""
+    saved, folder, single = tmp_path / "saved", tmp_path / "redist", tmp_path / "global.json"
+    saved.mkdir()
+    old = [er.get_savable_loader(train(roots["a"], wc(r, 2, 2), 4, repeat=False)) for r in range(2)]
+    for loader in old:
+        take(loader, 3)
+        er.save_loader_state(loader, str(saved))
+    states = [loader.save_state_rank().to_dict() for loader in old]
+    for loader in old:
+        loader.close()
+
+    info = CliRunner().invoke(cli_main, ["checkpoint", "info", str(saved)])
+    streams = [
+        "  dataset 0 worker 0: segment 0 from position 0 (feed), items given since 2, samples pooled 0",
+        "  dataset 0 worker 1: segment 0 from position 0 (feed), items given since 1, samples pooled 0",
+    ]
+    assert info.exit_code == 0 and info.output.splitlines() == [
+        "checkpoint: per-rank files (2 files)",
+        "ranks: 2 (world size 2)",
+        "workers per rank: 2",
+        "batch size: 4",
+        "state version: 2",
+        "seed offset: 0",
+        f"fingerprint: {states[0]['fingerprint']}",
+        f"order fingerprint: {states[0]['order_fingerprint']}",
+        "task encoders: DefaultTaskEncoder",
+        "datasets (a state names no paths; rank 0's summary):",
+        "  dataset.split_part: train",
+        "  dataset.total: 45",
+        f"  dataset.shards: {states[0]['config_summary']['dataset.shards']}",
+        "rank 0 (energon_ray_loader_rank0.json): pass 0 (passes started 1), items this epoch 0, next worker 1, "
+        "items per worker [2, 1]",
+        *streams,
+        "rank 1 (energon_ray_loader_rank1.json): pass 0 (passes started 1), items this epoch 0, next worker 1, "
+        "items per worker [2, 1]",
+        *streams,
+    ]
+
+    for out, written, how in [
+        (single, f"a global file of 2 states: {single}", "restore_state_global(json.load(open(OUT)))"),
+        (folder, f"2 rank files to {folder}", "restore_loader_state(loader, OUT)"),
+    ]:
+        result = CliRunner().invoke(
+            cli_main, ["checkpoint", "redist", str(saved), str(out), "--new-world-size", "1", "--new-num-workers", "3"]
+        )
+        assert result.exit_code == 0 and result.output.splitlines() == [
+            "read 2 states (per-rank): world size 2, 2 workers per rank, pass 0",
+            "new shape: world size 1, 3 workers per rank",
+            f"wrote {written}",
+            f"each new rank: {how}; the restore checks the dataset (sample order, no packing or counted repeats) and "
+            "computes its share",
+        ]
+    assert json.loads(single.read_text()) == states
+    torch.save(states, tmp_path / "states.pt")  # to_dict() values: read with torch.load(weights_only=True)
+    for path in (single, tmp_path / "states.pt"):
+        again = CliRunner().invoke(cli_main, ["checkpoint", "info", str(path)]).output.splitlines()
+        assert again[:13] == ["checkpoint: global file (2 entries)"] + info.output.splitlines()[1:13]
+        assert again[13:] == [line.replace("energon_ray_loader_rank0.json", f"{path.name}[0]").replace(
+            "energon_ray_loader_rank1.json", f"{path.name}[1]") for line in info.output.splitlines()[13:]]
+
+    expected = er.get_savable_loader(train(roots["a"], wc(0, 1, 3), 8, repeat=False))
+    expected.restore_state_global(states)
+    from_file = er.get_savable_loader(train(roots["a"], wc(0, 1, 3), 8, repeat=False))
+    from_file.restore_state_global(json.loads(single.read_text()))
+    from_folder = er.get_savable_loader(train(roots["a"], wc(0, 1, 3), 8, repeat=False))
+    assert er.restore_loader_state(from_folder, str(folder)) is True
+    want = keys_of(list(expected))
+    assert [len(b) for b in want] == [7, 7, 7] and keys_of(list(from_file)) == want and keys_of(list(from_folder)) == want
+
+    lone = CliRunner().invoke(
+        cli_main, ["checkpoint", "redist", str(saved / "energon_ray_loader_rank1.json"), str(tmp_path / "x.json"), "--new-world-size", "1"]
+    )
+    assert lone.exit_code == 1 and lone.output == (
+        f"Error: {saved / 'energon_ray_loader_rank1.json'}: restoring on another world size needs the states of all 2 "
+        "ranks of one run (ranks 0..1, one each); got ranks [1] of world sizes [2]\n"
+    )
+    assert not (tmp_path / "x.json").exists()
