@@ -54,7 +54,11 @@ def read_states(paths: Sequence[str]) -> Tuple[str, List[Entry]]:
 
 
 def _rank_files(folder: str) -> List[str]:
-    found = [(int(m.group(1)), name) for name in os.listdir(folder) if (m := _RANK_FILE.match(name))]
+    try:
+        names = os.listdir(folder)
+    except OSError as exc:
+        raise click.ClickException(f"{folder}: cannot be listed ({exc.strerror or exc})") from None
+    found = [(int(m.group(1)), name) for name in names if (m := _RANK_FILE.match(name))]
     if not found:
         raise click.ClickException(
             f"{folder}: no loader state files ({STATE_FILE.format(rank='N')}, as save_loader_state writes) in this folder"
@@ -98,6 +102,10 @@ def _torch_load(path: str) -> Any:
         raise click.ClickException(
             f"{path}: cannot be read with torch.load(weights_only=True), the only way this command loads a .pt "
             f"file (it never unpickles objects): {hint}"
+        ) from None
+    except Exception as exc:  # a zip that is no torch.save file, a cut-off one
+        raise click.ClickException(
+            f"{path}: not an energon_ray loader state: a zip file that torch.load cannot read ({type(exc).__name__}: {exc})"[:400]
         ) from None
 
 
@@ -202,7 +210,7 @@ def checkpoint_redist_command(paths: Tuple[str, ...], out: str, new_world_size: 
             f"{', '.join(missing)}: saved before its first batch; restoring on another world size needs every "
             "rank's state (restore with the world size it was saved with, or save again after a batch)"
         )
-    what = f"restoring on {new_world_size} ranks"
+    what = f"restoring on world size {new_world_size}"
     try:
         states = check_complete([s for _, s in entries])
         check_saved_nodes(states, what)

@@ -522,6 +522,12 @@ def test_checkpoint_commands_describe_and_hand_on_states_for_another_world_size(
             "computes its share",
         ]
     assert json.loads(single.read_text()) == states
+    same = CliRunner().invoke(cli_main, ["checkpoint", "redist", str(single), str(tmp_path / "same"), "--new-world-size", "2"])
+    assert same.exit_code == 0 and same.output.splitlines()[:3] == [
+        "read 2 states (global): world size 2, 2 workers per rank, pass 0",
+        "new shape: world size 2, 2 workers per rank",
+        "same shape as saved: each rank restores its own state exactly",
+    ]
     torch.save(states, tmp_path / "states.pt")  # to_dict() values: read with torch.load(weights_only=True)
     for path in (single, tmp_path / "states.pt"):
         again = CliRunner().invoke(cli_main, ["checkpoint", "info", str(path)]).output.splitlines()

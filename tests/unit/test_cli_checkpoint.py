@@ -7,6 +7,7 @@ with a real loader in ``tests/integration/test_elastic_restore.py``.
 from __future__ import annotations
 
 import json
+import zipfile
 
 import torch
 from click.testing import CliRunner
@@ -52,7 +53,13 @@ def test_foreign_files_and_folders_are_refused_by_name(tmp_path):
     old.write_text(json.dumps({"version": 1, "rank": 0}))
     empty = tmp_path / "empty"
     empty.mkdir()
+    archive = tmp_path / "notes.pt"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("notes.txt", "step 100")
     outputs = [run_cli("checkpoint", "info", p).output for p in (text, other, old, empty)]
+    assert run_cli("checkpoint", "info", archive).output.startswith(
+        f"Error: {archive}: not an energon_ray loader state: a zip file that torch.load cannot read (RuntimeError: "
+    )
     assert outputs == [
         f"Error: {text}: not an energon_ray loader state: neither JSON (Expecting value: line 1 column 1 (char 0)) "
         "nor a torch.save file\n",
