@@ -216,7 +216,7 @@ def checkpoint_redist_command(paths: Tuple[str, ...], out: str, new_world_size: 
         check_saved_nodes(states, what)
         _check_one_run(states)
     except StateError as exc:
-        raise click.ClickException(f"{', '.join(name for name, _ in entries)}: {exc}") from None
+        raise click.ClickException(f"{', '.join(paths)}: {exc}") from None
     old_world, old_workers = states[0].world_size, states[0].num_workers
     workers = new_num_workers or old_workers
     written = _write(out, states)

@@ -326,10 +326,11 @@ def test_what_cannot_move_says_so(roots, tmp_path):
         val(wc(0, 1, 1)).restore_state_global(val_states)
 
 
-def test_another_seed_offset_is_refused_by_name(roots):
+def test_another_seed_offset_is_refused_by_name(roots, tmp_path):
     """The seed decides every stream's order, so a state's positions name other samples under another
     WorkerConfig.seed_offset (10 of the rest were lost and 10 given twice): refused by name, on
-    another world size and on the same one, as are the states of two runs of different seeds. A
+    another world size and on the same one, as are the states of two runs of different seeds (by
+    ``energon-ray checkpoint redist`` too). A
     state without the field (saved before it was recorded) still restores."""
 
     def run(config, batch):
@@ -348,6 +349,13 @@ def test_another_seed_offset_is_refused_by_name(roots):
         elastic.restore_state_global(saved)
     with pytest.raises(er.StateError, match=r"runs of different seeds \(WorkerConfig seed_offset \[0, 1\]\)"):
         elastic.restore_state_global(other_run)
+    for state, name in zip(other_run, ("energon_ray_loader_rank0.json", "energon_ray_loader_rank1.json")):
+        (tmp_path / name).write_text(state.to_json())
+    refused = CliRunner().invoke(cli_main, ["checkpoint", "redist", str(tmp_path), str(tmp_path / "out.json"), "--new-world-size", "1"])
+    assert refused.exit_code == 1 and refused.output == (
+        f"Error: {tmp_path}: the ranks' states are from runs of different seeds (WorkerConfig seed_offset [0, 1]); "
+        "pass the states every rank of one run saved at the same step\n"
+    )
     elastic.close()
     same = run(er.WorkerConfig(rank=1, world_size=2, num_workers=2, seed_offset=5), 4)
     with pytest.raises(er.StateError, match=message):
@@ -389,10 +397,10 @@ def test_endless_restore_on_a_rank_without_samples_is_refused(roots, tmp_path):
     last.close()
 
 
-def test_wrappers_move_unless_they_hold_items(roots):
+def test_wrappers_move_unless_they_hold_items(roots, tmp_path):
     """A BatchDataset wrapper (nothing held between its groups) moves from 2 ranks x 2 workers to 1 x 3,
     every sample once; a ShuffleBufferDataset under it holds pulled samples, so its state is refused
-    by name instead of repeating them."""
+    by name instead of repeating them (by ``energon-ray checkpoint redist`` too)."""
 
     def keyed(samples):
         return [s.__key__ for s in samples]
@@ -413,6 +421,14 @@ def test_wrappers_move_unless_they_hold_items(roots):
         if shuffle:
             with pytest.raises(er.StateError, match=r"while a wrapper held items.*ShuffleBufferDataset"):
                 new.restore_state_global(states)
+            listed = tmp_path / "held.json"
+            listed.write_text(json.dumps([s.to_dict() for s in states]))
+            refused = CliRunner().invoke(cli_main, ["checkpoint", "redist", str(listed), str(tmp_path / "out"), "--new-world-size", "1"])
+            assert refused.exit_code == 1 and re.fullmatch(
+                rf"Error: {re.escape(str(listed))}: restoring on world size 1: rank 0's worker stream \d was saved while a "
+                r"wrapper held items it had pulled \(a ShuffleBufferDataset .*\n", refused.output, re.S
+            )
+            assert not (tmp_path / "out").exists()
             new.close()
             continue
         new.restore_state_global(states)
