@@ -21,7 +21,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import click
 
-from energon_ray.loader.elastic import check_complete, check_saved_nodes
+from energon_ray.loader.elastic import check_complete, check_saved_nodes, common_pass
 from energon_ray.loader.state import STATE_FILE, LoaderState, StateError
 from energon_ray.plan.stream import SegmentLayout
 
@@ -220,7 +220,9 @@ def checkpoint_redist_command(paths: Tuple[str, ...], out: str, new_world_size: 
     old_world, old_workers = states[0].world_size, states[0].num_workers
     workers = new_num_workers or old_workers
     written = _write(out, states)
-    click.echo(f"read {len(states)} states ({kind}): world size {old_world}, {old_workers} workers per rank, {_where(states[0])}")
+    running = common_pass(states)  # a rank saved after finishing the pass the others are in counts as in it
+    where = f"pass {running}" if running is not None else "between passes"
+    click.echo(f"read {len(states)} states ({kind}): world size {old_world}, {old_workers} workers per rank, {where}")
     click.echo(f"new shape: world size {new_world_size}, {workers} workers per rank")
     if (new_world_size, workers) == (old_world, old_workers):
         click.echo("same shape as saved: each rank restores its own state exactly")
