@@ -22,7 +22,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import click
 
 from energon_ray.loader.elastic import check_complete, check_saved_nodes, common_pass
-from energon_ray.loader.state import STATE_FILE, LoaderState, StateError
+from energon_ray.loader.state import LoaderState, StateError
+from energon_ray.loader.state_files import STATE_FILE
 from energon_ray.plan.stream import SegmentLayout
 
 _RANK_FILE = re.compile(re.escape(STATE_FILE).replace(re.escape("{rank}"), r"(\d+)") + "$")

@@ -32,7 +32,8 @@ from energon_ray.loader.savable import (
 )  # fmt: skip
 from energon_ray.loader.restore_keys import restore_sample
 from energon_ray.errors import log_exception
-from energon_ray.loader.state import LoaderState, StateError, broadcast_states, gather_states
+from energon_ray.loader.state import LoaderState, StateError
+from energon_ray.loader.state_files import broadcast_states, gather_states
 from energon_ray.pipeline.remote_args import check_remote_args, task_needs, waits_holding_cpus_only
 from energon_ray.ray_env import check_resources, ensure_ray, warm_up
 

@@ -3,7 +3,8 @@
 A state says, per logical worker stream, where consumption stood; restoring rebuilds the same
 plan (it is a pure function of seeds and positions) and starts Ray's work right there. Every
 piece is a small dataclass of ints, bools and lists; ``LoaderState.to_dict()`` is plain JSON and
-``LoaderState.from_dict()`` checks the version.
+``LoaderState.from_dict()`` checks the version. How states travel between ranks and into
+checkpoint folders is ``loader.state_files``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from typing import Any, Dict, List, Optional, Tuple
 
 #: Bump when the meaning of a field changes; ``from_dict`` refuses other versions.
@@ -296,112 +296,3 @@ def _unjson(value: Any) -> Any:
     if isinstance(value, list):
         return [_unjson(v) for v in value]
     return value
-
-
-#: One file per rank in a checkpoint folder, so every rank of a ``ray.train`` run reports into one checkpoint.
-STATE_FILE = "energon_ray_loader_rank{rank}.json"
-
-
-def _distributed() -> Any:
-    """``torch.distributed`` when a process group is up, else None (imported here: states travel
-    without torch)."""
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def gather_states(state: Optional[LoaderState], dst_rank: int, world_size: int = 1) -> Optional[List[Optional[LoaderState]]]:
-    """Every rank's ``state`` gathered on ``dst_rank`` (``torch.distributed``; a list of one without
-    it, for a world size of 1); ``None`` on the other ranks.
-
-    Raises:
-        StateError: ``world_size`` above 1 without a process group (each rank would get a list of its
-            own state alone, which ``restore_state_global`` refuses).
-    """
-    dist = _distributed()
-    if dist is None:
-        if world_size > 1:
-            raise StateError(
-                f"save_state_global gathers the states of all {world_size} ranks with torch.distributed, and no process "
-                "group is initialized; call save_state_rank() on every rank and keep each rank's state (or "
-                "save_loader_state(loader, folder): one file per rank, read back by restore_loader_state)"
-            )
-        return [state]
-    out: Optional[List[Any]] = [None] * dist.get_world_size() if dist.get_rank() == dst_rank else None
-    dist.gather_object(state, out, dst=dst_rank)
-    return out
-
-
-def broadcast_states(states: Any, src_rank: Optional[int], world_size: int = 1) -> Any:
-    """``states`` as rank ``src_rank`` passed them, on every rank (``None``: each rank's own).
-
-    Raises:
-        StateError: ``src_rank`` on a world size above 1 without a process group, where this rank
-            passed no states (it cannot receive them).
-    """
-    dist = _distributed()
-    if src_rank is not None and dist is None and world_size > 1 and states is None:
-        raise StateError(
-            f"restore_state_global(src_rank={src_rank}) broadcasts the states with torch.distributed, and no process "
-            f"group is initialized (world size {world_size}); pass the list of states on every rank, src_rank=None"
-        )
-    if src_rank is None or dist is None:
-        return states
-    box: List[Any] = [states if dist.get_rank() == src_rank else None]
-    dist.broadcast_object_list(box, src=src_rank)
-    return box[0]
-
-
-def save_loader_state(loader: Any, directory: str) -> Optional[str]:
-    """Write ``loader.save_state_rank()`` into ``directory`` as ``energon_ray_loader_rank{rank}.json``
-    (nothing before the first iteration); returns the file's path.
-
-    Example:
-        >>> with tempfile.TemporaryDirectory() as d:                       # doctest: +SKIP
-        ...     save_loader_state(loader, d)
-        ...     ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d))
-    """
-    state = loader.save_state_rank()
-    if state is None:
-        return None
-    path = os.path.join(directory, STATE_FILE.format(rank=state.rank))
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(state.to_json())
-    os.replace(tmp, path)
-    return path
-
-
-def restore_loader_state(loader: Any, directory: str) -> bool:
-    """Restore ``loader`` from its rank's file in ``directory`` (see ``save_loader_state``); ``False``
-    if the folder has none (a checkpoint taken before the loader first iterated, here or on every
-    rank: the loader starts afresh). When the files were
-    saved by another world size or worker count, every rank's file is read and the rest of the epoch
-    is shared out anew (``restore_state_global``).
-
-    Example:
-        >>> checkpoint = ray.train.get_checkpoint()                          # doctest: +SKIP
-        >>> if checkpoint:
-        ...     with checkpoint.as_directory() as d:
-        ...         restore_loader_state(loader, d)
-    """
-    wc = loader.dataset.worker_config
-    path = os.path.join(directory, STATE_FILE.format(rank=wc.rank))
-    if os.path.isfile(path):
-        with open(path) as f:
-            state = LoaderState.coerce(f.read())
-        if (state.world_size, state.num_workers) == (wc.world_size, max(1, wc.num_workers)):
-            loader.restore_state_rank(state)
-            return True
-    prefix, suffix = STATE_FILE.split("{rank}")
-    names = sorted(n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(suffix))
-    if not names:
-        return False
-    states = []
-    for name in names:
-        with open(os.path.join(directory, name)) as f:
-            states.append(LoaderState.coerce(f.read()))
-    if all((s.world_size, s.num_workers) == (wc.world_size, max(1, wc.num_workers)) for s in states):
-        return False  # this rank saved before its first batch, the others after theirs: it starts afresh
-    loader.restore_state_global(states)
-    return True
