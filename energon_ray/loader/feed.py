@@ -8,27 +8,25 @@ object store and unpickles a few hundred bytes of metadata: tensors are views of
 (``serde.loads(copy=False)``), and on CUDA each batch is copied once into pinned memory (``loader.pinning``).
 ``LeafFeed.next_item(worker)`` pulls rows until that worker of that leaf has an item, so the
 composition decides the order and Ray only makes the items. One execution for all sources keeps
-the driver's overhead that of a single source.
+the driver's overhead that of a single source. How a block's rows are checked, decoded and
+pinned ahead is ``loader.block_rows``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import logging
 import os
-import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 
-from energon_ray.errors import ExecutionLost, unwrap_error
-from energon_ray.loader.group_items import decode_row
+from energon_ray.errors import ExecutionLost
+from energon_ray.loader.block_rows import BlockRows
 from energon_ray.loader.leaf_feed import LeafFeed
-from energon_ray.loader.events import account_block
 from energon_ray.loader.merge import Row
 from energon_ray.loader.stats import LoaderStats
-from energon_ray.loader.pinning import Pinner, chained
+from energon_ray.loader.pinning import Pinner
 from energon_ray.loader.restore import restore_reads, restore_streams, run_reads
 from energon_ray.loader.state import StreamState
 from energon_ray.pipeline import rows
@@ -58,7 +56,7 @@ def check_executor(executor: Optional[str], name: str = "executor") -> str:
     return executor
 
 
-class MultiFeed:
+class MultiFeed(BlockRows):
     """All leaves of a composition for one pass: one stream of segment tasks (or, with the Ray Data
     executor, one Ray Dataset execution per window).
 
@@ -343,65 +341,3 @@ class MultiFeed:
             (opened,), self._following = self._following, None
             return opened
         return self._open(next(self._windows, None))
-
-    def _pin_ahead(self, block_rows: List[Row], early: Dict[int, Row], sources: List[int]) -> Dict[int, Row]:
-        """With pinning: the block's item rows, by row index, each value a ``Pinning`` linked to its
-        worker stream's next one (``pinning.chained``): the copy of the block's first starts when
-        the stream's batch before it is handed out (now, if that was handed out already), each
-        other's as the batch before it is (the items are zero-copy views of the block until copied)."""
-        if self._pinner is None:
-            return {}
-        by_stream: Dict[Tuple[int, int], List[Tuple[int, Row]]] = {}
-        for i, row in enumerate(block_rows):
-            if row[0] == rows.ITEM and i not in early:
-                by_stream.setdefault((sources[i], row[1]), []).append((i, decode_row(row, False)))
-        out: Dict[int, Row] = {}
-        for stream, decoded in by_stream.items():
-            pinnings = chained(self._pinner, [row[4] for _, row in decoded], stream=stream)
-            for (i, row), pinning in zip(decoded, pinnings):
-                out[i] = (*row[:4], pinning)
-        return out
-
-    def _execute(self, blocks, specs) -> Iterator[Tuple[int, Row, bool, Optional[List[int]], Optional[List[Any]]]]:
-        """The rows of a stream's blocks, checked against the segments expected (``specs``, or the
-        stream's own ``next_spec`` for a pass-long ``TaskStream``)."""
-        expected = blocks.next_spec if specs is None else functools.partial(next, iter(specs), None)
-        spec = expected()
-        started = time.perf_counter()
-        hand_out = {feed.source for feed in self.feeds if feed.queues.hand_out}
-        try:
-            for block in blocks:
-                block_rows = list(rows.iter_rows(block))
-                block_sources = rows.sources(block)
-                block_positions = rows.positions(block)
-                early, leftovers, events = account_block(
-                    block_rows, block_sources, block_positions, lambda source: self.feeds[source].queues,
-                    lambda row: decode_row(row, self.pin),
-                )
-                pinning = self._pin_ahead(block_rows, early, block_sources)
-                self._rows_left = block.num_rows
-                self.ahead_wanted = max(0, self.ahead_wanted - 1)
-                for i, (row, source, positions) in enumerate(zip(block_rows, block_sources, block_positions)):
-                    self._rows_left -= 1
-                    if spec is None or (spec.source, spec.worker, spec.index) != (source, row[1], row[2]):
-                        raise RuntimeError(
-                            f"energon_ray: Ray returned segment {(source, row[1], row[2])} where the plan expected "
-                            f"{None if spec is None else (spec.source, spec.worker, spec.index)}; order is not preserved"
-                        )
-                    decoded = (
-                        early[i] if i in early else leftovers[i] if i in leftovers else pinning[i] if i in pinning
-                        else decode_row(row, self.pin)
-                    )  # fmt: skip
-                    if source in hand_out and row[0] == rows.LEFTOVER:  # the batching task reads them from the block
-                        decoded = (*decoded[:4], self.block_refs.locate(decoded[4], blocks.last_ref, i))
-                    yield source, decoded, spec.last, positions, events.get(i)
-                    if row[0] == rows.REPORT:
-                        spec = expected()
-        except Exception as exc:
-            ours = unwrap_error(exc)
-            if ours is not None:
-                raise ours from None
-            raise
-        finally:
-            blocks.close()
-        logger.debug("%s took %.2fs", "the pass's tasks" if specs is None else f"window of {len(specs)} segments", time.perf_counter() - started)
