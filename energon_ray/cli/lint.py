@@ -19,7 +19,10 @@ from typing import Iterator, List, Optional, Tuple
 import click
 from tqdm import tqdm
 
-from energon_ray.cli.local_read import ALL_PARTS, LocalDataset, LocalShard, Problem, SampleChecker, ShardSamples, open_local
+from energon_ray.cli.local_read import (
+    ALL_PARTS, LocalDataset, LocalShard, Problem, SampleChecker, ShardSamples, check_path_options, config_file_options,
+    open_local, split_parts_option,
+)  # fmt: skip
 from energon_ray.cli.prepare import LocalDatasetPath, user_errors
 from energon_ray.format.pool import process_pool
 from energon_ray.decode.part_limits import DEFAULT_MAX_PART_BYTES
@@ -228,11 +231,13 @@ def lint(dataset: LocalDataset, decoder: SampleDecoder, limit: Optional[int], jo
 
 @click.command(name="lint")
 @click.argument("path", type=LocalDatasetPath("lint"))
-@click.option("--split-part", default=ALL_PARTS, show_default=True,
-              help="Split part to check (train, val, test, …), or all of them; ignored for .jsonl.")
+@click.option("--split-part", "--split-parts", "split_parts", default=ALL_PARTS, show_default=True, callback=split_parts_option,
+              help="Split parts to check (train, val, test, …; a comma list, as Energon's --split-parts), or all "
+              "of them; ignored for .jsonl. A part with no shards is skipped (an error if none has any).")  # fmt: skip
+@config_file_options
 @click.option("--limit", type=click.IntRange(min=1), help="Check only the first N samples.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes decoding in parallel.")
+@click.option("-j", "--jobs", "--parallel", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Processes decoding in parallel (0 or 1: in this process; --parallel is Energon's name).")
 @click.option("--max-image-pixels", type=click.IntRange(min=1),
               help="Refuse images with more pixels (default: PIL.Image.MAX_IMAGE_PIXELS, as the loader).")
 @click.option("--max-part-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_PART_BYTES, show_default=True,
@@ -240,8 +245,8 @@ def lint(dataset: LocalDataset, decoder: SampleDecoder, limit: Optional[int], jo
 @click.option("--trust-dataset-code", is_flag=True,
               help="Run the code the dataset brings (sample_loader.py, part_filter, pickled parts).")
 def lint_command(
-    path: Path, split_part: str, limit: Optional[int], jobs: int, max_image_pixels: Optional[int],
-    max_part_bytes: int, trust_dataset_code: bool,
+    path: Path, split_parts: Tuple[str, ...], split_config: str, dataset_config: str, limit: Optional[int], jobs: int,
+    max_image_pixels: Optional[int], max_part_bytes: int, trust_dataset_code: bool,
 ) -> None:  # fmt: skip
     """Decode every sample of the prepared dataset (or .jsonl file) at PATH as the loader does; list each
     bad sample as `shard  key  field  reason`, then `N samples checked, K bad`. Exit code 1 if any is bad.
@@ -249,16 +254,17 @@ def lint_command(
     Also checks each shard's .tar.idx against the tar. Samples that split.yaml excludes are not checked.
     The dataset runs no code unless --trust-dataset-code (or ENERGON_RAY_TRUST_DATASET_CODE=1).
     """
-    if path.is_file() and path.suffix != ".jsonl":
-        raise click.UsageError(f"{path}: PATH must be a prepared dataset folder or a .jsonl file")
+    check_path_options(path, split_config, dataset_config)
     trusted = resolve_trust(True if trust_dataset_code else None)
     decoder = SampleDecoder(trust_dataset_code=trusted, max_image_pixels=max_image_pixels, max_part_bytes=max_part_bytes)
     with user_errors():
-        dataset = open_local(path, split_part, trusted)
+        dataset = open_local(path, split_parts, trusted, split_config=split_config, dataset_config=dataset_config)
+        for part in dataset.empty_parts:
+            click.echo(f"Skipping empty split part {part}")
         checked, bad, index_problems = lint(dataset, decoder, limit, jobs)
     excluded = dataset.excluded
     if excluded and limit is None:
-        click.echo(f"{excluded} samples excluded by split.yaml (not checked)")
+        click.echo(f"{excluded} samples excluded by {split_config} (not checked)")
     summary = f"{checked} samples checked, {bad} bad"
     if index_problems:
         summary += f", {index_problems} index problems"

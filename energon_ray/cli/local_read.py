@@ -12,7 +12,9 @@ import dataclasses
 import os
 import tarfile
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+import click
 
 from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import DatasetConfigError, SampleException, UntrustedCodeError
@@ -43,13 +45,15 @@ class LocalShard:
 
 @dataclasses.dataclass(frozen=True)
 class LocalDataset:
-    """The shards of one split part (or of all of them), in split-file order, and the dataset spec."""
+    """The shards of the split parts read (each shard once), in split-file order, and the dataset spec."""
 
     root: str
     split_part: str
     spec: DatasetSpec
     format: str
     shards: Tuple[LocalShard, ...]
+    #: Split parts named but listing no shards (left out, as Energon's commands skip them).
+    empty_parts: Tuple[str, ...] = ()
 
     @property
     def total(self) -> int:
@@ -71,34 +75,93 @@ def with_cli_hint(exc: UntrustedCodeError) -> UntrustedCodeError:
     return UntrustedCodeError(f"{exc}; on the command line pass --trust-dataset-code")
 
 
-def _parts_to_open(path: Path, split_part: str) -> List[str]:
-    if split_part != ALL_PARTS:
-        return [split_part]
+def split_parts_option(ctx: click.Context, param: click.Parameter, value: str) -> Tuple[str, ...]:
+    """Click callback of ``--split-part``/``--split-parts``: :func:`split_part_list`, a usage error if bad."""
+    try:
+        return split_part_list(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+def config_file_options(command: Callable) -> Callable:
+    """``--split-config`` and ``--dataset-config`` (Energon's names and defaults) of ``lint`` and ``preview``."""
+    command = click.option("--dataset-config", default="dataset.yaml", show_default=True,
+                           help="Dataset config file in .nv-meta (or a path), as Energon's.")(command)  # fmt: skip
+    return click.option("--split-config", default="split.yaml", show_default=True,
+                        help="Split config file in .nv-meta (or a path), as Energon's.")(command)  # fmt: skip
+
+
+def check_path_options(path: Path, split_config: str, dataset_config: str) -> None:
+    """Usage errors for a PATH the command cannot read and for config files a ``.jsonl`` file does not have."""
+    if path.is_file() and path.suffix != ".jsonl":
+        raise click.UsageError(f"{path}: PATH must be a prepared dataset folder or a .jsonl file")
+    given = [f"--{n}" for n, v, d in (("split-config", split_config, "split.yaml"), ("dataset-config", dataset_config, "dataset.yaml")) if v != d]
+    if path.suffix == ".jsonl" and given:
+        raise click.UsageError(f"{path}: a .jsonl file has no .nv-meta config files; {' and '.join(given)} cannot apply")
+
+
+def split_part_list(value: str) -> Tuple[str, ...]:
+    """The split parts a ``--split-part``/``--split-parts`` value names: one, a comma list (Energon's
+    ``--split-parts train,val,test``; repeats dropped) or ``all``.
+
+    Raises:
+        ValueError: an empty name, or ``all`` beside other parts.
+
+    Example:
+        >>> split_part_list("train, val,train")
+        ('train', 'val')
+    """
+    names = [name.strip() for name in value.split(",")]
+    if "" in names:
+        raise ValueError(f"expected split part names separated by commas, got {value!r}")
+    if ALL_PARTS in names and len(names) > 1:
+        raise ValueError(f"{ALL_PARTS!r} already names every split part, got {value!r}")
+    return tuple(dict.fromkeys(names))
+
+
+def _parts_to_open(path: Path, parts: Sequence[str], split_config: str) -> Tuple[List[str], List[str]]:
+    """``(parts with shards, named parts that list none)``, in the order given (``all``: train, val,
+    test, then the others by name)."""
     read_info(path)  # an unprepared folder is named as one (with the command to run), not as a missing split.yaml
-    parts = read_split_file(path)["split_parts"]
-    names = sorted(parts, key=lambda p: (_PART_ORDER.index(p) if p in _PART_ORDER else 3, p))
-    return [name for name in names if parts[name]]  # prepare writes empty lists for empty parts
+    defined = read_split_file(path, split_config)["split_parts"]
+    if tuple(parts) == (ALL_PARTS,):
+        names = sorted(defined, key=lambda p: (_PART_ORDER.index(p) if p in _PART_ORDER else 3, p))
+        return [name for name in names if defined[name]], []  # prepare writes empty lists for empty parts
+    # an unknown part is left to PreparedDataset.open (its error names the file and the parts it defines)
+    return [p for p in parts if p not in defined or defined[p]], [p for p in parts if p in defined and not defined[p]]
 
 
-def open_local(path: Path | str, split_part: str, trusted: bool) -> LocalDataset:
-    """Open a split part (``all``: every part, each shard once) of a prepared folder or ``.jsonl`` file.
+def open_local(
+    path: Path | str, split_part: str | Sequence[str], trusted: bool, *, split_config: str = "split.yaml",
+    dataset_config: str = "dataset.yaml",
+) -> LocalDataset:  # fmt: skip
+    """Open split parts (a name, names, or ``all``: every part; each shard once) of a prepared folder
+    or a ``.jsonl`` file. A named part that lists no shards is left out and named in ``empty_parts``
+    (Energon's ``lint``/``preview`` skip it too); ``split_config``/``dataset_config``: other files in
+    ``.nv-meta`` (or a path), as Energon's ``--split-config``/``--dataset-config``.
 
     Indices are not checked here (``lint`` reports them shard by shard; ``preview`` checks the shards it reads).
 
     Raises:
-        DatasetConfigError: missing or bad ``.nv-meta`` files, an unknown split part.
+        DatasetConfigError: missing or bad ``.nv-meta`` files, an unknown split part, no part with shards.
         UntrustedCodeError: ``dataset.yaml`` names code and ``trusted`` is False.
     """
     path = Path(path)
+    parts = (split_part,) if isinstance(split_part, str) else tuple(split_part)
+    empty: List[str] = []
     try:
         if str(path).endswith(".jsonl"):
-            opened = [PreparedDataset.open(path, "train" if split_part == ALL_PARTS else split_part)]
+            opened = [PreparedDataset.open(path, "train")]
         else:
+            names, empty = _parts_to_open(path, parts, split_config)
             opened = [
-                PreparedDataset.open(path, part, check=False, trusted=trusted) for part in _parts_to_open(path, split_part)
-            ]
+                PreparedDataset.open(path, part, check=False, trusted=trusted, split_config=split_config,
+                                     dataset_config=dataset_config)
+                for part in names
+            ]  # fmt: skip
         if not opened:
-            raise DatasetConfigError(f"{path}: split.yaml lists no shards in any split part")
+            which = "any split part" if parts == (ALL_PARTS,) else "split part " + ", ".join(map(repr, parts))
+            raise DatasetConfigError(f"{path}: {split_config} lists no shards in {which}")
         shards: Dict[str, LocalShard] = {}
         for dataset in opened:
             starts = dataset.shard_starts
@@ -113,8 +176,9 @@ def open_local(path: Path | str, split_part: str, trusted: bool) -> LocalDataset
         raise with_cli_hint(exc) from None
     first = opened[0]
     return LocalDataset(
-        root=first.root, split_part=split_part, spec=first.spec, format=first.format, shards=tuple(shards.values())
-    )
+        root=first.root, split_part=",".join(parts), spec=first.spec, format=first.format,
+        shards=tuple(shards.values()), empty_parts=tuple(empty),
+    )  # fmt: skip
 
 
 class ShardSamples:

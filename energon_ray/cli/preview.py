@@ -12,7 +12,10 @@ import PIL.Image
 import torch
 
 from energon_ray.cli.gallery import PreviewItem, find_images, write_output
-from energon_ray.cli.local_read import printable, LocalDataset, Problem, SampleChecker, ShardSamples, open_local
+from energon_ray.cli.local_read import (
+    LocalDataset, Problem, SampleChecker, ShardSamples, check_path_options, config_file_options, open_local, printable,
+    split_parts_option,
+)  # fmt: skip
 from energon_ray.cli.prepare import LocalDatasetPath, user_errors
 from energon_ray.decode.sample_decoder import IMAGE_MODES, SampleDecoder
 from energon_ray.errors import ShardReadError, resolve_trust
@@ -114,7 +117,10 @@ def _item(shard: str, key: str, sample: Any, problems: List[Problem], width: int
 
 @click.command(name="preview")
 @click.argument("path", type=LocalDatasetPath("preview"))
-@click.option("--split-part", default="train", show_default=True, help="Split part to read (ignored for .jsonl).")
+@click.option("--split-part", "--split-parts", "split_parts", default="train", show_default=True, callback=split_parts_option,
+              help="Split part to read, or a comma list (as Energon's --split-parts): the first samples of each "
+              "in turn; all: every part as one; ignored for .jsonl.")  # fmt: skip
+@config_file_options
 @click.option("-n", "--num-samples", "count", type=click.IntRange(min=1), default=8, show_default=True,
               help="How many samples, from the first shard on.")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=Path),
@@ -127,8 +133,8 @@ def _item(shard: str, key: str, sample: Any, problems: List[Problem], width: int
 @click.option("--trust-dataset-code", is_flag=True,
               help="Run the code the dataset brings (sample_loader.py, part_filter, pickled parts).")
 def preview_command(
-    path: Path, split_part: str, count: int, out: Optional[Path], columns: int, thumb_size: int,
-    image_decode: str, trust_dataset_code: bool,
+    path: Path, split_parts: Tuple[str, ...], split_config: str, dataset_config: str, count: int, out: Optional[Path],
+    columns: int, thumb_size: int, image_decode: str, trust_dataset_code: bool,
 ) -> None:  # fmt: skip
     """Print the first samples of the prepared dataset (or .jsonl file) at PATH: per sample its key and
     every field's type and shape (tensors) or value; with --out, also draw their images.
@@ -143,28 +149,33 @@ def preview_command(
         raise click.BadParameter(f"expected a .png or .html file, got {out}", param_hint="--out")
     if out is not None and not out.resolve().parent.is_dir():  # found now, not after reading every sample
         raise click.BadParameter(f"folder {out.resolve().parent} does not exist", param_hint="--out")
-    if path.is_file() and path.suffix != ".jsonl":
-        raise click.UsageError(f"{path}: PATH must be a prepared dataset folder or a .jsonl file")
+    check_path_options(path, split_config, dataset_config)
     trusted = resolve_trust(True if trust_dataset_code else None)
     width = HTML_WIDTH if out is not None and out.suffix.lower() != ".png" else WIDTH
     items: List[PreviewItem] = []
     bad = shown = 0
     with user_errors():
-        dataset = open_local(path, split_part, trusted)
-        checker = SampleChecker(dataset.spec, SampleDecoder(image_decode=image_decode, trust_dataset_code=trusted))
-        click.echo(f"Dataset {dataset.describe()}")
-        for n, (shard, key, sample, problems) in enumerate(iter_first(dataset, count, checker)):
-            bad += sample is None
-            shown += 1
-            click.echo(printable(f"[{n}] {key}  ({shard})"))
-            for field, text in _lines(sample, problems, WIDTH):
-                click.echo(printable(f"  {field}: {text}"))
-            if out is not None:
-                items.append(_item(shard, key, sample, problems, width))
+        configs = dict(split_config=split_config, dataset_config=dataset_config)
+        whole = open_local(path, split_parts, trusted, **configs)  # every part checked before any is read
+        for part in split_parts if path.suffix != ".jsonl" else split_parts[:1]:  # as Energon's: part by part
+            if part in whole.empty_parts:
+                click.echo(f"Skipping empty split part {part}")
+                continue
+            dataset = whole if len(split_parts) == 1 else open_local(path, part, trusted, **configs)
+            checker = SampleChecker(dataset.spec, SampleDecoder(image_decode=image_decode, trust_dataset_code=trusted))
+            click.echo(f"Dataset {dataset.describe()}")
+            for n, (shard, key, sample, problems) in enumerate(iter_first(dataset, count, checker)):
+                bad += sample is None
+                shown += 1
+                click.echo(printable(f"[{n}] {key}  ({shard})"))
+                for field, text in _lines(sample, problems, WIDTH):
+                    click.echo(printable(f"  {field}: {text}"))
+                if out is not None:
+                    items.append(_item(shard, key, sample, problems, width))
     if bad:
         click.echo(f"{bad} of {shown} samples could not be loaded; `energon-ray lint {path}` checks them all.", err=True)
     if out is not None:
         try:
-            click.echo(write_output(items, out, f"energon-ray preview: {dataset.describe()}", columns, thumb_size))
+            click.echo(write_output(items, out, f"energon-ray preview: {whole.describe()}", columns, thumb_size))
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None

@@ -309,3 +309,79 @@ def test_control_characters_of_a_sample_key_are_printed_escaped(tmp_path):
     assert "\x1b" not in lint.output and "\r" not in lint.output and lint.exit_code == 1
     (bad,) = [columns(line) for line in lint.output.splitlines() if line.startswith("shards/")]
     assert bad[:3] == ["shards/shard_0000.tar", shown, "caption"]
+
+
+def three_part_dataset(root: Path) -> Path:
+    """10 captioning samples in shards of 4: train shard 0, val shards 1 and 2, test listed with no shards
+    (as Energon's prepare writes an empty part)."""
+    captioning_dataset(root, n=10, per_shard=4)
+    (root / ".nv-meta" / "split.yaml").write_text(
+        "split_parts:\n  train: [shards/shard_0000.tar]\n  val: [shards/shard_0001.tar, shards/shard_0002.tar]\n"
+        "  test: []\nexclude: []\n"
+    )
+    return root
+
+
+@pytest.mark.parametrize("parallel", [0, 2])
+def test_lint_takes_energons_split_parts_list_and_parallel_and_skips_an_empty_part(tmp_path, parallel):
+    root = three_part_dataset(tmp_path / "ds")
+    res = run_cli("lint", root, "--split-parts", "train,val,test", "--parallel", parallel)
+    assert (res.exit_code, res.stdout) == (0, "Skipping empty split part test\n10 samples checked, 0 bad\n")
+    res = run_cli("lint", root, "--split-parts", "val")
+    assert (res.exit_code, res.stdout) == (0, "6 samples checked, 0 bad\n")
+
+
+def test_lint_split_parts_naming_no_shards_or_badly_listed_are_errors(tmp_path):
+    root = three_part_dataset(tmp_path / "ds")
+    res = run_cli("lint", root, "--split-parts", "test")
+    assert (res.exit_code, res.output) == (1, f"Error: {root}: split.yaml lists no shards in split part 'test'\n")
+    res = run_cli("lint", root, "--split-parts", "train,,val")
+    assert res.exit_code == 2 and res.output.endswith(
+        "Invalid value for '--split-part' / '--split-parts': expected split part names separated by commas, "
+        "got 'train,,val'\n"
+    )
+    res = run_cli("preview", root, "--split-part", "all,val")
+    assert res.exit_code == 2 and res.output.endswith("'all' already names every split part, got 'all,val'\n")
+
+
+def test_preview_shows_the_first_samples_of_each_listed_split_part_in_turn(tmp_path):
+    root = three_part_dataset(tmp_path / "ds")
+    res = run_cli("preview", root, "--split-parts", "val,test,train", "-n", 1)
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines() == [
+        f"Dataset {root} [val: 2 shards, 6 samples, CaptioningSample]",
+        "[0] sample_000004  (shards/shard_0001.tar)",
+        "  image: Tensor float32 [3, 48, 64]",
+        f"  caption: str {CAPTIONS[4]!r}",
+        "Skipping empty split part test",
+        f"Dataset {root} [train: 1 shards, 4 samples, CaptioningSample]",
+        "[0] sample_000000  (shards/shard_0000.tar)",
+        "  image: Tensor float32 [3, 48, 64]",
+        f"  caption: str {CAPTIONS[0]!r}",
+    ]
+
+
+def test_lint_and_preview_read_the_dataset_and_split_config_files_given(dataset):
+    meta = dataset / ".nv-meta"
+    (meta / "dataset.yaml").rename(meta / "captioning.yaml")
+    (meta / "last_shard.yaml").write_text("split_parts:\n  train: [shards/shard_0002.tar]\n")
+    res = run_cli("lint", dataset)
+    assert (res.exit_code, res.output) == (1, f"Error: {meta / 'dataset.yaml'}: dataset config not found\n")
+    configs = ("--dataset-config", "captioning.yaml", "--split-config", "last_shard.yaml")
+    res = run_cli("lint", dataset, *configs)
+    assert (res.exit_code, res.stdout) == (0, "2 samples checked, 0 bad\n")
+    res = run_cli("preview", dataset, *configs, "-n", 1)
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[:2] == [
+        f"Dataset {dataset} [train: 1 shards, 2 samples, CaptioningSample]", "[0] sample_000008  (shards/shard_0002.tar)"
+    ]
+
+
+def test_config_file_options_on_a_jsonl_file_are_a_usage_error(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"text": "hello"}) + "\n")
+    prepare_jsonl(corpus, progress=False)
+    res = run_cli("lint", corpus, "--dataset-config", "other.yaml")
+    assert res.exit_code == 2 and res.output.endswith(
+        f"Error: {corpus}: a .jsonl file has no .nv-meta config files; --dataset-config cannot apply\n"
+    )
