@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import io
 import logging
 import os
@@ -18,7 +19,7 @@ import shutil
 import sqlite3
 import tarfile
 from pathlib import Path, PurePosixPath
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import filetype
 from tqdm import tqdm
@@ -32,6 +33,7 @@ from energon_ray.decode.media_metadata import (
 from energon_ray.errors import DatasetConfigError
 from energon_ray.format.indexer import INDEX_SQLITE, find_shards, scratch_folder
 from energon_ray.format.info import check_write_target, meta_dir, read_info
+from energon_ray.format.pool import process_pool
 from energon_ray.format.tar_reader import SKIP_META_RE, TAR_ENCODING, split_member_name
 from energon_ray.storage import RemotePath, as_path
 
@@ -227,7 +229,7 @@ def _fill_tables(db: sqlite3.Connection, rows: Iterator[Tuple[str, str, str]], m
 
 def write_media_metadata(
     path: Path | str, media_filter: MediaFilter, *, shards: Optional[Sequence[str]] = None, progress: bool = False,
-    skipped: Optional[List[str]] = None, scratch_dir: Optional[Path | str] = None,
+    skipped: Optional[List[str]] = None, scratch_dir: Optional[Path | str] = None, num_workers: int = 1,
 ) -> int:
     """Store the metadata of every media member of a prepared dataset in its ``index.sqlite``.
 
@@ -242,6 +244,7 @@ def write_media_metadata(
         skipped: a list to which each unreadable media member is added (``"shard: entry: reason"``).
         scratch_dir: where a remote dataset's ``index.sqlite`` is updated before it is uploaded
             (``indexer.scratch_folder``).
+        num_workers: processes reading shards in parallel (the rows stored are the same, in the same order).
 
     Returns:
         The number of rows stored.
@@ -254,29 +257,79 @@ def write_media_metadata(
     final = check_write_target(root, meta_dir(root) / INDEX_SQLITE)
     if not final.exists():
         raise DatasetConfigError(f"{root}: no .nv-meta/{INDEX_SQLITE}; run `energon-ray prepare {root}` first")
-    rows = (row for name in tqdm(names, desc="Media metadata", unit="shard", disable=not progress)
-            for row in shard_media_rows(root, name, media_filter, skipped))  # fmt: skip
+    if num_workers > 1:
+        job = functools.partial(_shard_job, root, media_filter)
+        rows = _pooled_rows(job, names, num_workers, skipped, progress, "shard")
+    else:
+        rows = (row for name in tqdm(names, desc="Media metadata", unit="shard", disable=not progress)
+                for row in shard_media_rows(root, name, media_filter, skipped))  # fmt: skip
     return _store(root, final, rows, media_filter, scratch_dir)
+
+
+Row = Tuple[str, str, str]
+
+
+def _shard_job(root: Path | RemotePath, media_filter: MediaFilter, name: str) -> Tuple[List[Row], List[str]]:
+    skipped: List[str] = []
+    return list(shard_media_rows(root, name, media_filter, skipped)), skipped
+
+
+def _file_job(root: Path, media_filter: MediaFilter, relative: str) -> Tuple[List[Row], List[str]]:
+    skipped: List[str] = []
+    row = _file_row(root, relative, media_filter, skipped)
+    return ([row] if row is not None else []), skipped
+
+
+def _pooled_rows(
+    job: Callable[[str], Tuple[List[Row], List[str]]], items: List[str], num_workers: int,
+    skipped: Optional[List[str]], progress: bool, unit: str,
+) -> Iterator[Row]:  # fmt: skip
+    """The rows of ``job`` over ``items`` from a pool of processes, in ``items`` order."""
+    workers = min(num_workers, len(items))
+    pool = process_pool(workers) if workers > 1 else None  # before the bar (its monitor is a thread)
+    results = pool.map(job, items, chunksize=max(1, len(items) // (8 * workers))) if pool else map(job, items)
+    try:
+        for rows, missed in tqdm(results, total=len(items), desc="Media metadata", unit=unit, disable=not progress):
+            if skipped is not None:
+                skipped.extend(missed)
+            yield from rows
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _media_files(root: Path, media_filter: MediaFilter) -> List[str]:
+    """Relative paths of the files under ``root`` that may be media (sorted; ``.nv-meta`` left out)."""
+    files = (p.relative_to(root) for p in sorted(root.rglob("*")) if p.is_file())
+    return [f.as_posix() for f in files if f.parts[0] != ".nv-meta" and media_filter.may_be_media(f.name)]
+
+
+def _file_row(root: Path, relative: str, media_filter: MediaFilter, skipped: Optional[List[str]]) -> Optional[Row]:
+    data = (root / relative).read_bytes()
+    name = PurePosixPath(relative).name
+    kind = media_filter.media_type(name, data)
+    metadata = read_media_metadata(kind, relative, data, skipped) if kind is not None else None
+    if metadata is None:
+        return None
+    stored_type, text = serialize_media_metadata(metadata)
+    return relative, stored_type.value, text
 
 
 def folder_media_rows(root: Path, media_filter: MediaFilter, skipped: Optional[List[str]] = None) -> Iterator[Tuple[str, str, str]]:
     """``(relative path, metadata_type, metadata_json)`` for the media files under a plain folder
     (sorted; ``.nv-meta`` left out), the ``entry_key`` Energon's ``SystemFileStore`` looks up."""
-    for file in sorted(p for p in root.rglob("*") if p.is_file()):
-        relative = file.relative_to(root)
-        if relative.parts[0] == ".nv-meta" or not media_filter.may_be_media(file.name):
-            continue
-        data = file.read_bytes()
-        kind = media_filter.media_type(file.name, data)
-        metadata = read_media_metadata(kind, relative.as_posix(), data, skipped) if kind is not None else None
-        if metadata is not None:
-            stored_type, text = serialize_media_metadata(metadata)
-            yield relative.as_posix(), stored_type.value, text
+    for relative in _media_files(root, media_filter):
+        row = _file_row(root, relative, media_filter, skipped)
+        if row is not None:
+            yield row
 
 
-def write_folder_media_metadata(path: Path | str, media_filter: MediaFilter, skipped: Optional[List[str]] = None) -> int:
+def write_folder_media_metadata(
+    path: Path | str, media_filter: MediaFilter, skipped: Optional[List[str]] = None, num_workers: int = 1
+) -> int:
     """Store the metadata of the media files of a plain local folder in its ``.nv-meta/index.sqlite``
-    (Energon's ``energon prepare-media`` on a filesystem dataset; read by ``SystemFileStore``).
+    (Energon's ``energon prepare-media`` on a filesystem dataset; read by ``SystemFileStore``);
+    ``num_workers``: processes reading files in parallel (the same rows, in the same order).
 
     Returns:
         The number of rows stored.
@@ -296,7 +349,12 @@ def write_folder_media_metadata(path: Path | str, media_filter: MediaFilter, ski
         )
     final = check_write_target(root, meta_dir(root) / INDEX_SQLITE)
     final.parent.mkdir(exist_ok=True)
-    return _store(root, final, folder_media_rows(root, media_filter, skipped), media_filter)
+    if num_workers > 1:
+        job = functools.partial(_file_job, root, media_filter)
+        rows = _pooled_rows(job, _media_files(root, media_filter), num_workers, skipped, False, "file")
+    else:
+        rows = folder_media_rows(root, media_filter, skipped)
+    return _store(root, final, rows, media_filter)
 
 
 def _store(root, final, rows: Iterator[Tuple[str, str, str]], media_filter: MediaFilter, scratch_dir=None) -> int:

@@ -342,3 +342,32 @@ def test_aux_folder_with_only_media_metadata_is_a_plain_folder(tmp_path, members
     assert isinstance(store, SystemFileStore) and store.get_media_metadata("sub/s0.png") == IMAGE
     with pytest.raises(DatasetConfigError, match=rf"^test: aux.media: {re.escape(str(folder))} is a folder but no prepared dataset"):
         aux_stores({"media": folder}, "test")
+
+
+def test_prepare_media_num_workers_stores_the_same_rows_as_one_process(tmp_path, members):
+    """Energon's `prepare-media --num-workers N` reads shards (or a folder's files) in N processes: the
+    same rows and the same unreadable file named as with one."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    for key in ("s0", "s1", "s2", "s3"):  # a shard per sample
+        with tarfile.open(root / f"{key}.tar", "w") as tar:
+            for name, data in members:
+                if name.startswith(key + "."):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    prepare_dataset(root, split_ratio=[1, 0, 0], progress=False)
+    folder = _folder(tmp_path / "fs", members)
+    for path, expected, unreadable in ((root, BY_HEADER, "s3.tar: s3.png: "), (folder, {f"sub/{k}": v for k, v in BY_HEADER.items()}, "sub/s3.png: ")):
+        tables = []
+        for workers in (1, 3):
+            res = CliRunner().invoke(main, ["prepare-media", str(path), "--media-metadata-by-header", "--no-progress",
+                                            "--num-workers", str(workers)])  # fmt: skip
+            assert res.exit_code == 0, res.output
+            assert unreadable in res.output and res.output.rstrip().endswith(
+                f"Stored media metadata of {len(expected)} files; 1 unreadable, left out."
+            )
+            tables.append(_rows(path))
+        assert tables[0] == tables[1]
+        _assert_table(_table(path), expected)
+

@@ -9,11 +9,14 @@ import logging
 import os
 import pickle
 import re
+import sqlite3
 from pathlib import PurePosixPath
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from energon_ray.cli.main import main
 from energon_ray.errors import DatasetConfigError, ShardReadError, UntrustedCodeError
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.format.dataset_yaml import read_dataset_spec
@@ -28,7 +31,7 @@ from energon_ray.storage import (
 )  # fmt: skip
 from energon_ray.storage.s3 import S3Settings
 from energon_ray.synthetic import text_samples, write_shards
-from tests.helpers import text_dataset
+from tests.helpers import captioning_dataset, text_dataset
 from tests.s3_server import SECRET_KEY, S3Server
 
 
@@ -604,3 +607,21 @@ def test_an_msc_client_this_node_cannot_make_names_the_url_and_profile():
     for call in (lambda: backend.get("msc://odd/ds/a.tar", "ds/a.tar", 0, 10), lambda: list(backend.list("msc://odd/ds", "ds/"))):
         with pytest.raises(StorageError, match=re.escape("msc://odd/ds") + r".*cannot make multi-storage-client's client of profile 'odd' on this node: "):
             call()
+
+
+def test_prepare_media_on_a_bucket_in_processes_updates_index_sqlite_under_tmp_path(server, tmp_path):
+    """`energon-ray prepare-media s3://… --num-workers 2 --tmp-path DIR` (Energon's options): shards read in
+    two processes, index.sqlite updated under DIR (emptied after) and uploaded, the same media rows as a
+    local prepare-media."""
+    local = captioning_dataset(tmp_path / "ds", n=6, per_shard=2)
+    url = server.upload(local, "unit", "media_ds")
+    args = ["--media-metadata-by-extension", "--no-progress"]
+    res = CliRunner().invoke(main, ["prepare-media", url, *args, "--num-workers", "2", "--tmp-path", str(tmp_path / "scratch")])
+    assert (res.exit_code, res.output) == (0, "Done. Stored media metadata of 6 files.\n")
+    assert (tmp_path / "scratch").is_dir() and not list((tmp_path / "scratch").iterdir())
+    assert CliRunner().invoke(main, ["prepare-media", str(local), *args]).exit_code == 0
+    (tmp_path / "remote.sqlite").write_bytes(server.download("unit", "media_ds")[".nv-meta/index.sqlite"])
+    query = "SELECT * FROM media_metadata ORDER BY entry_key"
+    with sqlite3.connect(tmp_path / "remote.sqlite") as remote, sqlite3.connect(local / ".nv-meta" / "index.sqlite") as db:
+        rows = db.execute(query).fetchall()
+        assert remote.execute(query).fetchall() == rows and len(rows) == 6
