@@ -308,7 +308,7 @@ def _refuse_fix_duplicates(ctx: click.Context, param: click.Parameter, value: bo
 @click.option("--force-overwrite", is_flag=True, help="Re-prepare a dataset that already has .nv-meta.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--num-workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes indexing shards in parallel.")  # fmt: skip
+              help="Processes indexing shards (and reading their media metadata) in parallel.")  # fmt: skip
 @click.option("--media-metadata-by-glob", help="Store media metadata of entries matching glob patterns "
               "such as '*.jpg' (comma-separated).")  # fmt: skip
 @click.option("--media-metadata-by-header", is_flag=True, help="Store media metadata of entries whose file header is media.")

@@ -272,15 +272,16 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], ABC):
         if not names:
             raise ValueError("prepare_dataset needs at least one shard path")
         scratch = None if index_sqlite_tmp_path is None else Path(index_sqlite_tmp_path).parent
-        counts, parts = index_dataset(
-            root, names, num_workers=max(1, min(int(workers), len(names))), progress=False, scratch_dir=scratch
-        )
+        num_workers = max(1, min(int(workers), len(names)))
+        counts, parts = index_dataset(root, names, num_workers=num_workers, progress=False, scratch_dir=scratch)
         if tar_index_only:
             return set(parts)
         if (split_parts_ratio is None) == (split_parts_patterns is None):
             raise ValueError("prepare_dataset needs exactly one of split_parts_ratio or split_parts_patterns")
         if media_filter is not None:
-            write_media_metadata(root, MediaFilter.coerce(media_filter), shards=names, scratch_dir=scratch)
+            write_media_metadata(
+                root, MediaFilter.coerce(media_filter), shards=names, scratch_dir=scratch, num_workers=num_workers
+            )
         write_info(root, counts, energon_version_string())
         if split_parts_ratio is not None:
             part_names = [str(p) for p, _ in split_parts_ratio]

@@ -291,7 +291,7 @@ def prepare_dataset(
         tar_index_only: only rebuild ``.tar.idx``/``index.sqlite`` of the listed shards.
         force_overwrite: allow re-preparing a dataset that has ``.nv-meta/.info.json``.
         progress: show a progress bar.
-        num_workers: processes indexing shards in parallel.
+        num_workers: processes indexing shards (and reading their media metadata) in parallel.
         dataset_config: file name of the dataset config inside ``.nv-meta``.
         shard_indexer: runs :func:`index_shard` over the shards instead of the local process pool
             (e.g. as Ray tasks: ``jobs/prepare_job.py``); everything else, and every file, stays the same.
@@ -359,7 +359,8 @@ def prepare_dataset(
     media_rows, unreadable = None, []
     if media_filter is not None:
         media_rows = write_media_metadata(
-            root, media_filter, shards=names, progress=progress, skipped=unreadable, scratch_dir=scratch_dir
+            root, media_filter, shards=names, progress=progress, skipped=unreadable, scratch_dir=scratch_dir,
+            num_workers=num_workers,
         )
     write_info(root, counts, energon_version_string())
     splits = split_by_ratio(names, ratio, shuffle_tars) if ratio else split_by_patterns(names, patterns or {})

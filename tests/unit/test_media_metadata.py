@@ -346,7 +346,7 @@ def test_aux_folder_with_only_media_metadata_is_a_plain_folder(tmp_path, members
 
 def test_prepare_media_num_workers_stores_the_same_rows_as_one_process(tmp_path, members):
     """Energon's `prepare-media --num-workers N` reads shards (or a folder's files) in N processes: the
-    same rows and the same unreadable file named as with one."""
+    same rows and the same unreadable file named as with one; so does `prepare --num-workers N`."""
     root = tmp_path / "ds"
     root.mkdir()
     for key in ("s0", "s1", "s2", "s3"):  # a shard per sample
@@ -370,4 +370,7 @@ def test_prepare_media_num_workers_stores_the_same_rows_as_one_process(tmp_path,
             tables.append(_rows(path))
         assert tables[0] == tables[1]
         _assert_table(_table(path), expected)
+    prepare_dataset(root, split_ratio=[1, 0, 0], progress=False, media_filter=MediaFilter.parse(header=True),
+                    num_workers=3, force_overwrite=True)  # fmt: skip
+    _assert_table(_table(root), BY_HEADER)
 
