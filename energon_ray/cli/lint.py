@@ -231,7 +231,8 @@ def lint(dataset: LocalDataset, decoder: SampleDecoder, limit: Optional[int], jo
 
 @click.command(name="lint")
 @click.argument("path", type=LocalDatasetPath("lint"))
-@click.option("--split-part", "--split-parts", "split_parts", default=ALL_PARTS, show_default=True, callback=split_parts_option,
+@click.option("--split-part", "--split-parts", "split_parts", default=ALL_PARTS, show_default=True,
+              callback=split_parts_option,
               help="Split parts to check (train, val, test, …; a comma list, as Energon's --split-parts), or all "
               "of them; ignored for .jsonl. A part with no shards is skipped (an error if none has any).")  # fmt: skip
 @config_file_options

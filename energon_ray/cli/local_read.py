@@ -95,9 +95,10 @@ def check_path_options(path: Path, split_config: str, dataset_config: str) -> No
     """Usage errors for a PATH the command cannot read and for config files a ``.jsonl`` file does not have."""
     if path.is_file() and path.suffix != ".jsonl":
         raise click.UsageError(f"{path}: PATH must be a prepared dataset folder or a .jsonl file")
-    given = [f"--{n}" for n, v, d in (("split-config", split_config, "split.yaml"), ("dataset-config", dataset_config, "dataset.yaml")) if v != d]
+    options = (("--split-config", split_config, "split.yaml"), ("--dataset-config", dataset_config, "dataset.yaml"))
+    given = " and ".join(name for name, value, default in options if value != default)
     if path.suffix == ".jsonl" and given:
-        raise click.UsageError(f"{path}: a .jsonl file has no .nv-meta config files; {' and '.join(given)} cannot apply")
+        raise click.UsageError(f"{path}: a .jsonl file has no .nv-meta config files; {given} cannot apply")
 
 
 def split_part_list(value: str) -> Tuple[str, ...]:

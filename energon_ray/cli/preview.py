@@ -117,7 +117,8 @@ def _item(shard: str, key: str, sample: Any, problems: List[Problem], width: int
 
 @click.command(name="preview")
 @click.argument("path", type=LocalDatasetPath("preview"))
-@click.option("--split-part", "--split-parts", "split_parts", default="train", show_default=True, callback=split_parts_option,
+@click.option("--split-part", "--split-parts", "split_parts", default="train", show_default=True,
+              callback=split_parts_option,
               help="Split part to read, or a comma list (as Energon's --split-parts): the first samples of each "
               "in turn; all: every part as one; ignored for .jsonl.")  # fmt: skip
 @config_file_options

@@ -358,7 +358,8 @@ def test_prepare_media_num_workers_stores_the_same_rows_as_one_process(tmp_path,
                     tar.addfile(info, io.BytesIO(data))
     prepare_dataset(root, split_ratio=[1, 0, 0], progress=False)
     folder = _folder(tmp_path / "fs", members)
-    for path, expected, unreadable in ((root, BY_HEADER, "s3.tar: s3.png: "), (folder, {f"sub/{k}": v for k, v in BY_HEADER.items()}, "sub/s3.png: ")):
+    in_folder = {f"sub/{k}": v for k, v in BY_HEADER.items()}
+    for path, expected, unreadable in ((root, BY_HEADER, "s3.tar: s3.png: "), (folder, in_folder, "sub/s3.png: ")):
         tables = []
         for workers in (1, 3):
             res = CliRunner().invoke(main, ["prepare-media", str(path), "--media-metadata-by-header", "--no-progress",
