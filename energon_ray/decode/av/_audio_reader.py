@@ -72,6 +72,12 @@ def preroll_samples(codec_name: str, sample_rate: int) -> int:
     return int(_PREROLL_SECONDS * sample_rate)
 
 
+
+class PastTheEnd(SampleException):
+    """A clip range that starts at or after the end of its stream: no clip there (``AVDecoder``
+    leaves it out of the clips it returns, as Energon's gives none)."""
+
+
 class AudioClipReader:
     """Reads samples ``[start, end)`` of the first audio stream, placed by the frames' pts.
 
@@ -215,7 +221,7 @@ class AudioClipReader:
                 f"ends before the audio starts (its first sample is sample {began}, at {began / rate:.6f}s)"
             )
         where = "" if reached is None else f" ({reached / rate:.6f}s)"
-        raise SampleException(
+        raise PastTheEnd(
             f"{self._key}: audio range starts at sample {start} ({start / rate:.6f}s), "
             f"at or after the end of the audio{where}"
         )

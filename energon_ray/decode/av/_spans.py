@@ -4,27 +4,25 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 from energon_ray.decode.av._ranges import Range, to_ticks
 from energon_ray.decode.av._video_index import VideoIndex
-from energon_ray.errors import SampleException
 
 
-def video_span(index: VideoIndex, rng: Range, i: int, unit: str, shown: Any, key: str) -> Tuple[int, int]:
+def video_span(index: VideoIndex, rng: Range, unit: str) -> Optional[Tuple[int, int]]:
     """Turn a checked range into frame numbers ``(first, last)``; a range that ends past the video
-    is cut at its last frame (as Energon cuts it), one that starts after the video raises
-    (Energon silently returns no clip there)."""
+    is cut at its last frame (as Energon cuts it); one that starts at or after the video's end is
+    ``None``: no clip (Energon's gives none there either)."""
     start, end = rng
-    where = f"{key}: video clip #{i} {tuple(shown)!r} ({unit})"
     if unit == "frames":
         if int(start) >= len(index):
-            raise SampleException(f"{where} starts beyond the video's {len(index)} frames")
+            return None
         return int(start), len(index) - 1 if end == math.inf else min(int(end), len(index) - 1)
     ticks_per_second = 1 / index.time_base
     start_ticks = to_ticks(start, ticks_per_second)
     if start_ticks >= index.end_ts:
-        raise SampleException(f"{where} starts after the end of the video ({index.seconds(index.end_ts):.6f}s)")
+        return None
     if end == math.inf:
         return index.frame_at(start_ticks), len(index) - 1
     end_ticks = to_ticks(end, ticks_per_second)

@@ -11,7 +11,7 @@ import av.container
 import torch
 
 from energon_ray.decode.av import _metadata as meta
-from energon_ray.decode.av._audio_reader import AudioClipReader, preroll_samples
+from energon_ray.decode.av._audio_reader import AudioClipReader, PastTheEnd, preroll_samples
 from energon_ray.decode.av._container import audio_stream, open_container, video_stream
 from energon_ray.decode.av._ranges import (
     AUDIO_UNITS,
@@ -130,12 +130,14 @@ class AVDecoder:
             video_out_frame_size: ``(width, height)`` to scale frames to while decoding (Energon's order).
 
         Returns:
-            An :class:`AVData` with one clip and one ``(start, end)`` timestamp per requested range.
+            An :class:`AVData` with one clip and one ``(start, end)`` timestamp per requested range,
+            in order, except ranges that start at or after the end of their stream: those give no
+            clip (as Energon's), so the lists are shorter then.
 
         Raises:
             ValueError: for an unknown unit, a malformed, negative or reversed range, a bad frame size.
-            SampleException: for ranges that start after the media's end (ranges that end after it are cut
-                there), a missing stream, or unreadable media.
+            SampleException: for a missing stream or unreadable media (ranges that end after the
+                media's end are cut there; those that start after it give no clip, above).
         """
         check_unit(video_unit, VIDEO_UNITS, "video", self.key)
         check_unit(audio_unit, AUDIO_UNITS, "audio", self.key)
@@ -169,10 +171,8 @@ class AVDecoder:
         with self._open() as container:
             stream = self._require_video(container, f"video clips {video_clip_ranges!r}")
             index = self._video_index(container, stream)
-        spans = [
-            video_span(index, rng, i, video_unit, shown, self.key)
-            for i, (rng, shown) in enumerate(zip(ranges, video_clip_ranges))
-        ]
+        # a range starting at or after the video's end gives no clip (left out, as in Energon)
+        spans = [span for span in (video_span(index, rng, video_unit) for rng in ranges) if span is not None]
         reader = VideoClipReader(self._reopen, index, self.key, self.suppress_warnings)
         try:
             clips = [torch.from_numpy(reader.read(first, last, size)) for first, last in spans]
@@ -208,7 +208,10 @@ class AVDecoder:
         try:
             for start, end in spans:
                 empty = end == start  # an empty range: no samples, in the stream's channels and type (Energon's)
-                samples, first = reader.read(start, start + 1 if empty else end)
+                try:
+                    samples, first = reader.read(start, start + 1 if empty else end)
+                except PastTheEnd:  # no clip there: left out, as in Energon
+                    continue
                 samples = samples[:, :0] if empty else samples
                 clips.append(torch.from_numpy(samples))
                 stamps.append((first / rate, (first + samples.shape[1]) / rate))
