@@ -157,12 +157,18 @@ def test_lint_lists_the_corrupt_jpeg_and_the_missing_field_and_exits_1(tmp_path,
     assert columns(lines[1])[3] == "field 'caption' (field_map 'txt'): part 'txt' missing; parts present: ['jpg']"
 
 
-def test_lint_reports_images_over_max_image_pixels_as_media_too_large(tmp_path):
+def _four_samples_with(root: Path, index: int, part: str, data: bytes) -> Path:
+    """A prepared 4-sample captioning dataset whose sample ``index`` has ``data`` as its ``part``."""
     samples = captioning_samples(4)
-    samples[3][1]["jpg"] = encode_image(sample_image(3, (80, 60)))
-    write_shards(tmp_path / "shards", samples, 4)
-    prepare_dataset(tmp_path, split_ratio=(1, 0, 0), sample_type="CaptioningSample",
+    samples[index][1][part] = data
+    write_shards(root / "shards", samples, 4)
+    prepare_dataset(root, split_ratio=(1, 0, 0), sample_type="CaptioningSample",
                     field_map={"image": "jpg", "caption": "txt"}, progress=False)  # fmt: skip
+    return root
+
+
+def test_lint_reports_images_over_max_image_pixels_as_media_too_large(tmp_path):
+    _four_samples_with(tmp_path, 3, "jpg", encode_image(sample_image(3, (80, 60))))
     res = run_cli("lint", tmp_path, "--max-image-pixels", 4000)
     assert res.exit_code == 1, res.output
     shard, key, field, reason = columns(res.stdout.splitlines()[0])
@@ -172,11 +178,7 @@ def test_lint_reports_images_over_max_image_pixels_as_media_too_large(tmp_path):
 
 
 def test_lint_reports_a_part_over_max_part_bytes_as_media_too_large(tmp_path):
-    samples = captioning_samples(4)
-    samples[1][1]["txt"] = b"x" * 300
-    write_shards(tmp_path / "shards", samples, 4)
-    prepare_dataset(tmp_path, split_ratio=(1, 0, 0), sample_type="CaptioningSample",
-                    field_map={"image": "jpg", "caption": "txt"}, progress=False)  # fmt: skip
+    _four_samples_with(tmp_path, 1, "txt", b"x" * 300)
     assert run_cli("lint", tmp_path).exit_code == 0  # the default bound (512 MiB) takes it
     res = run_cli("lint", tmp_path, "--max-part-bytes", 200)
     assert res.exit_code == 1, res.output
