@@ -23,10 +23,9 @@ import click
 
 from energon_ray.loader.elastic import check_complete, check_saved_nodes, common_pass
 from energon_ray.loader.state import LoaderState, StateError
-from energon_ray.loader.state_files import STATE_FILE
+from energon_ray.loader.state_files import STATE_FILE, state_file_names, write_atomically
 from energon_ray.plan.stream import SegmentLayout
 
-_RANK_FILE = re.compile(re.escape(STATE_FILE).replace(re.escape("{rank}"), r"(\d+)") + "$")
 #: config summary entries ``info`` shows per dataset
 _DATASET_KEYS = re.compile(r"(^|\.)dataset\.(split_part|total|shards)$")
 
@@ -59,12 +58,12 @@ def _rank_files(folder: str) -> List[str]:
         names = os.listdir(folder)
     except OSError as exc:
         raise click.ClickException(f"{folder}: cannot be listed ({exc.strerror or exc})") from None
-    found = [(int(m.group(1)), name) for name in names if (m := _RANK_FILE.match(name))]
+    found = state_file_names(names)
     if not found:
         raise click.ClickException(
             f"{folder}: no loader state files ({STATE_FILE.format(rank='N')}, as save_loader_state writes) in this folder"
         )
-    return [os.path.join(folder, name) for _, name in sorted(found)]
+    return [os.path.join(folder, name) for name in found]
 
 
 def _load(path: str) -> Any:
@@ -253,19 +252,13 @@ def _check_one_run(states: Sequence[LoaderState]) -> None:
 def _write(out: str, states: Sequence[LoaderState]) -> str:
     """Write ``states`` to ``out`` (a ``.json`` global file, or a folder of rank files); what was written."""
     if out.endswith(".json"):
-        _replace(out, json.dumps([s.to_dict() for s in states], separators=(",", ":")))
+        write_atomically(out, json.dumps([s.to_dict() for s in states], separators=(",", ":")))
         return f"a global file of {len(states)} states: {out}"
     os.makedirs(out, exist_ok=True)
-    taken = [n for n in os.listdir(out) if _RANK_FILE.match(n)]
+    taken = state_file_names(os.listdir(out))
     if taken:
         raise click.ClickException(f"{out}: already holds loader state files ({', '.join(sorted(taken))}); pick an empty folder")
     for s in states:
-        _replace(os.path.join(out, STATE_FILE.format(rank=s.rank)), s.to_json())
+        write_atomically(os.path.join(out, STATE_FILE.format(rank=s.rank)), s.to_json())
     return f"{len(states)} rank files to {out}"
 
-
-def _replace(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)

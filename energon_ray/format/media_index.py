@@ -257,12 +257,7 @@ def write_media_metadata(
     final = check_write_target(root, meta_dir(root) / INDEX_SQLITE)
     if not final.exists():
         raise DatasetConfigError(f"{root}: no .nv-meta/{INDEX_SQLITE}; run `energon-ray prepare {root}` first")
-    if num_workers > 1:
-        job = functools.partial(_shard_job, root, media_filter)
-        rows = _pooled_rows(job, names, num_workers, skipped, progress, "shard")
-    else:
-        rows = (row for name in tqdm(names, desc="Media metadata", unit="shard", disable=not progress)
-                for row in shard_media_rows(root, name, media_filter, skipped))  # fmt: skip
+    rows = _pooled_rows(functools.partial(_shard_job, root, media_filter), names, num_workers, skipped, progress, "shard")
     return _store(root, final, rows, media_filter, scratch_dir)
 
 
@@ -284,7 +279,8 @@ def _pooled_rows(
     job: Callable[[str], Tuple[List[Row], List[str]]], items: List[str], num_workers: int,
     skipped: Optional[List[str]], progress: bool, unit: str,
 ) -> Iterator[Row]:  # fmt: skip
-    """The rows of ``job`` over ``items`` from a pool of processes, in ``items`` order."""
+    """The rows of ``job`` over ``items`` in ``items`` order: from a pool of processes where
+    ``num_workers`` > 1 (and there is more than one item), else in this process."""
     workers = min(num_workers, len(items))
     pool = process_pool(workers) if workers > 1 else None  # before the bar (its monitor is a thread)
     results = pool.map(job, items, chunksize=max(1, len(items) // (8 * workers))) if pool else map(job, items)
@@ -305,6 +301,8 @@ def _media_files(root: Path, media_filter: MediaFilter) -> List[str]:
 
 
 def _file_row(root: Path, relative: str, media_filter: MediaFilter, skipped: Optional[List[str]]) -> Optional[Row]:
+    """``(relative path, metadata_type, metadata_json)`` of a media file under a plain folder (the
+    ``entry_key`` Energon's ``SystemFileStore`` looks up); ``None`` where it is no readable media."""
     data = (root / relative).read_bytes()
     name = PurePosixPath(relative).name
     kind = media_filter.media_type(name, data)
@@ -313,15 +311,6 @@ def _file_row(root: Path, relative: str, media_filter: MediaFilter, skipped: Opt
         return None
     stored_type, text = serialize_media_metadata(metadata)
     return relative, stored_type.value, text
-
-
-def folder_media_rows(root: Path, media_filter: MediaFilter, skipped: Optional[List[str]] = None) -> Iterator[Tuple[str, str, str]]:
-    """``(relative path, metadata_type, metadata_json)`` for the media files under a plain folder
-    (sorted; ``.nv-meta`` left out), the ``entry_key`` Energon's ``SystemFileStore`` looks up."""
-    for relative in _media_files(root, media_filter):
-        row = _file_row(root, relative, media_filter, skipped)
-        if row is not None:
-            yield row
 
 
 def write_folder_media_metadata(
@@ -349,11 +338,8 @@ def write_folder_media_metadata(
         )
     final = check_write_target(root, meta_dir(root) / INDEX_SQLITE)
     final.parent.mkdir(exist_ok=True)
-    if num_workers > 1:
-        job = functools.partial(_file_job, root, media_filter)
-        rows = _pooled_rows(job, _media_files(root, media_filter), num_workers, skipped, False, "file")
-    else:
-        rows = folder_media_rows(root, media_filter, skipped)
+    job = functools.partial(_file_job, root, media_filter)
+    rows = _pooled_rows(job, _media_files(root, media_filter), num_workers, skipped, False, "file")
     return _store(root, final, rows, media_filter)
 
 

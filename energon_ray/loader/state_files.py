@@ -6,12 +6,28 @@ folder (``save_loader_state`` / ``restore_loader_state``, the files ``energon-ra
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, List, Optional
 
 from energon_ray.loader.state import LoaderState, StateError
 
 #: One file per rank in a checkpoint folder, so every rank of a ``ray.train`` run reports into one checkpoint.
 STATE_FILE = "energon_ray_loader_rank{rank}.json"
+_RANK_FILE = re.compile(re.escape(STATE_FILE).replace(re.escape("{rank}"), r"(\d+)") + "$")
+
+
+def state_file_names(names: List[str]) -> List[str]:
+    """The rank state files among the file ``names`` of a folder, in rank order (rank 10 after 2)."""
+    found = [(int(m.group(1)), name) for name in names if (m := _RANK_FILE.match(name))]
+    return [name for _, name in sorted(found)]
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed over it (a reader never sees half)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _distributed() -> Any:
@@ -77,10 +93,7 @@ def save_loader_state(loader: Any, directory: str) -> Optional[str]:
     if state is None:
         return None
     path = os.path.join(directory, STATE_FILE.format(rank=state.rank))
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(state.to_json())
-    os.replace(tmp, path)
+    write_atomically(path, state.to_json())
     return path
 
 
@@ -105,8 +118,7 @@ def restore_loader_state(loader: Any, directory: str) -> bool:
         if (state.world_size, state.num_workers) == (wc.world_size, max(1, wc.num_workers)):
             loader.restore_state_rank(state)
             return True
-    prefix, suffix = STATE_FILE.split("{rank}")
-    names = sorted(n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(suffix))
+    names = state_file_names(os.listdir(directory))
     if not names:
         return False
     states = []
