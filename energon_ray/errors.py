@@ -197,7 +197,28 @@ def untrusted(what: str, where: str) -> UntrustedCodeError:
     )
 
 
-_WARNED_KEYWORDS: set = set()
+#: per kind of notice, the keys given it in this process (``first_time``)
+_NOTICED: dict = {}
+
+
+def first_time(kind: str, key: Any) -> bool:
+    """Whether ``key`` gets its ``kind`` of warning now: ``True`` once per process, then ``False``
+    (configs are read again in every Ray worker; a notice is given once where it is read first).
+
+    Example:
+        >>> first_time("doc example", 1), first_time("doc example", 1)
+        (True, False)
+    """
+    keys = _NOTICED.setdefault(kind, set())
+    if key in keys:
+        return False
+    keys.add(key)
+    return True
+
+
+def noticed(kind: str) -> frozenset:
+    """The keys given a ``kind`` of warning in this process so far (``first_time``)."""
+    return frozenset(_NOTICED.get(kind, ()))
 
 
 def check_keywords(where: str, kwargs: dict, energon_only: Sequence[str]) -> None:
@@ -210,8 +231,7 @@ def check_keywords(where: str, kwargs: dict, energon_only: Sequence[str]) -> Non
     if unknown:
         raise TypeError(f"{where}() got unexpected keyword argument(s) {unknown}")
     for key in sorted(kwargs):
-        if (where, key) not in _WARNED_KEYWORDS:
-            _WARNED_KEYWORDS.add((where, key))
+        if first_time("ignored keyword", (where, key)):
             logger.warning("%s(): %s= is a megatron.energon option that energon_ray does not need; ignored", where, key)
 
 

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from energon_ray.blend.metadataset_values import (
     MULTIPLIER_VALUES, absolute_subset_error, combine_multipliers, compose_ratio, config_number, is_multiplier, node_error, parse_subset,
 )  # fmt: skip
-from energon_ray.errors import DatasetConfigError
+from energon_ray.errors import DatasetConfigError, first_time
 from energon_ray.format import energon_yaml
 from energon_ray.storage import RemotePath, StorageError, as_path, is_remote, local_of
 
@@ -35,8 +35,8 @@ _NODE_KEYS = _REF_KEYS | {"blend", "blend_epochized", "join", "joiner"}
 _TOP_KEYS = {"__module__", "__class__", "splits", "path"}
 #: keys that only a reference to a prepared dataset reads (anywhere else they would do nothing)
 _DATASET_ONLY = ("dataset_config", "split_config", "aux")
-#: ``(file, node)`` whose deprecated ``subflavor:`` was warned about in this process.
-_WARNED_SUBFLAVOR: set = set()
+#: ``errors.first_time`` kind of a reference's deprecated ``subflavor:`` (keyed by ``(file, node)``)
+SUBFLAVOR = "metadataset subflavor"
 _URL = re.compile(r"^(?P<protocol>[a-z][a-z0-9+.-]*)://(?P<rest>.*)", re.IGNORECASE)
 
 
@@ -283,9 +283,8 @@ class _Parser:
 def _warn_subflavor(file: str, where: str, value: Any) -> None:
     """Energon's deprecation of a reference's ``subflavor:`` (a ``FutureWarning``), once per node and
     process; metadatasets are read where the loader is built, never in Ray workers."""
-    if (file, where) in _WARNED_SUBFLAVOR:
+    if not first_time(SUBFLAVOR, (file, where)):
         return
-    _WARNED_SUBFLAVOR.add((file, where))
     warnings.warn(
         f"{file}: {where}: subflavor is deprecated (as in megatron-energon), use subflavors instead: "
         f"`subflavors: {{__subflavor__: {value!r}}}` gives the samples the same __subflavors__",

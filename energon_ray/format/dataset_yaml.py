@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
-from energon_ray.errors import DatasetConfigError, parse_problem
+from energon_ray.errors import DatasetConfigError, first_time, parse_problem
 from energon_ray.format import energon_yaml
 from energon_ray.format.dataset_code import RemoteFiles, load_callable, named_sample_type
 from energon_ray.format.field_access import parse_field_access
@@ -33,10 +33,8 @@ DATASET_YAML_KEYS = (
     "decoder", "shuffle_over_epochs", "parallel_shard_iters", "max_samples_per_sequence", "subset",
     "split_part", "split_config", "training", "worker_config", "path",
 )  # fmt: skip
-#: Dataset config files whose unknown keys were warned about in this process.
-_WARNED_FILES: set = set()
-#: Dataset config files whose legacy ``__class__`` was warned about in this process.
-_WARNED_LEGACY: set = set()
+#: ``errors.first_time`` kind of a dataset config file's deprecated ``__class__`` (keyed by file)
+LEGACY_CLASS = "legacy dataset.yaml __class__"
 
 
 @dataclasses.dataclass
@@ -98,9 +96,8 @@ def warn_unknown_keys(spec: DatasetSpec) -> None:
     error: a newer Energon may add keys. Called where the driver opens a dataset, not where a Ray
     worker rebuilds the spec."""
     unknown = [key for key in spec.extra if key not in DATASET_YAML_KEYS]
-    if not unknown or spec.file in _WARNED_FILES:
+    if not unknown or not first_time("unknown dataset.yaml keys", spec.file):
         return
-    _WARNED_FILES.add(spec.file)
     for key in unknown:
         close = difflib.get_close_matches(str(key), DATASET_YAML_KEYS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -151,9 +148,8 @@ def warn_legacy_class(spec: DatasetSpec) -> None:
     ``<Name>Webdataset``): a ``FutureWarning`` (Energon's category) naming the file and the
     ``sample_type:`` to write instead, once per file and process. Called where the driver opens a
     dataset, not where a Ray worker rebuilds the spec (workers stay quiet)."""
-    if spec.legacy_class is None or spec.file in _WARNED_LEGACY:
+    if spec.legacy_class is None or not first_time(LEGACY_CLASS, spec.file):
         return
-    _WARNED_LEGACY.add(spec.file)
     warnings.warn(
         f"{spec.file}: __class__: {spec.legacy_class} is deprecated (as in megatron-energon): drop the "
         f"top-level __module__/__class__ and write `sample_type: {{__module__: megatron.energon, __class__: "

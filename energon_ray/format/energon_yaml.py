@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 
+from energon_ray.errors import first_time
+
 logger = logging.getLogger("energon_ray")
-#: ``(alias, line)`` pairs warned about in this process (a config is read again in each Ray worker)
-_WARNED: set = set()
 
 _NULL = frozenset({"null", "~", ""})
 _TRUE = frozenset({"true", "yes"})
@@ -91,8 +91,7 @@ _UNTAGGED = {
 
 
 def _warn_alias(text: str, line: int) -> None:
-    if (text, line) not in _WARNED:
-        _WARNED.add((text, line))
+    if first_time("yaml alias", (text, line)):  # (a config is read again in each Ray worker)
         logger.warning("YAML alias %r on line %d is read as the text %r, as megatron-energon reads it (aliases "
                        "are not resolved): write the value out", text, line, text)
 

@@ -107,7 +107,9 @@ class WarnedHere(er.DefaultTaskEncoder):
         from energon_ray.blend import metadataset
         from energon_ray.format import dataset_yaml
 
-        warned = sorted(dataset_yaml._WARNED_LEGACY) + sorted(f for f, _ in metadataset._WARNED_SUBFLAVOR)
+        from energon_ray.errors import noticed
+
+        warned = sorted(noticed(dataset_yaml.LEGACY_CLASS)) + sorted(f for f, _ in noticed(metadataset.SUBFLAVOR))
         return {"__key__": sample.__key__, "subflavors": sample.__subflavors__, "pid": os.getpid(), "warned": warned}
 
 
