@@ -84,3 +84,15 @@ def test_foreign_files_and_folders_are_refused_by_name(tmp_path):
         "rank's state (restore with the world size it was saved with, or save again after a batch)\n"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_state_files_of_a_folder_are_listed_in_rank_order():
+    """Rank 10's file comes after rank 2's (not by text), and other files (a temporary one, a
+    foreign JSON) are no state files; save/restore_loader_state and checkpoint read this list."""
+    from energon_ray.loader.state_files import state_file_names
+
+    names = ["energon_ray_loader_rank10.json", "notes.json", "energon_ray_loader_rank2.json",
+             "energon_ray_loader_rank0.json.tmp123", "energon_ray_loader_rank0.json"]  # fmt: skip
+    assert state_file_names(names) == [
+        "energon_ray_loader_rank0.json", "energon_ray_loader_rank2.json", "energon_ray_loader_rank10.json"
+    ]
