@@ -130,9 +130,8 @@ class AVDecoder:
             video_out_frame_size: ``(width, height)`` to scale frames to while decoding (Energon's order).
 
         Returns:
-            An :class:`AVData` with one clip and one ``(start, end)`` timestamp per requested range,
-            in order, except ranges that start at or after the end of their stream: those give no
-            clip (as Energon's), so the lists are shorter then.
+            An :class:`AVData` with one clip and one ``(start, end)`` timestamp per requested range, in
+            order; a range starting at or after its stream's end gives none (as Energon's).
 
         Raises:
             ValueError: for an unknown unit, a malformed, negative or reversed range, a bad frame size.
