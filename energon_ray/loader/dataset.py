@@ -179,7 +179,7 @@ class EnergonDataset(Composition):
 
         options = self.options
         return choose_layout(options.segment_samples, options.batch_size, options.packing_buffer_size,
-                             bool(options.blend_samples), PACK_CHUNK_BUFFERS)  # fmt: skip
+                             bool(options.blend_samples), PACK_CHUNK_BUFFERS, max(1, self.worker_config.num_workers))  # fmt: skip
 
     @property
     def excluded(self) -> Tuple[int, ...]:

@@ -20,6 +20,14 @@ from energon_ray.plan.stream import SegmentLayout
 #: segments hold more memory: the trainer keeps one partly consumed block per worker stream (at 16
 #: workers on 2 cores, stop 57: peak PSS 6557 MiB by default, 5247 with 32-sample segments).
 TARGET_SEGMENT_SAMPLES = 128
+#: ... and where the loader has many worker streams, fewer: the later segments of all worker streams
+#: together aim for at most this many samples (the trainer holds a block of each stream while it
+#: hands out batches round-robin, and each Ray worker holds its segment's output until the task
+#: ends): 128 up to 8 workers, 64 at 16 (two batches of 32, as Energon's two batches prefetched per
+#: worker), 32 at 32. Measured at 16 workers (captioning, batch 32, 2-core box oversubscribed, one
+#: run each, stop 58): peak PSS 6970 MiB with 128, 6047 with 64, 5209 with 32 (Energon 4460);
+#: trainer CPU 2.3, 3.8, 5.2 ms per batch (Energon 3.5).
+STREAMS_SAMPLES_BUDGET = 1024
 #: ... except each worker's first ``FIRST_SEGMENT_ROUNDS`` segments, which aim for this many: the
 #: first batch waits for one whole segment (measured 1.7-1.8 s with 128-sample segments, 1.4-1.5 s
 #: with 64, on 2 CPUs).
@@ -33,12 +41,13 @@ PACKED_BLEND_FIRST_SAMPLES = 128
 
 def choose_layout(
     wanted: Optional[Union[int, Tuple[int, int]]], batch_size: Optional[int], packing_buffer_size: Optional[int],
-    blend_samples: bool, pack_chunk_buffers: int,
+    blend_samples: bool, pack_chunk_buffers: int, streams: int = 1,
 ) -> SegmentLayout:  # fmt: skip
     """The segment layout of a leaf: ``wanted`` is what the user asked for (one length, ``(first,
-    later)``, or ``None``: the defaults above); one length where the user gave one or the dataset
-    packs; a packed blend's leaf (``packing_buffer_size`` and ``blend_samples``) starts with short
-    segments, as many as a chunk of ``pack_chunk_buffers`` buffers may draw from one leaf."""
+    later)``, or ``None``: the defaults above, for ``streams`` worker streams); one length where the
+    user gave one or the dataset packs; a packed blend's leaf (``packing_buffer_size`` and
+    ``blend_samples``) starts with short segments, as many as a chunk of ``pack_chunk_buffers``
+    buffers may draw from one leaf."""
     if packing_buffer_size:
         unit = packing_buffer_size
         later = wanted[1] if isinstance(wanted, tuple) else wanted
@@ -55,7 +64,8 @@ def choose_layout(
     if wanted is None:
         # a sample blend's leaves too (measured, stop 36: 128-sample later segments cut the trainer's
         # CPU per batch from 5.3 to 3.8 ms at the same steady rate; at stop 25 they had been slower)
-        wanted = (FIRST_SEGMENT_SAMPLES, TARGET_SEGMENT_SAMPLES)
+        later = max(1, min(TARGET_SEGMENT_SAMPLES, STREAMS_SAMPLES_BUDGET // max(1, streams)))
+        wanted = (min(FIRST_SEGMENT_SAMPLES, later), later)
     size = batch_size or 1
     first, later = ((size * max(1, math.ceil(n / size))) for n in (wanted if isinstance(wanted, tuple) else (wanted, wanted)))
     if first == later:

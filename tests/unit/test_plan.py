@@ -196,8 +196,8 @@ def test_segment_plan_with_short_first_rounds_covers_every_position_once():
 
 def test_default_segments_are_short_first_then_long_unless_the_user_sets_a_length(tmp_path):
     """Default: each worker's first segment is one of 64 samples (quick first batch), later ones 128 (fewer
-    blocks for the trainer), a sample blend's leaves' too; ``samples_per_segment`` makes them all that
-    long."""
+    blocks for the trainer), a sample blend's leaves' too, fewer with more than 8 workers;
+    ``samples_per_segment`` makes them all that long."""
     import energon_ray as er
     from tests.helpers import captioning_dataset
 
@@ -214,6 +214,19 @@ def test_default_segments_are_short_first_then_long_unless_the_user_sets_a_lengt
     assert big_batches.segment_layout == SegmentLayout(200, first_length=100, first_rounds=1)
     both = er.get_train_dataset(path, batch_size=4, worker_config=wc, max_samples_per_sequence=5, samples_per_segment=(6, 16))
     assert both.segment_layout == SegmentLayout(16, first_length=8, first_rounds=1)
+    # many worker streams: shorter later segments (all streams' segments aim for 1024 samples), but
+    # never less than a batch, and not where the user chose a length
+    def layout(workers, **kw):
+        wcw = er.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+        return er.get_train_dataset(path, worker_config=wcw, max_samples_per_sequence=5, **kw).segment_layout
+
+    assert layout(8, batch_size=32) == SegmentLayout(128, first_length=64, first_rounds=1)
+    assert layout(16, batch_size=32) == SegmentLayout(64)
+    assert layout(32, batch_size=32) == SegmentLayout(32)
+    assert layout(64, batch_size=32) == SegmentLayout(32)
+    assert layout(16, batch_size=100) == SegmentLayout(100)
+    assert layout(12, batch_size=8) == SegmentLayout(88, first_length=64, first_rounds=1)
+    assert layout(16, batch_size=32, samples_per_segment=128) == SegmentLayout(128)
     for bad in ((8,), (0, 8), (8, 2.5), "8"):
         with pytest.raises(ValueError, match="samples_per_segment"):
             er.get_train_dataset(path, batch_size=4, worker_config=wc, max_samples_per_sequence=5, samples_per_segment=bad)
