@@ -366,3 +366,93 @@ def test_killed_ray_workers_break_no_packed_or_plain_chain(root, ray_session, pa
     if not packed:
         stream0 = [str(i) for i in range(19) if i not in (1, 5, 6)]  # worker 0's 19 samples, 16 kept
         assert [t for b in reference[0::2][:8] for t in b] == stream0
+
+
+def test_a_later_carry_is_looked_at_and_waited_for_through_its_future(ray_session):
+    """A chained segment's task looks for its carry and waits for it without ``ray.wait``/``ray.get``
+    (which would have Ray lend its CPU to a new worker process): ``ready()`` is false until the segment
+    before has handed it on, ``wait()`` gives it, and an error of that segment is raised as
+    ``ray.get`` raises it."""
+    import ray
+
+    from energon_ray.pipeline.build import LaterCarry
+
+    @ray.remote(num_cpus=0)
+    class Gate:
+        def __init__(self):
+            self.opened = False
+
+        def open(self):
+            self.opened = True
+
+        def is_open(self):
+            return self.opened
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def before(gate, value, fail):
+        while not ray.get(gate.is_open.remote()):
+            time.sleep(0.01)
+        if fail:
+            raise ValueError(f"segment {value} failed")
+        return value
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def after(box, gate):
+        later = LaterCarry(box[0])
+        looks = [later.ready()]
+        ray.get(gate.open.remote())
+        carry = later.wait()
+        return looks + [later.ready()], carry
+
+    gate = Gate.remote()
+    looks, carry = ray.get(after.remote([before.remote(gate, {"outputs": 3, "tail": [1, 2]}, False)], gate))
+    assert looks == [False, True] and carry == {"outputs": 3, "tail": [1, 2]}
+    gate = Gate.remote()
+    with pytest.raises(ValueError, match="segment 7 failed"):
+        ray.get(after.remote([before.remote(gate, 7, True)], gate))
+
+
+def test_a_chained_task_keeps_its_cpus_while_it_waits_for_its_carry(ray_session):
+    """While a chained segment's task waits for its carry, Ray does not lend its CPUs to another task
+    (which would start another worker process, its own torch import): a task asking for a CPU of the
+    2-CPU Ray starts only once the waiting task, holding both, has ended."""
+    import ray
+
+    from energon_ray.pipeline.build import LaterCarry
+
+    @ray.remote(num_cpus=0)
+    class Gate:
+        def __init__(self):
+            self.opened = False
+
+        def open(self):
+            self.opened = True
+
+        def is_open(self):
+            return self.opened
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def before(gate):
+        while not ray.get(gate.is_open.remote()):
+            time.sleep(0.01)
+        return "carry"
+
+    @ray.remote(num_cpus=2, max_retries=0)
+    def waiting(box, started):
+        started.open.remote()
+        carry = LaterCarry(box[0]).wait(hold=60.0)
+        return carry, time.time()
+
+    @ray.remote(num_cpus=1, max_retries=0)
+    def other():
+        return time.time()
+
+    gate, started = Gate.remote(), Gate.remote()
+    waiter = waiting.remote([before.remote(gate)], started)
+    while not ray.get(started.is_open.remote()):
+        time.sleep(0.01)
+    second = other.remote()
+    ran_meanwhile, _ = ray.wait([second], timeout=1.0)
+    gate.open.remote()
+    (carry, ended), began = ray.get(waiter), ray.get(second)
+    assert carry == "carry" and not ran_meanwhile and began >= ended
