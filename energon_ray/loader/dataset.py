@@ -7,7 +7,7 @@ plans segments and builds Ray Datasets from them, but runs nothing until a loade
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from energon_ray.blend.base import Composition, PassContext
 from energon_ray.cache.aux import check_primary_index
@@ -19,6 +19,7 @@ from energon_ray.pipeline.policy import deferred_handler
 from energon_ray.pipeline.shipping import Shipped
 from energon_ray.pipeline.stages import StageConfig
 from energon_ray.plan.layout import choose_layout
+from energon_ray.plan.options import PlanOptions
 from energon_ray.plan.sharder import compute_subset, slice_offsets, worker_ranges
 from energon_ray.plan.stream import SegmentLayout, SegmentPlan, StreamConfig, WorkerStream
 from energon_ray.source.reader import ReadSegment, shard_table
@@ -26,41 +27,6 @@ from energon_ray.storage import as_path
 from energon_ray.errors import DatasetConfigError
 from energon_ray.task_encoder.base import TaskEncoder, is_overridden, matching_cooker
 from energon_ray.worker import WorkerConfig
-
-@dataclasses.dataclass
-class PlanOptions:
-    """The knobs that decide the sample order (all of Energon's that apply)."""
-
-    training: bool
-    repeat: bool
-    batch_size: Optional[int]
-    drop_last: bool = False
-    shuffle_buffer_size: Optional[int] = None
-    max_samples_per_sequence: Optional[int] = None
-    shuffle_over_epochs: Optional[int] = 1
-    parallel_shard_iters: Optional[int] = None
-    virtual_epoch_length: int = 0
-    limit: Optional[int] = None
-    subset_absolute: Optional[tuple] = None
-    subset_ratio: Optional[tuple] = None
-    #: samples per segment the user asked for: one length, ``(first, later)``, or ``None``:
-    #: ``plan.layout``'s defaults (``choose_layout``)
-    segment_samples: Optional[Union[int, Tuple[int, int]]] = None
-    #: ``blend_epochized`` repetitions of this source per pass (``None``: plain).
-    repetitions: Optional[float] = None
-    #: Energon's ``packing_buffer_size`` (None: no packing).
-    packing_buffer_size: Optional[int] = None
-    #: Batched together with the neighbouring datasets of a validation metadataset (see ConcatDataset).
-    batch_across_sources: bool = False
-    #: Per local worker, the samples of its stream in the datasets of a validation metadataset before
-    #: this one (batched or not): the hooks' ``current_batch_index``/``current_sample_index`` count
-    #: on over them, as in Energon's concatenation.
-    batch_index_offsets: Optional[Tuple[int, ...]] = None
-    #: A leaf of a batched (or packed) train blend of a metadataset with ``blend_samples=True``: every sample leaves
-    #: its Ray task unbatched (still serialized), the blend draws samples, and Ray tasks batch them
-    #: (``SampleBlendDataset``). On the factory's options: what the user asked for (``None``: blend
-    #: samples wherever it can, as Energon does).
-    blend_samples: Optional[bool] = False
 
 
 class EnergonDataset(Composition):
