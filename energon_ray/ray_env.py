@@ -8,52 +8,13 @@ import warnings
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from energon_ray.signals import deaf_to_cancel, release_leaked_logging_locks, sigint_at_default
+from energon_ray.ray_settings import (
+    FREE_OBJECTS_PERIOD_MS, NOTEBOOK_EXTRAS_LOGGER, STATE_API_CALLBACKS, UnschedulableError, check_reachable, verbose,
+)
+from energon_ray.signals import release_leaked_logging_locks, sigint_at_default
+from energon_ray.task_imports import import_stages, import_without_collections
 
 logger = logging.getLogger("energon_ray")
-
-
-def verbose() -> bool:
-    """Whether the user asked for Ray's own output (``ENERGON_RAY_VERBOSE=1``); quiet by default."""
-    return os.environ.get("ENERGON_RAY_VERBOSE", "0").strip().lower() not in ("", "0", "false", "no")
-
-
-#: How often (ms) the raylet of a private Ray returns released objects' memory to the object store.
-#: Ray's default (1000 ms) keeps every block released in the last second in shared memory: blocks
-#: are tens of MB and a pass releases several per second, so that added ~250 MiB (one in ten) to the
-#: peak PSS of the 2-CPU captioning benchmark (``benchmarks/README.md``), with no throughput gained.
-FREE_OBJECTS_PERIOD_MS = 20
-
-
-#: seconds to wait for a TCP connection to a cluster's GCS before calling it unreachable
-CONNECT_TIMEOUT_S = 10.0
-
-
-def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """For a ``host:port`` cluster address: raise unless something accepts connections there
-    (``ray.init`` retries an unreachable GCS without end; ``auto`` and ``ray://`` are Ray's to check).
-
-    Raises:
-        ConnectionError: naming the address, why, and what to do.
-    """
-    import socket
-
-    host, sep, port = address.rpartition(":")
-    if not sep or "://" in address or not host or not port.isdigit():
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as exc:
-        why = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or type(exc).__name__)
-        raise ConnectionError(
-            f"energon_ray: no Ray cluster at {address} ({why}): start one there (`ray start --head`), "
-            "or give another address (--address / RAY_ADDRESS); without one a private local Ray is started"
-        ) from None
-
-
-#: Ray's logger of the notebook extras it misses: without ``ipywidgets`` each Ray module with a rich
-#: display logs "Missing packages: ['ipywidgets']" at INFO as it is imported in a Jupyter kernel
-_NOTEBOOK_EXTRAS_LOGGER = "ray.widgets.util"
 
 
 def import_ray_quietly() -> Any:
@@ -62,7 +23,7 @@ def import_ray_quietly() -> Any:
     with a rich display, also for ``ray.train`` later), unless verbose (``ENERGON_RAY_VERBOSE=1``)."""
     quiet = not verbose()
     if quiet:
-        logging.getLogger(_NOTEBOOK_EXTRAS_LOGGER).setLevel(logging.WARNING)
+        logging.getLogger(NOTEBOOK_EXTRAS_LOGGER).setLevel(logging.WARNING)
     with warnings.catch_warnings():
         if quiet:
             warnings.filterwarnings("ignore", message="IProgress not found")
@@ -120,11 +81,6 @@ def ensure_ray(address: Optional[str] = None, **init_kwargs: Any) -> None:
 _private: set = set()
 
 
-class UnschedulableError(ValueError):
-    """Tasks or ``ray.train`` workers that no node of a private local Ray could hold (Ray would wait
-    for them forever); the message names what asked, for what, and what the nodes hold."""
-
-
 def check_resources(needs: Dict[str, float], what: str, count: int = 1) -> None:
     """Refuse ``count`` tasks or workers that each need ``needs`` (``{"CPU": 1, "GPU": 1}``) where
     they could never all run: no live node has ``needs``, or the nodes together hold fewer than
@@ -172,33 +128,15 @@ def import_task_modules() -> None:
     give_way()
     if "energon_ray.pipeline.batch_stages" not in sys.modules:
         if _in_ray_worker():
-            _import_without_collections()
+            import_without_collections()
         else:
-            _import_stages()
+            import_stages()
 
 
 def _in_ray_worker() -> bool:
     import ray
 
     return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
-
-
-def _import_without_collections() -> None:
-    """``_import_stages`` in a Ray worker with the garbage collector paused, then its objects frozen
-    (``gc.freeze``): the imports make ~200k objects and no garbage worth collecting, and the full
-    collections they trigger cost ~0.3 of a worker's ~3 CPU-s of imports; frozen, the collections
-    that the worker's tasks trigger never walk them again. Not in the training process (a cold
-    start makes blocks there): its collector is the user's."""
-    import gc
-
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        _import_stages()
-    finally:
-        gc.freeze()
-        if enabled:
-            gc.enable()
 
 
 _gave_way = False
@@ -227,13 +165,6 @@ def give_way() -> None:
     current = os.nice(0)
     if current < target:
         os.nice(target - current)
-
-
-@deaf_to_cancel
-def _import_stages() -> None:
-    import torch  # noqa: F401
-
-    import energon_ray.pipeline.batch_stages  # noqa: F401 (and the stages it builds on)
 
 
 def connected() -> Tuple[str, str]:
@@ -378,17 +309,9 @@ def train_rank_world() -> Optional[Tuple[int, int]]:
         return None
 
 
-#: Ray Train's (v2) callback whose detached actor removes a run's placement group should the train
-#: controller die. It asks the State API, the dashboard's, whether the controller lives: a private
-#: Ray has no dashboard, so it logged "Failed to query Ray Train Controller actor state" every second
-#: (or, with other Ray instances on the machine, a traceback of its monitor thread), and could never
-#: clean up; the placement group goes with the private Ray anyway.
-_STATE_API_CALLBACKS = ("PlacementGroupCleanerCallback",)
-
-
 def torch_trainer_class() -> Any:
     """``ray.train.torch.TorchTrainer``; on a private local Ray ``ensure_ray`` started (unless verbose),
-    a subclass without Ray Train's callbacks that need the State API (``_STATE_API_CALLBACKS``)."""
+    a subclass without Ray Train's callbacks that need the State API (``STATE_API_CALLBACKS``)."""
     ensure_ray()
     from ray.train.torch import TorchTrainer
 
@@ -400,7 +323,7 @@ def torch_trainer_class() -> Any:
 
         def _create_default_callbacks(self) -> List[Any]:
             found = super()._create_default_callbacks()
-            return [callback for callback in found if type(callback).__name__ not in _STATE_API_CALLBACKS]
+            return [callback for callback in found if type(callback).__name__ not in STATE_API_CALLBACKS]
 
     return PrivateRayTorchTrainer
 
