@@ -139,6 +139,35 @@ def _in_ray_worker() -> bool:
     return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
 
 
+_threads_limited = False
+
+
+def limit_torch_threads() -> None:
+    """Use as many torch threads as CPUs Ray gave this task (like DataLoader workers use 1)."""
+    global _threads_limited
+    if _threads_limited:
+        return
+    import ray
+    import torch
+
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    except Exception:
+        cpus = 1.0
+    torch.set_num_threads(max(1, int(round(cpus))))
+    _threads_limited = True
+
+
+def node() -> Optional[str]:
+    """This process's Ray node id (~4 µs; not kept: a process that restarts Ray is on another node)."""
+    import ray
+
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return None
+
+
 _gave_way = False
 
 

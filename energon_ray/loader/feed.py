@@ -268,7 +268,7 @@ class MultiFeed(BlockRows):
             if self.on_execute is not None:
                 self.on_execute(self._current[1])
         else:
-            from energon_ray.pipeline.build import task_segments
+            from energon_ray.pipeline.streams import task_segments
 
             window = next(self._windows, None)
             direct = task_segments(len(window)) if window is not None else 0

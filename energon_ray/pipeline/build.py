@@ -19,21 +19,22 @@ segments in Ray tasks (``_seam_task``, ``_pack_task``), so the trainer never run
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
-import os
 import threading
-import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
 import ray
 
 from energon_ray.errors import ExecutionLost
-from energon_ray.pipeline.remote_args import GROUP_TASK_OPTIONS, TASK_OPTIONS
+from energon_ray.pipeline.remote_args import GROUP_TASK_OPTIONS, TASK_OPTIONS, options_for, with_options
 from energon_ray.pipeline.shipped import ship, ship_each, unship
-from energon_ray.ray_env import connected, import_task_modules, is_closed, mark_closed, verbose
+from energon_ray.pipeline.task_bodies import (
+    batch_samples, chained_segment_task, encode_and_batch, encode_samples, ray_data_stage, rebuild_chained_task,
+    repack_task, replay_chain_task, segment_task,
+)
+from energon_ray.ray_env import connected, import_task_modules, limit_torch_threads, mark_closed, verbose
 from energon_ray.signals import deaf_to_cancel
 
 # Ray Data is imported where an execution is planned (the feeder), never by the training process.
@@ -45,79 +46,10 @@ if TYPE_CHECKING:  # the feeder process never imports the stages (torch, the tas
 
 logger = logging.getLogger("energon_ray")
 
-_threads_limited = False
-
-
-def _limit_torch_threads() -> None:
-    """Use as many torch threads as CPUs Ray gave this task (like DataLoader workers use 1)."""
-    global _threads_limited
-    if _threads_limited:
-        return
-    import torch
-
-    try:
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
-    except Exception:
-        cpus = 1.0
-    torch.set_num_threads(max(1, int(round(cpus))))
-    _threads_limited = True
-
-
-def node() -> Optional[str]:
-    """This process's Ray node id (~4 µs; not kept: a process that restarts Ray is on another node)."""
-    try:
-        return ray.get_runtime_context().get_node_id()
-    except Exception:
-        return None
-
-
-# The map_batches callables get the stage config ``Shipped`` and build their stage in the task.
-
-
-@deaf_to_cancel
-def encode_and_batch(batch, config):
-    """``batch``: a block of ``SEGMENT`` rows, or a ``SegmentData`` read in this task."""
-    import_task_modules()
-    from energon_ray.pipeline.batch_stages import EncodeAndBatch
-    from energon_ray.pipeline.rows import SegmentData
-
-    _limit_torch_threads()
-    stage = EncodeAndBatch(unship(config))
-    stage.batch.node = node()
-    return stage.segment(batch) if isinstance(batch, SegmentData) else stage(batch)
-
-
-@deaf_to_cancel
-def encode_samples(batch, config):
-    import_task_modules()
-    from energon_ray.pipeline.stages import EncodeSamples
-
-    _limit_torch_threads()
-    return EncodeSamples(unship(config))(batch)
-
-
-@deaf_to_cancel
-def batch_samples(batch, config):
-    import_task_modules()
-    from energon_ray.pipeline.batch_stages import BatchSamples
-
-    _limit_torch_threads()
-    stage = BatchSamples(unship(config))
-    stage.node = node()
-    return stage(batch)
-
-
-def _ray_data_stage(batch, fn, config):
-    """``fn``'s block with each payload in one buffer: Ray Data's block serialization takes no
-    ``binary_view`` columns (``rows.contiguous``)."""
-    from energon_ray.pipeline.rows import contiguous
-
-    return contiguous(fn(batch, config))
-
 
 def _map(ds: "ray.data.Dataset", fn, stage, remote: Dict[str, Any]) -> "ray.data.Dataset":
     return ds.map_batches(
-        _ray_data_stage, fn_args=(fn, stage), batch_size=None, batch_format="pyarrow", zero_copy_batch=True, **remote
+        ray_data_stage, fn_args=(fn, stage), batch_size=None, batch_format="pyarrow", zero_copy_batch=True, **remote
     )
 
 
@@ -359,13 +291,6 @@ def feeder() -> Any:
 
 # -- the Ray calls of the block streams and seam tasks (``streams``, ``seam_tasks``) --------------
 
-_IDS = itertools.count()
-
-
-def new_id(kind: str) -> str:
-    """An execution's or task stream's id, unique cluster-wide (close marks are kept in the GCS)."""
-    return f"{os.getpid()}-{kind}{next(_IDS)}-{uuid.uuid4().hex[:12]}"
-
 
 def finished(ref: Any) -> bool:
     """Whether ``ref``'s object is finished and on this node (``ray.get`` would wait for nothing);
@@ -412,42 +337,8 @@ def running() -> bool:
     return ray.is_initialized()
 
 
-@ray.remote(num_cpus=1, max_retries=3)
-@deaf_to_cancel
-def _segment_task(
-    spec: "SegmentSpec", reader: Any, config: Any, fuse_stages: bool, stream_id: Optional[str] = None, mark: Optional[str] = None
-) -> Optional[pa.Table]:
-    """What an execution's fused read + map task makes of one segment, as a plain Ray task (nothing
-    once its stream is closed, or ``mark`` is: the loader made the segment itself)."""
-    if is_closed(stream_id) or is_closed(mark):  # before any import: a task started after the close costs nothing
-        return None
-    import_task_modules()
-    from energon_ray.pipeline.rows import parts
-    from energon_ray.source.reader import read_segment
-
-    if fuse_stages:  # read and encoded here: the segment's samples as read, never serialized
-        return parts(encode_and_batch(unship(reader)(spec), config))
-    return parts(batch_samples(encode_samples(read_segment(spec, reader), config), config))
-
-
-@ray.remote(num_cpus=1, max_retries=3, num_returns=2)
-@deaf_to_cancel
-def _chained_segment_task(
-    spec: "SegmentSpec", reader: Any, config: Any, carry: Any, stream_id: Optional[str] = None, carry_only: bool = False
-) -> Tuple[Optional[Any], Any]:
-    """A segment of a chained stream (``chained.chained_segment``): its block (``None`` when
-    ``carry_only``) and the carry for the next segment of its worker stream, which Ray hands that
-    segment's task (so the stream's segments run one after the other, or, given a ``LaterCarry``,
-    encode side by side and pack one after the other)."""
-    if is_closed(stream_id) or carry is None:
-        return None, None
-    import_task_modules()
-    from energon_ray.pipeline.rows import parts
-    from energon_ray.pipeline.chained import chained_segment
-
-    _limit_torch_threads()
-    table, carry_out = chained_segment(unship(reader)(spec), unship(config), carry, carry_only, node())
-    return parts(table), carry_out
+_segment_task = ray.remote(num_cpus=1, max_retries=3)(segment_task)
+_chained_segment_task = ray.remote(num_cpus=1, max_retries=3, num_returns=2)(chained_segment_task)
 
 
 #: seconds a chained segment's task waits for its carry holding its CPU (``LaterCarry.wait``)
@@ -501,16 +392,7 @@ def later(carry: Any) -> Any:
     return LaterCarry(carry) if isinstance(carry, ray.ObjectRef) else carry
 
 
-@ray.remote(num_cpus=1, max_retries=3)
-@deaf_to_cancel
-def _rebuild_chained_task(
-    spec: "SegmentSpec", reader: Any, config: Any, outputs: List[Tuple[int, int, int]], counts: Optional[Tuple[int, int]] = None
-) -> List[Any]:
-    import_task_modules()
-    from energon_ray.pipeline.chained import rebuild_chained_batch
-
-    _limit_torch_threads()
-    return rebuild_chained_batch(unship(reader)(spec), unship(config), outputs, counts)
+_rebuild_chained_task = ray.remote(num_cpus=1, max_retries=3)(rebuild_chained_task)
 
 
 def rebuild_chained(
@@ -518,25 +400,17 @@ def rebuild_chained(
     counts: Optional[Tuple[int, int]] = None,
 ) -> List[Any]:
     """``chained.rebuild_chained_batch`` in a Ray task (where the segment tasks read): the batches."""
-    task = _with_options(_rebuild_chained_task, remote_args, TASK_OPTIONS)
+    task = with_options(_rebuild_chained_task, remote_args, TASK_OPTIONS)
     return ray.get(task.remote(spec, ship_each({spec.source: reader})[spec.source], ship({spec.source: config}), outputs, counts))
 
 
-@ray.remote(num_cpus=1, max_retries=3)
-@deaf_to_cancel
-def _replay_chain_task(reader: Any, config: Any, carry: Any, rebuild: Optional["SegmentSpec"], specs: List["SegmentSpec"]) -> List[Any]:
-    import_task_modules()
-    from energon_ray.pipeline.chained import replay_chain as replay
-    from energon_ray.pipeline.rows import parts
-
-    _limit_torch_threads()
-    return [parts(table) for table in replay(unship(reader), unship(config), carry, rebuild, specs, node())]
+_replay_chain_task = ray.remote(num_cpus=1, max_retries=3)(replay_chain_task)
 
 
 def replay_chain(reader: Any, config: Any, carry: Any, rebuild: Optional["SegmentSpec"], specs: List["SegmentSpec"], remote_args=None) -> List[pa.Table]:
     """``chained.replay_chain`` in a Ray task (where the segment tasks read): the segments' blocks."""
     source = specs[0].source
-    task = _with_options(_replay_chain_task, remote_args, TASK_OPTIONS)
+    task = with_options(_replay_chain_task, remote_args, TASK_OPTIONS)
     return ray.get(task.remote(ship_each({source: reader})[source], ship({source: config}), carry, rebuild, specs))
 
 
@@ -548,31 +422,11 @@ def cluster_cpus() -> int:
         return 1
 
 
-def task_segments(window: int) -> int:
-    """With the Ray Data executor: how many segments of a pass's first window (``window`` long) run
-    as plain Ray tasks: half the window, at most 32 (the rest is the feeder's Ray Data execution,
-    which starts meanwhile); ``ENERGON_RAY_START_WITH_TASKS=0`` turns this off."""
-    if os.environ.get("ENERGON_RAY_START_WITH_TASKS", "1").strip().lower() in ("0", "false", "no"):
-        return 0
-    return max(0, min(32, window // 2))
-
-
-def _options(remote_args: Optional[Dict[str, Any]], keys: Sequence[str]) -> Dict[str, Any]:
-    """Those of ``remote_args`` named in ``keys``."""
-    return {k: v for k, v in (remote_args or {}).items() if k in keys}
-
-
-def _with_options(task: Any, remote_args: Optional[Dict[str, Any]], keys: Sequence[str]) -> Any:
-    """``task`` with those of ``remote_args`` named in ``keys`` (as it is if none)."""
-    options = _options(remote_args, keys)
-    return task.options(**options) if options else task
-
-
 def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, float]:
     """The segment tasks with the task options of ``ray_remote_args`` (spread over the nodes as Ray
     Data spreads its own, unless it names a scheduling strategy): the plain one, the chained one
     (block and carry) and the CPUs a task takes."""
-    options = _options(ray_remote_args, TASK_OPTIONS)
+    options = options_for(ray_remote_args, TASK_OPTIONS)
     options.setdefault("scheduling_strategy", "SPREAD")
     return _segment_task.options(**options), _chained_segment_task.options(num_returns=2, **options), float(options.get("num_cpus", 1) or 0)
 
@@ -583,7 +437,7 @@ def _batch_groups(config: Any, worker: int, seed: int, groups, source: int) -> "
     from energon_ray.pipeline.rows import parts, resolve_located
     from energon_ray.pipeline.seam_stages import seam_batches
 
-    _limit_torch_threads()
+    limit_torch_threads()
     groups = resolve_located(groups, ray.get)  # a sample blend's samples, read from their blocks here
     return parts(seam_batches(unship(config), worker, seed, groups, source))
 
@@ -591,21 +445,13 @@ def _batch_groups(config: Any, worker: int, seed: int, groups, source: int) -> "
 _seam_task = ray.remote(num_cpus=1, max_retries=3)(_batch_groups)
 
 
-@ray.remote(num_cpus=1, max_retries=3)
-@deaf_to_cancel
-def _repack_task(config: Any, worker: int, seed: int, packs, batch_size: Optional[int], source: int, batch_index: Optional[int]) -> "TableParts":
-    import_task_modules()
-    from energon_ray.pipeline.rows import parts
-    from energon_ray.pipeline.seam_stages import repacked_batches
-
-    _limit_torch_threads()
-    return parts(repacked_batches(unship(config), worker, seed, packs, batch_size, source, batch_index))
+_repack_task = ray.remote(num_cpus=1, max_retries=3)(repack_task)
 
 
 def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: Optional[int], remote_args=None,
            batch_index: Optional[int] = None) -> pa.Table:  # fmt: skip
     """Make packed batches again in a Ray task (``seam_stages.repacked_batches``); waits for its table."""
-    task = _with_options(_repack_task, remote_args, GROUP_TASK_OPTIONS)
+    task = with_options(_repack_task, remote_args, GROUP_TASK_OPTIONS)
     return ray.get(task.remote(ray.put(ship(config)), worker, seed, packs, batch_size, source, batch_index))
 
 
@@ -615,7 +461,7 @@ def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, 
     from energon_ray.pipeline.rows import parts, resolve_located
     from energon_ray.pipeline.seam_stages import seam_packs
 
-    _limit_torch_threads()
+    limit_torch_threads()
     ((_, samples),) = resolve_located([(0, samples)], ray.get)  # read from their blocks here
     table, packs, report = seam_packs(unship(config), worker, seed, samples, buffer_size, source, offsets)
     return parts(table), (packs, report)
@@ -626,5 +472,5 @@ _pack_task = ray.remote(num_cpus=1, max_retries=3, num_returns=2)(_pack_chunk)
 
 def group_tasks(remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any]:
     """The tasks that batch pooled samples and pack a chunk of them, with the resources of ``remote_args``."""
-    return _with_options(_seam_task, remote_args, GROUP_TASK_OPTIONS), _with_options(_pack_task, remote_args, GROUP_TASK_OPTIONS)
+    return with_options(_seam_task, remote_args, GROUP_TASK_OPTIONS), with_options(_pack_task, remote_args, GROUP_TASK_OPTIONS)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import numbers
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 #: ``ray_remote_args`` that a plain task takes as Ray Data's read/map tasks do.
 TASK_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "scheduling_strategy", "label_selector")
@@ -96,3 +96,14 @@ def waits_holding_cpus_only(ray_remote_args: Optional[Dict[str, Any]]) -> bool:
     if any(options.get(key) for key in ("num_gpus", "memory", "resources", "accelerator_type")):
         return False
     return isinstance(options.get("scheduling_strategy", "SPREAD"), str)
+
+
+def options_for(remote_args: Optional[Dict[str, Any]], keys: Sequence[str]) -> Dict[str, Any]:
+    """Those of ``remote_args`` named in ``keys``."""
+    return {k: v for k, v in (remote_args or {}).items() if k in keys}
+
+
+def with_options(task: Any, remote_args: Optional[Dict[str, Any]], keys: Sequence[str]) -> Any:
+    """``task`` with those of ``remote_args`` named in ``keys`` (as it is if none)."""
+    options = options_for(remote_args, keys)
+    return task.options(**options) if options else task

@@ -8,8 +8,11 @@ execution that the feeder actor runs (``executor="ray_data"``). Ray's own calls 
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
+import uuid
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, Mapping, Optional, Tuple
 
@@ -19,9 +22,26 @@ from energon_ray.pipeline import build
 from energon_ray.pipeline.local_start import LOCAL_START_MODES, give_back_memory, local_block, local_chained_block, local_start_mode, make_here
 from energon_ray.pipeline.remote_args import waits_holding_cpus_only
 from energon_ray.pipeline.shipped import ship, ship_each
-from energon_ray.ray_env import mark_closed
+from energon_ray.ray_env import mark_closed, node
 
 logger = logging.getLogger("energon_ray")
+
+
+_IDS = itertools.count()
+
+
+def new_id(kind: str) -> str:
+    """An execution's or task stream's id, unique cluster-wide (close marks are kept in the GCS)."""
+    return f"{os.getpid()}-{kind}{next(_IDS)}-{uuid.uuid4().hex[:12]}"
+
+
+def task_segments(window: int) -> int:
+    """With the Ray Data executor: how many segments of a pass's first window (``window`` long) run
+    as plain Ray tasks: half the window, at most 32 (the rest is the feeder's Ray Data execution,
+    which starts meanwhile); ``ENERGON_RAY_START_WITH_TASKS=0`` turns this off."""
+    if os.environ.get("ENERGON_RAY_START_WITH_TASKS", "1").strip().lower() in ("0", "false", "no"):
+        return 0
+    return max(0, min(32, window // 2))
 
 
 class BlockStream:
@@ -36,7 +56,7 @@ class BlockStream:
     starts_next_early = False
 
     def __init__(self, segments, readers, configs, prefetch: int = 4, **kwargs: Any):
-        self.run_id = build.new_id("r")
+        self.run_id = new_id("r")
         self.feeder = build.feeder()
         # pickled here, unpickled only by the Ray tasks: the feeder never imports the task encoder
         self.feeder.submit.remote(self.run_id, segments, ship_each(readers), ship(configs), kwargs)
@@ -189,7 +209,7 @@ class TaskStream:
         self._limit = object_store_limit
         self._block_bytes = 0  # the largest block seen
         self._slots = self._cluster_slots()
-        self.stream_id = build.new_id("t")
+        self.stream_id = new_id("t")
         #: counters for ``stats()``
         self.tasks = 0
         self.blocks_bytes = 0
@@ -310,9 +330,9 @@ class TaskStream:
         chained = spec.source in self._chained
         try:
             if chained:
-                table = local_chained_block(spec, self._readers[spec.source], self._configs, build.node())
+                table = local_chained_block(spec, self._readers[spec.source], self._configs, node())
             else:
-                table = local_block(spec, self._readers[spec.source], self._configs, self._fuse, build.node())
+                table = local_block(spec, self._readers[spec.source], self._configs, self._fuse, node())
         except Exception:
             logger.debug("energon_ray: a block could not be made in the loader's process; a Ray task makes it", exc_info=True)
             return ref if chained else self._remote(spec)
