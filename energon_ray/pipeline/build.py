@@ -20,21 +20,20 @@ from __future__ import annotations
 
 import gc
 import logging
-import threading
-from collections import deque
-from typing import TYPE_CHECKING, Any, Deque, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import pyarrow as pa
 import ray
 
 from energon_ray.errors import ExecutionLost
+from energon_ray.pipeline.feeder_runs import FeederRuns
 from energon_ray.pipeline.remote_args import GROUP_TASK_OPTIONS, TASK_OPTIONS, options_for, with_options
 from energon_ray.pipeline.shipped import ship, ship_each, unship
 from energon_ray.pipeline.task_bodies import (
     batch_samples, chained_segment_task, encode_and_batch, encode_samples, ray_data_stage, rebuild_chained_task,
     repack_task, replay_chain_task, segment_task,
 )
-from energon_ray.ray_env import connected, import_task_modules, limit_torch_threads, mark_closed, verbose
+from energon_ray.ray_env import connected, import_task_modules, limit_torch_threads, verbose
 from energon_ray.signals import deaf_to_cancel
 
 # Ray Data is imported where an execution is planned (the feeder), never by the training process.
@@ -111,44 +110,8 @@ def build_dataset(
     return ds
 
 
-class _Run:
-    """One execution inside the feeder: its Dataset, its bundle iterator, the next take's number.
-
-    ``start`` and ``close`` may run at the same time (threaded actor): a run closed while it was
-    being started stops the executor it just started, so no execution outlives its ``close``."""
-
-    def __init__(self, build_args: tuple):
-        self.build_args = build_args
-        self.bundles: Optional[Iterator[Any]] = None
-        self.executor = None
-        self.dataset = None
-        self.next_seq = 0
-        self.done = False
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        with self._lock:
-            if self.bundles is not None or self.done:
-                return
-            self.dataset = build_dataset(*self.build_args[0], **self.build_args[1])
-            execute = getattr(self.dataset, "_execute_to_iterator", None)
-            if execute is not None:  # Ray 2.60: the executor handle lets close() stop it
-                bundles, _, self.executor = execute(capture_executor=False)
-            else:  # pragma: no cover - other Ray versions
-                bundles = self.dataset.iter_internal_ref_bundles()
-            self.bundles = iter(bundles)
-
-    def close(self) -> None:
-        with self._lock:
-            self.done = True
-            executor, self.executor = self.executor, None
-            if executor is not None:
-                executor.shutdown(force=False)  # cancel its tasks, keep the warm worker processes
-            self.bundles = None
-
-
 @ray.remote(num_cpus=0, max_concurrency=64)
-class Feeder:
+class Feeder(FeederRuns):
     """Runs Ray Data executions for the loaders of one trainer process, outside that process.
 
     Ray Data's streaming executor is a busy thread in whatever process iterates a Dataset; here it
@@ -160,12 +123,7 @@ class Feeder:
     def __init__(self, verbose: bool = False) -> None:
         import logging
 
-        self._cond = threading.Condition()
-        self._runs: Dict[str, _Run] = {}
-        # calls of a threaded actor may start out of order: a take can arrive before its submit
-        self._closed: Deque[str] = deque(maxlen=4096)
-        self._final_stats: Dict[str, str] = {}
-        self._submitted = 0  # executions ever registered (never decreases, unlike len(self._runs))
+        super().__init__(build_dataset)
         import ray.data
 
         from energon_ray.ray_env import start_ray_data_actors
@@ -178,46 +136,6 @@ class Feeder:
     def ping(self) -> bool:
         return True
 
-    def submit(self, run_id: str, segments, readers, configs, kwargs: Dict[str, Any]) -> None:
-        """Register (not start) an execution; ``take`` starts it. A run closed before its submit
-        arrived (calls of a threaded actor may start out of order) is never registered."""
-        with self._cond:
-            self._submitted += 1
-            if run_id in self._closed:
-                return
-            self._runs[run_id] = _Run(((segments, readers, configs), {**kwargs, "run_id": run_id}))
-            self._cond.notify_all()
-
-    def take(self, run_id: str, seq: int) -> Optional[List[Any]]:
-        """The refs of the ``seq``-th output bundle of a run (``None`` once it is drained)."""
-        with self._cond:
-            self._cond.wait_for(
-                lambda: run_id in self._closed or (run_id in self._runs and self._runs[run_id].next_seq == seq)
-            )
-            run = self._runs.get(run_id)
-        if run is None or run.done:
-            self._advance(run, seq)
-            return None
-        try:
-            run.start()
-            bundle = next(run.bundles, None)
-            if bundle is None:
-                run.done = True
-                return None
-            return [entry.ref for entry in bundle.blocks]
-        except Exception:
-            if run.done:  # closed while this take waited: nobody reads its answer
-                return None
-            raise
-        finally:
-            self._advance(run, seq)
-
-    def _advance(self, run: Optional[_Run], seq: int) -> None:
-        with self._cond:
-            if run is not None and run.next_seq == seq:
-                run.next_seq += 1
-            self._cond.notify_all()
-
     def usage(self) -> Dict[str, int]:
         """Executions not yet closed and object references this actor holds (an abandoned
         iteration must leave neither behind), executions ever submitted, and whether this process
@@ -229,33 +147,6 @@ class Feeder:
         gc.collect()  # count what is still reachable, not cycles awaiting collection
         refs = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
         return {"runs": runs, "submitted": submitted, "refs": len(refs), "torch": int("torch" in sys.modules)}
-
-    def stats(self, run_id: str) -> str:
-        run = self._runs.get(run_id)
-        if run is not None and run.dataset is not None:
-            return run.dataset.stats()
-        return self._final_stats.get(run_id, "")
-
-    def close(self, run_id: str) -> None:
-        mark_closed(run_id)  # first: a task Ray starts from now on reads nothing (see mark_closed)
-        run = self._runs.get(run_id)
-        if run is not None:
-            run.close()
-            if run.dataset is not None:
-                try:  # kept for stats() before the run is forgotten
-                    self._final_stats[run_id] = run.dataset.stats()
-                except Exception:  # stats are a courtesy; a stopped execution may have none
-                    pass
-                while len(self._final_stats) > 64:
-                    self._final_stats.pop(next(iter(self._final_stats)))
-        with self._cond:
-            self._runs.pop(run_id, None)
-            self._closed.append(run_id)
-            self._cond.notify_all()
-        if run is not None:
-            # a stopped executor's objects form reference cycles that hold block refs (object-store
-            # memory) until Python's cyclic GC runs; free them now
-            gc.collect()
 
 
 _FEEDER: Dict[str, Any] = {}
