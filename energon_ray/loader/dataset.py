@@ -89,6 +89,9 @@ class EnergonDataset(Composition):
         #: a chained packed stream's packing hooks read Energon's indices (``StageConfig.pack_counts``);
         #: ``False`` for a restored state saved before, whose hooks read positions (``savable.adopt_pack_batching``)
         self.pack_hooks_counted = True
+        #: each segment of an unbatched generator ``encode_sample`` stream encodes on its own, its hooks
+        #: reading positions (a restored state saved before such streams were chained: ``savable.adopt_pack_batching``)
+        self.segment_unbatched = False
 
     def _check_hooks(self) -> None:
         te, spec = self.task_encoder, self.dataset.spec
@@ -171,6 +174,13 @@ class EnergonDataset(Composition):
         worker stream's batches run across its segments (``chained.chains_outputs``)."""
         if value != self.segment_batches:
             self.segment_batches = value
+            self._stages = None
+
+    def chain_unbatched(self, value: bool) -> None:
+        """``True``: an unbatched generator ``encode_sample``'s worker stream is chained (its hooks
+        count Energon's outputs given); ``False``: each segment encodes on its own (``segment_unbatched``)."""
+        if value == self.segment_unbatched:
+            self.segment_unbatched = not value
             self._stages = None
 
     def count_pack_hooks(self, value: bool) -> None:
@@ -277,6 +287,7 @@ class EnergonDataset(Composition):
             chained = chains_outputs(
                 self.task_encoder, self.options.batch_size, bool(packing), across,
                 chain_packs=not (self.segment_packs or self.segment_pack_batches), chain_batches=not self.segment_batches,
+                chain_unbatched=not self.segment_unbatched,
             )
             self._stages = StageConfig(
                 task_encoder=Shipped(self.task_encoder, "task encoder"),

@@ -49,19 +49,21 @@ def rebuild_chained_batch(
     counts: Optional[Tuple[int, int]] = None,
 ) -> Any:  # fmt: skip
     """A batch of a chained stream (a generator ``encode_sample``) made again from its outputs' keys
-    ``("Webdataset", index, leaf, worker, position, hook seed, sub, output index)``: each sample
+    ``("Webdataset", index, leaf, worker, position, hook seed, sub, output index)`` (unbatched: the
+    output itself, its key adding the outputs given before its sample): each sample
     re-read and encoded with the outputs its stream had before it, the named outputs batched
     (``counts``: the stream's batch counts before them, see ``split_counts``)."""
     from energon_ray.pipeline.build import rebuild_chained
 
-    if any(len(k) != 8 for k in keys):
+    fields = 9 if leaf.options.batch_size is None else 8  # unbatched: also the outputs given before the sample
+    if any(len(k) != fields for k in keys):
         raise StateError(
-            f"restore_sample: {leaf!r} has a generator encode_sample; its batches' keys name which output of a "
-            "sample each holds (8 fields), this one does not"
+            f"restore_sample: {leaf!r} has a generator encode_sample; its {'outputs' if fields == 9 else 'batches'}' keys "
+            f"name which output of a sample each holds ({fields} fields), this one does not"
         )
     spec = _reread_spec(leaf, source, worker, seed, list({k[4]: k for k in keys}.values()), index=-1)
     try:
-        outputs = [(int(k[4]), int(k[6]), int(k[7])) for k in keys]
+        outputs = [(int(k[4]), *(int(v) for v in k[6:])) for k in keys]
         made = rebuild_chained(spec, leaf.reader(), leaf.stage_config(), outputs, remote_args, counts)
     except Exception as exc:
         ours = unwrap_error(exc)

@@ -26,11 +26,12 @@ from energon_ray.pipeline.packing import PACK_MADE, PACKED
 def sample_keys(restore_key: Any) -> List[tuple]:
     """The samples' restore keys inside a batch's ``__restore_key__`` (nested tuples or lists)."""
     if isinstance(restore_key, (tuple, list)) and restore_key and restore_key[0] == "Webdataset":
-        if len(restore_key) not in (6, 7, 8):
+        if len(restore_key) not in (6, 7, 8, 9):
             raise StateError(
                 f"restore key {tuple(restore_key)!r} has no plan position (an Energon key, or one made by another "
                 "energon_ray version); energon_ray keys are ('Webdataset', index, dataset, worker, position, seed), "
-                "plus (sub, output index) for the outputs of a generator encode_sample, (sub) where its stream is not chained"
+                "plus (sub, output index) for the outputs of a generator encode_sample (unbatched: and the outputs given "
+                "before its sample), (sub) where its stream is not chained"
             )
         return [tuple(restore_key)]
     if not isinstance(restore_key, (tuple, list)):
@@ -115,7 +116,8 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
     leaf = leaves[source]
     if leaf.options.packing_buffer_size:
         raise StateError(f"restore key {restore_key!r} names samples, not packs, of {leaf!r}, which packs samples")
-    if leaf.stage_config().counts_outputs:
+    # (an unbatched output's key from before such streams were chained has 7 fields: made again as made)
+    if leaf.stage_config().counts_outputs and (leaf.options.batch_size is not None or any(len(k) == 9 for k in keys)):
         return remade(fns, rebuild_chained_batch(leaf, source, worker, seed, keys, remote_args, output, counts))
     return remade(fns, rebuild_batch(leaf, source, worker, seed, keys, remote_args, output, batch_index, counts))
 

@@ -157,6 +157,10 @@ class LoaderState:
     #: carried across its segments and recorded in ``QueueCheckpoint.chain``; ``False`` in states
     #: saved before, whose packing hooks read their first sample's position (restored so)
     pack_hooks_counted: bool = False
+    #: an unbatched generator ``encode_sample``'s worker streams are chained, their hooks reading
+    #: Energon's outputs given (``chained.chains_outputs``); ``False`` in states saved before, whose
+    #: segments encoded on their own, the hooks reading positions (restored so)
+    unbatched_chained: bool = False
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -214,6 +218,7 @@ class LoaderState:
             batches_chained=bool(data.get("batches_chained", False)),
             pool_batches_counted=bool(data.get("pool_batches_counted", False)),
             pack_hooks_counted=bool(data.get("pack_hooks_counted", False)),
+            unbatched_chained=bool(data.get("unbatched_chained", False)),
         )
 
     @classmethod

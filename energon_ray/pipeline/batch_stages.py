@@ -114,7 +114,7 @@ class BatchSamples:
             read_retries=data.read_retries,
             outputs_before=data.carry.outputs if self.config.chained and data.carry is not None else None,
             tail_from=data.carry_out.tail[0][0] if data.carry_out is not None and data.carry_out.tail else None,
-            counts=data.carry_out.counts if data.carry_out is not None else self._last_pack_counts(data),
+            counts=data.carry_out.counts if data.carry_out is not None else self._last_pack_counts(data) or data.counted,
             ending_items=ending if items else 0,
         )
         yield rows.REPORT, spec.worker, spec.index, len(items) + 1, report, None
@@ -128,6 +128,10 @@ class BatchSamples:
             if not data.spec.last:
                 counts = None if self._pack_counts is None else tuple(self._pack_counts)
                 data.carry_out = Carry(data.carry.outputs + encoded, list(self._open_buffer), counts=counts)
+            return items, leftovers, 0
+        if self.config.batch_size is None:  # unbatched: the outputs went out; the counts go on
+            if not data.spec.last:
+                data.carry_out = Carry(data.carry.outputs + encoded, [], counts=data.counted)
             return items, leftovers, 0
         if eager is None:
             raise RuntimeError(f"energon_ray: chained segment {data.spec.index} of worker {data.spec.worker} cannot batch as it encodes")

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 def chains_outputs(
     te: TaskEncoder, batch_size: Optional[int], packing: bool, across_sources: bool, chain_packs: bool = True,
-    chain_batches: bool = True,
+    chain_batches: bool = True, chain_unbatched: bool = True,
 ) -> bool:
     """Whether a dataset's segments must be chained.
 
@@ -58,9 +58,19 @@ def chains_outputs(
     With packing (``chain_packs``; not across datasets): always. Energon's packing buffers are
     consecutive runs of ``packing_buffer_size`` outputs of the worker stream, so where they start in
     a segment depends on every output before it (samples skipped before packing, a generator
-    ``encode_sample``): each segment gets the outputs of the buffer still open (``Carry.tail``)."""
+    ``encode_sample``): each segment gets the outputs of the buffer still open (``Carry.tail``).
+
+    Unbatched (``chain_unbatched``; off for states saved before, ``savable.adopt_pack_batching``): a
+    generator ``encode_sample``'s stream, as Energon's hooks read the worker's outputs given before
+    (``current_batch_index``) and ``postencode_sample`` the outputs made before
+    (``current_sample_index``): each segment counts on from the previous one's ``Carry.counts``."""
     if packing:
         return chain_packs and not across_sources
+    if batch_size is None:
+        return (
+            chain_unbatched and not across_sources and is_generator_encoder(te)
+            and not is_overridden(te, "batch_group_criterion")
+        )  # fmt: skip
     return (
         batch_size is not None
         and not across_sources
@@ -109,21 +119,25 @@ class Carry:
     tail: Optional[List[Tuple[int, int, Any]]] = None
     #: a ``restore_sample`` re-read of single samples: the stream's outputs before each position
     bases: Optional[Dict[int, int]] = None
+    #: ... of an unbatched stream: the outputs given before each position (``bases``: made before)
+    given_bases: Optional[Dict[int, int]] = None
     #: batches: ``(outputs of batch, batches given)`` of the worker stream before the next segment
     #: (``batch_counts.Made``); ``None``: one each per whole batch of outputs (a stream's start, or a
-    #: state saved before they were counted). Packs: ``(select_samples_to_pack calls,
+    #: state saved before they were counted). Unbatched: ``(outputs of encode_sample, outputs given)``
+    #: (``postencode_sample`` may drop some; ``None``: both ``outputs``). Packs: ``(select_samples_to_pack calls,
     #: postencode_sample calls, pack_selected_samples calls, packs given)`` (``packing.Packer``);
     #: ``None``: zeros at the stream's start, else the hooks read positions (a state saved before)
     counts: Optional[Tuple[int, ...]] = None
 
 
-def chain_restore_key(output: Any, key: Any, sub: int, index: int) -> None:
+def chain_restore_key(output: Any, key: Any, sub: int, index: int, given: Optional[int] = None) -> None:
     """A chained stream's output keeps its sample's restore key plus which output it is: ``sub``
     (of its sample) and ``index`` (in its worker stream), so ``restore_sample`` can rebuild its batch
-    (an output whose encoder set a key of its own keeps that)."""
+    (an output whose encoder set a key of its own keeps that); unbatched, also ``given``: the
+    stream's outputs given before the sample's first (``GivenCount``)."""
     if not isinstance(key, tuple) or len(key) != 6 or key[0] != "Webdataset" or restore_key_of(output) != key:
         return
-    set_restore_key(output, key + (sub, index))
+    set_restore_key(output, key + ((sub, index) if given is None else (sub, index, given)))
 
 
 def sub_restore_key(output: Any, key: Any, sub: int) -> None:
@@ -270,7 +284,7 @@ def replay_chain(
 
 
 def rebuild_chained_batch(
-    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], outputs: List[Tuple[int, int, int]],
+    data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]], outputs: List[Tuple[int, ...]],
     counts: Optional[Tuple[int, int]] = None,
 ) -> List[Any]:
     """A chained stream's batch made again (``restore_sample``): ``data`` holds its samples, read at
@@ -278,6 +292,8 @@ def rebuild_chained_batch(
     outputs, in order. Each sample is encoded with the outputs its stream had before it (so its
     hooks read the batch index they read then) and the batch hooks run with the batch's own index
     (and ``counts``, the stream's batch counts before the batch's group, counted on as then).
+    Unbatched: the one output ``(position, sub, index, outputs given before its sample)``, its
+    sample encoded (and post-encoded) with the counts it had, as a list of one.
 
     Raises:
         LookupError: an output is not made again (the data or the task encoder changed).
@@ -286,18 +302,22 @@ def rebuild_chained_batch(
     from energon_ray.pipeline.stages import EncodeSamples
 
     stage = EncodeSamples(config)
-    data.carry = Carry(0, None, bases={position: index - sub for position, sub, index in outputs})
+    bases = {int(out[0]): int(out[2]) - int(out[1]) for out in outputs}
+    given = {int(out[0]): int(out[3]) for out in outputs if len(out) > 3}
+    data.carry = Carry(0, None, bases=bases, given_bases=given or None)
     stage.encode(data)
     if data.fatal is not None:
         raise FatalSampleError(data.fatal[1])
     made = {(position, sub): item for position, sub, item in data.encoded}
-    missing = [(position, sub) for position, sub, _ in outputs if (position, sub) not in made]
+    missing = [(out[0], out[1]) for out in outputs if (out[0], out[1]) not in made]
     if missing:
         raise LookupError(f"outputs (position, sub) {missing} of worker stream {data.spec.worker} were not made again")
     cfg = stage.config
+    if cfg.batch_size is None:
+        return [made[(outputs[0][0], outputs[0][1])]]
     batcher = Batcher(cfg.task_encoder.get(), cfg.error_handler)
     with worker_slot(data.spec.worker, cfg.num_workers):
         return batcher(
-            [(position, sub, made[(position, sub)]) for position, sub, _ in outputs], data.spec.seed, cfg.batch_size,
+            [(position, sub, made[(position, sub)]) for position, sub, *_ in outputs], data.spec.seed, cfg.batch_size,
             batcher.new_runs(), outputs[0][2] // cfg.batch_size, None if counts is None else list(counts),
         )  # fmt: skip

@@ -76,6 +76,9 @@ class SegmentData:
     #: handed on (a ``chained.Carry``), and what this one hands the next
     carry: Any = None
     carry_out: Any = None
+    #: a chained unbatched stream: ``(outputs of encode_sample, outputs given)`` of the worker stream
+    #: after this segment (``Carry.counts``), as the encode stage counted them
+    counted: Optional[Tuple[int, int]] = None
 
 
 @dataclasses.dataclass

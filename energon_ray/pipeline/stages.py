@@ -193,10 +193,14 @@ class EncodeSamples:
         # batch size); else a sample's position stands for the outputs before it (so it does where
         # packs are chained, a batch holding packs, and where batches are chained only for skips)
         chain = data.carry if self.config.counts_outputs and not self.config.packing_buffer_size else None
-        produced = None if chain is None else [chain.outputs]
         before = self.config.index_offset(data.spec.worker)
+        # unbatched: the outputs made and given (after postencode_sample) are counted apart
+        given = GivenCount(chain, self.post, seed, before) if chain is not None and self.config.batch_size is None else None
+        produced = None if chain is None or given is not None else [chain.outputs]
 
         def batch_of(position: int) -> int:
+            if given is not None:
+                return given.given
             return (before + position) // per_batch if produced is None else produced[0] // per_batch
 
         def next_output(n: int) -> None:
@@ -206,7 +210,7 @@ class EncodeSamples:
         raws.reverse()
         while raws:  # pop as we go: a segment of videos never holds all raw and decoded data at once
             position, _, raw = raws.pop()
-            if chain is not None and chain.bases is not None:  # a restore_sample re-read
+            if produced is not None and chain.bases is not None:  # a restore_sample re-read
                 produced[0] = chain.bases[position]
             what = _what(raw)
             sources = raw.get("__sources__")
@@ -221,6 +225,14 @@ class EncodeSamples:
                     continue
             if not do_encode:
                 self._add(data, position, 0, sample, seed, before, per_batch)
+            elif given is not None:
+                given.sample(position, restore_key_of(sample))
+                with hook_call(seed, encode_kind, before + position, sample_index=before + position, batch_index=given.given):
+                    encode.call_many(
+                        runs["encode_sample"], sample, what, sources, before_each=given.before_each, at=position,
+                        after_each=given.after_each,
+                    )
+                data.encoded.extend((position, sub, item) for sub, item in given.take())
             else:
                 with hook_call(seed, encode_kind, before + position, sample_index=before + position, batch_index=batch_of(position)):
                     outputs = encode.call_many(
@@ -244,6 +256,8 @@ class EncodeSamples:
             del sample
             if sink is not None:
                 sink()
+        if given is not None:
+            data.counted = (given.made, given.given)
 
 
 class _Postencode:
@@ -268,18 +282,69 @@ class _Postencode:
         return cls(runner, run)
 
     def __call__(
-        self, sample: Any, seed: int, position: int, before: int, per_batch: int, counted: Optional[int] = None
+        self, sample: Any, seed: int, position: int, before: int, per_batch: int, counted: Optional[int] = None,
+        given: Optional[int] = None,
     ) -> Any:
         """The hook's sample for the output of the sample at stream ``position`` (``before``: the
         stream's samples in the datasets of a validation metadataset before this one), or
         ``HookRunner.FAILED``/``IGNORED``. Its ``current_sample_index`` (and a ``restore_seeds``
         hook's seed) is Energon's, the worker stream's outputs before it, where the stage counts
         them (``counted``); else the sample's position, which is that until a sample is skipped or
-        gives other than one output."""
+        gives other than one output. ``current_batch_index``: that over ``per_batch``, or ``given``
+        (an unbatched chained stream: the outputs given before, as Energon's)."""
         at = before + (position if counted is None else counted)
-        # (energon_ray's own seed stays the position's)
-        with hook_call(seed, self.kind, at if self.kind is None else before + position, sample_index=at, batch_index=at // per_batch):
+        batch_index = at // per_batch if given is None else before + given
+        # (energon_ray's own seed stays the position's; the RNG of a generator encode_sample that
+        # runs this between its outputs is kept for it)
+        with hook_call(seed, self.kind, at if self.kind is None else before + position, sample_index=at, batch_index=batch_index,
+                       restore_rng=given is not None):  # fmt: skip
             return self.runner.call(self.run, sample, _what(sample), at=position)
+
+
+class GivenCount:
+    """An unbatched chained stream's counts as Energon's hooks read them: ``made``, the worker
+    stream's outputs of ``encode_sample`` so far (``postencode_sample``'s ``current_sample_index``),
+    and ``given``, those ``postencode_sample`` kept (handed out: ``current_batch_index`` in every
+    sample hook, one more between a generator's outputs). Each output is post-encoded as it is made,
+    before the generator resumes, as Energon's lazy maps do. Counted on from ``carry``
+    (``Carry.counts``; a ``restore_sample`` re-read: ``Carry.bases``/``given_bases`` per position)."""
+
+    def __init__(self, carry: Any, post: Optional[_Postencode], seed: int, before: int):
+        self.carry, self.post, self.seed, self.before = carry, post, seed, before
+        self.given = int(carry.outputs)
+        self.made = self.given if carry.counts is None else int(carry.counts[0])
+        self._at: Tuple[int, Any, int] = (0, None, 0)  # the sample's position, restore key, outputs given before it
+        self._kept: List[Tuple[int, Any]] = []
+        self._sub = 0
+
+    def sample(self, position: int, key: Any) -> None:
+        """A sample's outputs are about to be made."""
+        carry = self.carry
+        if carry.bases is not None:  # a restore_sample re-read
+            self.made = carry.bases[position]
+            self.given = (carry.given_bases or carry.bases)[position]
+        self._at, self._kept, self._sub = (position, key, self.given), [], 0
+
+    def before_each(self, n: int) -> None:
+        set_batch_index(self.before + self.given)
+
+    def after_each(self, item: Any) -> None:
+        """An output as it is made: keyed (``chain_restore_key``), post-encoded, counted."""
+        position, key, first = self._at
+        sub, self._sub = self._sub, self._sub + 1
+        chain_restore_key(item, key, sub, self.made, first)
+        if self.post is not None:
+            item = self.post(item, self.seed, position, self.before, 1, self.made, self.given)
+        self.made += 1
+        if item is HookRunner.FAILED or item is HookRunner.IGNORED:
+            return
+        self.given += 1
+        self._kept.append((sub, item))
+
+    def take(self) -> List[Tuple[int, Any]]:
+        """The sample's outputs kept, ``(sub, output)``."""
+        kept, self._kept = self._kept, []
+        return kept
 
 
 def output_table(out: List[Tuple[int, int, int, int, Any, Optional[List[int]]]], source: int) -> pa.Table:

@@ -83,7 +83,10 @@ def test_which_streams_chain_and_which_count_outputs():
     assert chains_outputs(Varying(), 3, False, False, chain_batches=False)
     assert chains_outputs(SeededBatch(), 3, False, False, chain_batches=False)
     assert not chains_outputs(Plain(), 3, False, True)  # across datasets: the trainer's pool batches
-    assert not chains_outputs(Varying(), None, False, False)  # no batching: nothing to chain
+    # unbatched: a generator's stream (its hooks count the outputs given), unless a state saved before says not
+    assert chains_outputs(Varying(), None, False, False) and not chains_outputs(Plain(), None, False, False)
+    assert not chains_outputs(Varying(), None, False, False, chain_unbatched=False)
+    assert not chains_outputs(Varying(), None, False, True)  # across datasets: not chained
     assert chains_outputs(Varying(), 3, True, False)
 
     class Postencoded(Plain):  # postencode_sample runs on each output as it is encoded: chained as the rest

@@ -144,6 +144,8 @@ def _train(path, feature: str, num_workers: int, batch_size: int = 3, repeat: bo
 def build(roots, composition: str, feature: str, num_workers: int):
     if composition == "single":
         return _train(roots["a"], feature, num_workers)
+    if composition == "unbatched":  # its samples handed out one by one (a generator's stream chained)
+        return _train(roots["a"], feature, num_workers, None)
     if composition == "endless":  # across epochs
         return _train(roots["b"], feature, num_workers, repeat=True)
     if composition == "val":  # a validation metadataset: its datasets concatenated per worker stream
@@ -212,6 +214,7 @@ CASES = [
     _case(composition, feature, workers)
     for composition, feature, workers in [
         ("endless", "skip", 1), ("endless", "packing", 3), ("val", "plain", 1), ("val", "generator", 3), ("val", "packing", 1),
+        ("unbatched", "generator", 3), ("unbatched", "generator", 1),
         ("val-unbatched", "packing", 3), ("meta-unbatched", "packing", 3), ("meta-unbatched", "packing", 1),
     ]
 ]

@@ -280,3 +280,100 @@ def test_postencode_sample_after_a_generator_encode_sample_counts_outputs_like_e
     for batch in ours:
         assert view(loader.restore_sample(batch["__restore_key__"])) == view(batch)
     loader.close()
+
+
+def _unbatched_generator_encoder(lib):
+    """A generator ``encode_sample`` (samples skipped, 0-2 outputs) and a ``postencode_sample``
+    that drops two outputs, both ``@stateless(restore_seeds=True)``, each recording its indices and a
+    random draw."""
+
+    class Encoder(_skipping_generator(lib)):
+        @lib.stateless(restore_seeds=True)
+        def encode_sample(self, sample):
+            for out in super().encode_sample(sample):
+                seen = [self.current_batch_index, self.current_sample_index, random.randint(0, 10**6)]
+                yield {**out, "encode": seen, "__restore_key__": sample.__restore_key__}
+
+        @lib.stateless(restore_seeds=True)
+        def postencode_sample(self, sample):
+            if sample["key"] in ("000002a", "000020a"):  # the sample's next output reads the same batch index
+                raise lib.SkipSample()
+            return {**sample, "post": [self.current_batch_index, self.current_sample_index, random.randint(0, 10**6)]}
+
+    return Encoder()
+
+
+def _unbatched_generator_dataset(lib, path, workers, **kwargs):
+    wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    te = _unbatched_generator_encoder(lib)
+    return lib.get_val_dataset(str(path), split_part="train", batch_size=None, task_encoder=te, worker_config=wc, **kwargs)
+
+
+def _output_view(sample) -> list:
+    return [sample["key"], sample["encode"], sample["post"]]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_unbatched_generator_encode_sample_counts_outputs_given_like_energon(path, workers):
+    """Unbatched (``batch_size=None``), a generator ``encode_sample`` (0-2 outputs, some samples
+    skipped) and a ``postencode_sample`` dropping two outputs, both ``restore_seeds``, segments of 3
+    samples: inside ``encode_sample`` ``current_batch_index`` is the worker stream's outputs given
+    before (one more between the generator's outputs), in ``postencode_sample``
+    ``current_sample_index`` the outputs made before and ``current_batch_index`` those given, and
+    both hooks draw Energon's numbers (ours read the sample's position); restore_sample makes each
+    output again as it was."""
+    import megatron.energon as me
+
+    loader = er.get_savable_loader(_unbatched_generator_dataset(er, path, workers, samples_per_segment=3))
+    ours = [dict(s) for s in loader]
+    theirs = [dict(s) for s in me.get_loader(_unbatched_generator_dataset(me, path, workers))]
+    assert [_output_view(s) for s in ours] == [_output_view(s) for s in theirs]
+    assert len(ours) == 19 and sorted(s["post"][0] for s in ours) == list(range(19))  # each given its own index
+    assert sorted(s["post"][1] for s in ours) != sorted(s["post"][0] for s in ours)  # made, not given
+    for sample in ours:
+        again = loader.restore_sample(sample["__restore_key__"])
+        assert _output_view(again) == _output_view(sample)
+        assert tuple(again["__restore_key__"]) == tuple(sample["__restore_key__"])
+    loader.close()
+
+
+def test_unbatched_generator_counts_run_on_after_a_restore_and_older_states_and_keys_restore(path):
+    """The counts above run on in a restored loader (each worker stream's checkpoint records them)
+    as in the loader saved; a state saved before such streams were chained (``unbatched_chained``
+    False, no ``chain``) restores the same outputs with the hooks reading positions, as it was made,
+    and so does an output's key without the counts (7 fields, saved before)."""
+    import dataclasses
+
+    def loader():
+        return er.get_savable_loader(_unbatched_generator_dataset(er, path, 2, samples_per_segment=3))
+
+    full = [_output_view(s) for s in loader()]
+    for cut in (4, 11):
+        first = loader()
+        it = iter(first)
+        head = [_output_view(next(it)) for _ in range(cut)]
+        state = first.save_state_rank()
+        first.close()
+        assert state.unbatched_chained and any(len(s.checkpoint.chain or ()) == 5 for s in state.streams[0])
+        restored = loader()
+        restored.restore_state_rank(json.loads(state.to_json()))
+        assert head + [_output_view(s) for s in restored] == full
+        restored.close()
+        old = dataclasses.replace(state, unbatched_chained=False, streams=[[
+            dataclasses.replace(s, checkpoint=dataclasses.replace(s.checkpoint, chain=None))
+            for s in workers] for workers in state.streams])  # fmt: skip
+        again = loader()
+        again.restore_state_rank(old)
+        rest = [dict(s) for s in again]
+        assert [v[0] for v in head] + [s["key"] for s in rest] == [v[0] for v in full]
+        assert all(s["encode"][0] == s["__restore_key__"][4] * 2 + s["__restore_key__"][3] for s in rest)  # positions
+        assert not again.save_state_rank().unbatched_chained
+        again.close()
+    keeper = loader()
+    samples = [dict(s) for s in keeper]
+    for sample in (samples[3], samples[-1]):
+        key = tuple(sample["__restore_key__"])
+        assert len(key) == 9
+        made = keeper.restore_sample(key[:7])
+        assert made["key"] == sample["key"] and made["encode"][0] == key[4] * 2 + key[3]
+    keeper.close()

@@ -32,6 +32,7 @@ class FakeLeaf:
         self.segment_pack_batches = False
         self.segment_packs = False
         self.segment_batches = False
+        self.segment_unbatched = False
         self.pool_batches_counted = True
         self.pack_hooks_counted = True
         self.task_encoder = er.DefaultTaskEncoder()
