@@ -234,7 +234,7 @@ def lint(dataset: LocalDataset, decoder: SampleDecoder, limit: Optional[int], jo
 @click.option("--split-part", "--split-parts", "split_parts", default=ALL_PARTS, show_default=True,
               callback=split_parts_option,
               help="Split parts to check (train, val, test, …; a comma list, as Energon's --split-parts), or all "
-              "of them; ignored for .jsonl. A part with no shards is skipped (an error if none has any).")  # fmt: skip
+              "of them; ignored for .jsonl. A part with no shards is skipped (all: an error if none has any).")  # fmt: skip
 @config_file_options
 @click.option("--limit", type=click.IntRange(min=1), help="Check only the first N samples.")
 @click.option("-j", "--jobs", "--parallel", type=click.IntRange(min=0), default=1, show_default=True,

@@ -19,7 +19,7 @@ import click
 from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import DatasetConfigError, SampleException, UntrustedCodeError
 from energon_ray.format.dataset import PreparedDataset, ShardInfo
-from energon_ray.format.dataset_yaml import DatasetSpec
+from energon_ray.format.dataset_yaml import DatasetSpec, read_dataset_spec, warn_legacy_class, warn_unknown_keys
 from energon_ray.format.info import read_info
 from energon_ray.format.split import read_split_file
 from energon_ray.format.tar_index import read_tar_index
@@ -138,13 +138,15 @@ def open_local(
 ) -> LocalDataset:  # fmt: skip
     """Open split parts (a name, names, or ``all``: every part; each shard once) of a prepared folder
     or a ``.jsonl`` file. A named part that lists no shards is left out and named in ``empty_parts``
-    (Energon's ``lint``/``preview`` skip it too); ``split_config``/``dataset_config``: other files in
+    (Energon's ``lint``/``preview`` skip it too; when every named part is, no shard is read, but
+    ``dataset.yaml`` is still checked); ``split_config``/``dataset_config``: other files in
     ``.nv-meta`` (or a path), as Energon's ``--split-config``/``--dataset-config``.
 
     Indices are not checked here (``lint`` reports them shard by shard; ``preview`` checks the shards it reads).
 
     Raises:
-        DatasetConfigError: missing or bad ``.nv-meta`` files, an unknown split part, no part with shards.
+        DatasetConfigError: missing or bad ``.nv-meta`` files, an unknown split part, ``all`` where no
+            part has shards.
         UntrustedCodeError: ``dataset.yaml`` names code and ``trusted`` is False.
     """
     path = Path(path)
@@ -160,9 +162,15 @@ def open_local(
                                      dataset_config=dataset_config)
                 for part in names
             ]  # fmt: skip
-        if not opened:
-            which = "any split part" if parts == (ALL_PARTS,) else "split part " + ", ".join(map(repr, parts))
-            raise DatasetConfigError(f"{path}: {split_config} lists no shards in {which}")
+        if not opened and not empty:  # `all` of a split file without shards: the dataset has no sample
+            raise DatasetConfigError(f"{path}: {split_config} lists no shards in any split part")
+        if not opened:  # only named parts without shards: nothing to read, as Energon's (exit 0), but
+            # dataset.yaml is still read and checked, as Energon's reads it before it finds the part empty
+            spec = read_dataset_spec(path, dataset_config, trusted)
+            warn_unknown_keys(spec)
+            warn_legacy_class(spec)
+            return LocalDataset(root=str(path), split_part=",".join(parts), spec=spec, format="tar", shards=(),
+                                empty_parts=tuple(empty))  # fmt: skip
         shards: Dict[str, LocalShard] = {}
         for dataset in opened:
             starts = dataset.shard_starts

@@ -333,10 +333,32 @@ def test_lint_takes_energons_split_parts_list_and_parallel_and_skips_an_empty_pa
     assert (res.exit_code, res.stdout) == (0, "6 samples checked, 0 bad\n")
 
 
-def test_lint_split_parts_naming_no_shards_or_badly_listed_are_errors(tmp_path):
+def test_lint_and_preview_of_parts_without_shards_skip_them_and_exit_0_as_energons(tmp_path):
     root = three_part_dataset(tmp_path / "ds")
     res = run_cli("lint", root, "--split-parts", "test")
-    assert (res.exit_code, res.output) == (1, f"Error: {root}: split.yaml lists no shards in split part 'test'\n")
+    assert (res.exit_code, res.output) == (0, "Skipping empty split part test\n0 samples checked, 0 bad\n")
+    res = run_cli("preview", root, "--split-parts", "test,test")
+    assert (res.exit_code, res.output) == (0, "Skipping empty split part test\n")
+
+
+def test_lint_of_empty_parts_still_checks_dataset_yaml(tmp_path):
+    root = three_part_dataset(tmp_path / "ds")
+    (root / ".nv-meta" / "dataset.yaml").write_text("sample_type:\n  __module__: nowhere.samples\n  __class__: Thing\n")
+    res = run_cli("lint", root, "--split-parts", "test")
+    assert res.exit_code == 1 and res.output.startswith(
+        f"Error: {root / '.nv-meta' / 'dataset.yaml'}: refusing to run code the dataset brings"
+    )
+
+
+def test_lint_of_all_parts_of_a_split_file_without_shards_is_an_error(tmp_path):
+    root = three_part_dataset(tmp_path / "ds")
+    (root / ".nv-meta" / "split.yaml").write_text("split_parts:\n  train: []\n  val: []\nexclude: []\n")
+    res = run_cli("lint", root)
+    assert (res.exit_code, res.output) == (1, f"Error: {root}: split.yaml lists no shards in any split part\n")
+
+
+def test_split_parts_badly_listed_are_usage_errors(tmp_path):
+    root = three_part_dataset(tmp_path / "ds")
     res = run_cli("lint", root, "--split-parts", "train,,val")
     assert res.exit_code == 2 and res.output.endswith(
         "Invalid value for '--split-part' / '--split-parts': expected split part names separated by commas, "
