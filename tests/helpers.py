@@ -12,6 +12,10 @@ from energon_ray.synthetic import captioning_samples, text_samples, write_shards
 
 Samples = List[Tuple[str, Dict[str, bytes]]]
 
+#: ``--num-workers 1`` of ``energon-ray prepare``/``prepare-media``, for tests not about workers: the
+#: default starts a pool (one process per CPU), which costs more than indexing a tiny fixture.
+ONE_PROCESS = ("--num-workers", "1")
+
 
 def prepared(
     root: Path,

@@ -23,6 +23,7 @@ from energon_ray.format.prepare import (
     prepare_dataset,
     write_dataset_config,
 )
+from energon_ray.format.pool import default_workers
 from energon_ray.format.split import check_ratio
 from energon_ray.samples import SAMPLE_TYPES
 from energon_ray.storage import as_path, is_remote, local_of
@@ -239,6 +240,9 @@ def _check_combinations(
         raise click.UsageError(problem)
 
 
+#: How ``--help`` shows the ``--num-workers`` default (:func:`default_workers`).
+WORKERS_SHOWN = "one per CPU, at most 16"
+
 #: The options that apply to a .jsonl file, which prepare only indexes.
 _JSONL_OPTIONS = ("path", "progress", "non_interactive", "force_overwrite")
 
@@ -307,7 +311,7 @@ def _refuse_fix_duplicates(ctx: click.Context, param: click.Parameter, value: bo
 @click.option("--non-interactive", is_flag=True, help="Never prompt; missing required options are errors.")
 @click.option("--force-overwrite", is_flag=True, help="Re-prepare a dataset that already has .nv-meta.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-@click.option("--num-workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--num-workers", type=click.IntRange(min=1), default=default_workers, show_default=WORKERS_SHOWN,
               help="Processes indexing shards (and reading their media metadata) in parallel.")  # fmt: skip
 @click.option("--media-metadata-by-glob", help="Store media metadata of entries matching glob patterns "
               "such as '*.jpg' (comma-separated).")  # fmt: skip

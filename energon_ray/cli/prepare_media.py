@@ -8,15 +8,16 @@ from typing import List, Optional
 
 import click
 
-from energon_ray.cli.prepare import DatasetLocation, user_errors
+from energon_ray.cli.prepare import WORKERS_SHOWN, DatasetLocation, user_errors
 from energon_ray.format.media_index import MediaFilter, write_folder_media_metadata, write_media_metadata
+from energon_ray.format.pool import default_workers
 from energon_ray.format.prepare import already_prepared, unreadable_media
 
 
 @click.command(name="prepare-media")
 @click.argument("path", type=DatasetLocation(file_okay=False))
 @click.option("--progress/--no-progress", default=True, show_default=True)
-@click.option("--num-workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--num-workers", type=click.IntRange(min=1), default=default_workers, show_default=WORKERS_SHOWN,
               help="Processes reading shards (or files) in parallel; the same table is written.")
 @click.option("--media-metadata-by-glob", help="Entries matching glob patterns such as '*.jpg' (comma-separated).")
 @click.option("--media-metadata-by-header", is_flag=True, help="Entries whose file header is media.")

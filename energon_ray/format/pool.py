@@ -31,3 +31,17 @@ def process_pool(max_workers: int, initializer: Optional[Callable[..., Any]] = N
     if threads_running() > 1 and multiprocessing.get_start_method() == "fork":
         context = multiprocessing.get_context("forkserver")
     return concurrent.futures.ProcessPoolExecutor(max_workers=max_workers, mp_context=context, initializer=initializer, initargs=initargs)
+
+
+#: Most processes the commands start by default (as Energon's ``--num-workers`` default).
+MAX_DEFAULT_WORKERS = 16
+
+
+def default_workers() -> int:
+    """``min(16, CPUs this process may run on)``: the ``--num-workers`` default of ``prepare`` and
+    ``prepare-media`` (Energon's is 16 on any machine; a small box is not oversubscribed)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))  # a container's or taskset's CPUs, not the host's
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_WORKERS, cpus))

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from energon_ray.cli.main import main as cli
 from energon_ray.synthetic import write_captioning_dataset
+from tests.helpers import ONE_PROCESS
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELD_MAP = json.dumps({"image": "jpg", "caption": "txt"})
@@ -60,7 +61,7 @@ def _assert_same_files(a: Path, b: Path, expected) -> None:
 def test_job_writes_the_clis_nv_meta_and_tar_idx_byte_for_byte(tmp_path, job_main, capsys, args, meta, indexed):
     """CLI and job give identical .info.json, split.yaml, index.sqlite, dataset config and .tar.idx files."""
     cli_root, job_root = _twins(tmp_path)
-    res = CliRunner().invoke(cli, ["prepare", str(cli_root), "--non-interactive", "--no-progress", *args])
+    res = CliRunner().invoke(cli, ["prepare", str(cli_root), "--non-interactive", "--no-progress", *ONE_PROCESS, *args])
     assert res.exit_code == 0, res.output
     capsys.readouterr()
     assert job_main([str(job_root), *args]) == 0
@@ -74,7 +75,7 @@ def test_job_tar_index_only_rebuilds_a_missing_index_like_the_cli(tmp_path, job_
     """--tar-index-only through Ray tasks rewrites the lost .tar.idx and index.sqlite identically."""
     cli_root, job_root = _twins(tmp_path)
     args = ["--split-ratio", "4,1,1", "--sample-type", "CaptioningSample", "--field-map", FIELD_MAP]
-    assert CliRunner().invoke(cli, ["prepare", str(cli_root), "--non-interactive", "--no-progress", *args]).exit_code == 0
+    assert CliRunner().invoke(cli, ["prepare", str(cli_root), "--non-interactive", "--no-progress", *ONE_PROCESS, *args]).exit_code == 0
     assert job_main([str(job_root), "--no-progress", *args]) == 0
     (job_root / "shards/shard_0002.tar.idx").unlink()
     assert job_main([str(job_root), "--no-progress", "--tar-index-only"]) == 0
@@ -88,7 +89,7 @@ def test_a_relative_path_is_indexed_from_the_callers_directory(tmp_path, job_mai
     FileNotFoundError), and the files are the CLI's."""
     cli_root, _ = _twins(tmp_path)
     args = ["--split-ratio", "4,1,1", "--sample-type", "CaptioningSample", "--field-map", FIELD_MAP]
-    assert CliRunner().invoke(cli, ["prepare", str(cli_root), "--non-interactive", "--no-progress", *args]).exit_code == 0
+    assert CliRunner().invoke(cli, ["prepare", str(cli_root), "--non-interactive", "--no-progress", *ONE_PROCESS, *args]).exit_code == 0
     monkeypatch.chdir(tmp_path)
     assert job_main(["job", "--no-progress", *args]) == 0
     names = [".info.json", "index.sqlite", "index.uuid", "split.yaml", "dataset.yaml"]

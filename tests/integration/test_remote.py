@@ -144,7 +144,7 @@ def test_prepare_and_info_on_a_bucket_match_local_files(store, tmp_path):
     url = server.upload(tmp_path / "raw", BUCKET, "raw")
     args = ["--non-interactive", "--split-ratio", "8,1,1", "--sample-type", "CaptioningSample",
             "--field-map", '{"image": "jpg", "caption": "txt"}', "--no-progress"]  # fmt: skip
-    result = CliRunner().invoke(cli, ["prepare", url, *args, "--tmp-path", str(tmp_path / "scratch")])
+    result = CliRunner().invoke(cli, ["prepare", url, *args, "--num-workers", "1", "--tmp-path", str(tmp_path / "scratch")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "scratch").is_dir() and not list((tmp_path / "scratch").iterdir())  # built there, then removed
     prepare_dataset(tmp_path / "raw", progress=False, **PREPARE)

@@ -39,6 +39,7 @@ from energon_ray.media import (
     serialize_media_metadata,
 )
 from energon_ray.synthetic_media import encode_video, encode_wav, tone, video_frames
+from tests.helpers import ONE_PROCESS
 
 IMAGE = ImageMetadata(width=4, height=3, format="PNG", mode="RGB")
 AV = AVMetadata(video_duration=0.3, video_num_frames=3, video_fps=10.0, video_width=16, video_height=16)
@@ -286,7 +287,7 @@ def test_folder_media_metadata_matches_energons_prepare_media(tmp_path, members)
     from energon_ray.cache.stores import SystemFileStore
 
     ours, theirs = _folder(tmp_path / "ours", members), _folder(tmp_path / "theirs", members)
-    result = CliRunner().invoke(main, ["prepare-media", str(ours), "--media-metadata-by-extension", "--no-progress"])
+    result = CliRunner().invoke(main, ["prepare-media", str(ours), *ONE_PROCESS, "--media-metadata-by-extension", "--no-progress"])
     assert result.exit_code == 0 and "Stored media metadata of 4 files; 1 unreadable, left out." in result.output, result.output
     prepare_filesystem_dataset(EPath(theirs), MediaFilterConfig.parse(None, False, True), progress=False, workers=1)
     expected = {f"sub/{k}": v for k, v in EXPECTED.items()}
@@ -304,7 +305,7 @@ def test_prepare_media_adds_the_table_to_a_prepared_dataset(tmp_path, members):
     """`energon-ray prepare-media` on a dataset prepared without media metadata adds it; samples tables stay."""
     root = _write(tmp_path / "ds", members)
     prepare_dataset(root, split_ratio=[1, 0, 0], progress=False)
-    result = CliRunner().invoke(main, ["prepare-media", str(root), "--media-metadata-by-header", "--no-progress"])
+    result = CliRunner().invoke(main, ["prepare-media", str(root), *ONE_PROCESS, "--media-metadata-by-header", "--no-progress"])
     assert result.exit_code == 0, result.output
     _assert_table(_table(root), BY_HEADER)
     assert DatasetFileStore(root)["s0.txt"][0] == b"hello"
@@ -322,7 +323,7 @@ def test_unreadable_media_are_left_out_counted_and_named(tmp_path, members):
         + next(w for w in result.warnings if "media" in w).split("UnidentifiedImageError: ", 1)[1]
     ]
     for path in (root, _folder(tmp_path / "fs", members)):
-        res = CliRunner().invoke(main, ["prepare-media", str(path), "--media-metadata-by-extension", "--no-progress"])
+        res = CliRunner().invoke(main, ["prepare-media", str(path), *ONE_PROCESS, "--media-metadata-by-extension", "--no-progress"])
         assert res.exit_code == 0, res.output
         assert "Warning: 1 media file(s) could not be read and have no metadata row, e.g. " in res.output
         assert ("data.tar: s3.png: " if path == root else "sub/s3.png: ") in res.output
@@ -337,7 +338,7 @@ def test_aux_folder_with_only_media_metadata_is_a_plain_folder(tmp_path, members
     from energon_ray.cache.stores import SystemFileStore
 
     folder = _folder(tmp_path / "fs", members)
-    assert CliRunner().invoke(main, ["prepare-media", str(folder), "--media-metadata-by-extension"]).exit_code == 0
+    assert CliRunner().invoke(main, ["prepare-media", str(folder), *ONE_PROCESS, "--media-metadata-by-extension"]).exit_code == 0
     store = aux_stores({"media": folder}, "test", filesystem=("media",))["media"]
     assert isinstance(store, SystemFileStore) and store.get_media_metadata("sub/s0.png") == IMAGE
     with pytest.raises(DatasetConfigError, match=rf"^test: aux.media: {re.escape(str(folder))} is a folder but no prepared dataset"):

@@ -28,6 +28,7 @@ from energon_ray.format.split import collapse_names, split_by_ratio
 from energon_ray.format.tar_index import read_tar_index
 from energon_ray.format.tar_reader import ShardReader, parse_sample
 from energon_ray.synthetic import add_member, captioning_samples, write_shards
+from tests.helpers import ONE_PROCESS
 
 FIELD_MAP = {"image": "jpg", "caption": "txt"}
 CAPTIONING = dict(sample_type="CaptioningSample", field_map=FIELD_MAP, progress=False)
@@ -142,7 +143,7 @@ def test_ratio_split_assigns_every_shard_even_when_the_float_sum_ends_below_one(
 
 def test_cli_split_parts_are_repeatable_and_accumulate_per_name(tmp_path):
     make_dataset(tmp_path, num=6, per_shard=2)
-    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", "--split-parts", "train:shards/shard_0000",
+    res = run_cli("prepare", tmp_path, *ONE_PROCESS, "--non-interactive", "--no-progress", "--split-parts", "train:shards/shard_0000",
                   "--split-parts", "train:shards/shard_0002", "--split-parts", "test:shards/shard_0001")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert meta(tmp_path, "split.yaml")["split_parts"] == {
@@ -152,7 +153,7 @@ def test_cli_split_parts_are_repeatable_and_accumulate_per_name(tmp_path):
 def test_a_shard_in_two_split_parts_is_kept_as_in_energon_with_a_warning_naming_it_and_the_parts(tmp_path):
     """Overlapping --split-parts put shard_0002 in train and val without a word."""
     make_dataset(tmp_path)
-    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress",
+    res = run_cli("prepare", tmp_path, *ONE_PROCESS, "--non-interactive", "--no-progress",
                   "--split-parts", "train:.*", "--split-parts", "val:.*0002")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "Warning: 1 shard(s) are in more than one split part, e.g. shards/shard_0002.tar in 'train' and 'val'\n" in res.output
@@ -200,7 +201,7 @@ def test_key_split_into_two_runs_of_one_shard_is_an_error(tmp_path):
 def test_rerun_without_force_fails_with_exit_code_1_naming_nv_meta(tmp_path):
     make_dataset(tmp_path)
     prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
-    res = run_cli("prepare", tmp_path, "--non-interactive", "--split-ratio", "8,1,1")
+    res = run_cli("prepare", tmp_path, *ONE_PROCESS, "--non-interactive", "--split-ratio", "8,1,1")
     assert res.exit_code == 1
     assert ".nv-meta/.info.json" in res.output and "--force-overwrite" in res.output
     with pytest.raises(DatasetConfigError, match="already prepared"):
@@ -211,7 +212,7 @@ def test_force_overwrite_rewrites_splits_and_regenerates_the_uuid(tmp_path):
     make_dataset(tmp_path)
     prepare_dataset(tmp_path, split_ratio=[8, 1, 1], **CAPTIONING)
     old_uuid = (tmp_path / ".nv-meta/index.uuid").read_text()
-    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", "--force-overwrite", "--split-ratio",
+    res = run_cli("prepare", tmp_path, *ONE_PROCESS, "--non-interactive", "--no-progress", "--force-overwrite", "--split-ratio",
                   "1,1,1", "--sample-type", "CaptioningSample", "--field-map", json.dumps(FIELD_MAP))  # fmt: skip
     assert res.exit_code == 0, res.output
     assert meta(tmp_path, "split.yaml")["split_parts"]["val"] == ["shards/shard_0001.tar"]
@@ -322,7 +323,7 @@ def test_two_tars_joined_with_cat_are_refused_instead_of_indexing_only_the_first
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards/joined.tar").write_bytes(first.read_bytes() + second.read_bytes())
     shutil.rmtree(tmp_path / "parts")
-    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", "--split-ratio", "1,0,0")
+    res = run_cli("prepare", tmp_path, *ONE_PROCESS, "--non-interactive", "--no-progress", "--split-ratio", "1,0,0")
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     assert res.output == (
         f"Error: {tmp_path / 'shards/joined.tar'}: data at byte {size} follows the tar's end-of-archive marker "
@@ -351,7 +352,7 @@ def test_hidden_files_and_folders_are_not_shards_and_order_follows_path_componen
 
 def test_non_interactive_without_sample_type_writes_no_dataset_yaml(tmp_path):
     make_dataset(tmp_path)
-    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", "--split-ratio", "8,1,1")
+    res = run_cli("prepare", tmp_path, *ONE_PROCESS, "--non-interactive", "--no-progress", "--split-ratio", "8,1,1")
     assert res.exit_code == 0 and "No dataset.yaml written" in res.output
     assert not (tmp_path / ".nv-meta/dataset.yaml").exists()
     assert (tmp_path / ".nv-meta/split.yaml").exists()
@@ -376,13 +377,13 @@ def test_interactive_cli_prompts_for_ratio_sample_type_and_field_map(tmp_path):
     make_dataset(tmp_path)
     # a ratio of two numbers, then one of no weight, are asked again (the first ended the command)
     answers = "\n".join(["8,1", "0,0,0", "8,1,1", "y", "CaptioningSample", "y", "png", "jpg", "txt"]) + "\n"
-    res = run_cli("prepare", tmp_path, "--no-progress", input=answers)
+    res = run_cli("prepare", tmp_path, *ONE_PROCESS, "--no-progress", input=answers)
     assert res.exit_code == 0, res.output
     assert "Error: split_ratio must have 3 entries (train, val, test), got [8.0, 1.0]" in res.output
     assert "Error: split_ratio entries must be >= 0 with a positive sum, got [0.0, 0.0, 0.0]" in res.output
     assert "No such part" in res.output
     assert meta(tmp_path, "dataset.yaml")["field_map"] == FIELD_MAP
-    res = run_cli("prepare", tmp_path, "--no-progress", input="n\n")
+    res = run_cli("prepare", tmp_path, *ONE_PROCESS, "--no-progress", input="n\n")
     assert res.exit_code == 0 and "Nothing changed" in res.output
 
 
@@ -392,7 +393,7 @@ def test_tar_index_only_rebuilds_missing_indexes_identically(tmp_path):
     idx = tmp_path / "shards/shard_0001.tar.idx"
     before = idx.read_bytes()
     idx.unlink()
-    res = run_cli("prepare", tmp_path, "--tar-index-only", "--no-progress")
+    res = run_cli("prepare", tmp_path, *ONE_PROCESS, "--tar-index-only", "--no-progress")
     assert res.exit_code == 0, res.output
     assert idx.read_bytes() == before
 
@@ -420,6 +421,17 @@ def test_parallel_indexing_writes_the_same_files(tmp_path):
     rows = [sqlite3.connect(tmp_path / n / ".nv-meta/index.sqlite").execute("SELECT * FROM samples").fetchall()
             for n in ("one", "two")]  # fmt: skip
     assert rows[0] == rows[1]
+
+
+
+@pytest.mark.parametrize("command", ["prepare", "prepare-media"])
+def test_num_workers_defaults_to_one_process_per_cpu_at_most_16(tmp_path, command):
+    """As Energon's default of 16, without oversubscribing a small machine: one per CPU this process may
+    use (its affinity, a container's share), at most 16; --help says so."""
+    cpus = len(os.sched_getaffinity(0))
+    ctx = main.commands[command].make_context(command, [str(tmp_path)])
+    assert ctx.params["num_workers"] == min(16, cpus) >= 1
+    assert "[default: (one per CPU, at most 16); x>=1]" in " ".join(run_cli(command, "--help").output.split())
 
 
 #: held by a thread of the test process while a pool starts (see below)
@@ -484,7 +496,7 @@ def test_shard_names_with_braces_or_backslashes_are_escaped_in_split_yaml_and_re
     shards = tmp_path / "shards"
     (shards / "b{x}_0000.tar").rename(shards / "a\\b.tar")
     (shards / "b{x}_0003.tar").rename(shards / "x{a,b}.tar")
-    res = run_cli("prepare", tmp_path, "--non-interactive", "--no-progress", "--split-ratio", "1,0,0",
+    res = run_cli("prepare", tmp_path, *ONE_PROCESS, "--non-interactive", "--no-progress", "--split-ratio", "1,0,0",
                   "--sample-type", "CaptioningSample", "--field-map", json.dumps(FIELD_MAP))  # fmt: skip
     assert res.exit_code == 0, res.output
     assert meta(tmp_path, "split.yaml")["split_parts"]["train"] == [
@@ -539,7 +551,7 @@ def test_info_on_an_unprepared_folder_fails_with_exit_code_1(tmp_path):
 def test_prepare_media_on_an_unprepared_folder_of_tars_fails_naming_the_prepare_command(tmp_path):
     """It said "Stored media metadata of 0 files" (tars are no media files) and wrote .nv-meta/index.sqlite."""
     make_dataset(tmp_path)
-    res = run_cli("prepare-media", tmp_path, "--media-metadata-by-extension", "--no-progress")
+    res = run_cli("prepare-media", tmp_path, *ONE_PROCESS, "--media-metadata-by-extension", "--no-progress")
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     assert (f"Error: {tmp_path}: not a prepared dataset (it holds tar shards, e.g. shards/shard_0000.tar, but no "
             f".nv-meta/.info.json); run `energon-ray prepare {tmp_path}` first\n") in res.output  # fmt: skip
