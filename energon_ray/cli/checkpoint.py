@@ -178,10 +178,13 @@ def _rank_lines(name: str, s: Optional[LoaderState]) -> List[str]:
     return out
 
 
-@click.group("checkpoint")
-def checkpoint_command() -> None:
+@click.group("checkpoint", invoke_without_command=True)
+@click.pass_context
+def checkpoint_command(ctx: click.Context) -> None:
     """Saved loader states (save_loader_state's folder, to_json files, a global list): describe them, or
     check them for a restore on another world size."""
+    if ctx.invoked_subcommand is None:  # as `energon checkpoint` alone: the help, exit code 0
+        click.echo(ctx.get_help())
 
 
 @checkpoint_command.command("info")
@@ -196,9 +199,12 @@ def checkpoint_info_command(paths: Tuple[str, ...]) -> None:
 @checkpoint_command.command("redist")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 @click.argument("out", type=click.Path())
-@click.option("--new-world-size", type=click.IntRange(min=1), required=True, help="Ranks that will restore.")
+@click.option("--new-world-size", type=click.IntRange(min=1),
+              help="Ranks that will restore (asked for, as Energon's, when not given).")  # fmt: skip
 @click.option("--new-num-workers", type=click.IntRange(min=1), default=None, help="Workers per new rank (default: as saved).")
-def checkpoint_redist_command(paths: Tuple[str, ...], out: str, new_world_size: int, new_num_workers: Optional[int]) -> None:
+def checkpoint_redist_command(
+    paths: Tuple[str, ...], out: str, new_world_size: Optional[int], new_num_workers: Optional[int]
+) -> None:
     """Check that PATHS hold every rank's state of one run at one step, and write them to OUT for
     NEW_WORLD_SIZE ranks: a folder of rank files (each new rank calls restore_loader_state(loader, OUT))
     or, OUT ending in .json, one global file (each new rank passes its list to restore_state_global).
@@ -210,6 +216,11 @@ def checkpoint_redist_command(paths: Tuple[str, ...], out: str, new_world_size: 
             f"{', '.join(missing)}: saved before its first batch; restoring on another world size needs every "
             "rank's state (restore with the world size it was saved with, or save again after a batch)"
         )
+    if new_world_size is None:  # as Energon's: show the saved shape, then ask
+        saved = entries[0][1]
+        click.echo(f"Current DP world size: {saved.world_size}")
+        click.echo(f"Current number of workers per DP rank: {saved.num_workers}")
+        new_world_size = click.prompt("Please enter the new DP world size", type=click.IntRange(min=1))
     what = f"restoring on world size {new_world_size}"
     try:
         states = check_complete([s for _, s in entries])

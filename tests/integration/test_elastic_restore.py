@@ -544,6 +544,14 @@ def test_checkpoint_commands_describe_and_hand_on_states_for_another_world_size(
         "new shape: world size 2, 2 workers per rank",
         "same shape as saved: each rank restores its own state exactly",
     ]
+    asked = CliRunner().invoke(cli_main, ["checkpoint", "redist", str(single), str(tmp_path / "asked")], input="1\n")
+    assert asked.exit_code == 0 and asked.output.splitlines()[:5] == [  # no --new-world-size: asked, as Energon's
+        "Current DP world size: 2",
+        "Current number of workers per DP rank: 2",
+        "Please enter the new DP world size: 1",
+        "read 2 states (global): world size 2, 2 workers per rank, pass 0",
+        "new shape: world size 1, 2 workers per rank",
+    ]
     torch.save(states, tmp_path / "states.pt")  # to_dict() values: read with torch.load(weights_only=True)
     for path in (single, tmp_path / "states.pt"):
         again = CliRunner().invoke(cli_main, ["checkpoint", "info", str(path)]).output.splitlines()

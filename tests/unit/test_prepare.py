@@ -563,6 +563,30 @@ def test_version_option_prints_the_package_and_format_version():
     assert res.exit_code == 0 and res.output.startswith("energon-ray ") and "7.4.1" in res.output
 
 
+@pytest.mark.parametrize("group", [[], ["checkpoint"]])
+def test_a_command_group_alone_prints_its_help_with_exit_code_0_as_energons(group):
+    res = run_cli(*group)
+    assert res.exit_code == 0 and res.output == run_cli(*group, "--help").output
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["mount", "ds", "/mnt/ds", "-d"], "a FUSE file system over the shards (mfusepy) is not built; the shards are plain "
+         "tar files, and `energon-ray preview PATH` prints (and --out draws) their samples"),
+        (["analyze-debug", "--help"], "it reads the debug log Energon's worker processes write "
+         "(WorkerConfig.worker_debug_path), which energon_ray does not write; `loader.ray_stats()` describes a "
+         "loader's Ray tasks"),
+    ],
+)  # fmt: skip
+def test_energons_mount_and_analyze_debug_are_usage_errors_saying_why(args, why):
+    """Whatever their options (--help too): exit code 2 naming the command and what to use (was click's
+    "No such command"); neither is listed in --help."""
+    res = run_cli(*args)
+    assert res.exit_code == 2 and res.output.endswith(f"Error: energon-ray has no {args[0]!r} command (Energon's): {why}\n")
+    assert args[0] not in run_cli("--help").output
+
+
 @pytest.mark.parametrize(
     "content, expected",
     [
