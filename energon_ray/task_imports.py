@@ -6,6 +6,8 @@ here imports Ray.
 
 from __future__ import annotations
 
+import importlib
+
 from energon_ray.signals import deaf_to_cancel
 
 
@@ -29,6 +31,5 @@ def import_without_collections() -> None:
 
 @deaf_to_cancel
 def import_stages() -> None:
-    import torch  # noqa: F401
-
-    import energon_ray.pipeline.batch_stages  # noqa: F401 (and the stages it builds on)
+    importlib.import_module("torch")
+    importlib.import_module("energon_ray.pipeline.batch_stages")  # and the stages it builds on

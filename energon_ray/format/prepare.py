@@ -21,11 +21,19 @@ from energon_ray.format.info import (
     INFO_JSON, INFO_YAML, check_write_target, meta_dir, read_info, write_file, write_info,
 )  # fmt: skip
 from energon_ray.format.split import check_ratio, check_split_parts, collapse_names, split_by_patterns, split_by_ratio, write_split_file
-from energon_ray.format.indexer import INDEX_SQLITE, INDEX_UUID, ShardIndex, find_shards, index_dataset, index_shard, linked_shard_folders  # noqa: F401
+from energon_ray.format.indexer import INDEX_SQLITE, INDEX_UUID, ShardIndex, find_shards, index_dataset, index_shard, linked_shard_folders
 from energon_ray.format.indexer import ShardIndexer
 from energon_ray.format.media_index import MediaFilter, write_media_metadata
 from energon_ray.samples import SAMPLE_TYPES
 from energon_ray.storage import as_path
+
+__all__ = [
+    "CRUDE", "ENERGON_FORMAT_VERSION", "SAMPLE_LOADER_FILE", "SPLIT_FILE", "PrepareResult", "already_prepared",
+    "check_sample_config", "energon_version_string", "package_version", "prepare_dataset", "skipped_members",
+    "unreadable_media", "write_dataset_config",
+    # from indexer, still importable from here (their path before the split)
+    "INDEX_SQLITE", "INDEX_UUID", "ShardIndex", "find_shards", "index_dataset", "index_shard", "linked_shard_folders",
+]  # fmt: skip
 
 #: The megatron-energon release whose on-disk format this module writes.
 ENERGON_FORMAT_VERSION = "7.4.1"

@@ -18,8 +18,15 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from energon_ray.errors import IndexMismatchError, ShardReadError
-from energon_ray.format.sample_runs import consecutive_runs, merge_close_runs, sorted_runs  # noqa: F401 (their import path before the split)
+from energon_ray.format.sample_runs import consecutive_runs, merge_close_runs, sorted_runs
 from energon_ray.storage import RemotePath, ShardCache, StorageError, TruncatedObjectError, as_path, is_remote
+
+__all__ = [
+    "SKIP_META_RE", "SPLIT_NAME_RE", "TAR_ENCODING", "RemoteShardReader", "ShardReader", "index_mismatch",
+    "non_utf8_name", "open_shard_reader", "parse_sample", "split_member_name",
+    # from sample_runs, still importable from here (their path before the split)
+    "consecutive_runs", "merge_close_runs", "sorted_runs",
+]  # fmt: skip
 
 #: ``dir/key.part.ext`` → key ``dir/key``, part ``part.ext`` (the first dot of the last component).
 SPLIT_NAME_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")

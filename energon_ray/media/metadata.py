@@ -4,5 +4,20 @@ the classes that ``megatron.energon.media`` exports; its own tests import them f
 Only re-exports: the same objects, the same names as :mod:`energon_ray.media`.
 """
 
-from energon_ray.media import *  # noqa: F401,F403
-from energon_ray.media import __all__  # noqa: F401
+from energon_ray.media import (
+    AVMetadata,
+    ImageMetadata,
+    MediaMetadataBase,
+    MediaMetadataType,
+    deserialize_media_metadata,
+    serialize_media_metadata,
+)
+
+__all__ = [
+    "AVMetadata",
+    "ImageMetadata",
+    "MediaMetadataBase",
+    "MediaMetadataType",
+    "deserialize_media_metadata",
+    "serialize_media_metadata",
+]

@@ -132,7 +132,7 @@ def test_media_metadata_module_path_matches_energons():
     import energon_ray.media.metadata as ours
 
     wanted = sorted(name for name in vars(theirs) if name in set(energon_ray.media.__all__))
-    assert wanted == sorted(energon_ray.media.__all__)
+    assert wanted == sorted(energon_ray.media.__all__) and ours.__all__ == energon_ray.media.__all__
     for name in wanted:
         assert getattr(ours, name) is getattr(energon_ray.media, name), name
     assert isinstance(ours.ImageMetadata(width=2, height=3, format="PNG", mode="RGB"), energon_ray.media.ImageMetadata)
