@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from tests.unit.test_av_media import AUDIO_RATE, media_dir, ramp, ramp_float  # noqa: F401  (media_dir is a fixture)
+from tests.unit.test_av_media import AUDIO_RATE, ramp, ramp_float
 
 from energon_ray.decode.av import AVDecoder, audio_to_float
 from energon_ray.decode.av._audio_reader import preroll_samples

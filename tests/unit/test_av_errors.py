@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from tests.unit.test_av_media import N_FRAMES, media_dir, read_indices  # noqa: F401  (media_dir is a fixture)
+from tests.unit.test_av_media import N_FRAMES, read_indices
 
 from energon_ray.decode.av import AVDecoder
 from energon_ray.errors import SampleException

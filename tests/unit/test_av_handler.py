@@ -6,7 +6,7 @@ import re
 import av.container
 import pytest
 import torch
-from tests.unit.test_av_media import N_FRAMES, media_dir, read_indices  # noqa: F401  (media_dir is a fixture)
+from tests.unit.test_av_media import N_FRAMES, read_indices
 
 from energon_ray.decode.av import AVData, AVDecoder
 from energon_ray.decode.av_handler import AUDIO_EXTENSIONS, AV_EXTENSIONS, VIDEO_EXTENSIONS, AVHandler

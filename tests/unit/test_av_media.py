@@ -1,8 +1,9 @@
 """Generated media for the AV tests: video frames and audio samples that carry their own position.
 
-The other ``test_av_*`` modules import the writers and readers from here; the tests in this module
-only check that the generated files have the structure the decoder tests rely on (B-frames,
-irregular keyframes, readable frame numbers).
+The other ``test_av_*`` modules import the writers and readers from here (and use the files through
+the ``media_dir`` fixture of ``conftest.py``); the tests in this module only check that the generated
+files have the structure the decoder tests rely on (B-frames, irregular keyframes, readable frame
+numbers).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import av
 import numpy as np
-import pytest
 import torch
 from av.video.frame import PictureType
 
@@ -170,10 +170,9 @@ def expected_span(starts: List[Fraction], start: float, end: float) -> Tuple[int
     return first, max(first, last)
 
 
-@pytest.fixture(scope="session")
-def media_dir(tmp_path_factory) -> Path:
-    """Every generated file, written once per test session."""
-    root = tmp_path_factory.mktemp("av_media")
+def write_media_files(root: Path) -> Path:
+    """Every generated file (``VIDEO_SPECS`` and the audio ramps) under ``root``: the ``media_dir``
+    fixture of ``tests/unit/conftest.py``, written once per test session."""
     for name, spec in VIDEO_SPECS.items():
         write_video(root / name, **spec)
     write_audio(root / "ramp.wav", codec="pcm_s16le")

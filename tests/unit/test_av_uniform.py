@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tests.unit.test_av_media import (  # noqa: F401  (media_dir is a fixture)
+from tests.unit.test_av_media import (
     FPS,
     N_FRAMES,
     expected_span,
-    media_dir,
     read_indices,
     reference_video,
 )

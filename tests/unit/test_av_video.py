@@ -11,14 +11,13 @@ import random
 import pytest
 import torch
 from megatron.energon.av import AVDecoder as EnergonAVDecoder
-from tests.unit.test_av_media import (  # noqa: F401  (media_dir is a fixture)
+from tests.unit.test_av_media import (
     FPS,
     HEIGHT,
     N_FRAMES,
     VIDEO_NAMES,
     WIDTH,
     expected_span,
-    media_dir,
     read_indices,
     reference_video,
 )
