@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -206,7 +207,7 @@ def test_many_consecutive_failures_raise_fatal_error_in_driver(good):
 
 class SystemFail(er.DefaultTaskEncoder):
     def encode_sample(self, sample):
-        import not_a_module_that_exists  # noqa: F401
+        importlib.import_module("not_a_module_that_exists")
 
 
 def test_system_errors_are_fatal_at_once(good):
