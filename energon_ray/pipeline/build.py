@@ -307,10 +307,18 @@ def replay_chain(reader: Any, config: Any, carry: Any, rebuild: Optional["Segmen
 
 def cluster_cpus() -> int:
     """The cluster's CPUs now (1 when the GCS does not answer)."""
+    return cluster_shape()[0]
+
+
+def cluster_shape() -> Tuple[int, int]:
+    """The cluster's CPUs and nodes now (1 and 1 when the GCS does not answer)."""
     try:
-        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+        resources = ray.cluster_resources()
     except Exception:  # no answer from the GCS
-        return 1
+        return 1, 1
+    # each node holds 1 of its own "node:<ip>" resource (nodes on one machine share the key)
+    nodes = sum(v for k, v in resources.items() if k.startswith("node:") and k != "node:__internal_head__")
+    return max(1, int(resources.get("CPU", 1))), max(1, int(round(nodes)))
 
 
 def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, float]:
