@@ -7,7 +7,6 @@ import io
 
 import av
 import pytest
-from tests.unit import test_av_media
 from tests.unit.test_av_media import AUDIO_RATE, FPS, HEIGHT, N_FRAMES, VIDEO_NAMES, WIDTH
 
 from energon_ray.av import AVDecoder, AVMetadata
@@ -15,7 +14,6 @@ from energon_ray.decode.av._container import open_container, video_stream
 from energon_ray.decode.av._metadata import _first_frame_size
 from energon_ray.errors import SampleException
 
-media_dir = test_av_media.media_dir  # the generated files (a session fixture)
 AUDIO_NAMES = ["ramp.wav", "ramp_stereo.wav", "ramp.flac"]
 #: PyAV 19 (FFmpeg 7) trims the AAC encoder's priming and padding: the stream's 2.0 s at 16 kHz.
 #: Earlier PyAV decodes its 32 whole frames of 1024 samples.
