@@ -82,7 +82,8 @@ def broadcast_states(states: Any, src_rank: Optional[int], world_size: int = 1) 
 
 def save_loader_state(loader: Any, directory: str) -> Optional[str]:
     """Write ``loader.save_state_rank()`` into ``directory`` as ``energon_ray_loader_rank{rank}.json``
-    (nothing before the first iteration); returns the file's path.
+    (nothing before the first iteration); returns the file's path. ``directory`` is created if it
+    does not exist yet.
 
     Example:
         >>> with tempfile.TemporaryDirectory() as d:                       # doctest: +SKIP
@@ -92,6 +93,7 @@ def save_loader_state(loader: Any, directory: str) -> Optional[str]:
     state = loader.save_state_rank()
     if state is None:
         return None
+    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, STATE_FILE.format(rank=state.rank))
     write_atomically(path, state.to_json())
     return path
@@ -106,7 +108,7 @@ def restore_loader_state(loader: Any, directory: str) -> bool:
 
     Example:
         >>> checkpoint = ray.train.get_checkpoint()                          # doctest: +SKIP
-        >>> if checkpoint:
+        >>> if checkpoint:                                                   # doctest: +SKIP
         ...     with checkpoint.as_directory() as d:
         ...         restore_loader_state(loader, d)
     """

@@ -762,7 +762,8 @@ def test_restore_state_global_refuses_one_state_naming_what_it_got(roots):
 
 def test_a_rank_saved_before_its_first_batch_starts_afresh_beside_a_restored_one(roots, tmp_path):
     """save_state_global's [state, None] (rank 1 had not iterated): rank 0 goes on, rank 1 starts afresh
-    (as Energon's), from the list and from a checkpoint folder holding rank 0's file only."""
+    (as Energon's), from the list and from a checkpoint folder holding rank 0's file only (a folder
+    save_loader_state creates)."""
 
     def build(rank):
         wc = er.WorkerConfig(rank=rank, world_size=2, num_workers=2)
@@ -772,16 +773,17 @@ def test_a_rank_saved_before_its_first_batch_starts_afresh_beside_a_restored_one
     it = iter(first)
     next(it), next(it)
     saved = first.save_state_rank()
-    er.save_loader_state(first, str(tmp_path))
+    folder = tmp_path / "checkpoints" / "step_2"
+    assert er.save_loader_state(first, str(folder)) == str(folder / "energon_ray_loader_rank0.json")
     rest = [list(next(it).__key__) for _ in range(3)]
     first.close()
     second = build(1)
-    assert second.save_state_rank() is None and er.save_loader_state(second, str(tmp_path)) is None
+    assert second.save_state_rank() is None and er.save_loader_state(second, str(folder)) is None
     fresh = [list(b.__key__) for _, b in zip(range(3), second)]
     second.close()
     for rank, expected in ((0, rest), (1, fresh)):
         for restore in (lambda loader: loader.restore_state_global([saved.to_json(), None]),
-                        lambda loader: er.restore_loader_state(loader, str(tmp_path))):  # fmt: skip
+                        lambda loader: er.restore_loader_state(loader, str(folder))):  # fmt: skip
             loader = build(rank)
             restore(loader)
             assert [list(b.__key__) for _, b in zip(range(3), loader)] == expected
