@@ -1,4 +1,4 @@
-"""energon_ray: Megatron-Energon's data model (typed samples, task encoders, decoding) on Ray Data.
+"""energon_ray: Megatron-Energon's data model (typed samples, task encoders, decoding) on Ray (Ray tasks or Ray Data).
 
 Switch ``from megatron.energon import …`` to ``from energon_ray import …`` and keep your task
 encoders and prepared datasets.

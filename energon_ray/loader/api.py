@@ -31,7 +31,7 @@ def get_loader(
     executor: Optional[str] = None,
     **energon_options: Any,
 ) -> EnergonLoader:
-    """Iterate a dataset's batches, produced by Ray Data.
+    """Iterate a dataset's batches, made by Ray tasks (or Ray Data executions: ``executor``).
 
     Args:
         dataset: from ``get_train_dataset`` / ``get_val_dataset``, or a composition of them.

@@ -1,7 +1,7 @@
 """``get_loader``: iterate a dataset (or a blend, mix, concatenation of datasets) into training.
 
-Each leaf dataset is its own stream of segments, all executed by one Ray Dataset per window
-(``MultiFeed``); the composition's provider decides which
+Each leaf dataset is its own stream of segments, all executed by one stream of Ray tasks per pass
+(or one Ray Data execution per window: ``MultiFeed``); the composition's provider decides which
 stream gives each worker's next item; ``round_robin`` interleaves the workers like a torch
 ``DataLoader`` does. Nothing about the order depends on Ray's scheduling.
 Saving and restoring the loader is ``loader.loader_saving``.
