@@ -38,6 +38,17 @@ def test_train_captioning_refuses_options_that_fail_late_or_do_nothing(capsys, a
     assert _usage_error(capsys, _job().parse_args, argv) == expected
 
 
+def test_train_captioning_help_gives_every_option_a_text_and_its_default():
+    """--help says what each option does, and the value of each that has a default (--batch-size had no
+    text, --samples, --steps, --workers, --cpus and --checkpoint-every no default)."""
+    parser = _job()._parser()
+    options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert [a.dest for a in options if not a.help] == []
+    with_default = [a.dest for a in options if a.default not in (None, False)]
+    assert with_default == ["workdir", "name", "samples", "steps", "batch_size", "workers", "cpus", "checkpoint_every"]
+    assert [d for d in with_default if "%(default)s" not in parser._option_string_actions["--" + d.replace("_", "-")].help] == []
+
+
 def _run_with_checkpoint(run_dir: Path, step: int, options: dict) -> Path:
     """A run folder as Ray Train and the job leave it: the snapshot's latest checkpoint is at ``step``."""
     folder = run_dir / f"checkpoint_{step}"
