@@ -199,10 +199,18 @@ class FailureChain:
 
 
 def describe_error(exc: BaseException) -> str:
-    """``Type: message`` plus the innermost frame, for logs that travel to the driver."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    """``Type: message`` plus the innermost frame, for logs that travel to the driver: its file, also
+    for user code pickled by value (cloudpickle names its code ``<dynamic-code>``, and keeps the
+    module's ``__file__`` in the function's globals)."""
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    if not frames:
+        return f"{type(exc).__name__}: {exc}"
+    frame, line = frames[-1]
+    code = frame.f_code
+    filename = code.co_filename
+    if filename == "<dynamic-code>":
+        filename = frame.f_globals.get("__file__") or filename
+    return f"{type(exc).__name__}: {exc} (at {filename}:{line} in {code.co_name})"
 
 
 class HookRunner:

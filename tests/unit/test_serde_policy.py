@@ -257,6 +257,36 @@ def test_hook_runner_returns_failed_and_counts_a_value_error():
     assert "sample k1" in run.last_error and "ValueError" in run.last_error and "bad item 1" in run.last_error
 
 
+def test_a_failure_in_user_code_pickled_by_value_names_its_file_and_line(tmp_path):
+    """A hook of the user's module, pickled by value as the segment tasks receive it (cloudpickle names
+    its code ``<dynamic-code>``), fails with its module's file and line in the message, as it does
+    where the hook was defined."""
+    import importlib.util
+    import sys
+
+    import cloudpickle
+
+    path = tmp_path / "my_hooks.py"
+    path.write_text("def encode_sample(x):\n    raise ValueError(f'bad item {x}')\n")
+    spec = importlib.util.spec_from_file_location("my_hooks", path)
+    module = sys.modules["my_hooks"] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        cloudpickle.register_pickle_by_value(module)
+        try:
+            shipped = cloudpickle.loads(cloudpickle.dumps(module.encode_sample))
+        finally:
+            cloudpickle.unregister_pickle_by_value(module)
+    finally:
+        del sys.modules["my_hooks"]
+    assert shipped.__code__.co_filename == "<dynamic-code>"
+    for hook in (module.encode_sample, shipped):
+        runner = HookRunner("encode_sample", hook, tolerance=10, handler=log_exception)
+        run = runner.new_run()
+        assert runner.call(run, 1, "sample k1") is HookRunner.FAILED
+        assert run.last_error == f"sample k1: ValueError: bad item 1 (at {path}:2 in encode_sample)"
+
+
 def test_a_hook_runner_refusing_none_counts_a_none_result_as_the_hooks_failure():
     """With refuse_none, a hook returning None gives FAILED and a failure naming the stage and the
     item (call and call_many); without it, None is an ordinary result."""
