@@ -110,7 +110,7 @@ class StageRun:
     def defer(
         self, exc: BaseException, item: Any, sources: Optional[Sequence[Any]], at: Optional[int] = None, seq: Optional[int] = None
     ) -> None:
-        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        trace = format_traceback(exc)
         if not _picklable(exc):
             exc = RuntimeError(f"{type(exc).__name__}: {exc}")
         if not _picklable(item):
@@ -198,19 +198,39 @@ class FailureChain:
             raise FatalSampleError(fatal.message)
 
 
+def _file_of(frame: Any) -> str:
+    """The file of ``frame``'s code, also for user code pickled by value: cloudpickle names its code
+    ``<dynamic-code>`` and keeps the module's ``__file__`` in the function's globals."""
+    filename = frame.f_code.co_filename
+    if filename == "<dynamic-code>":
+        filename = frame.f_globals.get("__file__") or filename
+    return filename
+
+
 def describe_error(exc: BaseException) -> str:
-    """``Type: message`` plus the innermost frame, for logs that travel to the driver: its file, also
-    for user code pickled by value (cloudpickle names its code ``<dynamic-code>``, and keeps the
-    module's ``__file__`` in the function's globals)."""
+    """``Type: message`` plus the innermost frame (its file, line and function), for logs that travel
+    to the driver."""
     frames = list(traceback.walk_tb(exc.__traceback__))
     if not frames:
         return f"{type(exc).__name__}: {exc}"
     frame, line = frames[-1]
-    code = frame.f_code
-    filename = code.co_filename
-    if filename == "<dynamic-code>":
-        filename = frame.f_globals.get("__file__") or filename
-    return f"{type(exc).__name__}: {exc} (at {filename}:{line} in {code.co_name})"
+    return f"{type(exc).__name__}: {exc} (at {_file_of(frame)}:{line} in {frame.f_code.co_name})"
+
+
+def format_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as ``traceback.format_exception`` writes it, each frame with its file and
+    source line, also in user code pickled by value (``_file_of``)."""
+    shown = traceback.TracebackException(type(exc), exc, exc.__traceback__, lookup_lines=False)
+    todo, seen = [(shown, exc)], set()
+    while todo:
+        summary, error = todo.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        for frame_summary, (frame, _) in zip(summary.stack, traceback.walk_tb(error.__traceback__)):
+            frame_summary.filename = _file_of(frame)
+        todo += [(summary.__cause__, error.__cause__), (summary.__context__, error.__context__)]
+    return "".join(shown.format())
 
 
 class HookRunner:

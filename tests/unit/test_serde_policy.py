@@ -13,7 +13,7 @@ import torch
 
 from energon_ray.errors import FatalSampleError, SampleException, SkipSample, log_exception, reraise_exception
 from energon_ray.pipeline import serde
-from energon_ray.pipeline.policy import FailureChain, HookRunner, StageRun
+from energon_ray.pipeline.policy import DeferredHandler, FailureChain, HookRunner, StageRun
 from energon_ray.samples import CaptioningSample, SourceInfo
 
 # -- serde ----------------------------------------------------------------------------------
@@ -259,8 +259,8 @@ def test_hook_runner_returns_failed_and_counts_a_value_error():
 
 def test_a_failure_in_user_code_pickled_by_value_names_its_file_and_line(tmp_path):
     """A hook of the user's module, pickled by value as the segment tasks receive it (cloudpickle names
-    its code ``<dynamic-code>``), fails with its module's file and line in the message, as it does
-    where the hook was defined."""
+    its code ``<dynamic-code>``), fails with its module's file and line in the message, and with its
+    file, line and source in the traceback a user's error handler gets, as where it was defined."""
     import importlib.util
     import sys
 
@@ -285,6 +285,12 @@ def test_a_failure_in_user_code_pickled_by_value_names_its_file_and_line(tmp_pat
         run = runner.new_run()
         assert runner.call(run, 1, "sample k1") is HookRunner.FAILED
         assert run.last_error == f"sample k1: ValueError: bad item 1 (at {path}:2 in encode_sample)"
+        deferring = HookRunner("encode_sample", hook, tolerance=10, handler=DeferredHandler())
+        run = deferring.new_run()
+        assert deferring.call(run, 1, "sample k1") is HookRunner.FAILED
+        trace = run.deferred[0].trace
+        assert f'File "{path}", line 2, in encode_sample\n    raise ValueError(f\'bad item {{x}}\')\n' in trace, trace
+        assert trace.endswith("ValueError: bad item 1\n") and "<dynamic-code>" not in trace
 
 
 def test_a_hook_runner_refusing_none_counts_a_none_result_as_the_hooks_failure():
