@@ -160,7 +160,9 @@ def info_lines(kind: str, entries: Sequence[Entry]) -> List[str]:
 def _rank_lines(name: str, s: Optional[LoaderState]) -> List[str]:
     if s is None:
         return [f"{name}: saved before its first batch (starts afresh)"]
-    head = f"rank {s.rank} ({os.path.basename(name)}): {_where(s)} (passes started {s.passes}), items this epoch {s.epoch_items}"
+    head = f"rank {s.rank} ({os.path.basename(name)}): {_where(s)} (passes started {s.passes})"
+    if s.epoch_items:  # counted by an epochized loader only (0 in any other)
+        head += f", items this epoch {s.epoch_items} (epochized loader)"
     if s.round_robin is not None:
         head += f", next worker {s.round_robin.next_worker}, items per worker {s.round_robin.emitted}"
     out = [head]

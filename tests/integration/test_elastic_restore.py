@@ -515,10 +515,10 @@ def test_checkpoint_commands_describe_and_hand_on_states_for_another_world_size(
         "  dataset.split_part: train",
         "  dataset.total: 45",
         f"  dataset.shards: {states[0]['config_summary']['dataset.shards']}",
-        "rank 0 (energon_ray_loader_rank0.json): pass 0 (passes started 1), items this epoch 0, next worker 1, "
+        "rank 0 (energon_ray_loader_rank0.json): pass 0 (passes started 1), next worker 1, "
         "items per worker [2, 1]",
         *streams,
-        "rank 1 (energon_ray_loader_rank1.json): pass 0 (passes started 1), items this epoch 0, next worker 1, "
+        "rank 1 (energon_ray_loader_rank1.json): pass 0 (passes started 1), next worker 1, "
         "items per worker [2, 1]",
         *streams,
     ]

@@ -86,6 +86,23 @@ def test_foreign_files_and_folders_are_refused_by_name(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_items_this_epoch_are_shown_for_an_epochized_loader_only(tmp_path):
+    """A state's ``epoch_items`` counts the items of an epochized loader's iter(): shown with what it is
+    when counted; a loader that is not epochized saves 0, which is not shown as "items this epoch 0"."""
+    lines = []
+    for items in (0, 3):
+        path = tmp_path / f"state{items}.json"
+        state = LoaderState(version=2, rank=0, world_size=1, num_workers=1, fingerprint="f", passes=1, pass_index=0, epoch_items=items)
+        path.write_text(state.to_json())
+        result = run_cli("checkpoint", "info", path)
+        assert result.exit_code == 0, result.output
+        lines.append(result.output.splitlines()[-1])
+    assert lines == [
+        "rank 0 (state0.json): pass 0 (passes started 1)",
+        "rank 0 (state3.json): pass 0 (passes started 1), items this epoch 3 (epochized loader)",
+    ]
+
+
 def test_state_files_of_a_folder_are_listed_in_rank_order():
     """Rank 10's file comes after rank 2's (not by text), and other files (a temporary one, a
     foreign JSON) are no state files; save/restore_loader_state and checkpoint read this list."""
