@@ -51,6 +51,7 @@ def check_executor(executor: Optional[str], name: str = "executor") -> str:
     """``executor`` checked (an error names it ``name``); ``None``: ``$ENERGON_RAY_EXECUTOR`` or the default, ``"tasks"``."""
     if executor is None:
         executor = os.environ.get("ENERGON_RAY_EXECUTOR", "").strip() or EXECUTORS[0]
+        name = f"ENERGON_RAY_EXECUTOR (what an unset {name} means)"
     if executor not in EXECUTORS:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, EXECUTORS))}, not {executor!r}")
     return executor

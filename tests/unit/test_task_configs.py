@@ -392,6 +392,15 @@ def test_command_line_entry_point_names_a_bad_loader_option(monkeypatch, tmp_pat
     assert not (tmp_path / "data").exists()  # nothing was built: the synthetic dataset was not written
 
 
+def test_a_bad_executor_from_the_environment_is_named_as_such(monkeypatch, tmp_path):
+    """loader.executor left null reads $ENERGON_RAY_EXECUTOR: a bad value there names the variable (it
+    named loader.executor, which was not set)."""
+    monkeypatch.setenv("ENERGON_RAY_EXECUTOR", "threads")
+    assert captioning_cli_error(monkeypatch, tmp_path) == (
+        "error: ENERGON_RAY_EXECUTOR (what an unset loader.executor means) must be one of 'tasks', 'ray_data', not 'threads'"
+    )
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
