@@ -221,6 +221,17 @@ def noticed(kind: str) -> frozenset:
     return frozenset(_NOTICED.get(kind, ()))
 
 
+def users_stacklevel() -> int:
+    """The ``stacklevel`` for a warning its caller gives that points at the first frame outside
+    energon_ray: the user's line that called into the package, whatever the calls in between."""
+    import sys
+
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("energon_ray."):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def check_keywords(where: str, kwargs: dict, energon_only: Sequence[str]) -> None:
     """Keywords Energon accepts and we do not need are warned about once each; any other raises.
 

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
 from typing import Any, Dict, Optional
 
 from energon_ray.blend.base import Composition
-from energon_ray.errors import check_keywords
+from energon_ray.errors import check_keywords, users_stacklevel
 from energon_ray.loader.loader import DEFAULT_OBJECT_STORE_LIMIT, EnergonLoader
 
 #: ``get_loader`` keywords of Energon that do not apply here (Ray has its own watchdogs; the
@@ -89,21 +88,13 @@ def _loader_options(
             f"{what}: worker_config {worker_config.config()} differs from the dataset's {dataset.worker_config.config()}"
         )
     if worker_config is not None:  # Energon's advice, in its category (shown by default)
-        warnings.warn(f"Passing a worker_config to {what}() is deprecated and will have no effect.", FutureWarning, stacklevel=_users_level())
+        warnings.warn(f"Passing a worker_config to {what}() is deprecated and will have no effect.", FutureWarning, stacklevel=users_stacklevel())
     if prefetch_factor is not None:
         prefetch_batches = prefetch_factor
     return dict(
         prefetch_batches=prefetch_batches, ray_remote_args=ray_remote_args, pin_memory=pin_memory,
         object_store_limit=object_store_limit, executor=executor,
     )  # fmt: skip
-
-
-def _users_level() -> int:
-    """The ``stacklevel`` of a warning its caller gives that points at the first frame outside energon_ray."""
-    level, frame = 1, sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("energon_ray."):
-        level, frame = level + 1, frame.f_back
-    return level
 
 
 def _attach_cache_pool(what: str, dataset: Any, pool: Any) -> None:

@@ -6,7 +6,7 @@ import warnings
 from typing import Any, Mapping, Optional
 
 from energon_ray.decode.sample_decoder import SampleDecoder, as_sample_decoder, trusting
-from energon_ray.errors import resolve_trust
+from energon_ray.errors import resolve_trust, users_stacklevel
 from energon_ray.format.dataset import PreparedDataset
 from energon_ray.storage import as_path
 from energon_ray.blend.base import Composition
@@ -30,7 +30,7 @@ def _decoder(task_encoder: TaskEncoder, kwargs: dict) -> Optional[SampleDecoder]
         f"{sorted(legacy)} are deprecated arguments of get_train_dataset/get_val_dataset; set "
         "`decoder = SampleDecoder(...)` (or `decoder = None`) as a class attribute of your task encoder",
         FutureWarning,  # Energon's category: shown by default, where a DeprecationWarning would be hidden
-        stacklevel=3,
+        stacklevel=users_stacklevel(),
     )
     legacy.pop("handler", None)
     if legacy.pop("auto_decode", True) is False:

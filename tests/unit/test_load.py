@@ -746,7 +746,7 @@ def test_a_too_deeply_nested_jsonl_line_is_a_sample_error_not_a_fatal_one():
 def test_deprecation_advice_is_shown_to_code_in_a_users_module(tmp_path):
     """A deprecated typed factory or decoder argument used from a user's module (not ``__main__``) warns
     on stderr under Python's default filters: a FutureWarning, Energon's category (a DeprecationWarning
-    would be hidden there)."""
+    would be hidden there), at the user's line (the decoder argument's pointed into energon_ray)."""
     import os
     import subprocess
     import sys
@@ -766,5 +766,6 @@ def test_deprecation_advice_is_shown_to_code_in_a_users_module(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[2])])
     done = subprocess.run([sys.executable, "-c", "import user_code"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "FutureWarning: CaptioningWebdataset is deprecated: in " in done.stderr
-    assert "FutureWarning: ['image_decode'] are deprecated arguments of get_train_dataset/get_val_dataset" in done.stderr
+    user_code = tmp_path / "user_code.py"
+    assert f"{user_code}:4: FutureWarning: CaptioningWebdataset is deprecated: in " in done.stderr
+    assert f"{user_code}:6: FutureWarning: ['image_decode'] are deprecated arguments of get_train_dataset/get_val_dataset" in done.stderr
