@@ -109,5 +109,23 @@ def _detect_rank_world() -> tuple[int, int]:
     except Exception:
         pass
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        return _rank_world_from_env(os.environ["RANK"], os.environ["WORLD_SIZE"])
     return 0, 1
+
+
+def _rank_world_from_env(rank: str, world_size: str) -> tuple[int, int]:
+    """``$RANK`` and ``$WORLD_SIZE`` as the default rank and world size, checked.
+
+    Raises:
+        ValueError: naming both variables and their values when they are no such pair.
+    """
+    try:
+        pair = int(rank), int(world_size)
+    except ValueError:
+        pair = None
+    if pair is None or not 0 <= pair[0] < pair[1]:
+        raise ValueError(
+            f"the environment's RANK={rank!r} and WORLD_SIZE={world_size!r} (the default WorkerConfig's rank and "
+            "world size) must be whole numbers with 0 <= RANK < WORLD_SIZE; fix them, or pass a worker_config"
+        )
+    return pair

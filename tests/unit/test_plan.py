@@ -242,6 +242,24 @@ def test_worker_seed_matches_energon_rule():
     assert wc.worker_seed(1) != WorkerConfig(rank=1, world_size=2, num_workers=3).worker_seed(1)
 
 
+@pytest.mark.parametrize("rank, world_size", [("x", "2"), ("2", "2"), ("-1", "2"), ("0", "")])
+def test_a_bad_rank_or_world_size_in_the_environment_is_named(monkeypatch, rank, world_size):
+    """The default WorkerConfig reads $RANK/$WORLD_SIZE (outside ray.train and torch.distributed): values
+    that are no rank of a world name both variables (before: int()'s "invalid literal for int() with base
+    10: 'x'", or "WorkerConfig.rank must be in [0, 2)" for RANK=2, naming neither)."""
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", world_size)
+    with pytest.raises(ValueError) as caught:
+        WorkerConfig.default_worker_config()
+    assert str(caught.value) == (
+        f"the environment's RANK={rank!r} and WORLD_SIZE={world_size!r} (the default WorkerConfig's rank and world "
+        "size) must be whole numbers with 0 <= RANK < WORLD_SIZE; fix them, or pass a worker_config"
+    )
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert (WorkerConfig.default_worker_config().rank, WorkerConfig.default_worker_config().world_size) == (1, 3)
+
+
 def test_worker_config_validation():
     """Bad WorkerConfig values raise with the field name."""
     with pytest.raises(ValueError, match="rank"):
