@@ -87,7 +87,8 @@ class WorkerConfig:
 
     @staticmethod
     def default_worker_config(num_workers: int = 4, data_parallel_group: Any = None) -> "WorkerConfig":
-        """Rank and world size from ``ray.train`` (inside a trainer), torch.distributed, or 0 of 1."""
+        """Rank and world size from ``ray.train`` (inside a trainer), torch.distributed, ``$RANK`` and
+        ``$WORLD_SIZE``, or 0 of 1."""
         rank, world_size = _detect_rank_world()
         return WorkerConfig(
             rank=rank,

@@ -171,9 +171,10 @@ def get_train_dataset(
     """The training dataset: shuffled per epoch, endless unless ``repeat=False``.
 
     Args:
-        path: a prepared dataset folder.
+        path: a prepared dataset folder, a metadataset YAML or a ``.jsonl`` file (local, ``s3://`` or ``msc://``).
         split_part: which split part to read.
-        worker_config: rank/world/streams; default: rank and world from ``ray.train`` (or 0 of 1), 4 streams.
+        worker_config: rank/world/streams; default: rank and world from ``ray.train``, torch.distributed or
+            ``$RANK``/``$WORLD_SIZE`` (else 0 of 1), 4 streams.
         batch_size: samples per batch (``None``: no batching).
         batch_drop_last: drop each stream's final short batch.
         packing_buffer_size: samples per packing buffer (``select_samples_to_pack`` / ``pack_selected_samples``).
@@ -241,7 +242,7 @@ def get_val_dataset(
     """The validation dataset: one unshuffled pass per ``iter()``, in Energon's exact order.
 
     Args:
-        path: a prepared dataset folder.
+        path: as in ``get_train_dataset``.
         split_part: which split part to read.
         worker_config: rank/world/streams (default as in ``get_train_dataset``).
         batch_size: samples per batch (``None``: no batching).
