@@ -102,7 +102,9 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
     _check_bool("repeat", options.repeat)
     _check_bool("batch_drop_last", options.drop_last)
     _check_positive("batch_size", options.batch_size)
-    _check_positive("shuffle_buffer_size", options.shuffle_buffer_size) if options.shuffle_buffer_size else None
+    size = options.shuffle_buffer_size
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):  # 0 and 1: no buffer, as Energon's
+        raise ValueError(f"shuffle_buffer_size must be an int >= 0 or None (0 or 1: no shuffle buffer), got {size!r}")
     _check_positive("max_samples_per_sequence", options.max_samples_per_sequence)
     length = options.virtual_epoch_length
     if not isinstance(length, int) or isinstance(length, bool) or length < 0:  # 2.5 gave 3 batches per iter()

@@ -361,10 +361,14 @@ def test_bad_shuffle_over_epochs_multiplier(good, value):
         ("parallel_shard_iters", 0, "parallel_shard_iters must be a positive int or None, got 0"),
         ("parallel_shard_iters", -1, "parallel_shard_iters must be a positive int or None, got -1"),
         ("parallel_shard_iters", 2.5, "parallel_shard_iters must be a positive int or None, got 2.5"),
+        ("shuffle_buffer_size", -1, "shuffle_buffer_size must be an int >= 0 or None (0 or 1: no shuffle buffer), got -1"),
+        ("shuffle_buffer_size", 0.5, "shuffle_buffer_size must be an int >= 0 or None (0 or 1: no shuffle buffer), got 0.5"),
     ],
 )
 def test_bad_virtual_epoch_length_and_parallel_shard_iters(good, name, value, message):
-    """Non-int or out-of-range values are rejected with their value (2.5 batches per epoch gave 3; 0 iters gave 16)."""
+    """Non-int or out-of-range values are rejected with their value (2.5 batches per epoch gave 3; 0 iters gave 16;
+    a shuffle buffer of -1 was refused as not "a positive int", which 0 is not either and is taken, and 0.5 was
+    taken)."""
     with pytest.raises(ValueError, match=re.escape(message)):
         er.get_train_dataset(good, batch_size=2, **{name: value})
 
