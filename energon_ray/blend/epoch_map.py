@@ -133,7 +133,8 @@ class MapDataset(Wrapper):
                 out = runner.call_many(run, item, f"map_fn on an item of worker stream {worker}")
                 if out is HookRunner.FAILED:
                     ctx.stats.skipped["map_fn"] = ctx.stats.skipped.get("map_fn", 0) + 1
-                    logger.warning("skipped (map_fn): %s", run.last_error)
+                    if handler is log_exception:  # the default handler's log; a user's handler replaces it
+                        logger.warning("skipped (map_fn): %s", run.last_error)
                     continue
                 if out is HookRunner.IGNORED:
                     ctx.stats.ignored["map_fn"] = ctx.stats.ignored.get("map_fn", 0) + 1

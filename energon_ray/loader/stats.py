@@ -205,7 +205,7 @@ class LoaderStats:
         for run in report.runs:
             if self.error_handler is not None:
                 events.extend((failure.seq, failure.at, HandlerCall(run.stage, failure)) for failure in run.deferred)
-            if run.failures:
+            if run.failures and self.error_handler is None:  # the default handler's log; a user's handler replaces it, as in Energon
                 for message in run.messages:
                     logger.warning("skipped (%s): %s", run.stage, message)
                 if run.failures > len(run.messages):

@@ -249,9 +249,11 @@ def test_custom_error_handler_can_abort(good):
         list(loader)
 
 
-def test_custom_error_handler_runs_in_the_loader_process(good):
+def test_custom_error_handler_runs_in_the_loader_process(good, caplog):
     """A global_error_handler is called in the training process (its state is the user's), once per
-    failed sample, with the exception, the sample and its sources, in the loader's order."""
+    failed sample, with the exception, the sample and its sources, in the loader's order; it replaces
+    the default handler's log, as in Energon (a quiet handler is quiet)."""
+    caplog.set_level(logging.WARNING, logger="energon_ray")
     calls = []
 
     def collect(exc, sample, sources):
@@ -264,6 +266,29 @@ def test_custom_error_handler_runs_in_the_loader_process(good):
     assert failed == [i for i in range(20) if i % 5 == 0] == sorted(int(m.split()[-1]) for _, m, _, _ in calls)
     assert all(kind == "ValueError" and shards and shards[0].endswith(".tar") for kind, _, _, shards in calls)
     assert loader.stats.skipped == {"encode_sample": 4} and sum(len(b.__key__) for b in batches) == 20 - 4 - 2
+    assert [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()] == []
+
+
+def test_a_map_fn_failure_goes_to_the_error_handler_and_only_the_default_logs_it(good, caplog):
+    """A MapDataset's map_fn that fails is skipped and counted; the default handler logs it, a
+    global_error_handler of the user's gets it instead of the log."""
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+
+    def map_fn(batch):
+        if "sample_000005" in batch.__key__:
+            raise ValueError("cannot map")
+        return batch
+
+    calls = []
+    quiet = er.WorkerConfig(rank=0, world_size=1, num_workers=2, global_error_handler=lambda e, s, src: calls.append(str(e)))
+    for wc in (WC, quiet):
+        loader = er.get_loader(er.MapDataset(er.get_val_dataset(good, split_part="train", worker_config=wc, batch_size=4), map_fn))
+        assert len(list(loader)) == 5 and loader.stats.skipped == {"map_fn": 1}
+    assert calls == ["cannot map"]
+    assert [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()] == [
+        "skipped (map_fn): map_fn on an item of worker stream 0: ValueError: cannot map "
+        f"(at {__file__}:{map_fn.__code__.co_firstlineno + 2} in map_fn)"
+    ]
 
 
 def test_custom_error_handler_sees_where_the_hook_failed(good):
