@@ -265,6 +265,8 @@ def _check_one_run(states: Sequence[LoaderState]) -> None:
 def _write(out: str, states: Sequence[LoaderState]) -> str:
     """Write ``states`` to ``out`` (a ``.json`` global file, or a folder of rank files); what was written."""
     if out.endswith(".json"):
+        if os.path.exists(out):  # as a folder's rank files: a state (one of PATHS, too) is never overwritten
+            raise click.ClickException(f"{out}: already exists; pick a new file name")
         write_atomically(out, json.dumps([s.to_dict() for s in states], separators=(",", ":")))
         return f"a global file of {len(states)} states: {out}"
     os.makedirs(out, exist_ok=True)

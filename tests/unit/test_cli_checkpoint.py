@@ -103,6 +103,23 @@ def test_items_this_epoch_are_shown_for_an_epochized_loader_only(tmp_path):
     ]
 
 
+def test_redist_never_overwrites_a_json_file(tmp_path):
+    """redist refuses an OUT .json file that exists (one of its PATHS, say), as it refuses a folder
+    holding rank files; it wrote over it."""
+    saved = tmp_path / "state.json"
+    saved.write_text(LoaderState(version=2, rank=0, world_size=1, num_workers=1, fingerprint="f", passes=1, pass_index=0).to_json())
+    before = saved.read_text()
+    for out in (saved, tmp_path / "other.json"):
+        if out != saved:
+            out.write_text("[]")
+        result = run_cli("checkpoint", "redist", saved, out, "--new-world-size", "2")
+        assert result.exit_code == 1 and result.output.endswith(f"Error: {out}: already exists; pick a new file name\n")
+    assert saved.read_text() == before and (tmp_path / "other.json").read_text() == "[]"
+    fresh = tmp_path / "new.json"
+    assert run_cli("checkpoint", "redist", saved, fresh, "--new-world-size", "2").exit_code == 0
+    assert [s["rank"] for s in json.loads(fresh.read_text())] == [0]
+
+
 def test_state_files_of_a_folder_are_listed_in_rank_order():
     """Rank 10's file comes after rank 2's (not by text), and other files (a temporary one, a
     foreign JSON) are no state files; save/restore_loader_state and checkpoint read this list."""
