@@ -309,10 +309,11 @@ def test_custom_error_handler_sees_where_the_hook_failed(good):
     assert len(seen) == 4
     for handled, formatted in seen:
         assert handled == formatted
-        # the hook's frame (its source line only where the Ray worker can read the file: not for
-        # classes Ray ships by value)
+        # the hook's frame, with its file and source line, also for this class, which the Ray
+        # tasks get pickled by value (cloudpickle names its code "<dynamic-code>")
         raised = FailSome.encode_sample.__code__.co_firstlineno + 3
-        assert re.search(rf'RemoteTraceback: \n"""\nTraceback .*line {raised}, in encode_sample\n', handled, re.S)
+        frame = f'File "{__file__}", line {raised}, in encode_sample\n    raise ValueError(f"cannot encode {{index}}")\n'
+        assert re.search(rf'RemoteTraceback: \n"""\nTraceback .*{re.escape(frame)}', handled, re.S), handled
         assert handled.rstrip().splitlines()[-1].startswith("ValueError: cannot encode ")
 
 
