@@ -291,7 +291,7 @@ def test_a_map_fn_failure_goes_to_the_error_handler_and_only_the_default_logs_it
     ]
 
 
-def test_custom_error_handler_sees_where_the_hook_failed(good):
+def test_custom_error_handler_sees_where_the_hook_failed(good, monkeypatch):
     """The handler runs as Energon's does, inside the ``except`` that caught the failure: a handler
     that logs the exception being handled (``traceback.format_exc``, ``logger.exception``) shows it,
     and the exception's chain holds the traceback from the Ray task, down to the task encoder's line
@@ -304,6 +304,7 @@ def test_custom_error_handler_sees_where_the_hook_failed(good):
     def trace(exc, sample, sources):
         seen.append((traceback.format_exc(), "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
 
+    monkeypatch.setenv("ENERGON_RAY_LOCAL_START", "off")  # the samples are encoded by a Ray task, never in this process
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=1, global_error_handler=trace)
     list(er.get_loader(er.get_val_dataset(good, split_part="train", worker_config=wc, batch_size=2, task_encoder=FailSome())))
     assert len(seen) == 4
