@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Mapping, Optional
 
@@ -82,12 +83,23 @@ def _segment_samples(value: Any) -> Any:
 
 
 def _open(path: Any, split_part: str, kwargs: dict, trusted: bool) -> PreparedDataset:
+    for name in ("split_config", "dataset_config"):
+        value = kwargs.get(name)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"{name} must be a file name in .nv-meta (or a path), got {value!r}")
     prepared = PreparedDataset.open(
         as_path(path), split_part, split_config=kwargs.pop("split_config", None),
         dataset_config=kwargs.pop("dataset_config", None), trusted=trusted,
     )
     check_parts(prepared)
     return prepared
+
+
+def _refuse_unknown(options: PlanOptions, kwargs: dict) -> None:
+    """Keywords no step took: a ``TypeError`` naming the function called (a misspelling must not pass)."""
+    if kwargs:
+        what = "get_train_dataset" if options.training else "get_val_dataset"
+        raise TypeError(f"{what}() got unexpected keyword argument(s) {sorted(kwargs)}")
 
 
 def _build(path, *, split_part, worker_config, task_encoder, options: PlanOptions, trusted: bool, kwargs: dict) -> Composition:
@@ -125,14 +137,12 @@ def _build(path, *, split_part, worker_config, task_encoder, options: PlanOption
         options.blend_samples = kwargs.pop("blend_samples", None)
         if options.blend_samples is not None and not isinstance(options.blend_samples, bool):
             raise TypeError(f"blend_samples must be a bool or None, got {options.blend_samples!r}")
-        if kwargs:
-            raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+        _refuse_unknown(options, kwargs)
         common = dict(worker_config=worker_config, task_encoder=task_encoder, decoder=decoder)
         return metadataset_composition(path, split_part, options, common, trusted, subflavors)
     dataset = _open(path, split_part, kwargs, trusted)
     kwargs.pop("sample_type", None)
-    if kwargs:
-        raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+    _refuse_unknown(options, kwargs)
     return EnergonDataset(
         dataset, worker_config=worker_config, task_encoder=task_encoder, options=options, decoder=decoder,
         subflavors=subflavors,

@@ -403,6 +403,24 @@ def test_bad_virtual_epoch_length_and_parallel_shard_iters(good, name, value, me
 @pytest.mark.parametrize(
     "build,message",
     [
+        (lambda good: er.get_train_dataset(good, batch_size=2, limit=2), "get_train_dataset() got unexpected keyword argument(s) ['limit']"),
+        (lambda good: er.get_val_dataset(good, split_part="train", batch_size=2, shufle=1), "get_val_dataset() got unexpected keyword argument(s) ['shufle']"),
+        (lambda good: er.get_train_dataset(good, batch_size=2, split_config=5), "split_config must be a file name in .nv-meta (or a path), got 5"),
+        (lambda good: er.get_val_dataset(good, batch_size=2, dataset_config=["a.yaml"]), "dataset_config must be a file name in .nv-meta (or a path), got ['a.yaml']"),
+    ],
+)
+def test_unknown_keywords_and_config_names_of_another_type_are_named(good, build, message):
+    """An unknown keyword names the function it went to (it said "unexpected keyword arguments" alone);
+    split_config/dataset_config that are no file name are refused by name (an int failed inside, "argument
+    of type 'int' is not iterable")."""
+    with pytest.raises(TypeError) as caught:
+        build(good)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    "build,message",
+    [
         (lambda good: er.get_train_dataset(good, batch_size=2, repeat="no"), "repeat must be a bool, got 'no'"),
         (lambda good: er.get_train_dataset(good, batch_size=2, batch_drop_last="yes"), "batch_drop_last must be a bool, got 'yes'"),
         (lambda good: er.get_val_dataset(good, split_part="train", batch_size=2, batch_drop_last=1), "batch_drop_last must be a bool, got 1"),
