@@ -115,19 +115,29 @@ def restore_loader_state(loader: Any, directory: str) -> bool:
     wc = loader.dataset.worker_config
     path = os.path.join(directory, STATE_FILE.format(rank=wc.rank))
     if os.path.isfile(path):
-        with open(path) as f:
-            state = LoaderState.coerce(f.read())
+        state = _read_state(path)
         if (state.world_size, state.num_workers) == (wc.world_size, max(1, wc.num_workers)):
             loader.restore_state_rank(state)
             return True
     names = state_file_names(os.listdir(directory))
     if not names:
         return False
-    states = []
-    for name in names:
-        with open(os.path.join(directory, name)) as f:
-            states.append(LoaderState.coerce(f.read()))
+    states = [_read_state(os.path.join(directory, name)) for name in names]
     if all((s.world_size, s.num_workers) == (wc.world_size, max(1, wc.num_workers)) for s in states):
         return False  # this rank saved before its first batch, the others after theirs: it starts afresh
     loader.restore_state_global(states)
     return True
+
+
+def _read_state(path: str) -> LoaderState:
+    """The state in the file ``path``.
+
+    Raises:
+        StateError: naming the file, where it holds no loader state (cut off, edited, another file).
+    """
+    with open(path) as f:
+        text = f.read()
+    try:
+        return LoaderState.coerce(text)
+    except StateError as exc:
+        raise StateError(f"{path}: {exc}") from None

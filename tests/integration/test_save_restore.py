@@ -763,7 +763,7 @@ def test_restore_state_global_refuses_one_state_naming_what_it_got(roots):
 def test_a_rank_saved_before_its_first_batch_starts_afresh_beside_a_restored_one(roots, tmp_path):
     """save_state_global's [state, None] (rank 1 had not iterated): rank 0 goes on, rank 1 starts afresh
     (as Energon's), from the list and from a checkpoint folder holding rank 0's file only (a folder
-    save_loader_state creates)."""
+    save_loader_state creates); a rank file that holds no state is named."""
 
     def build(rank):
         wc = er.WorkerConfig(rank=rank, world_size=2, num_workers=2)
@@ -791,6 +791,10 @@ def test_a_rank_saved_before_its_first_batch_starts_afresh_beside_a_restored_one
     loader = build(1)
     with pytest.raises(er.StateError, match=r"the state of each of the 2 ranks, in rank order .*for rank 1 it got the states of ranks \[0, 0\]"):
         loader.restore_state_global([saved, saved])
+    (folder / "energon_ray_loader_rank1.json").write_text("step 5\n")  # a file that holds no state: named
+    with pytest.raises(er.StateError) as caught:
+        er.restore_loader_state(loader, str(folder))
+    assert str(caught.value).startswith(f"{folder / 'energon_ray_loader_rank1.json'}: not a loader state: the text is not JSON")
     loader.close()
 
 
