@@ -7,7 +7,7 @@ import hashlib
 import os
 from typing import Any, Callable, Optional
 
-from energon_ray.errors import log_exception, reraise_exception
+from energon_ray.errors import first_time, log_exception, logger, reraise_exception
 from energon_ray.ray_env import train_rank_world
 
 
@@ -45,6 +45,12 @@ class WorkerConfig:
             raise ValueError(f"WorkerConfig.rank must be in [0, {self.world_size}), got {self.rank}")
         if self.num_workers < 0:
             raise ValueError(f"WorkerConfig.num_workers must be >= 0, got {self.num_workers}")
+        for name, unset in (("worker_debug_path", None), ("worker_log_level", 0)):
+            if getattr(self, name) != unset and first_time("ignored keyword", ("WorkerConfig", name)):
+                logger.warning(
+                    "WorkerConfig(): %s= is a megatron.energon option for its workers' debug log, which energon_ray "
+                    "does not write; ignored (loader.stats and loader.ray_stats() describe the Ray tasks)", name,
+                )  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, WorkerConfig):

@@ -260,6 +260,22 @@ def test_a_bad_rank_or_world_size_in_the_environment_is_named(monkeypatch, rank,
     assert (WorkerConfig.default_worker_config().rank, WorkerConfig.default_worker_config().world_size) == (1, 3)
 
 
+def test_energon_s_debug_log_options_are_warned_about_once_each(caplog):
+    """worker_debug_path and worker_log_level (Energon's worker debug log, which is not written here) are
+    accepted with one warning each per process, as get_loader's ignored options are; unset, nothing is said."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="energon_ray")
+    WorkerConfig(rank=0, world_size=1, num_workers=1)
+    for _ in range(2):
+        WorkerConfig(rank=0, world_size=1, num_workers=1, worker_debug_path="/tmp/debug", worker_log_level=1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"WorkerConfig(): {name}= is a megatron.energon option for its workers' debug log, which energon_ray does not "
+        "write; ignored (loader.stats and loader.ray_stats() describe the Ray tasks)"
+        for name in ("worker_debug_path", "worker_log_level")
+    ]
+
+
 def test_worker_config_validation():
     """Bad WorkerConfig values raise with the field name."""
     with pytest.raises(ValueError, match="rank"):
