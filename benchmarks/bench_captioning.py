@@ -318,8 +318,8 @@ def _cmdline(pid: int) -> bytes:
 
 def _kind(pid: int, root: int) -> str:
     """``trainer`` (the root), ``ray worker`` (``ray::IDLE`` and task names), ``loader worker`` (a
-    fork of the trainer: DataLoader's), ``raylet``/``gcs_server``, else the command name ('' if the
-    process is gone)."""
+    fork of the trainer: DataLoader's), ``raylet``/``gcs_server``/``DashboardAgent``/``RuntimeEnvAgent``
+    (Ray's own processes, not counted as workers), else the command name ('' if the process is gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
@@ -330,6 +330,8 @@ def _kind(pid: int, root: int) -> str:
     head = argv.split(b"\0")[0].decode(errors="replace")
     if pid == root:
         return "trainer"
+    if head.startswith(("ray::DashboardAgent", "ray::RuntimeEnvAgent")):  # Ray's per-node agents
+        return head[len("ray::"):].split()[0]
     if head.startswith("ray::"):
         return "ray worker"
     if forked:
@@ -614,7 +616,8 @@ def main() -> None:
         f"{r['sps']:6.0f}/s pass, {r['steady']:6.0f}/s steady, first {r['first']:5.2f}s, "
         f"trainer {r['trainer_ms']:5.1f} ms/batch ({r['main_ms']:4.1f} in its main thread), cpu {r['cpu']:6.1f}s, "
         f"PSS {r['pss']:6.0f} MiB (trainer {r['pss_trainer']:.0f}, {r['pss_nworkers']:.0f} workers {r['pss_workers']:.0f}, "
-        f"largest {r['pss_worker_max']:.0f}; sampler {r['sampler_cpu']:.1f} CPU-s)"
+        f"largest {r['pss_worker_max']:.0f}; the rest {r['pss'] - r['pss_trainer'] - r['pss_workers']:.0f}: Ray's own processes; "
+        f"sampler {r['sampler_cpu']:.1f} CPU-s)"
         + (f", step {r['step_wall']:.2f} ms wall (p90 {r['step_p90']:.2f}) for {args.step_ms} ms CPU" if "step_wall" in r else "")
         + (f", waits in next() {r['wait_ms']:.2f} ms median, p90 {r['wait_p90']:.2f}, mean {r['wait_mean']:.2f}" if "wait_ms" in r else "")
         + (f", {100 * r['pinned_on_trainer']:.0f} % of the pinned bytes copied by the training thread" if "pinned_on_trainer" in r else "")))  # fmt: skip
