@@ -371,6 +371,19 @@ def test_killed_ray_workers_break_no_packed_or_plain_chain(root, ray_session, pa
         assert [t for b in reference[0::2][:8] for t in b] == stream0
 
 
+
+class _Gate:
+    """A flag one Ray task opens and another waits for (a Ray actor in the tests below)."""
+
+    def __init__(self):
+        self.opened = False
+
+    def open(self):
+        self.opened = True
+
+    def is_open(self):
+        return self.opened
+
 def test_a_later_carry_is_looked_at_and_waited_for_through_its_future(ray_session):
     """A chained segment's task looks for its carry and waits for it without ``ray.wait``/``ray.get``
     (which would have Ray lend its CPU to a new worker process): ``ready()`` is false until the segment
@@ -380,16 +393,7 @@ def test_a_later_carry_is_looked_at_and_waited_for_through_its_future(ray_sessio
 
     from energon_ray.pipeline.build import LaterCarry
 
-    @ray.remote(num_cpus=0)
-    class Gate:
-        def __init__(self):
-            self.opened = False
-
-        def open(self):
-            self.opened = True
-
-        def is_open(self):
-            return self.opened
+    Gate = ray.remote(num_cpus=0)(_Gate)
 
     @ray.remote(num_cpus=0, max_retries=0)
     def before(gate, value, fail):
@@ -423,16 +427,7 @@ def test_a_chained_task_keeps_its_cpus_while_it_waits_for_its_carry(ray_session)
 
     from energon_ray.pipeline.build import LaterCarry
 
-    @ray.remote(num_cpus=0)
-    class Gate:
-        def __init__(self):
-            self.opened = False
-
-        def open(self):
-            self.opened = True
-
-        def is_open(self):
-            return self.opened
+    Gate = ray.remote(num_cpus=0)(_Gate)
 
     @ray.remote(num_cpus=0, max_retries=0)
     def before(gate):
