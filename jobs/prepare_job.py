@@ -26,7 +26,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import ray
 from tqdm import tqdm
 
-from energon_ray.cli.prepare import field_map_value, option_conflict, sample_type_value
+from energon_ray.cli.prepare import field_map_value, option_conflict, ratio_ignored, sample_type_value
 from energon_ray.errors import DatasetConfigError, unwrap_error
 from energon_ray.format.indexer import ShardIndex, index_shard
 from energon_ray.format.prepare import CRUDE, PrepareResult, already_prepared, prepare_dataset
@@ -175,7 +175,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("path", type=Path, help="The dataset folder (its **/*.tar and **/*.tgz are the shards).")
     add("--split-ratio", type=_ratio, help="train,val,test shard ratio, e.g. '8,1,1'.")
     add("--split-parts", type=_split_part, action="append", default=[],
-        help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Replaces --split-ratio.")  # fmt: skip
+        help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Wins over --split-ratio.")  # fmt: skip
     add("--exclude", action="append", default=[], help="Regex of shard paths to leave out (searched anywhere); repeatable.")
     add("--shuffle-tars", action="store_true", help="Shuffle shards (seed 42) before the ratio split.")
     add("--sample-type", type=_sample_type, help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
@@ -198,6 +198,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                                args.sample_type, args.field_map)  # fmt: skip
     if conflict is not None:
         parser.error(conflict)
+    ignored = ratio_ignored(args.split_ratio, args.split_parts)
+    if ignored is not None:
+        print(f"Warning: {ignored}", file=sys.stderr)
+        args.split_ratio = None
     if not args.tar_index_only and args.split_ratio is None and not args.split_parts:
         parser.error("--split-ratio or --split-parts is required")
     return args

@@ -223,11 +223,19 @@ def option_conflict(
         given = [flag for flag, value in flags.items() if value is not None]
         if given:
             return f"--tar-index-only only rebuilds the indexes of the shards in .nv-meta/.info.json; drop {', '.join(given)}"
-    if split_ratio is not None and split_parts:
-        return "give --split-ratio or --split-parts, not both"
     if shuffle_tars and split_parts:
         return "--shuffle-tars only applies to --split-ratio, not to --split-parts"
     return None
+
+
+def ratio_ignored(split_ratio: Optional[Sequence[float]], split_parts: Any) -> Optional[str]:
+    """The warning for ``--split-ratio`` given with ``--split-parts`` (None when not both): the
+    patterns decide the split parts and the ratio is ignored, as Energon's ``prepare`` ignores it;
+    shared with ``jobs/prepare_job.py``."""
+    if split_ratio is None or not split_parts:
+        return None
+    ratio = ",".join(f"{value:g}" for value in split_ratio)
+    return f"--split-ratio {ratio} is ignored: --split-parts decides the split parts (as in Energon's prepare)"
 
 
 def _check_combinations(
@@ -300,7 +308,7 @@ def _refuse_fix_duplicates(ctx: click.Context, param: click.Parameter, value: bo
 @click.argument("path", type=DatasetLocation())
 @click.option("--split-ratio", callback=_parse_ratio, help="train,val,test shard ratio, e.g. '8,1,1'.")
 @click.option("--split-parts", multiple=True, callback=_parse_split_parts,
-              help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Instead of --split-ratio.")
+              help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Wins over --split-ratio.")
 @click.option("--exclude", multiple=True, help="Regex of shard paths to leave out (searched anywhere); repeatable.")
 @click.option("--shuffle-tars", is_flag=True, help="Shuffle shards (seed 42) before the ratio split.")
 @click.option("--sample-type", callback=_parse_sample_type, help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
@@ -350,6 +358,10 @@ def prepare_command(
         click.echo(f"Indexed {count} samples into {path}.idx")
         return
     _check_combinations(tar_index_only, split_ratio, split_parts, exclude, shuffle_tars, sample_type, field_map)
+    ignored = ratio_ignored(split_ratio, split_parts)
+    if ignored is not None:
+        click.echo(f"Warning: {ignored}", err=True)
+        split_ratio = None
     media_filter = None
     if media_metadata_by_glob is not None or media_metadata_by_header or media_metadata_by_extension:
         if tar_index_only:

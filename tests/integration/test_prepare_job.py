@@ -157,7 +157,6 @@ def test_the_datasets_checks_fail_before_ray_is_reached(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--split-ratio", "8,1,1", "--split-parts", "train:.*"], "give --split-ratio or --split-parts, not both"),
         (["--split-parts", "train:.*", "--shuffle-tars"], "--shuffle-tars only applies to --split-ratio, not to --split-parts"),
         (["--tar-index-only", "--split-ratio", "8,1,1", "--exclude", "x"],
          "--tar-index-only only rebuilds the indexes of the shards in .nv-meta/.info.json; drop --split-ratio, --exclude"),
@@ -174,6 +173,15 @@ def test_options_that_do_not_fit_are_usage_errors_naming_the_options_as_the_cli_
     assert exited.value.code == 2
     assert f": error: {message}" in capsys.readouterr().err
     assert not (tmp_path / ".nv-meta").exists()
+
+
+def test_split_parts_win_over_a_split_ratio_given_too_with_the_clis_warning(tmp_path, capsys):
+    """As the CLI and Energon's prepare: the ratio is ignored (was exit 2, "not both")."""
+    parse_args = runpy.run_path(str(ROOT / "jobs" / "prepare_job.py"), run_name="prepare_job")["parse_args"]
+    args = parse_args([str(tmp_path), "--split-ratio", "8,1,1", "--split-parts", "train:.*"])
+    assert (args.split_ratio, args.split_parts) == (None, [("train", ".*")])
+    assert capsys.readouterr().err == (
+        "Warning: --split-ratio 8,1,1 is ignored: --split-parts decides the split parts (as in Energon's prepare)\n")
 
 
 @pytest.mark.parametrize(

@@ -150,6 +150,18 @@ def test_cli_split_parts_are_repeatable_and_accumulate_per_name(tmp_path):
         "train": ["shards/shard_0000.tar", "shards/shard_0002.tar"], "test": ["shards/shard_0001.tar"]}  # fmt: skip
 
 
+def test_split_parts_win_over_a_split_ratio_given_too_with_a_warning_as_energons_prepare_ignores_the_ratio(tmp_path):
+    """Both flags were a usage error ("give --split-ratio or --split-parts, not both", exit 2)."""
+    make_dataset(tmp_path)
+    res = run_cli("prepare", tmp_path, *ONE_PROCESS, "--non-interactive", "--no-progress", "--split-ratio", "8,1,1",
+                  "--split-parts", "train:shards/shard_000[01]", "--split-parts", "val:shards/shard_0002")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert ("Warning: --split-ratio 8,1,1 is ignored: --split-parts decides the split parts "
+            "(as in Energon's prepare)\n") in res.output  # fmt: skip
+    assert meta(tmp_path, "split.yaml")["split_parts"] == {
+        "train": ["shards/shard_{0000..0001}.tar"], "val": ["shards/shard_0002.tar"]}  # fmt: skip
+
+
 def test_a_shard_in_two_split_parts_is_kept_as_in_energon_with_a_warning_naming_it_and_the_parts(tmp_path):
     """Overlapping --split-parts put shard_0002 in train and val without a word."""
     make_dataset(tmp_path)
@@ -244,7 +256,6 @@ def test_bad_sample_config_fails_before_anything_is_written(tmp_path, args, code
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--split-ratio", "8,1,1", "--split-parts", "train:.*"], "give --split-ratio or --split-parts, not both"),
         (["--split-parts", "train:.*", "--shuffle-tars"], "--shuffle-tars only applies to --split-ratio, not to --split-parts"),
         (["--tar-index-only", "--split-ratio", "8,1,1", "--exclude", "x", "--sample-type", "TextSample"],
          "--tar-index-only only rebuilds the indexes of the shards in .nv-meta/.info.json; drop --split-ratio, --exclude, --sample-type"),
