@@ -35,6 +35,9 @@ from energon_ray.ray_env import check_resources, ensure_ray, warm_up
 #: Bytes of finished blocks one execution may hold in the object store ahead of the trainer.
 DEFAULT_OBJECT_STORE_LIMIT = 1 << 30
 
+#: What ``ray_stats()`` says while no execution has stats (Ray Data's come once an execution has ended).
+NO_PASS_YET = "no pass has run yet: iterate the loader, then ray_stats() reports its Ray execution"
+
 
 class EnergonLoader(LoaderSaving):
     """Iterates the batches of a dataset or composition (what ``get_loader`` returns).
@@ -202,8 +205,11 @@ class EnergonLoader(LoaderSaving):
 
     def ray_stats(self) -> str:
         """The latest execution's stats: its segment tasks' (count, bytes, time waited for blocks),
-        or with ``executor="ray_data"`` Ray Data's per-operator stats (throughput per stage)."""
-        return "\n".join(stream.stats() for stream in self._executions.values())
+        or with ``executor="ray_data"`` Ray Data's per-operator stats (throughput per stage), which
+        Ray Data gives once an execution has ended; before that, a sentence saying no pass has run
+        (not an empty line under ``print``)."""
+        reports = [text for text in (stream.stats() for stream in self._executions.values()) if text]
+        return "\n".join(reports) if reports else NO_PASS_YET
 
     # -- internals -----------------------------------------------------------------------------
     def _next_pass(self) -> int:
