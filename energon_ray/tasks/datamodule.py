@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import lightning.pytorch as pl
 
+from energon_ray.errors import DatasetConfigError
 from energon_ray.task_encoder import TaskEncoder
 from energon_ray.worker import WorkerConfig
 
@@ -32,6 +33,8 @@ _LOADER_OWN_KEYS = ("num_workers",)
 _GET_LOADER_KEYS = ("prefetch_batches", "pin_memory", "ray_remote_args", "object_store_limit", "executor")
 #: every key the ``loader`` mapping (the training config's ``loader`` group) may hold
 LOADER_KEYS = _LOADER_OWN_KEYS + _GET_LOADER_KEYS
+#: the evaluation splits each Lightning stage reads, checked by ``setup``
+_EVAL_SPLITS_OF_STAGE = {"fit": ("val",), "validate": ("val",), "test": ("test",)}
 
 
 class EnergonDataModule(pl.LightningDataModule):
@@ -61,6 +64,8 @@ class EnergonDataModule(pl.LightningDataModule):
     Raises:
         TypeError: ``task_encoder`` is not a ``TaskEncoder``.
         ValueError: an unknown ``loader`` key, or a non-positive ``batch_size``.
+        DatasetConfigError: at ``setup``, a validation or test split the stage reads cannot be read
+            (a split part with no shards), naming the path and the split.
     """
 
     def __init__(
@@ -124,6 +129,8 @@ class EnergonDataModule(pl.LightningDataModule):
         self._pending_states: Optional[List[Dict[str, Any]]] = None
         #: this rank's training-loader state as ``teardown`` closed it (what ``state_dict`` saves after ``fit``)
         self._closed_state: Optional[Dict[str, Any]] = None
+        #: validation/test datasets ``setup`` built (and so checked), each taken by its first loader
+        self._eval_datasets: Dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return (
@@ -143,7 +150,14 @@ class EnergonDataModule(pl.LightningDataModule):
             self.prepare()
 
     def setup(self, stage: Optional[str] = None) -> None:
-        """This rank's ``WorkerConfig``: the trainer's global rank and world size."""
+        """This rank's ``WorkerConfig`` (the trainer's global rank and world size), and the stage's
+        validation or test dataset built now, so that one that cannot be read (a split part with no
+        shards) fails here, before training, and not when Lightning first validates, mid-fit.
+
+        Raises:
+            DatasetConfigError: the ``val`` (``fit``, ``validate``) or ``test`` (``test``) split
+                cannot be read; the message names the dataset path, the split and ``{which}_split=None``.
+        """
         trainer = self.trainer
         if trainer is not None:
             rank, world_size = int(trainer.global_rank), int(trainer.world_size)
@@ -151,6 +165,9 @@ class EnergonDataModule(pl.LightningDataModule):
             detected = WorkerConfig.default_worker_config(num_workers=self.num_workers)
             rank, world_size = detected.rank, detected.world_size
         self.worker_config = WorkerConfig(rank=rank, world_size=world_size, num_workers=self.num_workers, seed_offset=self.seed_offset)
+        for which in _EVAL_SPLITS_OF_STAGE.get(stage or "", ()):
+            if self.splits[which] is not None and _reads(trainer, which):
+                self._eval_datasets[which] = self._eval_dataset(which)
 
     def train_dataloader(self) -> Any:
         """This rank's savable, endless training loader (restored from a checkpoint if one was loaded),
@@ -252,17 +269,29 @@ class EnergonDataModule(pl.LightningDataModule):
             raise ValueError(f"EnergonDataModule: the {which} loader is off ({which}_split=None)")
         return split
 
-    def _eval_loader(self, which: str) -> Any:
+    def _eval_dataset(self, which: str) -> Any:
+        """The ``val`` or ``test`` dataset; one that cannot be read is named with its path and split."""
         from energon_ray.loader.factory import get_val_dataset
+
+        split = self._split(which)
+        try:
+            return get_val_dataset(
+                self.paths[which], split_part=split, worker_config=self._worker_config(),
+                batch_size=self.val_batch_size, packing_buffer_size=self.packing_buffer_size, limit=self.val_limit,
+                task_encoder=self.task_encoder, **self.dataset_options,
+            )  # fmt: skip
+        except DatasetConfigError as exc:
+            raise DatasetConfigError(
+                f"EnergonDataModule: the {which} split {split!r} of {self.paths[which]} cannot be read: {exc} "
+                f"({which}_split=None, or dataset.{which}_split=null on the command line, runs without it)"
+            ) from exc
+
+    def _eval_loader(self, which: str) -> Any:
         from energon_ray.loader.api import get_loader
 
         if self.splits[which] is None:
             return []  # Lightning: no loader for this stage
-        dataset = get_val_dataset(
-            self.paths[which], split_part=self._split(which), worker_config=self._worker_config(),
-            batch_size=self.val_batch_size, packing_buffer_size=self.packing_buffer_size, limit=self.val_limit,
-            task_encoder=self.task_encoder, **self.dataset_options,
-        )  # fmt: skip
+        dataset = self._eval_datasets.pop(which, None) or self._eval_dataset(which)
         loader = get_loader(dataset, **self.loader_options)
         self._loaders.append(loader)
         return loader
@@ -295,6 +324,18 @@ class _RestoredByDataModule:
         if name == "loader":  # not set yet (a copy being made): no loader to ask
             raise AttributeError(name)
         return getattr(self.loader, name)
+
+
+def _reads(trainer: Any, which: str) -> bool:
+    """Whether ``trainer`` will ask for the ``val`` or ``test`` loader (``True`` without a trainer):
+    not when its module has no ``validation_step``/``test_step`` or its ``limit_*_batches`` is 0."""
+    if trainer is None:
+        return True
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    step, limit = ("validation_step", "limit_val_batches") if which == "val" else ("test_step", "limit_test_batches")
+    module = getattr(trainer, "lightning_module", None)
+    return (module is None or is_overridden(step, module)) and getattr(trainer, limit, 1) != 0
 
 
 def _lightning_epoch_over(trainer: Any) -> bool:

@@ -174,6 +174,37 @@ def test_a_lightning_module_of_your_own_trains_on_batches_that_hold_their_source
         assert all(shard.startswith("shards/shard_") and shard.endswith(".tar") for shard in shards)
 
 
+class _OwnModuleThatValidates(_OwnModule):
+    def validation_step(self, batch, batch_idx):
+        return self.training_step(batch, batch_idx)
+
+
+def test_fit_with_an_empty_val_split_fails_at_setup_before_any_step_unless_nothing_validates(tmp_path):
+    """A module with a validation_step and a dataset whose 'val' part has no shards: fit fails at setup,
+    naming the path and split (was: when Lightning first validated, after an epoch of training); without a
+    validation_step, or with limit_val_batches=0, the val split is not read and fit trains."""
+    from energon_ray.errors import DatasetConfigError
+    from energon_ray.task_encoder import DefaultTaskEncoder
+    from energon_ray.tasks.datamodule import EnergonDataModule
+    from energon_ray.tasks.run import synthetic_captioning
+
+    path = synthetic_captioning(tmp_path / "own", 16, 8, image_size=(32, 24), split_ratio=(1, 0, 0), progress=False)
+
+    def fit(module, **trainer_kwargs):
+        data = EnergonDataModule(path, DefaultTaskEncoder(), 4, test_split=None, loader={"num_workers": 1})
+        trainer = pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, **trainer_kwargs)  # fmt: skip
+        trainer.fit(module, datamodule=data)
+        return trainer
+
+    module = _OwnModuleThatValidates()
+    with pytest.raises(DatasetConfigError, match=re.escape(f"EnergonDataModule: the val split 'val' of {path} cannot be read: ")):
+        fit(module, num_sanity_val_steps=0)  # no sanity check to meet the split before training
+    assert module.seen == []
+    assert fit(_OwnModule()).global_step == 1
+    assert fit(_OwnModuleThatValidates(), limit_val_batches=0).global_step == 1
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

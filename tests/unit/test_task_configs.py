@@ -17,6 +17,7 @@ from energon_ray.tasks.tokenizer import ByteTokenizer, HFTokenizer
 from energon_ray.tasks.vision.igpt.encoder import PixelQuantizer
 from energon_ray.train import build, compose
 from energon_ray.train.config import BUILTIN_TASKS
+from tests.helpers import captioning_dataset
 
 
 def captioning_cli_error(monkeypatch, tmp_path, *overrides: str):
@@ -204,6 +205,30 @@ def test_datamodule_checks_its_arguments_and_keeps_states_for_later():
     assert data._pending_states == [{"version": 1}]
     data.setup()
     assert (data.worker_config.rank, data.worker_config.world_size, data.worker_config.num_workers) == (0, 1, 3)
+
+
+def test_datamodule_setup_names_a_val_or_test_split_without_shards_before_any_loader_is_built(tmp_path):
+    """setup('fit'/'validate'/'test') builds the stage's evaluation dataset: a split part with no shards
+    fails there (it failed when Lightning first asked for the loader, mid-fit); a split set to None is not read."""
+    from energon_ray.errors import DatasetConfigError
+    from energon_ray.tasks.captioning import CaptioningTaskEncoder
+
+    path = captioning_dataset(tmp_path / "ds", n=8, per_shard=4)  # split 1,0,0: val and test have no shards
+    for stage, which in (("fit", "val"), ("validate", "val"), ("test", "test")):
+        data = EnergonDataModule(path, CaptioningTaskEncoder(), 4, loader={"num_workers": 1})
+        with pytest.raises(DatasetConfigError) as raised:
+            data.setup(stage)
+        assert str(raised.value) == (
+            f"EnergonDataModule: the {which} split {which!r} of {path} cannot be read: {path}/.nv-meta/split.yaml: split part "
+            f"{which!r} has no shards (after excludes) ({which}_split=None, or dataset.{which}_split=null on the command "
+            "line, runs without it)")  # fmt: skip
+    data = EnergonDataModule(path, CaptioningTaskEncoder(), 4, val_split=None, test_split=None, loader={"num_workers": 1})
+    for stage in ("fit", "validate", "test", "predict"):
+        data.setup(stage)
+    assert data._eval_datasets == {} and data.val_dataloader() == [] and data.test_dataloader() == []
+    data = EnergonDataModule(path, CaptioningTaskEncoder(), 4, val_split="train", loader={"num_workers": 1})
+    data.setup("fit")  # a split with shards: built once, here, and kept for the validation loader
+    assert list(data._eval_datasets) == ["val"] and len(data._eval_datasets["val"]) == 2  # batches of 4
 
 
 def test_checkpointing_turned_off_drops_the_configured_model_checkpoint(tmp_path):
