@@ -4,17 +4,38 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import os
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import lightning.pytorch as pl
 from omegaconf import DictConfig, OmegaConf
 
+from energon_ray.ray_settings import verbose
 from energon_ray.train.build import build, check_build, make_trainer
 from energon_ray.train.config import (
     ConfigError, check_choices, check_loader, check_loader_fits, check_ray_trainer, check_run, check_trainer, is_lightning_ckpt_name,
     ray_options, with_absolute_paths,
 )  # fmt: skip
+
+
+#: the loggers of Lightning's rank-zero info lines (whichever of the two Lightning packages was imported last logs them)
+LIGHTNING_INFO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+
+
+def quiet_lightning() -> None:
+    """Lightning's own chatter off unless ``ENERGON_RAY_VERBOSE=1``: its rank-zero info lines (the
+    hardware it found, tips to install its cloud products, why ``fit`` stopped) and torch's notice
+    that an API Lightning's internals call is deprecated. Its warnings about the user's config and
+    model (``warnings.warn``) stay, and so does a level the user set on these loggers."""
+    if verbose():
+        return
+    for name in LIGHTNING_INFO_LOGGERS:
+        log = logging.getLogger(name)
+        if log.level == logging.NOTSET:
+            log.setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 class LossHistory(pl.Callback):
@@ -161,6 +182,7 @@ def fit_here(
 ) -> TrainResult:
     """Build the datamodule, task and trainer of ``cfg`` in this process and fit (then test if
     ``cfg.test``); ``ray.train`` workers call it with their strategy and plugins as overrides."""
+    quiet_lightning()
     pl.seed_everything(int(cfg.seed), verbose=False)
     datamodule, task = build(cfg)
     history = LossHistory()

@@ -4,6 +4,7 @@ the session's 2-CPU Ray."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -41,10 +42,15 @@ def _cfg(work_dir: str, task: str, *overrides: str):
 
 
 @pytest.mark.parametrize("task", sorted(BUILTIN_TASKS))
-def test_task_trains_and_its_loss_falls(work_dir, task):
-    """STEPS steps on generated data, one validation at the end: loss(last 3) < MARGIN * loss(first)."""
+def test_task_trains_and_its_loss_falls(work_dir, task, caplog):
+    """STEPS steps on generated data, one validation at the end: loss(last 3) < MARGIN * loss(first); quiet:
+    none of Lightning's info lines (hardware, tips to install its products) and no deprecation of its internals."""
     extra = ["task.classify=true"] if task == "vision/igpt" else []
-    result = fit(_cfg(work_dir, task, f"trainer.max_steps={STEPS}", f"trainer.val_check_interval={STEPS}", *extra))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fit(_cfg(work_dir, task, f"trainer.max_steps={STEPS}", f"trainer.val_check_interval={STEPS}", *extra))
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("lightning") and r.levelno < logging.WARNING] == []
+    assert [str(w.message) for w in caught if "LeafSpec" in str(w.message)] == []
     assert (result.global_step, result.world_size, len(result.losses)) == (STEPS, 1, STEPS)
     first, last = result.losses[0], sum(result.losses[-3:]) / 3
     assert last < MARGIN * first, result.losses
