@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from energon_ray.blend.metadataset_values import (
     MULTIPLIER_VALUES, absolute_subset_error, combine_multipliers, compose_ratio, config_number, is_multiplier, node_error, parse_subset,
 )  # fmt: skip
-from energon_ray.errors import DatasetConfigError, first_time
+from energon_ray.errors import DatasetConfigError, first_time, users_stacklevel
 from energon_ray.format import energon_yaml
 from energon_ray.storage import RemotePath, StorageError, as_path, is_remote, local_of
 
@@ -289,7 +289,7 @@ def _warn_subflavor(file: str, where: str, value: Any) -> None:
         f"{file}: {where}: subflavor is deprecated (as in megatron-energon), use subflavors instead: "
         f"`subflavors: {{__subflavor__: {value!r}}}` gives the samples the same __subflavors__",
         FutureWarning,
-        stacklevel=2,
+        stacklevel=users_stacklevel(),  # the user's call, whatever energon_ray calls lie between
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
-from energon_ray.errors import DatasetConfigError, first_time, parse_problem
+from energon_ray.errors import DatasetConfigError, first_time, parse_problem, users_stacklevel
 from energon_ray.format import energon_yaml
 from energon_ray.format.dataset_code import RemoteFiles, load_callable, named_sample_type
 from energon_ray.format.field_access import parse_field_access
@@ -155,7 +155,7 @@ def warn_legacy_class(spec: DatasetSpec) -> None:
         f"top-level __module__/__class__ and write `sample_type: {{__module__: megatron.energon, __class__: "
         f"{spec.sample_type.__name__}}}` instead, keeping the rest",
         FutureWarning,
-        stacklevel=3,
+        stacklevel=users_stacklevel(),  # the user's call, whatever energon_ray calls lie between
     )
 
 

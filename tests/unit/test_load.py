@@ -399,6 +399,7 @@ def test_a_legacy_class_is_warned_about_once_where_the_dataset_is_opened_and_nev
     a Ray worker does with the spec it is sent) is silent."""
     import warnings
 
+    from energon_ray import WorkerConfig, get_val_dataset
     from energon_ray.format.dataset import PreparedDataset
     from energon_ray.synthetic import captioning_samples, write_shards
     from energon_ray.format.prepare import prepare_dataset
@@ -409,15 +410,17 @@ def test_a_legacy_class_is_warned_about_once_where_the_dataset_is_opened_and_nev
     config = tmp_path / ".nv-meta" / "dataset.yaml"
     _write_raw_yaml(tmp_path, {"__module__": "megatron.energon", "__class__": "CaptioningWebdataset",
                                "field_map": {"image": "jpg", "caption": "txt"}})  # fmt: skip
-    with pytest.warns(FutureWarning) as caught:
-        opened = PreparedDataset.open(tmp_path, "train")
+    with pytest.warns(FutureWarning) as caught:  # the user's get_val_dataset call opens it
+        get_val_dataset(tmp_path, split_part="train", batch_size=1, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=1))
     assert [str(w.message) for w in caught] == [
         f"{config}: __class__: CaptioningWebdataset is deprecated (as in megatron-energon): drop the top-level "
         "__module__/__class__ and write `sample_type: {__module__: megatron.energon, __class__: CaptioningSample}` "
         "instead, keeping the rest"
     ]
+    assert [w.filename for w in caught] == [__file__]  # the user's call (was inside energon_ray: loader/factory.py)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        opened = PreparedDataset.open(tmp_path, "train")
         rebuilt = pickle.loads(pickle.dumps(opened.spec))
         assert read_dataset_spec(tmp_path).legacy_class == rebuilt.legacy_class == "CaptioningWebdataset"
         assert PreparedDataset.open(tmp_path, "train").spec.sample_type is CaptioningSample

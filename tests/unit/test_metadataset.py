@@ -104,6 +104,7 @@ splits:
         f"{f}: splits.train.blend[0]: subflavor is deprecated (as in megatron-energon), use subflavors instead: "
         "`subflavors: {__subflavor__: 'a'}` gives the samples the same __subflavors__"
     ]
+    assert [w.filename for w in caught] == [__file__]  # the user's call (was metadataset.py, inside energon_ray)
 
 
 def test_the_subflavor_warning_is_given_once_per_node_and_process(tree):
