@@ -1,6 +1,7 @@
 """``energon-ray lint PATH``: decode every sample the way the loader does and list the bad ones.
 
-Each shard's ``.tar.idx`` is checked against ``.info.json`` and against the tar (no sample before its
+``.nv-meta/index.sqlite`` must open and count the samples ``.info.json`` counts. Each shard's
+``.tar.idx`` is checked against ``.info.json`` and against the tar (no sample before its
 first offset or after its end, each offset on a sample's first header); then every sample is read
 through the index, each part decoded by the loader's ``SampleDecoder`` and each field built into the
 sample type. One line per problem (``shard  key  field  reason``), then ``N samples checked, K bad``;
@@ -9,8 +10,10 @@ the exit code is 1 when anything is bad.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sqlite3
 import sys
 import tarfile
 from pathlib import Path
@@ -28,6 +31,7 @@ from energon_ray.format.pool import process_pool
 from energon_ray.decode.part_limits import DEFAULT_MAX_PART_BYTES
 from energon_ray.decode.sample_decoder import SampleDecoder
 from energon_ray.errors import DatasetConfigError, IndexMismatchError, ShardReadError, resolve_trust
+from energon_ray.format.info import META_DIR, read_info
 from energon_ray.format.tar_index import check_tar_index, index_path, read_tar_index
 from energon_ray.format.tar_reader import SKIP_META_RE, TAR_ENCODING, parse_sample, split_member_name
 
@@ -62,6 +66,38 @@ def _reprepare(dataset: LocalDataset) -> str:
     if dataset.format == "jsonl":
         return f"re-run `energon-ray prepare {dataset.root}`"
     return f"re-run `energon-ray prepare --tar-index-only {dataset.root}`"
+
+
+#: The sample index ``prepare`` writes beside ``.info.json`` (joins, file stores and media metadata read it).
+INDEX_DB = "index.sqlite"
+
+
+def index_db_problems(dataset: LocalDataset) -> List[Problem]:
+    """``.nv-meta/index.sqlite`` opens and holds what ``prepare`` writes: its ``samples`` and
+    ``sample_parts`` tables, and one ``samples`` row per sample that ``.info.json`` counts. Cheap: two
+    queries, no scan of the file. None for a .jsonl, or a dataset without the file (the loader reads
+    the ``.tar.idx`` files, and a dataset from an old Energon has no index.sqlite)."""
+    if dataset.format != "tar":
+        return []
+    root = Path(dataset.root)
+    file = root / META_DIR / INDEX_DB
+    if not file.is_file():
+        return []
+    expected = sum(read_info(root).values())
+    try:
+        with contextlib.closing(sqlite3.connect(f"{file.absolute().as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            missing = [table for table in ("samples", "sample_parts") if table not in tables]
+            if missing:
+                what = f"has no table {' or '.join(missing)}"
+            else:
+                rows = db.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+                what = None if rows == expected else f"holds {rows} samples, .info.json counts {expected}"
+    except sqlite3.Error as exc:
+        what = f"cannot be read as SQLite ({exc})"
+    if what is None:
+        return []
+    return [Problem(f"{META_DIR}/{INDEX_DB}", "-", "index", f"{file}: {what}; {_reprepare(dataset)}")]
 
 
 def _outside_index(dataset: LocalDataset, shard: LocalShard, offsets) -> List[Problem]:
@@ -213,6 +249,9 @@ def lint(dataset: LocalDataset, decoder: SampleDecoder, limit: Optional[int], jo
     results = _results(dataset, decoder, runs, jobs)
     with tqdm(total=sum(r.size for r in runs), unit="sample", desc="Linting", file=sys.stderr,
               disable=not sys.stderr.isatty()) as bar:  # fmt: skip
+        for problem in index_db_problems(dataset):
+            index_problems += 1
+            _emit(bar, problem.line())
         try:
             for shard_plan in plans:  # shard by shard: its index problems, then its samples'
                 index_problems += len(shard_plan.problems)
@@ -252,7 +291,7 @@ def lint_command(
     """Decode every sample of the prepared dataset (or .jsonl file) at PATH as the loader does; list each
     bad sample as `shard  key  field  reason`, then `N samples checked, K bad`. Exit code 1 if any is bad.
 
-    Also checks each shard's .tar.idx against the tar. Samples that split.yaml excludes are not checked.
+    Also checks each shard's .tar.idx against the tar, and .nv-meta/index.sqlite against .info.json. Samples that split.yaml excludes are not checked.
     The dataset runs no code unless --trust-dataset-code (or ENERGON_RAY_TRUST_DATASET_CODE=1).
     """
     check_path_options(path, split_config, dataset_config)

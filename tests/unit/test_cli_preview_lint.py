@@ -237,6 +237,38 @@ def test_lint_names_a_lost_index_and_the_command_that_rebuilds_it(dataset):
     assert res.exit_code == 0 and res.stdout.splitlines() == ["10 samples checked, 0 bad"], res.output
 
 
+def test_lint_checks_index_sqlite_opens_and_counts_the_samples_and_names_it(dataset):
+    """A corrupt, emptied or short index.sqlite passed lint: it is an index problem naming the file and the
+    command that rebuilds it; running that makes lint clean."""
+    import sqlite3
+
+    db_file = dataset / ".nv-meta" / "index.sqlite"
+    good = db_file.read_bytes()
+
+    def lint_index_line():
+        res = run_cli("lint", dataset)
+        assert res.exit_code == 1 and res.stdout.splitlines()[1:] == ["10 samples checked, 0 bad, 1 index problems"], res.output
+        shard, key, field, reason = columns(res.stdout.splitlines()[0])
+        assert (shard, key, field) == (".nv-meta/index.sqlite", "-", "index")
+        assert suggested_command(reason) == ["prepare", "--tar-index-only", str(dataset)]
+        return reason
+
+    db_file.write_bytes(b"not a database" * 100)
+    assert lint_index_line() == (f"{db_file}: cannot be read as SQLite (file is not a database); "
+                                 f"re-run `energon-ray prepare --tar-index-only {dataset}`")  # fmt: skip
+    db_file.write_bytes(good)
+    with sqlite3.connect(db_file) as db:
+        db.execute("DELETE FROM samples WHERE sample_key = 'sample_000003'")
+    assert lint_index_line().startswith(f"{db_file}: holds 9 samples, .info.json counts 10; ")
+    with sqlite3.connect(db_file) as db:
+        db.execute("DROP TABLE sample_parts")
+    assert lint_index_line().startswith(f"{db_file}: has no table sample_parts; ")
+    fix = run_cli("prepare", "--tar-index-only", dataset, "--no-progress")
+    assert fix.exit_code == 0, fix.output
+    res = run_cli("lint", dataset)
+    assert res.exit_code == 0 and res.stdout.splitlines() == ["10 samples checked, 0 bad"], res.output
+
+
 def test_lint_on_the_shard_folder_instead_of_the_dataset_says_it_is_not_prepared(dataset):
     """lint of a folder without .nv-meta (here the shards' folder) names it and the command to run, as
     preview does; it said only `.../shards/.nv-meta/split.yaml: split file not found`."""
