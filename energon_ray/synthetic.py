@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image
 
 from energon_ray.errors import DatasetConfigError
+from energon_ray.format.pool import process_pool
 from energon_ray.format.prepare import already_prepared, prepare_dataset
 
 #: Written into the folder before anything else and removed once the dataset is prepared: a folder
@@ -124,13 +125,11 @@ def write_captioning_dataset(
     out = Path(out_dir) / shard_subdir
     if processes <= 1:
         return write_shards(out, captioning_samples(num_samples, image_size, image_format, seed), samples_per_shard)
-    from concurrent.futures import ProcessPoolExecutor
-
     out.mkdir(parents=True, exist_ok=True)
     starts = range(0, num_samples, samples_per_shard)
     jobs = [(out / f"shard_{no:04d}.tar", start, min(samples_per_shard, num_samples - start), image_size, image_format, seed)
             for no, start in enumerate(starts)]  # fmt: skip
-    with ProcessPoolExecutor(processes) as pool:
+    with process_pool(processes) as pool:  # not forked while other threads run
         return list(pool.map(_write_captioning_shard, jobs))
 
 
