@@ -1,4 +1,5 @@
-"""The images of previewed samples as a PNG grid or an HTML page (``energon-ray preview --out``)."""
+"""The images of previewed samples as a PNG grid or an HTML page (``energon-ray preview --out``):
+decoded images as they are, a video as a strip of frames, an audio track as its waveform."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import base64
 import dataclasses
 import html
 import io
+import logging
 import math
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
@@ -20,6 +22,11 @@ import torch
 #: Space around and between the grid's cells, and the height of the key under each image (pixels).
 PAD = 4
 LABEL_HEIGHT = 14
+#: A video's frames in its strip (equally spaced over the video), and a waveform's size (pixels).
+STRIP_FRAMES = 6
+WAVE_SIZE = (512, 128)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -69,8 +76,55 @@ def to_image(value: Any) -> Optional[PIL.Image.Image]:
     return None
 
 
-def find_images(field: str, value: Any) -> List[Tuple[str, PIL.Image.Image]]:
-    """``(label, image)`` of a field's image, or of each image in a list field (``sequence[2]``)."""
+def waveform(audio: torch.Tensor, size: Tuple[int, int] = WAVE_SIZE) -> PIL.Image.Image:
+    """A ``(channels, samples)`` clip (any sample type ``AVDecoder`` gives) drawn as its waveform: per
+    column of pixels the lowest and highest sample of that stretch (channels averaged), scaled to the
+    loudest sample, around a grey centre line."""
+    from energon_ray.decode.av import audio_to_float
+
+    width, height = size
+    wave = audio_to_float(audio).float().mean(dim=0).numpy() if audio.numel() else np.zeros(1, np.float32)
+    peak = float(np.abs(wave).max()) or 1.0
+    edges = np.linspace(0, len(wave), width + 1).astype(int)
+    image = PIL.Image.new("RGB", size, "white")
+    draw = PIL.ImageDraw.Draw(image)
+    middle = (height - 1) / 2
+    draw.line([(0, middle), (width - 1, middle)], fill=(200, 200, 200))
+    for x in range(width):
+        part = wave[edges[x] : max(edges[x + 1], edges[x] + 1)]
+        low, high = float(part.min()) / peak, float(part.max()) / peak
+        draw.line([(x, middle - high * middle), (x, middle - low * middle)], fill=(31, 119, 180))
+    return image
+
+
+def av_images(field: str, decoder: Any, key: str = "?") -> List[Tuple[str, PIL.Image.Image]]:
+    """``(label, image)`` of an ``AVDecoder`` field: its video as a strip of ``STRIP_FRAMES`` frames,
+    its audio track as a waveform; a file that does not decode is left out with a warning naming the
+    sample's ``key`` and the field."""
+    from energon_ray.decode.av import get_single_frames_uniform
+    from energon_ray.errors import SampleException
+
+    out: List[Tuple[str, PIL.Image.Image]] = []
+    try:
+        if decoder.has_video_stream():
+            frames = get_single_frames_uniform(decoder, STRIP_FRAMES)  # uint8 (n, 3, h, w)
+            out.append((f"{field} (video)", to_image(torch.cat(list(frames), dim=2))))
+        if decoder.has_audio_stream():
+            clips = decoder.get_audio().audio_clips or []
+            if clips:
+                out.append((f"{field} (audio)", waveform(clips[0])))
+    except SampleException as exc:
+        logger.warning("energon_ray preview: sample %s, field %s: left out of the images: %s", key, field, exc)
+    return out
+
+
+def find_images(field: str, value: Any, key: str = "?") -> List[Tuple[str, PIL.Image.Image]]:
+    """``(label, image)`` of a field's image, of each image in a list field (``sequence[2]``), or of
+    a video or audio field (``av_images``; ``key``: the sample's)."""
+    from energon_ray.decode.av import AVDecoder
+
+    if isinstance(value, AVDecoder):
+        return av_images(field, value, key)
     image = to_image(value)
     if image is not None:
         return [(field, image)]

@@ -111,7 +111,7 @@ def _lines(sample: Any, problems: List[Problem], width: int) -> List[Tuple[str, 
 
 
 def _item(shard: str, key: str, sample: Any, problems: List[Problem], width: int) -> PreviewItem:
-    images = [img for name, value in (sample_fields(sample) if sample is not None else []) for img in find_images(name, value)]
+    images = [img for name, value in (sample_fields(sample) if sample is not None else []) for img in find_images(name, value, key)]
     return PreviewItem(key=key, shard=shard, images=images, lines=_lines(sample, problems, width))
 
 

@@ -116,6 +116,38 @@ def test_preview_out_html_holds_each_caption_and_an_inline_png_per_sample(datase
     assert page.index("sample_000000") < page.index("sample_000001") < page.index("sample_000002")
 
 
+def test_preview_out_draws_a_video_as_a_strip_of_frames_and_audio_as_its_waveform(tmp_path, caplog):
+    """A video part becomes a strip of ``STRIP_FRAMES`` frames (each the video's frame at that time),
+    an audio part its waveform; a part that does not decode is left out with a warning naming the
+    sample and field, the others drawn."""
+    import av
+
+    from energon_ray.cli.gallery import STRIP_FRAMES, WAVE_SIZE
+    from energon_ray.synthetic_media import encode_video, encode_wav, tone, video_frames
+
+    frames = video_frames(0, STRIP_FRAMES, (32, 24))
+    samples = [("v0", {"mp4": encode_video(frames), "txt": b"a video"}),
+               ("a1", {"wav": encode_wav(tone(1, 0.5, 8000), 8000), "txt": b"a tone"}),
+               ("b2", {"mp4": b"not a video", "txt": b"broken"})]  # fmt: skip
+    write_shards(tmp_path / "ds" / "shards", samples, 4)
+    prepare_dataset(tmp_path / "ds", split_ratio=(1, 0, 0), sample_type="CrudeWebdataset", progress=False)
+    out = tmp_path / "page.html"
+    with caplog.at_level("WARNING", logger="energon_ray.cli.gallery"):
+        res = run_cli("preview", tmp_path / "ds", "-n", 3, "--out", out)
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[-1] == f"Wrote {out} (2 images, 3 samples)"
+    assert [r.getMessage().split(": left out")[0] for r in caplog.records] == ["energon_ray preview: sample b2, field mp4"]
+    strip, wave = [PIL.Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB")
+                   for b in re.findall(r'src="data:image/png;base64,([^"]+)"', out.read_text())]  # fmt: skip
+    assert strip.size == (32 * STRIP_FRAMES, 24) and wave.size == (WAVE_SIZE[0] // 2, WAVE_SIZE[1] // 2)  # (in 256-pixel thumbnails)
+    with av.open(io.BytesIO(samples[0][1]["mp4"])) as container:  # the decoded frames, side by side
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert np.array_equal(np.asarray(strip), np.concatenate(decoded, axis=1))
+    pixels = np.asarray(wave)
+    drawn = [(pixels[:, x] < 160).any(axis=-1).sum() for x in range(wave.width)]  # the wave's blue, not the grey centre line
+    assert drawn[0] > wave.height // 2 and drawn[-1] < drawn[0] // 4  # a decaying tone: loud, then quiet
+
+
 def test_preview_runs_no_dataset_code_unless_trusted(dataset, tmp_path):
     marker = tmp_path / "ran"
     meta = dataset / ".nv-meta"
