@@ -106,6 +106,9 @@ def floor_iter(shards: List[str]):
 #: ``*_gen`` contenders: ``encode_sample`` written as a generator (one output per sample), which
 #: energon_ray runs as chained segments (each worker stream's segments one after another)
 _GENERATOR = {"on": False}
+#: ``--blend``: the loaders repeat (Energon blends only repeating datasets) and the pass stops after
+#: ``--blend`` times ``--samples`` samples
+_REPEAT = {"on": False}
 
 
 def make_energon_encoder(module):
@@ -149,7 +152,7 @@ def energon_iter(path: str, workers: int):
     wc = me.WorkerConfig(rank=0, world_size=1, num_workers=workers)
     ds = me.get_train_dataset(
         path, split_part="train", worker_config=wc, batch_size=BATCH, shuffle_buffer_size=100,
-        max_samples_per_sequence=100, repeat=False, task_encoder=Encoder(),
+        max_samples_per_sequence=100, repeat=_REPEAT["on"], task_encoder=Encoder(),
     )  # fmt: skip
     return iter(me.get_loader(ds))
 
@@ -198,7 +201,7 @@ def _energon_ray_loader(path: str):
         wc = er.WorkerConfig(rank=0, world_size=1, num_workers=options.pop("num_workers", 2))
         ds = er.get_train_dataset(
             path, split_part="train", worker_config=wc, batch_size=BATCH, shuffle_buffer_size=100,
-            max_samples_per_sequence=100, repeat=False, task_encoder=Encoder(), **options,
+            max_samples_per_sequence=100, repeat=_REPEAT["on"], task_encoder=Encoder(), **options,
         )  # fmt: skip
         loader_options = {} if _ER_LIMIT is None else {"object_store_limit": _ER_LIMIT}
         _ER_LOADER["loader"] = (emulated_pinning_loader if _ER_EMULATE_PIN else er.get_loader)(ds, **loader_options)
@@ -272,6 +275,17 @@ def dataset(workdir: str, samples: int, write: bool = True):
         prepare_dataset(root, split_ratio=(1, 0, 0), sample_type="CaptioningSample",
                         field_map={"image": "jpg", "caption": "txt"}, progress=False)  # fmt: skip
     return root, sorted(glob.glob(str(root / "shards" / "*.tar")))
+
+
+def blend_yaml(root: Path, leaves: int) -> Path:
+    """A metadataset blending ``leaves`` copies of ``root``'s train split at equal weights (both
+    Energon and energon_ray load it): a blend's memory and trainer CPU against one dataset's."""
+    path = root.parent / f"{root.name}_blend{leaves}.yaml"
+    entries = "".join(f"        - weight: 1\n          path: {root}\n" for _ in range(leaves))
+    path.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n" + entries
+    )
+    return path
 
 
 # -- fresh-process harness ---------------------------------------------------------------------
@@ -393,6 +407,8 @@ def run_child(name: str, args) -> Dict[str, float]:
         cmd += ["--sleep-ms", str(args.sleep_ms)]
     if args.emulate_pin:
         cmd += ["--emulate-pin"]
+    if args.blend:
+        cmd += ["--blend", str(args.blend)]
     return measure(name, cmd)
 
 
@@ -525,7 +541,8 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     trainer_cpu0 = None
     steps = []  # wall ms of each --step-ms step (CPU work of the training thread standing in for a model's step)
     waits = []  # ms the trainer waited in next() for each batch
-    while True:
+    limit = args.samples * args.blend if args.blend else None
+    while limit is None or sum(sizes) < limit:
         asked = time.perf_counter()
         batch = next(it, None)
         if batch is None:
@@ -555,8 +572,8 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     if by_process:  # the ramp: when the first batches came, seconds from iter()
         print(f"{name} first batches at: {[round(t - start, 2) for t in stamps[:40:3]]}", file=sys.stderr, flush=True)
     n = sum(sizes)
-    if n != args.samples:
-        raise RuntimeError(f"{name}: pass yielded {n} samples, expected {args.samples}")
+    if (n != args.samples) if limit is None else not limit <= n < limit + BATCH:
+        raise RuntimeError(f"{name}: pass yielded {n} samples, expected {limit or args.samples}")
     lo, hi = len(stamps) // 10, len(stamps) - len(stamps) // 10
     steady = sum(sizes[lo + 1 : hi + 1]) / (stamps[hi] - stamps[lo]) if hi > lo + 1 else 0.0
     print(json.dumps({
@@ -596,6 +613,7 @@ def main() -> None:
     parser.add_argument("--sleep-ms", type=float, default=0.0, help="after each batch, sleep this many ms (a GPU step: the CPU idle); see the waits in next()")
     parser.add_argument("--emulate-pin", action="store_true", help="energon_ray: pin as on CUDA, each copy a clone in pageable memory (a CPU stand-in)")
     parser.add_argument("--pss-every", type=float, default=PSS_EVERY, help="seconds between PSS samples of a contender's process tree")
+    parser.add_argument("--blend", type=int, default=0, help="energon, energon_ray: a metadataset blending this many copies of the dataset (equal weights); a pass is that many times --samples")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     globals()["PSS_EVERY"] = args.pss_every
@@ -609,6 +627,11 @@ def main() -> None:
 
     if args.child:
         root, shards = dataset(args.workdir, args.samples, write=False)
+        if args.blend:
+            if args.child not in ("energon", "energon_ray"):
+                raise SystemExit(f"--blend: only energon and energon_ray, not {args.child}")
+            root = blend_yaml(root, args.blend)
+            _REPEAT["on"] = True
         child(args.child, args, root, shards)
         return
     dataset(args.workdir, args.samples)

@@ -13,12 +13,12 @@ from energon_ray.blend.base import Composition, PassContext
 from energon_ray.cache.aux import check_primary_index
 from energon_ray.cache.cooking import AuxConfig
 from energon_ray.format.dataset import PreparedDataset
-from energon_ray.pipeline.chained import chains_outputs, counts_outputs
+from energon_ray.pipeline.chained import chains_outputs, counts_outputs, groups_segments
 from energon_ray.pipeline.load import SampleLoader
 from energon_ray.pipeline.policy import deferred_handler
 from energon_ray.pipeline.shipping import Shipped
 from energon_ray.pipeline.stages import StageConfig
-from energon_ray.plan.layout import choose_layout
+from energon_ray.plan.layout import choose_layout, task_targets
 from energon_ray.plan.options import PlanOptions
 from energon_ray.plan.sharder import compute_subset, slice_offsets, worker_ranges
 from energon_ray.plan.stream import SegmentLayout, SegmentPlan, StreamConfig, WorkerStream
@@ -92,6 +92,11 @@ class EnergonDataset(Composition):
         #: each segment of an unbatched generator ``encode_sample`` stream encodes on its own, its hooks
         #: reading positions (a restored state saved before such streams were chained: ``savable.adopt_pack_batching``)
         self.segment_unbatched = False
+        #: the loader runs the segments as plain Ray tasks (``executor="tasks"``), several short ones
+        #: to a task where ``chained.groups_segments`` allows (``task_samples``)
+        self.segments_as_tasks = True
+        #: the loader's composition has other leaves (``run_as_tasks``)
+        self.among_several = False
 
     def _check_hooks(self) -> None:
         te, spec = self.task_encoder, self.dataset.spec
@@ -147,8 +152,27 @@ class EnergonDataset(Composition):
         from energon_ray.blend.packed_blend import PACK_CHUNK_BUFFERS
 
         options = self.options
+        grouped = self.segments_as_tasks and groups_segments(self.stage_config(), self.segment_batches, self.among_several)
         return choose_layout(options.segment_samples, options.batch_size, options.packing_buffer_size,
-                             bool(options.blend_samples), PACK_CHUNK_BUFFERS, max(1, self.worker_config.num_workers))  # fmt: skip
+                             bool(options.blend_samples), PACK_CHUNK_BUFFERS, max(1, self.worker_config.num_workers), grouped)  # fmt: skip
+
+    @property
+    def task_samples(self) -> Optional[Tuple[int, int]]:
+        """Samples a task of this leaf's segments aims for, ``(first, later)`` (``TaskStream`` runs
+        several short segments to a task: ``plan.layout.task_targets``); ``None``: one segment a task
+        (a length the user chose, packing, a restored state's long segments, ``executor="ray_data"``)."""
+        layout = self.segment_layout
+        if not self.segments_as_tasks or self.options.segment_samples is not None or self.options.packing_buffer_size:
+            return None
+        targets = task_targets(max(1, self.worker_config.num_workers))
+        return targets if layout.first_rounds == 0 and layout.length < targets[1] else None
+
+    def run_as_tasks(self, value: bool, several: bool = False) -> None:
+        """``True``: the loader runs the segments as plain Ray tasks (short segments, several to a
+        task where they may be: ``chained.groups_segments``); ``False``: as Ray Data's read tasks
+        (``executor="ray_data"``). ``several``: the loader's composition has other leaves."""
+        self.segments_as_tasks = value
+        self.among_several = several
 
     @property
     def excluded(self) -> Tuple[int, ...]:

@@ -292,10 +292,15 @@ class MultiFeed(BlockRows):
 
     def _chaining(self) -> Dict[str, Any]:
         """``TaskStream``'s view of chained leaves: where a restored worker stream rebuilds its carry
-        (known before the queues are restored: the pass starts first), and those segments' specs."""
+        (known before the queues are restored: the pass starts first), and those segments' specs;
+        and of the leaves whose short segments run several to a task (``EnergonDataset.task_samples``)."""
+        targets = {i: getattr(leaf, "task_samples", None) for i, leaf in enumerate(self.leaves)}
+        grouped = {i: t for i, t in targets.items() if t is not None}
         return {
             "chain_start": lambda source, worker: self._chain_starts.get((source, worker)),
             "segment_spec": lambda source, worker, index: self.schedules[source].plan.segment(worker, index),
+            "group": max(grouped.values()) if grouped else None,
+            "group_sources": set(grouped),
         }
 
     def before_first_batch(self) -> bool:

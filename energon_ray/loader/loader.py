@@ -105,6 +105,7 @@ class EnergonLoader(LoaderSaving):
         self._training = any(leaf.options.training for leaf in leaves)
         for leaf in leaves:  # Ray Data's operators, or a task that may not wait for its carry: no chained batches
             leaf.batch_in_segments(self.executor == "ray_data" or not waits_holding_cpus_only(self.ray_remote_args))
+            leaf.run_as_tasks(self.executor == "tasks", len(leaves) > 1)
         ensure_ray()
         check_resources(task_needs(self.ray_remote_args), "ray_remote_args: a segment task")
         warm_up()  # the workers' imports (torch, the stages): the first batch's critical path

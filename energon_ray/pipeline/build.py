@@ -30,8 +30,8 @@ from energon_ray.pipeline.feeder_runs import FeederRuns
 from energon_ray.pipeline.remote_args import GROUP_TASK_OPTIONS, TASK_OPTIONS, options_for, with_options
 from energon_ray.pipeline.shipped import ship, ship_each, unship
 from energon_ray.pipeline.task_bodies import (
-    batch_samples, chained_segment_task, encode_and_batch, encode_samples, ray_data_stage, rebuild_chained_task,
-    repack_task, replay_chain_task, segment_task,
+    batch_samples, chained_segment_task, encode_and_batch, encode_samples, group_task, ray_data_stage,
+    rebuild_chained_task, repack_task, replay_chain_task, segment_task,
 )
 from energon_ray.ray_env import connected, import_task_modules, limit_torch_threads, verbose
 from energon_ray.signals import deaf_to_cancel
@@ -230,6 +230,7 @@ def running() -> bool:
 
 _segment_task = ray.remote(num_cpus=1, max_retries=3)(segment_task)
 _chained_segment_task = ray.remote(num_cpus=1, max_retries=3, num_returns=2)(chained_segment_task)
+_group_task = ray.remote(num_cpus=1, max_retries=3)(group_task)
 
 
 #: seconds a chained segment's task waits for its carry holding its CPU (``LaterCarry.wait``)
@@ -321,13 +322,19 @@ def cluster_shape() -> Tuple[int, int]:
     return max(1, int(resources.get("CPU", 1))), max(1, int(round(nodes)))
 
 
-def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, float]:
+def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, Any, float]:
     """The segment tasks with the task options of ``ray_remote_args`` (spread over the nodes as Ray
     Data spreads its own, unless it names a scheduling strategy): the plain one, the chained one
-    (block and carry) and the CPUs a task takes."""
+    (block and carry), ``group(returns)``: the task of a group of segments (block and carries:
+    ``returns`` values), and the CPUs a task takes."""
     options = options_for(ray_remote_args, TASK_OPTIONS)
     options.setdefault("scheduling_strategy", "SPREAD")
-    return _segment_task.options(**options), _chained_segment_task.options(num_returns=2, **options), float(options.get("num_cpus", 1) or 0)
+
+    def group(returns: int) -> Any:
+        return _group_task.options(num_returns=returns, **options)
+
+    return (_segment_task.options(**options), _chained_segment_task.options(num_returns=2, **options), group,
+            float(options.get("num_cpus", 1) or 0))  # fmt: skip
 
 
 @deaf_to_cancel

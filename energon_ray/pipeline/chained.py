@@ -159,6 +159,25 @@ def encodes_without_carry(config: StageConfig) -> bool:
     return bool(config.packing_buffer_size) or not config.counts_outputs
 
 
+def groups_segments(config: StageConfig, segment_batches: bool, several: bool) -> bool:
+    """Whether the loader's tasks may run several of a leaf's segments each (``TaskStream``'s
+    groups, ``groups.group_block``): an unchained leaf's, and in a composition of ``several``
+    leaves a chained one's of plain batches that encode without their carry and wait for it only to
+    batch (not where each segment batches its own samples, ``segment_batches``: the tasks may not
+    wait holding their CPUs).
+
+    Not a single chained leaf's: a group's segments of a worker stream wait for the carry of its
+    segment in the group before (running beside it), so a task holds its encoded samples until
+    then, as much as the trainer held of the worker streams' partly taken blocks (measured at 2
+    workers: +100 MiB)."""
+    if not config.chained:
+        return True
+    return (
+        several and not segment_batches and config.batch_size is not None and not config.packing_buffer_size
+        and not config.batch_across_sources and encodes_without_carry(config)
+    )  # fmt: skip
+
+
 def chained_segment(
     data: rows.SegmentData, config: Union[StageConfig, Mapping[int, StageConfig]],
     carry: Any, carry_only: bool = False, node: Optional[str] = None,
@@ -223,13 +242,26 @@ def _batch_when_carried(stage: Any, data: rows.SegmentData, later: Any) -> Tuple
     """A chained segment of plain batches, encoded before its carry has come: the samples are held
     until it comes (looked for while encoding, waited for after), then batched as they are encoded
     (``EagerBatches``): the block and carry ``chained_segment`` makes with the carry at hand."""
-    from energon_ray.pipeline.stages import output_table
+    return batch_held(stage, data, encode_held(stage, data, later))
 
+
+def encode_held(stage: Any, data: rows.SegmentData, later: Any) -> Any:
+    """A chained segment of plain batches encoded before its carry (``later``: ``ready()``,
+    ``wait()``) has come: batched while encoding once it has, else held (``batch_held``). Returns
+    the segment's ``EagerBatches``."""
     eager = stage.batch.eager(data)
     if eager is None:
         raise RuntimeError(f"energon_ray: chained segment {data.spec.index} of worker {data.spec.worker} cannot batch as it encodes")
     eager.later = later
     stage.encode.encode(data, eager)
+    return eager
+
+
+def batch_held(stage: Any, data: rows.SegmentData, eager: Any) -> Tuple[Optional[pa.Table], Optional[Carry]]:
+    """The block and carry of a segment ``encode_held`` encoded: its carry waited for, the samples
+    still held batched (``None, None`` where the stream failed or closed before the segment)."""
+    from energon_ray.pipeline.stages import output_table
+
     eager.take_carry(wait=True)
     if eager.dead:  # the stream failed or closed before this segment
         return None, None

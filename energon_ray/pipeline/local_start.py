@@ -115,6 +115,23 @@ def local_chained_block(spec: Any, reader: Any, config: Any, node: Optional[str]
     return table
 
 
+def local_group_block(specs: List[Any], readers: Any, config: Any, node: Optional[str]) -> Optional[pa.Table]:
+    """The block a group task makes of ``specs`` (``build._group_task``), made in this process: each
+    chained worker stream among them from its start (no carry before it)."""
+    from energon_ray.pipeline.chained import Carry
+    from energon_ray.pipeline.groups import group_block
+
+    configs = unship(config)
+    carries, seen = [], set()
+    for spec in specs:
+        key = (spec.source, spec.worker)
+        carries.append(Carry(0, []) if configs[spec.source].chained and key not in seen else None)
+        seen.add(key)
+    with as_in_a_task():
+        table, _ = group_block(specs, lambda spec: unship(readers[spec.source])(spec), configs, carries, node)
+    return table
+
+
 def local_seam(config: Any, worker: int, seed: int, groups, source: int, get: Callable[[Any], Any]) -> pa.Table:
     """The table a seam task makes (``build._batch_groups``), made in this process; ``get`` reads
     the samples' blocks (``ray.get``)."""

@@ -308,6 +308,21 @@ def table(
     return pa.Table.from_arrays(columns, schema=SPLIT_SCHEMA)
 
 
+def concat(tables: List[pa.Table]) -> Optional[pa.Table]:
+    """Blocks one after another in one block (no copy: each keeps its chunks); ``None`` for none.
+    A block without a ``buffers`` column gets one of empty lists where another has one."""
+    if len(tables) <= 1:
+        return tables[0] if tables else None
+    if any("buffers" in t.schema.names for t in tables):
+        empty = buffers_chunk([])
+        tables = [
+            t if "buffers" in t.schema.names
+            else t.append_column(SPLIT_SCHEMA.field("buffers"), pa.chunked_array([empty] * t.num_rows, BUFFERS_TYPE))
+            for t in tables
+        ]  # fmt: skip
+    return pa.concat_tables(tables)
+
+
 def contiguous(block: pa.Table) -> pa.Table:
     """``block`` with each payload in one buffer and no ``buffers`` column (a copy of the payloads
     that have buffers): what Ray Data's stages return, as its serialization takes no views."""

@@ -14,12 +14,14 @@ import os
 import time
 import uuid
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 import pyarrow as pa
 
 from energon_ray.pipeline import build
-from energon_ray.pipeline.local_start import LOCAL_START_MODES, give_back_memory, local_block, local_chained_block, local_start_mode, make_here
+from energon_ray.pipeline.local_start import (
+    LOCAL_START_MODES, give_back_memory, local_block, local_chained_block, local_group_block, local_start_mode, make_here,
+)
 from energon_ray.pipeline.remote_args import waits_holding_cpus_only
 from energon_ray.pipeline.shipped import ship, ship_each
 from energon_ray.ray_env import mark_closed, node
@@ -159,6 +161,15 @@ class TaskStream:
     segment the pass resumes at): those segments run once more, giving only their carry
     (``segment_spec(source, worker, index)`` makes their specs).
 
+    Groups: the segments of the leaves in ``group_sources`` (short ones: ``EnergonDataset.task_samples``)
+    run several to a task, consecutive segments of the plan (whatever leaf and worker stream) until
+    a task holds ``group[0]`` samples (its first tasks, one per slot) or ``group[1]`` (the later
+    ones), in one ``group_task`` (``groups.group_block``): its block is theirs one after another,
+    and it hands on the carry of each chained worker stream among them. So a block holds the batches
+    the trainer takes next, and the trainer holds about one block, not a partly taken one per leaf
+    and worker stream. A chained leaf's segments are grouped only where they encode before their
+    carry comes (``_early``) and batch plain batches.
+
     Args:
         segments: the segments in output order (any iterable: taken as tasks are submitted).
         readers, configs: per leaf (``SegmentSpec.source``), as ``build_dataset`` takes them.
@@ -166,6 +177,7 @@ class TaskStream:
         object_store_limit: bytes of finished blocks that may wait ahead of the consumer.
         local_start, before_first: see above.
         chain_start, segment_spec: see above.
+        group, group_sources: see above (``None``: one segment a task).
     """
 
     #: with the Ray Data executor, the loader starts the next window's execution as this stream yields
@@ -176,8 +188,9 @@ class TaskStream:
                  local_start: Optional[str] = None, before_first: Optional[Callable[[], bool]] = None,
                  chain_start: Optional[Callable[[int, int], Optional[Tuple[int, ...]]]] = None,
                  segment_spec: Optional[Callable[[int, int, int], Any]] = None,
+                 group: Optional[Tuple[int, int]] = None, group_sources: Iterable[int] = (),
                  **_execution_options: Any):  # fmt: skip
-        self._task, self._chained_task, self._task_cpus = build.segment_tasks(ray_remote_args)
+        self._task, self._chained_task, self._group_task, self._task_cpus = build.segment_tasks(ray_remote_args)
         self._fuse = fuse_stages
         if not isinstance(readers, Mapping):
             readers, configs = {0: readers}, {0: configs}
@@ -193,8 +206,16 @@ class TaskStream:
         self._configs = ship(configs)
         self._reader_refs = {k: build.put(v) for k, v in self._readers.items()}
         self._config_ref = build.put(self._configs)
+        self._group = group
+        #: leaves whose segments run several to a task (``group``)
+        self._groupable = set() if group is None else {
+            source for source in group_sources
+            if (source in self._early and configs[source].batch_size is not None) or (source not in self._chained and fuse_stages)
+        }  # fmt: skip
+        self._readers_ref = build.put(self._readers) if self._groupable else None
         self._todo: Iterator[Any] = iter(segments)
-        #: ``(ref, spec, mark)`` of each submitted task whose block the consumer has not taken
+        self._peeked: Optional[Any] = None
+        #: ``(ref, specs, mark)`` of each submitted task whose block the consumer has not taken
         self._refs: Deque[Tuple[Any, Any, Optional[str]]] = deque()
         self._local_start = local_start_mode() if local_start is None else local_start
         if self._local_start not in LOCAL_START_MODES:
@@ -231,16 +252,39 @@ class TaskStream:
             ahead = max(1, min(ahead, self._limit // self._block_bytes))
         return self._slots + ahead
 
+    def _take(self) -> Optional[Any]:
+        spec, self._peeked = (self._peeked, None) if self._peeked is not None else (next(self._todo, None), None)
+        return spec
+
+    def _next_specs(self) -> Optional[List[Any]]:
+        """The segments of the next task: one, or a group (see the class)."""
+        spec = self._take()
+        if spec is None or spec.source not in self._groupable:
+            return None if spec is None else [spec]
+        target = self._group[0] if self.tasks < self._slots else self._group[1]
+        specs, samples = [spec], len(spec.samples)
+        while samples < target:
+            spec = self._take()
+            if spec is None:
+                break
+            if spec.source not in self._groupable:
+                self._peeked = spec
+                break
+            specs.append(spec)
+            samples += len(spec.samples)
+        return specs
+
     def _submit(self) -> None:
         limit = self.in_flight_limit()
         while len(self._refs) < limit:
-            spec = next(self._todo, None)
-            if spec is None:
+            specs = self._next_specs()
+            if specs is None:
                 break
-            local = self._local_start != "off" and self._fresh_or_unchained(spec) and self._before_first()
+            local = self._local_start != "off" and self._fresh_or_unchained(specs) and self._before_first()
             mark = f"{self.stream_id}/{self.tasks}" if local else None
-            self._refs.append((self._remote(spec, mark), spec, mark))
-            self._specs.append(spec)
+            ref = self._remote(specs[0], mark) if len(specs) == 1 else self._remote_group(specs, mark)
+            self._refs.append((ref, specs, mark))
+            self._specs.extend(specs)
             self.tasks += 1
             if self.tasks % _RESIZE_EVERY == 0:
                 self._slots = self._cluster_slots()
@@ -261,13 +305,13 @@ class TaskStream:
     def __next__(self) -> pa.Table:
         if not self._refs:
             raise StopIteration
-        ref, spec, mark = self._refs.popleft()
+        ref, specs, mark = self._refs.popleft()
         self._submit()  # the next task starts before this block is waited for
         if self._nodes > 1 and len(self._refs) > 1:  # pull finished blocks to this node meanwhile
             build.pull([r for r, _, _ in self._refs])  # (~0.4 ms a block on 2 slow cores: not on one node)
         started = time.perf_counter()
         if mark is not None and self._before_first() and make_here(self._local_start, lambda: build.done(ref)):
-            ref = self._local(spec, mark, ref)
+            ref = self._local(specs, mark, ref)
         self._taken += 1
         self.last_ref = ref
         table = build.get(ref)
@@ -287,6 +331,29 @@ class TaskStream:
             )
             return block
         return self._task.remote(spec, self._reader_refs[spec.source], self._config_ref, self._fuse, self.stream_id, mark)
+
+    def _remote_group(self, specs: List[Any], mark: Optional[str] = None) -> Any:
+        """Submit a group's task: its block's ref (the carries it hands on are kept in ``_carries``)."""
+        from energon_ray.pipeline.groups import stream_keys
+
+        carries, seen = [], set()
+        for spec in specs:
+            key = (spec.source, spec.worker)
+            if spec.source not in self._chained or key in seen:
+                carries.append(None)  # unchained, or carried on from the group's own segment before
+                continue
+            seen.add(key)
+            carries.append(self._carry_arg(spec, self._carries[key] if key in self._carries else self._first_carry(spec)))
+        keys = stream_keys(specs, lambda source: source in self._chained)
+        # a group with chained segments runs whatever is made here: the next tasks wait for its carries
+        refs = self._group_task(1 + len(keys)).remote(
+            specs, self._readers_ref, self._config_ref, carries, 1 + len(keys), self.stream_id, None if keys else mark
+        )  # fmt: skip
+        if not keys:
+            return refs
+        for key, ref in zip(keys, refs[1:]):
+            self._carries[key] = ref
+        return refs[0]
 
     def _first_carry(self, spec: Any) -> Any:
         """The carry of a chained worker stream's first segment in this stream: none before it at a
@@ -316,28 +383,36 @@ class TaskStream:
         its leaf encodes without it (the segments of a worker stream then encode side by side)."""
         return build.later(carry) if spec.source in self._early else carry
 
-    def _fresh_or_unchained(self, spec: Any) -> bool:
-        """Whether ``spec``'s block may be made here: any segment of an unchained leaf; of a chained
-        one, a worker stream's first segment of a pass from its start (no carry to rebuild)."""
-        if spec.source not in self._chained:
-            return True
-        key = (spec.source, spec.worker)
-        return key not in self._carries and (self._chain_start is None or self._chain_start(*key) is None)
+    def _fresh_or_unchained(self, specs: List[Any]) -> bool:
+        """Whether the block of ``specs`` (one task's) may be made here: any segments of unchained
+        leaves; of a chained one, a worker stream's first segment of a pass from its start (no carry
+        to rebuild), and in a group the segments after it."""
+        seen = set()
+        for spec in specs:
+            key = (spec.source, spec.worker)
+            if spec.source in self._chained and key not in seen:
+                if key in self._carries or (self._chain_start is not None and self._chain_start(*key) is not None):
+                    return False
+            seen.add(key)
+        return True
 
-    def _local(self, spec: Any, mark: str, ref: Any) -> Any:
+    def _local(self, specs: List[Any], mark: str, ref: Any) -> Any:
         """The block made here, as an object in Ray's store (a seam task may read its leftover
         samples from it, as from a task's block); a new task's if that fails. A chained segment's
         task (``ref``) runs on all the same: the next segment's task waits for its carry."""
         mark_closed(mark)  # its task, if not started yet, reads nothing
-        chained = spec.source in self._chained
+        spec = specs[0]
+        chained = any(s.source in self._chained for s in specs)
         try:
-            if chained:
+            if len(specs) > 1:
+                table = local_group_block(specs, self._readers, self._configs, node())
+            elif chained:
                 table = local_chained_block(spec, self._readers[spec.source], self._configs, node())
             else:
                 table = local_block(spec, self._readers[spec.source], self._configs, self._fuse, node())
         except Exception:
             logger.debug("energon_ray: a block could not be made in the loader's process; a Ray task makes it", exc_info=True)
-            return ref if chained else self._remote(spec)
+            return ref if chained else (self._remote(spec) if len(specs) == 1 else self._remote_group(specs))
         from energon_ray.pipeline.rows import parts
 
         self.local_blocks += 1

@@ -8,7 +8,7 @@ many torch threads as CPUs Ray gave it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import pyarrow as pa
 
@@ -99,6 +99,34 @@ def chained_segment_task(
     limit_torch_threads()
     table, carry_out = chained_segment(unship(reader)(spec), unship(config), carry, carry_only, node())
     return parts(table), carry_out
+
+
+@deaf_to_cancel
+def group_task(
+    specs: List["SegmentSpec"], readers: Dict[int, Any], config: Any, carries: List[Any], returns: int,
+    stream_id: Optional[str] = None, mark: Optional[str] = None,
+) -> Any:  # fmt: skip
+    """Several segments in one task (``groups.group_block``): their block, then the carry of each
+    chained worker stream among them (``returns`` values in all; nothing once the stream or
+    ``mark`` is closed)."""
+    if is_closed(stream_id) or is_closed(mark):
+        return None if returns == 1 else (None,) * returns
+    import_task_modules()
+    from energon_ray.pipeline.groups import group_block
+    from energon_ray.pipeline.rows import parts
+
+    limit_torch_threads()
+    opened: Dict[int, Any] = {}
+
+    def read(spec: "SegmentSpec") -> Any:
+        if spec.source not in opened:
+            opened[spec.source] = unship(readers[spec.source])
+        return opened[spec.source](spec)
+
+    table, carried = group_block(specs, read, unship(config), carries, node())
+    if len(carried) != returns - 1:
+        raise RuntimeError(f"energon_ray: a group of {len(specs)} segments hands on {len(carried)} carries, not {returns - 1}")
+    return parts(table) if returns == 1 else (parts(table), *carried)
 
 
 @deaf_to_cancel

@@ -196,8 +196,8 @@ def test_segment_plan_with_short_first_rounds_covers_every_position_once():
 
 def test_default_segments_are_short_first_then_long_unless_the_user_sets_a_length(tmp_path):
     """Default: each worker's first segment is one of 64 samples (quick first batch), later ones 128 (fewer
-    blocks for the trainer), a sample blend's leaves' too, fewer with more than 8 workers;
-    ``samples_per_segment`` makes them all that long."""
+    blocks for the trainer), fewer with more than 8 workers; ``samples_per_segment`` makes them all
+    that long. Segments the loader's tasks run several at a time are one batch long."""
     import energon_ray as er
     from tests.helpers import captioning_dataset
 
@@ -207,9 +207,20 @@ def test_default_segments_are_short_first_then_long_unless_the_user_sets_a_lengt
     assert default.segment_layout == SegmentLayout(128, first_length=64, first_rounds=1)
     chosen = er.get_train_dataset(path, batch_size=32, worker_config=wc, max_samples_per_sequence=5, samples_per_segment=96)
     assert chosen.segment_layout == SegmentLayout(96)
+    assert default.task_samples is None  # one segment a task
+    # a sample blend's leaf (unchained) and a chained leaf among several: one-batch segments, which
+    # the loader's tasks run several at a time (64 samples in each slot's first task, then 128)
     blend_leaf = er.get_train_dataset(path, batch_size=32, worker_config=wc, max_samples_per_sequence=5)
     blend_leaf.options.blend_samples = True  # a leaf of a blend_samples=True metadataset
-    assert blend_leaf.segment_layout == SegmentLayout(128, first_length=64, first_rounds=1)
+    assert blend_leaf.segment_layout == SegmentLayout(32)
+    assert blend_leaf.task_samples == (64, 128)
+    among = er.get_train_dataset(path, batch_size=8, worker_config=wc, max_samples_per_sequence=5)
+    among.run_as_tasks(True, several=True)
+    assert (among.segment_layout, among.task_samples) == (SegmentLayout(32), (64, 128))
+    among.run_as_tasks(False, several=True)  # executor="ray_data": Ray Data's read tasks, as before
+    assert (among.segment_layout, among.task_samples) == (SegmentLayout(128, first_length=64, first_rounds=1), None)
+    blend_leaf.run_as_tasks(False)
+    assert (blend_leaf.segment_layout, blend_leaf.task_samples) == (SegmentLayout(128, first_length=64, first_rounds=1), None)
     big_batches = er.get_train_dataset(path, batch_size=100, worker_config=wc, max_samples_per_sequence=5)
     assert big_batches.segment_layout == SegmentLayout(200, first_length=100, first_rounds=1)
     both = er.get_train_dataset(path, batch_size=4, worker_config=wc, max_samples_per_sequence=5, samples_per_segment=(6, 16))
