@@ -145,15 +145,29 @@ def make_energon_encoder(module):
     return GeneratorEncoder if _GENERATOR["on"] else Encoder
 
 
+#: ``--blend-batches N``: Energon's and energon_ray's ``BlendDataset`` of N batched copies of the
+#: dataset at equal weights (each batch from one copy), instead of one dataset
+_BATCH_BLEND = {"leaves": 0}
+
+
+def _batch_blend(module, build, wc):
+    """``build()`` once, or, with ``--blend-batches N``, ``module.BlendDataset`` of N such datasets."""
+    leaves = _BATCH_BLEND["leaves"]
+    if not leaves:
+        return build()
+    pairs = [(build(), 1.0) for _ in range(leaves)]
+    return module.BlendDataset(*pairs, worker_config=wc) if module.__name__ != "energon_ray" else module.BlendDataset(*pairs)
+
+
 def energon_iter(path: str, workers: int):
     import megatron.energon as me
 
     Encoder = make_energon_encoder(me)
     wc = me.WorkerConfig(rank=0, world_size=1, num_workers=workers)
-    ds = me.get_train_dataset(
+    ds = _batch_blend(me, lambda: me.get_train_dataset(
         path, split_part="train", worker_config=wc, batch_size=BATCH, shuffle_buffer_size=100,
         max_samples_per_sequence=100, repeat=_REPEAT["on"], task_encoder=Encoder(),
-    )  # fmt: skip
+    ), wc)  # fmt: skip
     return iter(me.get_loader(ds))
 
 
@@ -199,10 +213,10 @@ def _energon_ray_loader(path: str):
         Encoder = make_energon_encoder(er)
         options = dict(_ER_OPTIONS)
         wc = er.WorkerConfig(rank=0, world_size=1, num_workers=options.pop("num_workers", 2))
-        ds = er.get_train_dataset(
+        ds = _batch_blend(er, lambda: er.get_train_dataset(
             path, split_part="train", worker_config=wc, batch_size=BATCH, shuffle_buffer_size=100,
             max_samples_per_sequence=100, repeat=_REPEAT["on"], task_encoder=Encoder(), **options,
-        )  # fmt: skip
+        ), wc)  # fmt: skip
         loader_options = {} if _ER_LIMIT is None else {"object_store_limit": _ER_LIMIT}
         _ER_LOADER["loader"] = (emulated_pinning_loader if _ER_EMULATE_PIN else er.get_loader)(ds, **loader_options)
     return _ER_LOADER["loader"]
@@ -409,6 +423,8 @@ def run_child(name: str, args) -> Dict[str, float]:
         cmd += ["--emulate-pin"]
     if args.blend:
         cmd += ["--blend", str(args.blend)]
+    if args.blend_batches:
+        cmd += ["--blend-batches", str(args.blend_batches)]
     return measure(name, cmd)
 
 
@@ -541,7 +557,8 @@ def child(name: str, args, root: Path, shards: List[str]) -> None:
     trainer_cpu0 = None
     steps = []  # wall ms of each --step-ms step (CPU work of the training thread standing in for a model's step)
     waits = []  # ms the trainer waited in next() for each batch
-    limit = args.samples * args.blend if args.blend else None
+    blended = args.blend or args.blend_batches
+    limit = args.samples * blended if blended else None
     while limit is None or sum(sizes) < limit:
         asked = time.perf_counter()
         batch = next(it, None)
@@ -614,6 +631,7 @@ def main() -> None:
     parser.add_argument("--emulate-pin", action="store_true", help="energon_ray: pin as on CUDA, each copy a clone in pageable memory (a CPU stand-in)")
     parser.add_argument("--pss-every", type=float, default=PSS_EVERY, help="seconds between PSS samples of a contender's process tree")
     parser.add_argument("--blend", type=int, default=0, help="energon, energon_ray: a metadataset blending this many copies of the dataset (equal weights); a pass is that many times --samples")
+    parser.add_argument("--blend-batches", type=int, default=0, help="energon, energon_ray: a BlendDataset of this many batched copies of the dataset (each batch from one copy); a pass is that many times --samples")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     globals()["PSS_EVERY"] = args.pss_every
@@ -627,10 +645,15 @@ def main() -> None:
 
     if args.child:
         root, shards = dataset(args.workdir, args.samples, write=False)
+        if args.blend and args.blend_batches:
+            raise SystemExit("--blend and --blend-batches: one or the other")
+        if (args.blend or args.blend_batches) and args.child not in ("energon", "energon_ray"):
+            raise SystemExit(f"--blend, --blend-batches: only energon and energon_ray, not {args.child}")
         if args.blend:
-            if args.child not in ("energon", "energon_ray"):
-                raise SystemExit(f"--blend: only energon and energon_ray, not {args.child}")
             root = blend_yaml(root, args.blend)
+            _REPEAT["on"] = True
+        if args.blend_batches:
+            _BATCH_BLEND["leaves"] = args.blend_batches
             _REPEAT["on"] = True
         child(args.child, args, root, shards)
         return
