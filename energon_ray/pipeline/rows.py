@@ -185,9 +185,12 @@ def _unpicklable(payload: Any, dumps: Callable[[Any], Any]) -> Tuple[Any, Option
 
 
 def pack_leftovers(groups: List[Tuple[Any, int, List[Tuple[int, int, Any]]]], worker: int, segment: int) -> List[Any]:
-    """Serialize each leftover sample on its own, so the trainer can pool them without decoding."""
+    """Serialize each leftover sample on its own, so the trainer can pool them without decoding; in
+    parts (``serde.dumps_parts``): its tensors stay where they lie until Ray copies the block into
+    its store (a sample blend's samples are all leftovers: joining each into one buffer took 6-10 %
+    of its workers' CPU, stop 59)."""
     return [
-        (key, size, [(position, sub, _dump((LEFTOVER, worker, segment, position, sample), serde.dumps)) for position, sub, sample in items])
+        (key, size, [(position, sub, _dump((LEFTOVER, worker, segment, position, sample))) for position, sub, sample in items])
         for key, size, items in groups
     ]
 
