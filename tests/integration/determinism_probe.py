@@ -85,6 +85,9 @@ def record(path: str, batches: int = 12) -> dict:
     out["grouped"] = _keys(er.get_train_dataset(path, batch_size=3, task_encoder=GroupByIndex(), **common), 8)
     # short first segments, longer ones after (the default layout, scaled down to this dataset)
     out["layout"] = _keys(er.get_train_dataset(path, batch_size=2, samples_per_segment=(2, 6), task_encoder=NoisyEncoder(), **common), 12)
+    # a blend's leaves: one-batch segments, several (of both leaves and all worker streams) to a task
+    leaves = [er.get_train_dataset(path, batch_size=2, task_encoder=NoisyEncoder(), **common) for _ in range(2)]
+    out["blended"] = _keys(er.BlendDataset((leaves[0], 0.7), (leaves[1], 0.3)), 12)
     return out
 
 

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_same_batches_on_1_cpu_2_cpus_and_2_nodes_and_after_losing_a_node(tmp_path):
-    """Keys and (augmented) pixel sums of the first 12 batches, and packed, grouped and short-then-long
-    segmented pipelines' keys, are identical on three Ray layouts; on the 2-node cluster segments ran
+    """Keys and (augmented) pixel sums of the first 12 batches, and packed, grouped, short-then-long
+    segmented and blended (grouped segments) pipelines' keys, are identical on three Ray layouts; on the 2-node cluster segments ran
     on both nodes. Then, in that cluster (one cluster start for both), the worker node is removed
     without grace mid-epoch: the keys equal an undisturbed run's, a state saved afterwards restores,
     and a state saved while both nodes ran segments restores on the one node left."""
@@ -44,6 +44,7 @@ def test_same_batches_on_1_cpu_2_cpus_and_2_nodes_and_after_losing_a_node(tmp_pa
     assert all("+" in k for b in in_process["packed"] for k in b) and len(in_process["grouped"]) == 8
     assert all(len({int(k[-6:]) % 3 for k in b}) == 1 for b in in_process["grouped"])
     assert len(in_process["layout"]) == 12 and all(len(b) == 2 for b in in_process["layout"])
+    assert len(in_process["blended"]) == 12 and all(len(b) == 2 for b in in_process["blended"])
     assert in_process.pop("nodes") == 1 and results["local1"].pop("nodes") == 1
     assert results["cluster2"].pop("nodes") == 2
     lost = results["cluster2"].pop("node_loss")
