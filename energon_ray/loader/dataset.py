@@ -165,7 +165,7 @@ class EnergonDataset(Composition):
         if not self.segments_as_tasks or self.options.segment_samples is not None or self.options.packing_buffer_size:
             return None
         targets = task_targets(max(1, self.worker_config.num_workers))
-        return targets if layout.first_rounds == 0 and layout.length < targets[1] else None
+        return targets if layout.length < targets[1] else None
 
     def run_as_tasks(self, value: bool, several: bool = False) -> None:
         """``True``: the loader runs the segments as plain Ray tasks (short segments, several to a

@@ -212,7 +212,7 @@ def test_default_segments_are_short_first_then_long_unless_the_user_sets_a_lengt
     # the loader's tasks run several at a time (64 samples in each slot's first task, then 128)
     blend_leaf = er.get_train_dataset(path, batch_size=32, worker_config=wc, max_samples_per_sequence=5)
     blend_leaf.options.blend_samples = True  # a leaf of a blend_samples=True metadataset
-    assert blend_leaf.segment_layout == SegmentLayout(32)
+    assert blend_leaf.segment_layout == SegmentLayout(32, first_length=8, first_rounds=1)  # its first batch draws from every leaf
     assert blend_leaf.task_samples == (64, 128)
     among = er.get_train_dataset(path, batch_size=8, worker_config=wc, max_samples_per_sequence=5)
     among.run_as_tasks(True, several=True)
