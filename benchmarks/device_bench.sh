@@ -31,6 +31,10 @@ step() {  # name, seconds, command... (skipped unless $STEPS is unset or names i
 # loader-free, make ENERGON_RAY_WORKER_NICE a default); the pinned memory of PIN_AHEAD batches
 step gpu_feed 200 python3 bench_gpu_feed.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W --only loader_free,energon,energon_ray,energon_ray_nice
 step captioning_${CPUS}cpu 200 python3 bench_captioning.py --samples "$N" --runs 2 --cpus "$CPUS" --workdir $W --only energon,webloader,energon_ray
+# blends of 8 copies (N/8 samples each) at all CPUs: a metadataset's sample blend and a BlendDataset of
+# batches (grouped segments, stop 59; on 2 cores: 0.90x and 1.30x Energon's pass)
+step blend8_${CPUS}cpu 150 python3 bench_captioning.py --samples $((N / 8)) --blend 8 --runs 2 --cpus "$CPUS" --workdir $W --only energon,energon_ray
+step blend_batches8_${CPUS}cpu 150 python3 bench_captioning.py --samples $((N / 8)) --blend-batches 8 --runs 2 --cpus "$CPUS" --workdir $W --only energon,energon_ray
 # memory vs throughput at 16 workers: 64-sample segments (a worker's transient block halves) instead of 64-then-128
 step captioning_${CPUS}cpu_seg64 60 python3 bench_captioning.py --samples "$N" --runs 1 --cpus "$CPUS" --workdir $W --only energon_ray --samples-per-segment 64
 # and one batch per block (on 2 cores oversubscribed to 16 workers: peak PSS 6709 -> 5783 (64) -> 5258 MiB (32),
