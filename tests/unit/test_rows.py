@@ -178,3 +178,23 @@ def test_a_payload_that_does_not_pickle_names_its_sample_key_and_field():
     with pytest.raises(FatalSampleError) as info:  # an encoded segment: the sample in it
         rows.table([(rows.SEGMENT, 1, 7, 0, data)])
     assert f"a hook returned a dict (sample 's_2', segment 7 of worker stream 1) {tail}" in str(info.value)
+
+
+def test_concat_keeps_each_blocks_rows_sources_and_tensor_memory():
+    """A group task's block (``rows.concat``): its segments' blocks one after another, a block
+    without a ``buffers`` column given empty ones, no tensor copied; pickled as a task returns it."""
+    image = torch.rand(3, 64, 64)  # over 16 KiB: its own buffer
+    first = rows.table([(rows.ITEM, 0, 4, 0, {"image": image}), (rows.REPORT, 0, 4, 1, {"done": 0})], source=1, positions=[[8, 9], None])
+    plain = rows.table([(rows.ITEM, 1, 2, 0, ["text"]), (rows.REPORT, 1, 2, 1, {"done": 1})], source=3, positions=[[5], None])
+    assert plain.schema == rows.SCHEMA and first.schema == rows.SPLIT_SCHEMA
+    block = rows.concat([first, plain])
+    block.validate(full=True)
+    assert [r[:4] for r in rows.iter_rows(block)] == [(1, 0, 4, 0), (3, 0, 4, 1), (1, 1, 2, 0), (3, 1, 2, 1)]
+    assert rows.sources(block) == [1, 1, 3, 3] and rows.positions(block) == [[8, 9], None, [5], None]
+    payloads = [serde.loads(r[4], copy=False) for r in rows.iter_rows(block)]
+    assert payloads[0]["image"].data_ptr() == image.data_ptr()
+    assert payloads[1:] == [{"done": 0}, ["text"], {"done": 1}]
+    restored = pickle.loads(pickle.dumps(rows.parts(block), protocol=5))
+    assert restored.equals(block)
+    assert rows.concat([plain]) is plain and rows.concat([]) is None
+    assert rows.concat([plain, plain]).schema == rows.SCHEMA  # no buffers column where none has one
