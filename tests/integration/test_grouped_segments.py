@@ -10,6 +10,7 @@ it in the same task. The batches, their indices and saved states are those of lo
 
 from __future__ import annotations
 
+import os
 import random
 import re
 
@@ -17,7 +18,7 @@ import pytest
 
 import energon_ray as er
 from energon_ray.plan.stream import SegmentLayout
-from tests.helpers import prefixed_text_dataset
+from tests.helpers import kill_batch_makers, prefixed_text_dataset
 from tests.integration.test_save_restore import describe, round_trip
 
 
@@ -42,12 +43,19 @@ class Skipping(er.DefaultTaskEncoder):
                 "r": (self.current_batch_index, random.random())}  # fmt: skip
 
 
-def blend(roots, segments=None, workers=2, weights=(0.5, 0.3, 0.2)):
+class SkippingPids(Skipping):
+    """``Skipping``'s batches naming the process that made them."""
+
+    def batch(self, samples):
+        return {**super().batch(samples), "pid": os.getpid()}
+
+
+def blend(roots, segments=None, workers=2, weights=(0.5, 0.3, 0.2), encoder=Skipping):
     wc = er.WorkerConfig(rank=0, world_size=1, num_workers=workers)
     chosen = {} if segments is None else {"samples_per_segment": segments}
     leaves = [
         er.get_train_dataset(root, batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=4, worker_config=wc,
-                             task_encoder=Skipping(), **chosen)
+                             task_encoder=encoder(), **chosen)
         for root in roots
     ]  # fmt: skip
     return er.BlendDataset(*zip(leaves, weights))
@@ -126,3 +134,16 @@ def test_a_sample_blend_groups_its_unchained_leaves(roots, ray_session, tmp_path
     grouped, tasks, segments = first(ds, 40)
     plain, _, _ = first(build(samples_per_segment=(8, 16)), 40)
     assert grouped == plain and segments >= 2 * tasks
+
+
+def test_killed_workers_of_grouped_tasks_lose_and_repeat_nothing(roots, ray_session):
+    """SIGKILL the Ray workers that made the first batches (their group tasks, some waiting for a
+    carry, are lost): Ray runs them again and the batches equal an undisturbed run's."""
+    reference, _, _ = first(blend(roots, encoder=SkippingPids), 40)
+    loader = er.get_loader(blend(roots, encoder=SkippingPids))
+    it = iter(loader)
+    got, killed = kill_batch_makers(it, 2)
+    assert killed
+    got = [describe(b) for b in got] + [describe(next(it)) for _ in range(38)]
+    loader.close()
+    assert got == reference
