@@ -1,7 +1,7 @@
 """What the pipeline's Ray tasks run in a worker, Ray-free: the ``map_batches`` stages of a Ray Data
 execution (``encode_and_batch``, or ``encode_samples`` then ``batch_samples``) and the bodies of the
-plain tasks (a segment, a chained stream's segment and its batches or blocks made again, packed
-batches made again). ``pipeline.build`` makes them Ray tasks and submits them; each imports the
+plain tasks (a segment, a chained stream's segment and its batches or blocks made again, a group
+of short segments, packed batches made again). ``pipeline.build`` makes them Ray tasks and submits them; each imports the
 stages on its first call (``ray_env.import_task_modules``), runs deaf to Ray's cancel and uses as
 many torch threads as CPUs Ray gave it.
 """
