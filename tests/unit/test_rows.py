@@ -198,3 +198,15 @@ def test_concat_keeps_each_blocks_rows_sources_and_tensor_memory():
     assert restored.equals(block)
     assert rows.concat([plain]) is plain and rows.concat([]) is None
     assert rows.concat([plain, plain]).schema == rows.SCHEMA  # no buffers column where none has one
+
+
+def test_leftover_samples_keep_their_tensors_where_they_lie():
+    """Each leftover sample is serialized in parts (a sample blend's samples all are): its tensor is
+    wrapped, not copied into a buffer of its own, and the row loads back to the same values."""
+    image = torch.rand(3, 64, 64)
+    ((key, size, ((position, sub, payload),)),) = rows.pack_leftovers([("k", 1, [(7, 0, {"image": image})])], 0, 3)
+    assert (key, size, position, sub) == ("k", 1, 7, 0)
+    assert type(payload) is serde.Parts and payload.buffers[0].address == image.data_ptr()
+    table = rows.table([(rows.LEFTOVER, 0, 3, 0, [(key, size, [(position, sub, payload)])])])
+    ((_, _, ((_, _, loaded),)),) = serde.loads(next(rows.iter_rows(table))[4], copy=False)
+    assert torch.equal(serde.loads(loaded)["image"], image)
