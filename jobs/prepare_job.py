@@ -26,7 +26,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import ray
 from tqdm import tqdm
 
-from energon_ray.cli.prepare import field_map_value, option_conflict, ratio_ignored, sample_type_value
+from energon_ray.cli.params import field_map_value, sample_type_value
+from energon_ray.cli.prepare import option_conflict, ratio_ignored
 from energon_ray.errors import DatasetConfigError, unwrap_error
 from energon_ray.format.indexer import ShardIndex, index_shard
 from energon_ray.format.prepare import CRUDE, PrepareResult, already_prepared, prepare_dataset

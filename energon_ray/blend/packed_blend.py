@@ -38,7 +38,7 @@ from energon_ray.blend.replay import SubTree
 from energon_ray.loader.group_items import read_finished
 from energon_ray.loader.merge import EXHAUSTED
 from energon_ray.loader.pinning import handed_out
-from energon_ray.pipeline.rows import Located
+from energon_ray.pipeline.located import Located
 
 #: packing buffers per chunk of drawn samples (one Ray task packs a chunk)
 PACK_CHUNK_BUFFERS = 2

@@ -10,7 +10,7 @@ import braceexpand
 import click
 import yaml
 
-from energon_ray.cli.prepare import DatasetLocation, user_errors
+from energon_ray.cli.params import DatasetLocation, user_errors
 from energon_ray.errors import DatasetConfigError, UntrustedCodeError, parse_problem
 from energon_ray.format import energon_yaml
 from energon_ray.format.dataset_code import named_sample_type

@@ -26,7 +26,7 @@ from energon_ray.cli.local_read import (
     ALL_PARTS, LocalDataset, LocalShard, Problem, SampleChecker, ShardSamples, check_path_options, config_file_options,
     open_local, split_parts_option,
 )  # fmt: skip
-from energon_ray.cli.prepare import LocalDatasetPath, user_errors
+from energon_ray.cli.params import LocalDatasetPath, user_errors
 from energon_ray.format.pool import process_pool
 from energon_ray.decode.part_limits import DEFAULT_MAX_PART_BYTES
 from energon_ray.decode.sample_decoder import SampleDecoder

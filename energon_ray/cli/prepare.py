@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import difflib
-import json
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 from click.core import ParameterSource
 
-from energon_ray.errors import DatasetConfigError
+from energon_ray.cli.params import (
+    WORKERS_SHOWN,
+    DatasetLocation,
+    parse_field_map,
+    parse_ratio,
+    parse_sample_type,
+    parse_split_parts,
+    ratio_value,
+    user_errors,
+)
 from energon_ray.format.field_access import parse_field_access
 from energon_ray.format.media_index import MediaFilter
 from energon_ray.format.prepare import (
@@ -24,134 +30,7 @@ from energon_ray.format.prepare import (
     write_dataset_config,
 )
 from energon_ray.format.pool import default_workers
-from energon_ray.format.split import check_ratio
 from energon_ray.samples import SAMPLE_TYPES
-from energon_ray.storage import as_path, is_remote, local_of
-
-
-def _local(value: Any) -> Any:
-    """``msc://__filesystem__/p`` (multi-storage-client's local profile) as the local ``/p``; else ``value``."""
-    return (local_of(value) or value) if isinstance(value, str) else value
-
-
-class DatasetLocation(click.ParamType):
-    """A local path that must exist, or an ``s3://``/``msc://`` URL (checked when it is read)."""
-
-    name = "path"
-
-    def __init__(self, file_okay: bool = True):
-        self.local = click.Path(exists=True, file_okay=file_okay, path_type=Path)
-
-    def convert(self, value, param, ctx):
-        if not is_remote(value):
-            return self.local.convert(_local(value), param, ctx)
-        try:
-            return as_path(value)
-        except (ValueError, OSError) as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class LocalDatasetPath(click.ParamType):
-    """A local path that must exist; an ``s3://``/``msc://`` URL is refused as such (``click.Path`` would
-    call it a path that does not exist, as if the bucket or key were wrong)."""
-
-    name = "path"
-
-    def __init__(self, command: str):
-        self.command = command
-        self.local = click.Path(exists=True, path_type=Path)
-
-    def convert(self, value, param, ctx):
-        if is_remote(value):
-            self.fail(
-                f"{value}: `energon-ray {self.command}` reads local datasets only (`info` and `prepare` take "
-                f"s3:// and msc:// URLs); copy the dataset to a local folder to {self.command} it", param, ctx,
-            )  # fmt: skip
-        return self.local.convert(_local(value), param, ctx)
-
-
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn the library's validation errors into a clean ``Error: …`` message with exit code 1."""
-    try:
-        yield
-    except (DatasetConfigError, ValueError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _ratio_value(value: str) -> List[float]:
-    """A ``train,val,test`` ratio, checked whole (the prompt asks again for any bad one)."""
-    try:
-        numbers = [float(x) for x in value.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"expected numbers like '8,1,1' or '0.8,0.1,0.1', got {value!r}") from None
-    try:
-        return list(check_ratio(numbers))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def _parse_ratio(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[List[float]]:
-    return None if value is None else _ratio_value(value)
-
-
-def _parse_split_parts(
-    ctx: click.Context, param: click.Parameter, values: Tuple[str, ...]
-) -> Optional[Dict[str, List[str]]]:
-    if not values:
-        return None
-    parts: Dict[str, List[str]] = {}
-    for value in values:
-        name, sep, pattern = value.partition(":")
-        if not sep or not name or not pattern:
-            raise click.BadParameter(f"expected 'name:regex' like 'train:shards/train_.*', got {value!r}")
-        parts.setdefault(name, []).append(pattern)
-    return parts
-
-
-def sample_type_value(value: Optional[str]) -> Optional[str]:
-    """``--sample-type``'s value checked (shared with ``jobs/prepare_job.py``).
-
-    Raises:
-        ValueError: not a sample type's name (with the closest one and the known ones).
-    """
-    names = sorted(SAMPLE_TYPES) + [CRUDE]
-    if value is None or value in names:
-        return value
-    close = difflib.get_close_matches(value, names, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown sample type {value!r}{hint}; known: {', '.join(names)}")
-
-
-def _parse_sample_type(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
-    try:
-        return sample_type_value(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def field_map_value(value: str) -> dict:
-    """``--field-map``'s JSON object (shared with ``jobs/prepare_job.py``).
-
-    Raises:
-        ValueError: not JSON, or not an object.
-    """
-    try:
-        field_map = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc}): {value!r}") from None
-    if not isinstance(field_map, dict):
-        raise ValueError(f'expected a JSON object like \'{{"image": "jpg"}}\', got {value!r}')
-    return field_map
-
-
-def _parse_field_map(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[dict]:
-    if value is None:
-        return None
-    try:
-        return field_map_value(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 def _prompt_field_map(cls: type, part_types: Sequence[str]) -> Dict[str, str]:
@@ -249,7 +128,6 @@ def _check_combinations(
 
 
 #: How ``--help`` shows the ``--num-workers`` default (:func:`default_workers`).
-WORKERS_SHOWN = "one per CPU, at most 16"
 
 #: The options that apply to a .jsonl file, which prepare only indexes.
 _JSONL_OPTIONS = ("path", "progress", "non_interactive", "force_overwrite")
@@ -306,13 +184,13 @@ def _refuse_fix_duplicates(ctx: click.Context, param: click.Parameter, value: bo
 
 @click.command(name="prepare")
 @click.argument("path", type=DatasetLocation())
-@click.option("--split-ratio", callback=_parse_ratio, help="train,val,test shard ratio, e.g. '8,1,1'.")
-@click.option("--split-parts", multiple=True, callback=_parse_split_parts,
+@click.option("--split-ratio", callback=parse_ratio, help="train,val,test shard ratio, e.g. '8,1,1'.")
+@click.option("--split-parts", multiple=True, callback=parse_split_parts,
               help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Wins over --split-ratio.")
 @click.option("--exclude", multiple=True, help="Regex of shard paths to leave out (searched anywhere); repeatable.")
 @click.option("--shuffle-tars", is_flag=True, help="Shuffle shards (seed 42) before the ratio split.")
-@click.option("--sample-type", callback=_parse_sample_type, help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
-@click.option("--field-map", callback=_parse_field_map, help='JSON, e.g. \'{"image": "jpg", "caption": "txt"}\'.')
+@click.option("--sample-type", callback=parse_sample_type, help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
+@click.option("--field-map", callback=parse_field_map, help='JSON, e.g. \'{"image": "jpg", "caption": "txt"}\'.')
 @click.option("--dataset-yaml-name", default="dataset.yaml", show_default=True, help="Dataset config file name.")
 @click.option("--skip-dataset-yaml", is_flag=True, help="Write no dataset.yaml.")
 @click.option("--tar-index-only", is_flag=True, help="Only rebuild .tar.idx and index.sqlite of the listed shards.")
@@ -381,7 +259,7 @@ def prepare_command(
         if split_ratio is None and split_parts is None:
             if not interactive:
                 raise click.UsageError("--split-ratio or --split-parts is required with --non-interactive")
-            split_ratio = click.prompt("Train/val/test split ratio", default="8,1,1", value_proc=_ratio_value)
+            split_ratio = click.prompt("Train/val/test split ratio", default="8,1,1", value_proc=ratio_value)
         with user_errors():
             check_sample_config(sample_type, field_map)
         needs_prompt = sample_type is None or (sample_type != CRUDE and field_map is None)

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import click
 
-from energon_ray.cli.prepare import WORKERS_SHOWN, DatasetLocation, user_errors
+from energon_ray.cli.params import WORKERS_SHOWN, DatasetLocation, user_errors
 from energon_ray.format.media_index import MediaFilter, write_folder_media_metadata, write_media_metadata
 from energon_ray.format.pool import default_workers
 from energon_ray.format.prepare import already_prepared, unreadable_media

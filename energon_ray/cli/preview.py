@@ -16,7 +16,7 @@ from energon_ray.cli.local_read import (
     LocalDataset, Problem, SampleChecker, ShardSamples, check_path_options, config_file_options, open_local, printable,
     split_parts_option,
 )  # fmt: skip
-from energon_ray.cli.prepare import LocalDatasetPath, user_errors
+from energon_ray.cli.params import LocalDatasetPath, user_errors
 from energon_ray.decode.sample_decoder import IMAGE_MODES, SampleDecoder
 from energon_ray.errors import ShardReadError, resolve_trust
 from energon_ray.format.tar_index import check_tar_index

@@ -20,8 +20,8 @@ from energon_ray.pipeline.shipping import Shipped
 from energon_ray.pipeline.stages import StageConfig
 from energon_ray.plan.layout import choose_layout, task_targets
 from energon_ray.plan.options import PlanOptions
-from energon_ray.plan.sharder import compute_subset, slice_offsets, worker_ranges
-from energon_ray.plan.stream import SegmentLayout, SegmentPlan, StreamConfig, WorkerStream
+from energon_ray.plan.sharder import compute_subset, worker_ranges, worker_streams
+from energon_ray.plan.stream import SegmentLayout, SegmentPlan, WorkerStream
 from energon_ray.source.reader import ReadSegment, shard_table
 from energon_ray.storage import as_path
 from energon_ray.errors import DatasetConfigError
@@ -229,34 +229,10 @@ class EnergonDataset(Composition):
         ``worker_config``: another rank/world size/worker count than the loader's (a saved state's);
         ``prefixes``: per local worker, samples that come before its epochs (``loader.elastic``).
         """
-        o = self.options
         wc = self.worker_config if worker_config is None else worker_config
         ranges = self._ranges if worker_config is None else self._worker_ranges(worker_config)
-        starts = [int(x) for x in self.dataset.shard_starts]
-        out = []
-        for local, (a, b) in enumerate(ranges):
-            offsets = slice_offsets(a, b, starts, o.max_samples_per_sequence if o.training else None)
-            excluded = tuple(i for i in self._excluded if a <= i < b)
-            out.append(
-                WorkerStream(
-                    StreamConfig(
-                        worker=local,
-                        global_worker=wc.global_worker_id(local),
-                        seed=wc.worker_seed(local),
-                        offsets=offsets,
-                        training=o.training,
-                        repeat=o.repeat,
-                        shuffle_over_epochs=o.shuffle_over_epochs if o.training else None,
-                        parallel_shard_iters=o.parallel_shard_iters or (16 if o.training else 1),
-                        shuffle_buffer_size=o.shuffle_buffer_size if o.training else None,
-                        excluded=excluded,
-                        first_epoch=first_epoch,
-                        repetitions=o.repetitions,
-                    ),
-                    prefix=None if prefixes is None else prefixes[local],
-                )
-            )
-        return out
+        return worker_streams(self.options, wc, ranges, [int(x) for x in self.dataset.shard_starts], self._excluded,
+                              first_epoch, prefixes)  # fmt: skip
 
     def plan(self, first_epoch: int = 0, source: int = 0, prefixes: Optional[Sequence[Any]] = None) -> SegmentPlan:
         """The segment plan of this rank (``source``: this dataset's index in a composition)."""

@@ -29,7 +29,7 @@ from energon_ray.loader.stats import LoaderStats
 from energon_ray.loader.pinning import Pinner
 from energon_ray.loader.restore import restore_reads, restore_streams, run_reads
 from energon_ray.loader.state import StreamState
-from energon_ray.pipeline import rows
+from energon_ray.pipeline.located import BlockRefs
 from energon_ray.plan.schedule import LeafSchedule, NeedFn, windows
 
 logger = logging.getLogger("energon_ray")
@@ -106,8 +106,8 @@ class MultiFeed(BlockRows):
         self.on_execute = on_execute
         self.pin = pin
         self._pinner = Pinner() if pin else None
-        #: where the pooled samples of a sample blend's leaves lie (``rows.BlockRefs``)
-        self.block_refs = rows.BlockRefs()
+        #: where the pooled samples of a sample blend's leaves lie (``located.BlockRefs``)
+        self.block_refs = BlockRefs()
         self.stats = stats
         self._batches_before = stats.batches
         self.feeds: List[LeafFeed] = []
@@ -269,7 +269,7 @@ class MultiFeed(BlockRows):
             if self.on_execute is not None:
                 self.on_execute(self._current[1])
         else:
-            from energon_ray.pipeline.streams import task_segments
+            from energon_ray.pipeline.data_stream import task_segments
 
             window = next(self._windows, None)
             direct = task_segments(len(window)) if window is not None else 0
@@ -314,7 +314,8 @@ class MultiFeed(BlockRows):
             yield spec
 
     def _open(self, specs, tasks: bool = False, early: bool = False):
-        from energon_ray.pipeline.streams import BlockStream, TaskStream
+        from energon_ray.pipeline.data_stream import BlockStream
+        from energon_ray.pipeline.streams import TaskStream
 
         if specs is None:
             return None

@@ -125,7 +125,7 @@ def run_reads(specs: List[SegmentSpec], readers, configs, remote_args, leaves) -
     if not specs:
         return {}
     from energon_ray.pipeline.build import replay_chain
-    from energon_ray.pipeline.streams import BlockStream
+    from energon_ray.pipeline.data_stream import BlockStream
 
     chains = [spec for spec in specs if isinstance(spec, ChainedRead)]
     specs = [spec for spec in specs if not isinstance(spec, ChainedRead)]

@@ -340,7 +340,8 @@ def segment_tasks(ray_remote_args: Optional[Dict[str, Any]]) -> Tuple[Any, Any, 
 @deaf_to_cancel
 def _batch_groups(config: Any, worker: int, seed: int, groups, source: int) -> "TableParts":
     import_task_modules()  # before the config (shipped) is opened: its classes import torch
-    from energon_ray.pipeline.rows import parts, resolve_located
+    from energon_ray.pipeline.located import resolve_located
+    from energon_ray.pipeline.rows import parts
     from energon_ray.pipeline.seam_stages import seam_batches
 
     limit_torch_threads()
@@ -364,7 +365,8 @@ def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: 
 @deaf_to_cancel
 def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int, offsets: Optional[List[int]] = None):
     import_task_modules()
-    from energon_ray.pipeline.rows import parts, resolve_located
+    from energon_ray.pipeline.located import resolve_located
+    from energon_ray.pipeline.rows import parts
     from energon_ray.pipeline.seam_stages import seam_packs
 
     limit_torch_threads()

@@ -135,7 +135,7 @@ def local_group_block(specs: List[Any], readers: Any, config: Any, node: Optiona
 def local_seam(config: Any, worker: int, seed: int, groups, source: int, get: Callable[[Any], Any]) -> pa.Table:
     """The table a seam task makes (``build._batch_groups``), made in this process; ``get`` reads
     the samples' blocks (``ray.get``)."""
-    from energon_ray.pipeline.rows import resolve_located
+    from energon_ray.pipeline.located import resolve_located
     from energon_ray.pipeline.seam_stages import seam_batches
 
     with as_in_a_task():
@@ -147,7 +147,7 @@ def local_pack(config: Any, worker: int, seed: int, samples, buffer_size: int, s
     """What a packing task makes of a chunk of drawn samples (``build._pack_chunk``: the packs'
     table, their ``(position, sub)``, the report), made in this process; ``get`` reads the samples'
     blocks (``ray.get``)."""
-    from energon_ray.pipeline.rows import resolve_located
+    from energon_ray.pipeline.located import resolve_located
     from energon_ray.pipeline.seam_stages import seam_packs
 
     with as_in_a_task():

@@ -179,85 +179,104 @@ class EncodeSamples:
         data.encoded.append((position, sub, item))
 
     def _encode_all(self, data, te, loader, load, cook, encode, runs, sink) -> None:
-        do_encode = is_overridden(te, sample_encode_hook(te))
-        generator = do_encode and is_generator_encoder(te)
-        seed = data.spec.seed
-        # a hook marked @stateless(restore_seeds=True) gets Energon's seed for the sample (hook_seed)
-        encode_kind = None if getattr(encode.fn, "__restore_seeds__", False) else "encode"
-        # Energon cooks each dataset in its own map, before a blend or a validation metadataset's
-        # concatenation: a cook call's current_sample_index (and a restore_seeds override's seed) is
-        # the sample's position in its own dataset's worker stream
-        cook_kind = None if getattr(own_hook(te, "cook_crude_sample"), "__restore_seeds__", False) else "cook"
-        per_batch = self.config.batch_size or 1  # a sample hook sees the index of the batch it will be in
-        # a chained stream that counts its outputs does (Energon's batch index: outputs before it //
-        # batch size); else a sample's position stands for the outputs before it (so it does where
-        # packs are chained, a batch holding packs, and where batches are chained only for skips)
-        chain = data.carry if self.config.counts_outputs and not self.config.packing_buffer_size else None
-        before = self.config.index_offset(data.spec.worker)
-        # unbatched: the outputs made and given (after postencode_sample) are counted apart
-        given = GivenCount(chain, self.post, seed, before) if chain is not None and self.config.batch_size is None else None
-        produced = None if chain is None or given is not None else [chain.outputs]
-
-        def batch_of(position: int) -> int:
-            if given is not None:
-                return given.given
-            return (before + position) // per_batch if produced is None else produced[0] // per_batch
-
-        def next_output(n: int) -> None:
-            set_batch_index((produced[0] + n) // per_batch)
-
+        run = _SegmentRun(self.config, data, te, encode, self.post)
         raws, data.raw = data.raw, []
         raws.reverse()
         while raws:  # pop as we go: a segment of videos never holds all raw and decoded data at once
             position, _, raw = raws.pop()
-            if produced is not None and chain.bases is not None:  # a restore_sample re-read
-                produced[0] = chain.bases[position]
+            run.at(position)
             what = _what(raw)
             sources = raw.get("__sources__")
             sample = load.call(runs["load"], raw, what, sources, at=position)
             if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                 continue
             if isinstance(sample, CrudeSample):
-                cook_seed = position if cook_kind is None else before + position
-                with hook_call(seed, cook_kind, cook_seed, sample_index=position, batch_index=batch_of(position)):
+                with hook_call(run.seed, run.cook_kind, run.cook_seed(position), sample_index=position, batch_index=run.batch_of(position)):
                     sample = cook.call(runs["cook_crude_sample"], sample, what, sources, at=position)
                 if sample is HookRunner.FAILED or sample is HookRunner.IGNORED:
                     continue
-            if not do_encode:
-                self._add(data, position, 0, sample, seed, before, per_batch)
-            elif given is not None:
-                given.sample(position, restore_key_of(sample))
-                with hook_call(seed, encode_kind, before + position, sample_index=before + position, batch_index=given.given):
-                    encode.call_many(
-                        runs["encode_sample"], sample, what, sources, before_each=given.before_each, at=position,
-                        after_each=given.after_each,
-                    )
-                data.encoded.extend((position, sub, item) for sub, item in given.take())
-            else:
-                with hook_call(seed, encode_kind, before + position, sample_index=before + position, batch_index=batch_of(position)):
-                    outputs = encode.call_many(
-                        runs["encode_sample"], sample, what, sources, before_each=None if produced is None else next_output,
-                        at=position,
-                    )
-                if outputs is HookRunner.FAILED or outputs is HookRunner.IGNORED:
-                    continue
-                first = None if produced is None else produced[0]  # the stream's outputs before these
-                if produced is not None:
-                    key = restore_key_of(sample)
-                    for n, item in enumerate(outputs):
-                        chain_restore_key(item, key, n, produced[0] + n)
-                    produced[0] += len(outputs)
-                elif generator:
-                    key = restore_key_of(sample)
-                    for n, item in enumerate(outputs):
-                        sub_restore_key(item, key, n)
-                for sub, item in enumerate(outputs):
-                    self._add(data, position, sub, item, seed, before, per_batch, None if first is None else first + sub)
+            if not run.encode_one(self, data, encode, runs["encode_sample"], sample, what, sources, position):
+                continue
             del sample
             if sink is not None:
                 sink()
+        if run.given is not None:
+            data.counted = (run.given.made, run.given.given)
+
+
+class _SegmentRun:
+    """What ``EncodeSamples`` keeps while it encodes one segment: the hooks' seeding and the indices
+    they read (Energon's: a sample's position in its worker stream, or the outputs made before it
+    where a chained stream counts them)."""
+
+    def __init__(self, config: StageConfig, data: rows.SegmentData, te: TaskEncoder, encode: HookRunner, post: Optional["_Postencode"]):
+        self.do_encode = is_overridden(te, sample_encode_hook(te))
+        self.generator = self.do_encode and is_generator_encoder(te)
+        self.seed = data.spec.seed
+        # a hook marked @stateless(restore_seeds=True) gets Energon's seed for the sample (hook_seed)
+        self.encode_kind = None if getattr(encode.fn, "__restore_seeds__", False) else "encode"
+        # Energon cooks each dataset in its own map, before a blend or a validation metadataset's
+        # concatenation: a cook call's current_sample_index (and a restore_seeds override's seed) is
+        # the sample's position in its own dataset's worker stream
+        self.cook_kind = None if getattr(own_hook(te, "cook_crude_sample"), "__restore_seeds__", False) else "cook"
+        self.per_batch = config.batch_size or 1  # a sample hook sees the index of the batch it will be in
+        # a chained stream that counts its outputs does (Energon's batch index: outputs before it //
+        # batch size); else a sample's position stands for the outputs before it (so it does where
+        # packs are chained, a batch holding packs, and where batches are chained only for skips)
+        self.chain = data.carry if config.counts_outputs and not config.packing_buffer_size else None
+        self.before = config.index_offset(data.spec.worker)
+        # unbatched: the outputs made and given (after postencode_sample) are counted apart
+        chained_unbatched = self.chain is not None and config.batch_size is None
+        self.given = GivenCount(self.chain, post, self.seed, self.before) if chained_unbatched else None
+        self.produced = None if self.chain is None or self.given is not None else [self.chain.outputs]
+
+    def at(self, position: int) -> None:
+        """The next sample is at ``position``."""
+        if self.produced is not None and self.chain.bases is not None:  # a restore_sample re-read
+            self.produced[0] = self.chain.bases[position]
+
+    def cook_seed(self, position: int) -> int:
+        return position if self.cook_kind is None else self.before + position
+
+    def batch_of(self, position: int) -> int:
+        if self.given is not None:
+            return self.given.given
+        return (self.before + position) // self.per_batch if self.produced is None else self.produced[0] // self.per_batch
+
+    def next_output(self, n: int) -> None:
+        set_batch_index((self.produced[0] + n) // self.per_batch)
+
+    def encode_one(self, stage: EncodeSamples, data: rows.SegmentData, encode: HookRunner, run: Any, sample: Any,
+                   what: str, sources: Any, position: int) -> bool:  # fmt: skip
+        """``encode_sample`` on one loaded sample, its outputs added to ``data.encoded``; ``False``
+        where the hook failed or skipped it."""
+        seed, before, per_batch, given, produced = self.seed, self.before, self.per_batch, self.given, self.produced
+        if not self.do_encode:
+            stage._add(data, position, 0, sample, seed, before, per_batch)
+            return True
         if given is not None:
-            data.counted = (given.made, given.given)
+            given.sample(position, restore_key_of(sample))
+            with hook_call(seed, self.encode_kind, before + position, sample_index=before + position, batch_index=given.given):
+                encode.call_many(run, sample, what, sources, before_each=given.before_each, at=position, after_each=given.after_each)
+            data.encoded.extend((position, sub, item) for sub, item in given.take())
+            return True
+        with hook_call(seed, self.encode_kind, before + position, sample_index=before + position, batch_index=self.batch_of(position)):
+            outputs = encode.call_many(run, sample, what, sources, before_each=None if produced is None else self.next_output, at=position)
+        if outputs is HookRunner.FAILED or outputs is HookRunner.IGNORED:
+            return False
+        first = None if produced is None else produced[0]  # the stream's outputs before these
+        if produced is not None:
+            key = restore_key_of(sample)
+            for n, item in enumerate(outputs):
+                chain_restore_key(item, key, n, produced[0] + n)
+            produced[0] += len(outputs)
+        elif self.generator:
+            key = restore_key_of(sample)
+            for n, item in enumerate(outputs):
+                sub_restore_key(item, key, n)
+        for sub, item in enumerate(outputs):
+            stage._add(data, position, sub, item, seed, before, per_batch, None if first is None else first + sub)
+        return True
 
 
 class _Postencode:

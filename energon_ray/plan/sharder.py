@@ -8,7 +8,9 @@ about ``max_samples_per_sequence`` samples.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
+
+from energon_ray.plan.stream import StreamConfig, WorkerStream
 
 
 def bit_reversal_order(length: int) -> List[int]:
@@ -122,3 +124,30 @@ def compute_subset(total: int, absolute: Optional[Tuple[int, Optional[int]]], ra
         length = end - start
         start, end = start + int(length * lo), start + int(length * hi)
     return start, end
+
+
+def worker_streams(options: Any, wc: Any, ranges: Sequence[Tuple[int, int]], shard_starts: Sequence[int],
+                   excluded: Sequence[int], first_epoch: int = 0, prefixes: Optional[Sequence[Any]] = None) -> List[WorkerStream]:  # fmt: skip
+    """One ``WorkerStream`` per local worker of ``wc`` (a ``WorkerConfig``) reading ``ranges`` (its
+    workers' ``worker_ranges``) of a dataset whose shards start at ``shard_starts``, as ``options``
+    (``PlanOptions``) say; ``excluded``: global indices left out; ``first_epoch`` shifts the shuffles;
+    ``prefixes``: per local worker, samples that come before its epochs (``loader.elastic``)."""
+    o = options
+    out = []
+    for local, (a, b) in enumerate(ranges):
+        config = StreamConfig(
+            worker=local,
+            global_worker=wc.global_worker_id(local),
+            seed=wc.worker_seed(local),
+            offsets=slice_offsets(a, b, shard_starts, o.max_samples_per_sequence if o.training else None),
+            training=o.training,
+            repeat=o.repeat,
+            shuffle_over_epochs=o.shuffle_over_epochs if o.training else None,
+            parallel_shard_iters=o.parallel_shard_iters or (16 if o.training else 1),
+            shuffle_buffer_size=o.shuffle_buffer_size if o.training else None,
+            excluded=tuple(i for i in excluded if a <= i < b),
+            first_epoch=first_epoch,
+            repetitions=o.repetitions,
+        )
+        out.append(WorkerStream(config, prefix=None if prefixes is None else prefixes[local]))
+    return out

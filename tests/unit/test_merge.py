@@ -12,6 +12,7 @@ from energon_ray.loader.merge import EXHAUSTED, NOTHING, Pending, WorkerQueues
 from energon_ray.loader.round_robin import round_robin
 from energon_ray.loader.stats import HandlerCall, LoaderStats
 from energon_ray.pipeline import rows, serde
+from energon_ray.pipeline.located import BlockRefs, Located, resolve_located
 from energon_ray.pipeline.policy import Failure, FailureChain, StageRun
 
 
@@ -198,19 +199,19 @@ def test_located_leftovers_resolve_to_the_sample_bytes_of_their_block():
     decoded = rows.iter_rows(block)
     next(decoded)
     payload = serde.loads(next(decoded)[4], copy=False)
-    refs = rows.BlockRefs()
+    refs = BlockRefs()
     located = refs.locate(payload, "block-ref", 1)
     pooled = [p for _, _, p in located[0][2]]
     assert pooled == [(0, 1, 0, 0), (0, 1, 0, 1)] and len(refs) == 1
     gc.collect()
     assert not any(gc.is_tracked(item) for item in located[0][2])  # pooled, the collector ignores them
     shipped = [refs.ship(pooled[1]), refs.ship(b"as is")]
-    assert shipped == [rows.Located("block-ref", 1, 0, 1), b"as is"] and len(refs) == 1
-    assert refs.ship(pooled[0]) == rows.Located("block-ref", 1, 0, 0) and len(refs) == 0  # the block's last sample: let go
+    assert shipped == [Located("block-ref", 1, 0, 1), b"as is"] and len(refs) == 1
+    assert refs.ship(pooled[0]) == Located("block-ref", 1, 0, 0) and len(refs) == 0  # the block's last sample: let go
     with pytest.raises(RuntimeError, match="shipped twice"):
         refs.ship(pooled[0])
     fetched = []
-    groups = rows.resolve_located([(2, [(4, 0, shipped[0]), (9, 0, b"as is")])],
+    groups = resolve_located([(2, [(4, 0, shipped[0]), (9, 0, b"as is")])],
                                   lambda refs: fetched.extend(refs) or [block])  # fmt: skip
     assert fetched == ["block-ref"]
     (size, [(p1, _, first), (p2, _, second)]), = groups
