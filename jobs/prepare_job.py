@@ -21,17 +21,16 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import ray
 from tqdm import tqdm
 
-from energon_ray.cli.params import field_map_value, sample_type_value
+from energon_ray.cli.params import field_map_value, raising, ratio_numbers, sample_type_value, split_part_value
 from energon_ray.cli.prepare import option_conflict, ratio_ignored
 from energon_ray.errors import DatasetConfigError, unwrap_error
 from energon_ray.format.indexer import ShardIndex, index_shard
 from energon_ray.format.prepare import CRUDE, PrepareResult, already_prepared, prepare_dataset
-from energon_ray.format.split import check_ratio
 from energon_ray.ray_env import ensure_ray
 
 #: Results held ahead of the next shard in order (they wait for a slow earlier shard), per running task.
@@ -119,36 +118,9 @@ class RayShardIndexer:
                 _drain(list(running))
 
 
-def _ratio(value: str) -> List[float]:
-    try:
-        numbers = [float(x) for x in value.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like '8,1,1' or '0.8,0.1,0.1', got {value!r}") from None
-    try:
-        return list(check_ratio(numbers))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _split_part(value: str) -> tuple:
-    name, sep, pattern = value.partition(":")
-    if not sep or not name or not pattern:
-        raise argparse.ArgumentTypeError(f"expected 'name:regex' like 'train:shards/train_.*', got {value!r}")
-    return name, pattern
-
-
-def _sample_type(value: str) -> str:
-    try:
-        return sample_type_value(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _field_map(value: str) -> dict:
-    try:
-        return field_map_value(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _checked(check: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` from one of ``cli.params``' checks."""
+    return raising(check, argparse.ArgumentTypeError)
 
 
 #: options whose value may start with a minus sign (``--split-ratio -1,1,1``, ``--exclude -tmp``):
@@ -174,13 +146,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("path", type=Path, help="The dataset folder (its **/*.tar and **/*.tgz are the shards).")
-    add("--split-ratio", type=_ratio, help="train,val,test shard ratio, e.g. '8,1,1'.")
-    add("--split-parts", type=_split_part, action="append", default=[],
+    add("--split-ratio", type=_checked(ratio_numbers), help="train,val,test shard ratio, e.g. '8,1,1'.")
+    add("--split-parts", type=_checked(split_part_value), action="append", default=[],
         help="'name:regex' (brace-expanded, matched on shard paths); repeatable. Wins over --split-ratio.")  # fmt: skip
     add("--exclude", action="append", default=[], help="Regex of shard paths to leave out (searched anywhere); repeatable.")
     add("--shuffle-tars", action="store_true", help="Shuffle shards (seed 42) before the ratio split.")
-    add("--sample-type", type=_sample_type, help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
-    add("--field-map", type=_field_map, help='JSON, e.g. \'{"image": "jpg", "caption": "txt"}\'.')
+    add("--sample-type", type=_checked(sample_type_value), help=f"Sample class name, e.g. CaptioningSample, or {CRUDE}.")
+    add("--field-map", type=_checked(field_map_value), help='JSON, e.g. \'{"image": "jpg", "caption": "txt"}\'.')
     add("--dataset-yaml-name", default="dataset.yaml", help="Dataset config file name (default: dataset.yaml).")
     add("--skip-dataset-yaml", action="store_true", help="Write no dataset.yaml.")
     add("--tar-index-only", action="store_true", help="Only rebuild .tar.idx and index.sqlite of the listed shards.")

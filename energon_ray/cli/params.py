@@ -9,7 +9,7 @@ import contextlib
 import difflib
 import json
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import click
 
@@ -73,16 +73,51 @@ def user_errors() -> Iterator[None]:
         raise click.ClickException(str(exc)) from None
 
 
-def ratio_value(value: str) -> List[float]:
-    """A ``train,val,test`` ratio, checked whole (the prompt asks again for any bad one)."""
+def ratio_numbers(value: str) -> List[float]:
+    """A ``train,val,test`` ratio, checked whole (shared with ``jobs/prepare_job.py``).
+
+    Raises:
+        ValueError: not numbers, or not a ratio (``format.split.check_ratio``).
+    """
     try:
         numbers = [float(x) for x in value.split(",")]
     except ValueError:
-        raise click.BadParameter(f"expected numbers like '8,1,1' or '0.8,0.1,0.1', got {value!r}") from None
-    try:
-        return list(check_ratio(numbers))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise ValueError(f"expected numbers like '8,1,1' or '0.8,0.1,0.1', got {value!r}") from None
+    return list(check_ratio(numbers))
+
+
+def raising(check: Callable[[str], Any], error: Callable[[str], Exception]) -> Callable[[str], Any]:
+    """``check`` (one of the checks here) with its ``ValueError`` raised as ``error`` (click's
+    ``BadParameter``; argparse's ``ArgumentTypeError`` in ``jobs/prepare_job.py``)."""
+
+    def convert(value: str) -> Any:
+        try:
+            return check(value)
+        except ValueError as exc:
+            raise error(str(exc)) from None
+
+    return convert
+
+
+def _for_click(check: Callable[[str], Any]) -> Callable[[str], Any]:
+    return raising(check, click.BadParameter)
+
+
+def ratio_value(value: str) -> List[float]:
+    """``ratio_numbers`` for click (the prompt asks again for any bad one)."""
+    return _for_click(ratio_numbers)(value)
+
+
+def split_part_value(value: str) -> Tuple[str, str]:
+    """A ``--split-parts`` value, ``name:regex`` (shared with ``jobs/prepare_job.py``).
+
+    Raises:
+        ValueError: not of that form.
+    """
+    name, sep, pattern = value.partition(":")
+    if not sep or not name or not pattern:
+        raise ValueError(f"expected 'name:regex' like 'train:shards/train_.*', got {value!r}")
+    return name, pattern
 
 
 def parse_ratio(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[List[float]]:
@@ -96,9 +131,7 @@ def parse_split_parts(
         return None
     parts: Dict[str, List[str]] = {}
     for value in values:
-        name, sep, pattern = value.partition(":")
-        if not sep or not name or not pattern:
-            raise click.BadParameter(f"expected 'name:regex' like 'train:shards/train_.*', got {value!r}")
+        name, pattern = _for_click(split_part_value)(value)
         parts.setdefault(name, []).append(pattern)
     return parts
 
@@ -118,10 +151,7 @@ def sample_type_value(value: Optional[str]) -> Optional[str]:
 
 
 def parse_sample_type(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
-    try:
-        return sample_type_value(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    return _for_click(sample_type_value)(value)
 
 
 def field_map_value(value: str) -> dict:
@@ -140,9 +170,4 @@ def field_map_value(value: str) -> dict:
 
 
 def parse_field_map(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[dict]:
-    if value is None:
-        return None
-    try:
-        return field_map_value(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    return None if value is None else _for_click(field_map_value)(value)
