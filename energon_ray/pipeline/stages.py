@@ -160,7 +160,7 @@ class EncodeSamples:
         if data.fatal is None:
             try:
                 with cook_context(config.aux), worker_slot(data.spec.worker, config.num_workers):
-                    self._encode_all(data, te, loader, load, cook, encode, runs, sink)
+                    self._encode_all(data, te, load, cook, encode, runs, sink)
             except FatalSampleError as exc:
                 data.fatal = ("FatalSampleError", str(exc))
         data.raw = []
@@ -178,7 +178,7 @@ class EncodeSamples:
                 return
         data.encoded.append((position, sub, item))
 
-    def _encode_all(self, data, te, loader, load, cook, encode, runs, sink) -> None:
+    def _encode_all(self, data, te, load, cook, encode, runs, sink) -> None:
         run = _SegmentRun(self.config, data, te, encode, self.post)
         raws, data.raw = data.raw, []
         raws.reverse()
