@@ -92,6 +92,10 @@ class EnergonDataset(Composition):
         #: each segment of an unbatched generator ``encode_sample`` stream encodes on its own, its hooks
         #: reading positions (a restored state saved before such streams were chained: ``savable.adopt_pack_batching``)
         self.segment_unbatched = False
+        #: a sample hook that reads indices skipped samples shift chains its stream
+        #: (``chained.reads_shifted_indices``); ``False`` for a restored state saved before, whose
+        #: segments encoded side by side, the hooks reading positions (``savable.adopt_pack_batching``)
+        self.sample_hooks_counted = True
         #: the loader runs the segments as plain Ray tasks (``executor="tasks"``), several short ones
         #: to a task where ``chained.groups_segments`` allows (``task_samples``)
         self.segments_as_tasks = True
@@ -207,6 +211,13 @@ class EnergonDataset(Composition):
             self.segment_unbatched = not value
             self._stages = None
 
+    def count_sample_hooks(self, value: bool) -> None:
+        """``True``: a sample hook reading indices that skipped samples shift chains its stream;
+        ``False``: it reads positions (a restored state saved before)."""
+        if value != self.sample_hooks_counted:
+            self.sample_hooks_counted = value
+            self._stages = None
+
     def count_pack_hooks(self, value: bool) -> None:
         """``True``: a chained packed stream's packing hooks read Energon's indices; ``False``: their
         first sample's position (a restored state saved before they were counted)."""
@@ -287,7 +298,7 @@ class EnergonDataset(Composition):
             chained = chains_outputs(
                 self.task_encoder, self.options.batch_size, bool(packing), across,
                 chain_packs=not (self.segment_packs or self.segment_pack_batches), chain_batches=not self.segment_batches,
-                chain_unbatched=not self.segment_unbatched,
+                chain_unbatched=not self.segment_unbatched, sample_hooks=self.sample_hooks_counted,
             )
             self._stages = StageConfig(
                 task_encoder=Shipped(self.task_encoder, "task encoder"),
@@ -306,7 +317,7 @@ class EnergonDataset(Composition):
                 postencode=postencode,
                 num_workers=max(1, self.worker_config.num_workers),
                 chained=chained,
-                counts_outputs=chained and not packing and counts_outputs(self.task_encoder),
+                counts_outputs=chained and not packing and counts_outputs(self.task_encoder, self.sample_hooks_counted),
                 drop_last=self.options.drop_last,
                 index_offsets=self.options.batch_index_offsets,
                 pack_counts=self.pack_hooks_counted,

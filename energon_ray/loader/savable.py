@@ -232,6 +232,7 @@ def new_state(dataset: Composition, passes: int, epoch_items: int) -> LoaderStat
         pool_batches_counted=all(leaf.pool_batches_counted for leaf in dataset.leaves()),
         pack_hooks_counted=all(leaf.pack_hooks_counted for leaf in dataset.leaves()),
         unbatched_chained=not any(leaf.segment_unbatched for leaf in dataset.leaves()),
+        sample_hooks_counted=all(leaf.sample_hooks_counted for leaf in dataset.leaves()),
     )
 
 
@@ -288,7 +289,9 @@ def adopt_pack_batching(state: LoaderState, dataset: Composition) -> None:
     segments that packed their own samples, so its packed leaves do that again (and the states
     saved from them record it); others pool and chain them. Likewise a state whose batches did not
     run across segments (``batches_chained`` False) pooled what each segment left, and one whose
-    unbatched generator streams were not chained (``unbatched_chained`` False) encodes them so again."""
+    unbatched generator streams were not chained (``unbatched_chained`` False) encodes them so again,
+    as does one saved before sample hooks reading shifted indices chained their streams
+    (``sample_hooks_counted`` False)."""
     for leaf in dataset.leaves():
         leaf.batch_packs_in_segments(not state.packs_pooled)
         leaf.pack_in_segments(not state.packs_chained)
@@ -296,6 +299,7 @@ def adopt_pack_batching(state: LoaderState, dataset: Composition) -> None:
         leaf.pool_batches_counted = state.pool_batches_counted
         leaf.count_pack_hooks(state.pack_hooks_counted)
         leaf.chain_unbatched(state.unbatched_chained)
+        leaf.count_sample_hooks(state.sample_hooks_counted)
 
 
 def adopt_val_packing(state: LoaderState, dataset: Composition) -> None:

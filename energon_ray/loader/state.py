@@ -161,6 +161,10 @@ class LoaderState:
     #: Energon's outputs given (``chained.chains_outputs``); ``False`` in states saved before, whose
     #: segments encoded on their own, the hooks reading positions (restored so)
     unbatched_chained: bool = False
+    #: a stream whose sample hooks read indices that skipped samples shift is chained
+    #: (``chained.reads_shifted_indices``); ``False`` in states saved before, whose segments encoded
+    #: side by side, the hooks reading positions (restored so)
+    sample_hooks_counted: bool = False
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -219,6 +223,7 @@ class LoaderState:
             pool_batches_counted=bool(data.get("pool_batches_counted", False)),
             pack_hooks_counted=bool(data.get("pack_hooks_counted", False)),
             unbatched_chained=bool(data.get("unbatched_chained", False)),
+            sample_hooks_counted=bool(data.get("sample_hooks_counted", False)),
         )
 
     @classmethod

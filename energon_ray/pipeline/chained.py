@@ -22,7 +22,7 @@ import pyarrow as pa
 from energon_ray.errors import FatalSampleError
 from energon_ray.pipeline import rows
 from energon_ray.pipeline.packing import restore_key_of, set_restore_key
-from energon_ray.task_encoder.base import TaskEncoder, is_overridden, own_hook, sample_encode_hook
+from energon_ray.task_encoder.base import TaskEncoder, hook_reads, is_overridden, own_hook, sample_encode_hook
 from energon_ray.task_encoder.context import worker_slot
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 def chains_outputs(
     te: TaskEncoder, batch_size: Optional[int], packing: bool, across_sources: bool, chain_packs: bool = True,
-    chain_batches: bool = True, chain_unbatched: bool = True,
+    chain_batches: bool = True, chain_unbatched: bool = True, sample_hooks: bool = True,
 ) -> bool:
     """Whether a dataset's segments must be chained.
 
@@ -41,7 +41,8 @@ def chains_outputs(
     worker's outputs as one stream; a chained stream does the same, one segment after another per
     worker (the rank's worker streams still run side by side). Also where ``batch`` or
     ``encode_batch`` is marked ``@stateless(restore_seeds=True)``: its seed is Energon's batch
-    count, which samples skipped in earlier segments lower. Not where the segments do not batch
+    count, which samples skipped in earlier segments lower; and where a sample hook reads such an
+    index (``reads_shifted_indices``; ``sample_hooks``, off for states saved before). Not where the segments do not batch
     their own samples (grouping, batching across datasets, no batching; ``postencode_sample`` runs in
     the encode stage, on each output as it is made). An
     ``encode_sample`` that is a plain function returning a generator is not detected (a generator
@@ -61,30 +62,53 @@ def chains_outputs(
     ``encode_sample``): each segment gets the outputs of the buffer still open (``Carry.tail``).
 
     Unbatched (``chain_unbatched``; off for states saved before, ``savable.adopt_pack_batching``): a
-    generator ``encode_sample``'s stream, as Energon's hooks read the worker's outputs given before
+    generator ``encode_sample``'s stream, or one whose sample hooks read shifted indices, as Energon's hooks read the worker's outputs given before
     (``current_batch_index``) and ``postencode_sample`` the outputs made before
     (``current_sample_index``): each segment counts on from the previous one's ``Carry.counts``."""
     if packing:
         return chain_packs and not across_sources
     if batch_size is None:
         return (
-            chain_unbatched and not across_sources and is_generator_encoder(te)
+            chain_unbatched and not across_sources
+            and (is_generator_encoder(te) or (sample_hooks and reads_shifted_indices(te)))
             and not is_overridden(te, "batch_group_criterion")
         )  # fmt: skip
     return (
         batch_size is not None
         and not across_sources
-        and (chain_batches or counts_outputs(te))
+        and (chain_batches or counts_outputs(te, sample_hooks))
         and not is_overridden(te, "batch_group_criterion")
     )
 
 
-def counts_outputs(te: TaskEncoder) -> bool:
+def counts_outputs(te: TaskEncoder, sample_hooks: bool = True) -> bool:
     """Whether a chained (unpacked) stream's encode stage counts the stream's outputs: a generator
-    ``encode_sample`` (a sample's outputs may straddle batches) or a ``restore_seeds`` batch hook
-    (seeded by the batch count). Their outputs' restore keys name their index in the stream
+    ``encode_sample`` (a sample's outputs may straddle batches), a ``restore_seeds`` batch hook
+    (seeded by the batch count) or, with ``sample_hooks`` (off for states saved before:
+    ``savable.adopt_pack_batching``), a sample hook that reads what skipped samples shift
+    (``reads_shifted_indices``). Their outputs' restore keys name their index in the stream
     (``chain_restore_key``) and each segment encodes once the previous one's carry has come."""
-    return is_generator_encoder(te) or _restore_seeded_batch_hook(te)
+    return is_generator_encoder(te) or _restore_seeded_batch_hook(te) or (sample_hooks and reads_shifted_indices(te))
+
+
+def reads_shifted_indices(te: TaskEncoder) -> bool:
+    """Whether a sample hook reads an index that samples skipped before it shift (Energon counts them
+    as its worker stream went): ``encode_sample``'s ``current_batch_index`` (the batches given
+    before), ``postencode_sample``'s ``current_batch_index`` or ``current_sample_index`` (the outputs
+    of ``encode_sample`` before it), or a ``postencode_sample`` marked ``restore_seeds`` (seeded by
+    that index). Read in the hook's code (``hook_reads``); a segment cannot know them until the
+    segments before it have encoded, so such a stream's segments encode one after another."""
+    post = "postencode_sample"
+    if is_overridden(te, post) and (
+        getattr(own_hook(te, post), "__restore_seeds__", False) or hook_reads(te, post, _POST_INDICES)
+    ):
+        return True
+    encode = sample_encode_hook(te)
+    return is_overridden(te, encode) and hook_reads(te, encode, _BATCH_INDEX)
+
+
+_BATCH_INDEX = frozenset({"current_batch_index"})
+_POST_INDICES = frozenset({"current_batch_index", "current_sample_index"})
 
 
 def is_generator_encoder(te: TaskEncoder) -> bool:

@@ -240,7 +240,7 @@ class _SegmentRun:
 
     def batch_of(self, position: int) -> int:
         if self.given is not None:
-            return self.given.given
+            return self.before + self.given.given
         return (self.before + position) // self.per_batch if self.produced is None else self.produced[0] // self.per_batch
 
     def next_output(self, n: int) -> None:
@@ -256,8 +256,9 @@ class _SegmentRun:
             return True
         if given is not None:
             given.sample(position, restore_key_of(sample))
-            with hook_call(seed, self.encode_kind, before + position, sample_index=before + position, batch_index=given.given):
-                encode.call_many(run, sample, what, sources, before_each=given.before_each, at=position, after_each=given.after_each)
+            with hook_call(seed, self.encode_kind, before + position, sample_index=before + position, batch_index=self.batch_of(position)):
+                outputs = encode.call_many(run, sample, what, sources, before_each=given.before_each, at=position, after_each=given.after_each)
+            given.made_by_plain_hook(outputs)
             data.encoded.extend((position, sub, item) for sub, item in given.take())
             return True
         with hook_call(seed, self.encode_kind, before + position, sample_index=before + position, batch_index=self.batch_of(position)):
@@ -359,6 +360,13 @@ class GivenCount:
             return
         self.given += 1
         self._kept.append((sub, item))
+
+    def made_by_plain_hook(self, outputs: Any) -> None:
+        """The output of a hook that is not a generator (``call_many`` calls ``after_each`` for a
+        generator's only), counted as a generator's would be."""
+        if isinstance(outputs, list):
+            for item in outputs[self._sub :]:
+                self.after_each(item)
 
     def take(self) -> List[Tuple[int, Any]]:
         """The sample's outputs kept, ``(sub, output)``."""

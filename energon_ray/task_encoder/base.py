@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import types
 from typing import Any, Dict, Generic, Hashable, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from energon_ray.decode.sample_decoder import SampleDecoder
@@ -186,9 +188,11 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     @property
     def current_batch_index(self) -> int:
         """Index of the batch being built (inside ``batch`` / ``encode_batch``) or that the sample will
-        go into (inside ``cook_crude_sample``, ``encode_sample``, ``postencode_sample``: its position
-        in the worker stream // batch size; a validation metadataset's stream runs through its
-        datasets), as Energon counts it: the rank's workers take turns (``index × num_workers +
+        go into (inside ``cook_crude_sample``, ``encode_sample``, ``postencode_sample``: the batches
+        its worker stream gave before it, skipped samples not counted, where ``encode_sample`` or
+        ``postencode_sample`` reads it (their stream's segments are then chained:
+        ``chained.reads_shifted_indices``), else its position // batch size; a validation
+        metadataset's stream runs through its datasets), as Energon counts it: the rank's workers take turns (``index × num_workers +
         worker``: the loader's batch number). A generator ``encode_sample`` (its segments chained)
         sees the batch of each output it yields next, as Energon's. Inside a train metadataset
         blend's sample hooks it is the sample's position in its own dataset's stream // batch size
@@ -278,3 +282,30 @@ def sample_encode_hook(task_encoder: TaskEncoder) -> str:
     """The hook that encodes each sample: ``preencode_sample`` where the encoder overrides it (with
     or without packing, as Energon picks it), else ``encode_sample``."""
     return "preencode_sample" if is_overridden(task_encoder, "preencode_sample") else "encode_sample"
+
+
+def hook_reads(task_encoder: TaskEncoder, name: str, attributes: frozenset) -> bool:
+    """Whether hook ``name`` of ``task_encoder`` reads any of ``attributes`` (by name: ``self.x``),
+    in its own code, the functions defined in it, or the encoder's methods it names (followed
+    likewise). A read through other objects or ``getattr`` is not seen."""
+    own = own_hook(task_encoder, name)
+    owner = type(task_encoder)
+    while getattr(getattr(owner, name, None), "__augment_delegate__", False):
+        task_encoder = task_encoder._task_encoder  # type: ignore[attr-defined]
+        owner = type(task_encoder)
+    def code_of(function: Any) -> Optional[types.CodeType]:
+        return getattr(inspect.unwrap(function), "__code__", None) if inspect.isfunction(function) else None
+
+    todo, seen = [code_of(own)], set()
+    while todo:
+        code = todo.pop()
+        if code is None or code in seen:
+            continue
+        seen.add(code)
+        if attributes.intersection(code.co_names):
+            return True
+        todo.extend(const for const in code.co_consts if isinstance(const, types.CodeType))
+        for attribute in code.co_names:
+            member = inspect.getattr_static(owner, attribute, None)
+            todo.append(code_of(getattr(member, "__func__", member)))  # a static or class method's function
+    return False
