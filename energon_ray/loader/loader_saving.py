@@ -94,19 +94,16 @@ class LoaderSaving:
 
         Raises:
             StateError: a key of another loader or version, of several datasets (but a train
-                metadataset's sample blend), of a sample blend's packed batches, or of items a
-                wrapper made that it cannot make again (see ``can_restore_sample``).
+                metadataset's sample blend or a validation metadataset's concatenation), or of items
+                a wrapper made that it cannot make again (see ``can_restore_sample``).
         """
         return restore_sample(self.dataset, restore_key, self.ray_remote_args)
 
     def can_restore_sample(self) -> bool:
-        """Whether ``restore_sample`` can rebuild this loader's batches: not for a sample blend's
-        packs, nor through a wrapper it cannot apply again (``loader.remake``: a ``MapDataset``
-        without ``stateless_map_fn=True``, a ``MixBatchDataset``, ``GroupBatchDataset`` or
-        ``IterMapDataset``)."""
-        if blocker(self.dataset) is not None:
-            return False
-        return not any(leaf.options.packing_buffer_size and leaf.options.blend_samples for leaf in self.dataset.leaves())
+        """Whether ``restore_sample`` can rebuild this loader's batches: not through a wrapper it
+        cannot apply again (``loader.remake``: a ``MapDataset`` without ``stateless_map_fn=True``, a
+        ``MixBatchDataset``, ``GroupBatchDataset`` or ``IterMapDataset``)."""
+        return blocker(self.dataset) is None
 
     def save_state_global(self, global_dst_rank: int) -> Optional[List[Optional[LoaderState]]]:
         """Every rank's state, gathered on ``global_dst_rank`` (``torch.distributed``; a list of one

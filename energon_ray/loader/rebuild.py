@@ -142,6 +142,40 @@ def rebuild_blended_batch(
     return _batch_once(first.stage_config(), first_source, worker, seed, group, remote_args, batch_index, output)
 
 
+def rebuild_blended_packs(
+    blend: Any, blend_leaves: List[Any], sources: List[int], packs: List[Tuple[int, int, List[tuple], Optional[Tuple[int, ...]]]],
+    remote_args=None, output: Optional[Tuple[int, int]] = None, batch_index: Optional[int] = None,
+) -> Any:  # fmt: skip
+    """A packed sample blend's (or packed validation metadataset's) batch of packs, or unbatched
+    pack, made again (``blend.packed_blend``): each member re-read at its own leaf's position with its
+    own hook seed (encoded, not post-encoded, as its leaf hands it out), then the packs made again
+    from them and batched with the seed, task encoder and index offsets the blend's packing and
+    batching tasks used (its first leaf's, for the pass the keys name). ``packs``: ``(position, sub,
+    member keys, made)`` (``restore_keys.pack_keys``)."""
+    by_source = dict(zip(sources, blend_leaves))
+    members = [k for _, _, keys, _ in packs for k in keys]
+    worker = members[0][3]
+    found = iter(_reread_each({source: by_source[source] for source in sorted({k[2] for k in members})}, members, remote_args))
+    offsets = {source: _index_offset(leaf, worker) for source, leaf in by_source.items()}
+    groups = [
+        (position, sub, [(*next(found), offsets[k[2]]) for k in keys], made) for position, sub, keys, made in packs
+    ]  # fmt: skip
+    first, first_source = blend_leaves[0], sources[0]
+    seed = _pass_seed(first.plan().streams[worker].config, by_source[members[0][2]].plan().streams[worker].config, members[0][5])
+    from energon_ray.pipeline.build import repack
+
+    table = repack(first.stage_config(), first_source, worker, seed, groups, blend.batch_size, remote_args, batch_index)
+    items = [serde.loads(payload) for kind, _, _, _, payload in rows.iter_rows(table) if kind == rows.ITEM]
+    return one_made(items, output, f"{len(packs)} pack(s)")
+
+
+def _index_offset(leaf: Any, worker: int) -> int:
+    """The samples of ``worker``'s stream before ``leaf``'s (a validation metadataset's datasets
+    count on), which a packed blend's packing hooks add to a member's position (``seam_packs``)."""
+    offsets = leaf.options.batch_index_offsets
+    return int(offsets[worker]) if offsets is not None else 0
+
+
 def output_sub(key: tuple) -> int:
     """Which output of its sample a key names: ``sub`` of a generator ``encode_sample``'s output in a
     stream that is not chained (``("Webdataset", index, leaf, worker, position, seed, sub)``), else 0."""

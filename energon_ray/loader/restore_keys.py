@@ -14,8 +14,8 @@ from typing import Any, List, Optional, Tuple
 from energon_ray.blend.base import Composition
 from energon_ray.loader.remake import remade, remakers
 from energon_ray.loader.rebuild import (
-    rebuild_batch, rebuild_blended_batch, rebuild_chained_batch, rebuild_concat_batch, rebuild_concat_packed_batch,
-    rebuild_packed_batch, split_batch_index, split_counts, split_output,
+    rebuild_batch, rebuild_blended_batch, rebuild_blended_packs, rebuild_chained_batch, rebuild_concat_batch,
+    rebuild_concat_packed_batch, rebuild_packed_batch, split_batch_index, split_counts, split_output,
 )  # fmt: skip
 from energon_ray.loader.state import StateError
 from energon_ray.pipeline.batch_counts import MADE
@@ -91,8 +91,8 @@ def restore_sample(dataset: Composition, restore_key: Any, remote_args: Optional
 
     Raises:
         StateError: an unusable key, samples of several datasets (outside a train metadataset's
-            sample blend or a validation metadataset's concatenation) or worker streams, packs of a sample blend, or a wrapper above the
-            dataset that cannot be applied again (``loader.remake``).
+            sample blend or a validation metadataset's concatenation) or worker streams, or a wrapper
+            above the dataset that cannot be applied again (``loader.remake``).
     """
     batch_index, restore_key = split_batch_index(restore_key)
     output, restore_key = split_output(restore_key)
@@ -165,10 +165,9 @@ def _rebuild_packed(
     _check_keys(leaves, keys)
     fns = remakers(dataset, leaves[min(k[2] for k in keys)])
     if any(leaves[k[2]].options.blend_samples for k in keys):  # before their origins: packs that mix datasets
-        raise StateError(
-            "restore_sample cannot rebuild the packed batches of a sample blend or of a packed validation metadataset "
-            "(packs mix datasets)"
-        )
+        _one_worker(keys)
+        blend, mine, sources = _holding_blend(dataset, leaves, keys)
+        return remade(fns, rebuild_blended_packs(blend, mine, sources, packs, remote_args, output, batch_index))
     named = sorted({k[2] for k in keys})
     if len(named) > 1 and all(leaves[source].options.batch_across_sources for source in named):
         _one_worker(keys)
@@ -184,11 +183,16 @@ def _rebuild_blended(
     dataset: Composition, leaves: List[Any], keys: List[tuple], remote_args: Optional[dict], output=None, batch_index=None
 ) -> Any:  # fmt: skip
     """A batch of a train metadataset's sample blend (samples of several datasets, one worker)."""
+    _one_worker(keys)
+    _, mine, sources = _holding_blend(dataset, leaves, keys)
+    return rebuild_blended_batch(mine, sources, keys, remote_args, output, batch_index)
+
+
+def _holding_blend(dataset: Composition, leaves: List[Any], keys: List[tuple]) -> Tuple[Any, List[Any], List[int]]:
+    """The sample blend (or concatenation) of ``dataset`` that holds the datasets ``keys`` name: it,
+    its leaves and their indices among ``leaves``."""
     from energon_ray.blend.sample_blend import SampleBlendDataset
 
-    workers = {k[3] for k in keys}
-    if len(workers) != 1:
-        raise StateError(f"restore_sample rebuilds a batch of one worker stream; this key holds samples of workers {sorted(workers)}")
     blends, stack = [], [dataset]
     while stack:  # the sample blend holding these datasets
         node = stack.pop()
@@ -200,5 +204,5 @@ def _rebuild_blended(
         mine = blend.leaves()
         if named <= {id(leaf) for leaf in mine}:
             index = {id(leaf): i for i, leaf in enumerate(leaves)}
-            return rebuild_blended_batch(mine, [index[id(leaf)] for leaf in mine], keys, remote_args, output, batch_index)
+            return blend, mine, [index[id(leaf)] for leaf in mine]
     raise StateError(f"restore key names datasets {sorted({k[2] for k in keys})}, which no sample blend of this loader holds together")

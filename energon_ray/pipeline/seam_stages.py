@@ -69,8 +69,8 @@ def repacked_batches(
     config: StageConfig, worker: int, seed: int, packs: List[Tuple[int, int, List[Tuple[int, int, Any]]]],
     batch_size: Optional[int], source: int = 0, batch_index: Optional[int] = None,
 ) -> pa.Table:  # fmt: skip
-    """Packs made again from their members (``(position, sub, members)``, members serialized and
-    encoded, not post-encoded) with the hook seeds they had, then batched as ``batch_size`` packs
+    """Packs made again from their members (``(position, sub, members)``, members ``(position, sub,
+    payload[, index offset])`` serialized and encoded, not post-encoded) with the hook seeds they had, then batched as ``batch_size`` packs
     (``None``: the packs themselves) as batch ``batch_index`` of the stream (None: the first pack's
     position over the size): ``restore_sample`` of a packed batch. ``ITEM`` rows and a ``REPORT``."""
     te: TaskEncoder = config.task_encoder.get()
@@ -80,7 +80,11 @@ def repacked_batches(
     try:
         items = []
         for position, sub, members, *made in packs:  # (made: the counts the pack's hooks read, or None)
-            group = [(p, s, serde.loads(payload, copy=False)) for p, s, payload in members]
+            group = []
+            for p, s, payload, *offset in members:  # (offset: a blend's member, its dataset's, see seam_packs)
+                group.append((p, s, serde.loads(payload, copy=False)))
+                if offset and offset[0]:
+                    packer.offsets[id(group[-1])] = int(offset[0])
             made_at = made[0] if made else None
             items += [item for item in packer.pack_group(group, seed, runs, (position, sub // 1000), made_at) if item[1] == sub]
         if batch_size is None:

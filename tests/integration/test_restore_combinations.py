@@ -108,6 +108,20 @@ class Packing(PostEncoded):
         )
 
 
+class IndexedPacking(Packing):
+    """``postencode_sample`` and ``pack_selected_samples`` also record the indices they read."""
+
+    def postencode_sample(self, sample):
+        sample = super().postencode_sample(sample)
+        sample.text = f"{sample.text}|q{self.current_sample_index}"
+        return sample
+
+    def pack_selected_samples(self, samples):
+        pack = super().pack_selected_samples(samples)
+        pack.text = f"{pack.text}|i{self.current_sample_index},{self.current_batch_index}"
+        return pack
+
+
 class GeneratingGrouped(Generating, Grouped):
     pass
 
@@ -118,7 +132,7 @@ class GeneratingPacked(Generating, Packing):
 
 FEATURES = {"plain": Plain, "packing": Packing, "grouped": Grouped, "generator": Generating, "skip": Skipping, "postencode": PostEncoded}
 #: a generator encode_sample where segments are not chained (grouping, packing), on one dataset
-PAIRED = {"generator-grouped": GeneratingGrouped, "generator-packing": GeneratingPacked}
+PAIRED = {"generator-grouped": GeneratingGrouped, "generator-packing": GeneratingPacked, "indexed-packing": IndexedPacking}
 
 
 def view(item) -> Any:
@@ -187,17 +201,10 @@ class OnePass:
         self.loader.restore_state_rank(state)
 
 
-#: restore_sample's refusal where packs mix datasets
-MIXED_PACKS = "cannot rebuild the packed batches of a sample blend or of a packed validation metadataset (packs mix datasets)"
 #: combinations whose batches restore_sample cannot make again, as the docs state (compatibility.md,
 #: get_savable_loader and MixBatchDataset): (the StateError's message, why)
 REFUSED = {
     "mix": ("MixBatchDataset: its batches are mixed by batch_mix_fn", "a mixed batch is not made again (as in Energon)"),
-    "meta-packing": (MIXED_PACKS, "a sample blend's packs mix datasets"),
-    "epochized-packing": (MIXED_PACKS, "a sample blend's packs mix datasets"),
-    "val-packing": (MIXED_PACKS, "a packing buffer runs from one dataset into the next, as Energon's"),
-    "val-unbatched-packing": (MIXED_PACKS, "a packing buffer runs from one dataset into the next, as Energon's"),
-    "meta-unbatched-packing": (MIXED_PACKS, "a sample blend's packs mix datasets"),
 }
 
 
@@ -281,3 +288,31 @@ def test_a_packed_metadatasets_state_saved_when_each_dataset_packed_alone_restor
     assert [view(b) for b in restored] == before[2:]
     for each in (old, new, saving, restored):
         each.close()
+
+
+@pytest.mark.parametrize("composition", ["val", "val-unbatched", "meta"])
+def test_restore_sample_makes_packs_that_mix_datasets_again_with_their_hooks_indices(roots, composition):
+    """Packs of a validation metadataset (its packing buffers run from one dataset into the next) and
+    of a train metadataset's sample blend mix datasets; ``restore_sample`` makes each batch (or
+    unbatched pack) again from its members' keys: the same members, draws and indices in
+    ``postencode_sample`` and ``pack_selected_samples``, the second dataset's counted on from the
+    first's in a validation metadataset (its members' index offsets)."""
+    run = OnePass(build(roots, composition, "indexed-packing", 2))
+    try:
+        while True:
+            try:
+                next(run)
+            except StopIteration:
+                break
+        packs = [pack for batch in run.batches for pack in zip(*(([v] if isinstance(v, str) else v) for v in (batch.__key__, batch.text)))]
+        assert any("a_" in key and "b_" in key for key, _ in packs)  # a pack of both datasets
+        members = [(key, int(re.search(r"\|q(\d+)", text).group(1))) for keys, texts in packs
+                   for key, text in zip(keys.split("&"), texts.split("&"))]  # fmt: skip
+        assert len(members) == 22
+        if composition.startswith("val"):  # the second dataset's members count on past the first's (13, 2 workers)
+            assert min(index for key, index in members if key.startswith("b_")) >= 12
+        assert run.loader.can_restore_sample()
+        for i, batch in enumerate(run.batches):
+            assert view(run.loader.restore_sample(batch.__restore_key__)) == view(batch), f"restore_sample of batch {i}"
+    finally:
+        run.loader.close()
