@@ -35,6 +35,7 @@ class FakeLeaf:
         self.segment_unbatched = False
         self.pool_batches_counted = True
         self.pack_hooks_counted = True
+        self.sample_hooks_counted = True
         self.task_encoder = er.DefaultTaskEncoder()
 
     def leaves(self):
