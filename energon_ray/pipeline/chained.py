@@ -42,8 +42,8 @@ def chains_outputs(
     worker (the rank's worker streams still run side by side). Also where ``batch`` or
     ``encode_batch`` is marked ``@stateless(restore_seeds=True)``: its seed is Energon's batch
     count, which samples skipped in earlier segments lower; and where a sample hook reads such an
-    index (``reads_shifted_indices``; ``sample_hooks``, off for states saved before). Not where the segments do not batch
-    their own samples (grouping, batching across datasets, no batching; ``postencode_sample`` runs in
+    index (``reads_shifted_indices``; ``sample_hooks``, off for states saved before). Not where
+    the segments do not batch their own samples (grouping, batching across datasets, no batching; ``postencode_sample`` runs in
     the encode stage, on each output as it is made). An
     ``encode_sample`` that is a plain function returning a generator is not detected (a generator
     function is: ``yield`` in its body).
@@ -62,9 +62,9 @@ def chains_outputs(
     ``encode_sample``): each segment gets the outputs of the buffer still open (``Carry.tail``).
 
     Unbatched (``chain_unbatched``; off for states saved before, ``savable.adopt_pack_batching``): a
-    generator ``encode_sample``'s stream, or one whose sample hooks read shifted indices, as Energon's hooks read the worker's outputs given before
-    (``current_batch_index``) and ``postencode_sample`` the outputs made before
-    (``current_sample_index``): each segment counts on from the previous one's ``Carry.counts``."""
+    generator ``encode_sample``'s stream, or one whose sample hooks read shifted indices, as
+    Energon's hooks read the worker's outputs given before (``current_batch_index``) and
+    ``postencode_sample`` the outputs made before (``current_sample_index``): each segment counts on from the previous one's ``Carry.counts``."""
     if packing:
         return chain_packs and not across_sources
     if batch_size is None:

@@ -70,9 +70,10 @@ def repacked_batches(
     batch_size: Optional[int], source: int = 0, batch_index: Optional[int] = None,
 ) -> pa.Table:  # fmt: skip
     """Packs made again from their members (``(position, sub, members)``, members ``(position, sub,
-    payload[, index offset])`` serialized and encoded, not post-encoded) with the hook seeds they had, then batched as ``batch_size`` packs
-    (``None``: the packs themselves) as batch ``batch_index`` of the stream (None: the first pack's
-    position over the size): ``restore_sample`` of a packed batch. ``ITEM`` rows and a ``REPORT``."""
+    payload[, index offset])`` serialized and encoded, not post-encoded) with the hook seeds they
+    had, then batched as ``batch_size`` packs (``None``: the packs themselves) as batch
+    ``batch_index`` of the stream (None: the first pack's position over the size):
+    ``restore_sample`` of a packed batch. ``ITEM`` rows and a ``REPORT``."""
     te: TaskEncoder = config.task_encoder.get()
     packer = Packer(te, 1, config.error_handler, batch_size, config.index_offset(worker))
     runs = packer.new_runs()

@@ -192,8 +192,8 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
         its worker stream gave before it, skipped samples not counted, where ``encode_sample`` or
         ``postencode_sample`` reads it (their stream's segments are then chained:
         ``chained.reads_shifted_indices``), else its position // batch size; a validation
-        metadataset's stream runs through its datasets), as Energon counts it: the rank's workers take turns (``index × num_workers +
-        worker``: the loader's batch number). A generator ``encode_sample`` (its segments chained)
+        metadataset's stream runs through its datasets), as Energon counts it: the rank's workers
+        take turns (``index × num_workers + worker``: the loader's batch number). A generator ``encode_sample`` (its segments chained)
         sees the batch of each output it yields next, as Energon's. Inside a train metadataset
         blend's sample hooks it is the sample's position in its own dataset's stream // batch size
         (Energon's: the batch being filled when the blend draws it)."""
