@@ -93,8 +93,8 @@ def counts_outputs(te: TaskEncoder, sample_hooks: bool = True) -> bool:
 
 def reads_shifted_indices(te: TaskEncoder) -> bool:
     """Whether a sample hook reads an index that samples skipped before it shift (Energon counts them
-    as its worker stream went): ``encode_sample``'s ``current_batch_index`` (the batches given
-    before), ``postencode_sample``'s ``current_batch_index`` or ``current_sample_index`` (the outputs
+    as its worker stream went): ``encode_sample``'s or ``cook_crude_sample``'s
+    ``current_batch_index`` (the batches given before), ``postencode_sample``'s ``current_batch_index`` or ``current_sample_index`` (the outputs
     of ``encode_sample`` before it), or a ``postencode_sample`` marked ``restore_seeds`` (seeded by
     that index). Read in the hook's code (``hook_reads``); a segment cannot know them until the
     segments before it have encoded, so such a stream's segments encode one after another."""
@@ -103,8 +103,7 @@ def reads_shifted_indices(te: TaskEncoder) -> bool:
         getattr(own_hook(te, post), "__restore_seeds__", False) or hook_reads(te, post, _POST_INDICES)
     ):
         return True
-    encode = sample_encode_hook(te)
-    return is_overridden(te, encode) and hook_reads(te, encode, _BATCH_INDEX)
+    return any(is_overridden(te, hook) and hook_reads(te, hook, _BATCH_INDEX) for hook in (sample_encode_hook(te), "cook_crude_sample"))
 
 
 _BATCH_INDEX = frozenset({"current_batch_index"})

@@ -189,8 +189,8 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     def current_batch_index(self) -> int:
         """Index of the batch being built (inside ``batch`` / ``encode_batch``) or that the sample will
         go into (inside ``cook_crude_sample``, ``encode_sample``, ``postencode_sample``: the batches
-        its worker stream gave before it, skipped samples not counted, where ``encode_sample`` or
-        ``postencode_sample`` reads it (their stream's segments are then chained:
+        its worker stream gave before it, skipped samples not counted, where ``cook_crude_sample``,
+        ``encode_sample`` or ``postencode_sample`` reads it (their stream's segments are then chained:
         ``chained.reads_shifted_indices``), else its position // batch size; a validation
         metadataset's stream runs through its datasets), as Energon counts it: the rank's workers
         take turns (``index × num_workers + worker``: the loader's batch number). A generator ``encode_sample`` (its segments chained)

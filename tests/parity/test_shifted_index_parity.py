@@ -94,6 +94,56 @@ def test_sample_hooks_reading_shifted_indices_match_energon(path, reads, batch_s
     loader.close()
 
 
+def _cooking_encoder(lib):
+    """``cook_crude_sample`` records the batch index; ``encode_sample`` skips every fifth sample."""
+
+    @lib.stateless
+    def cook(sample):
+        return lib.TextSample(**lib.basic_sample_keys(sample), text=sample["txt"])
+
+    class Encoder(lib.DefaultTaskEncoder):
+        cookers = [lib.Cooker(cook)]
+
+        def cook_crude_sample(self, sample, cooker, aux):
+            cooked = super().cook_crude_sample(sample, cooker, aux)
+            cooked.text += f"|c{self.current_batch_index}"
+            return cooked
+
+        def encode_sample(self, sample):
+            if int(sample.__key__.split("_")[-1]) % 5 == 2:
+                raise lib.SkipSample()
+            return sample
+
+        def batch(self, samples):
+            return {"keys": [s.__key__ for s in samples], "texts": [s.text for s in samples], "__restore_key__": ()}
+
+    return Encoder()
+
+
+def test_cook_crude_sample_reading_the_batch_index_matches_energon_after_skips(tmp_path):
+    """A crude dataset (24 samples, 2 workers, segments of 3) whose ``cook_crude_sample`` reads
+    ``current_batch_index`` while ``encode_sample`` skips samples: Energon's index (the batches given
+    before) in every batch, and ``restore_sample`` makes each again."""
+    import megatron.energon as me
+
+    from tests.parity.test_cooking_parity import _crude
+
+    root = _crude(tmp_path / "crude", "a", 24)
+
+    def dataset(lib, **kwargs):
+        wc = lib.WorkerConfig(rank=0, world_size=1, num_workers=2)
+        return lib.get_val_dataset(str(root), split_part="train", batch_size=2, task_encoder=_cooking_encoder(lib), worker_config=wc, **kwargs)
+
+    loader = er.get_savable_loader(dataset(er, samples_per_segment=3))
+    ours = [dict(b) for b in loader]
+    view = lambda b: [b["keys"], b["texts"]]  # noqa: E731
+    assert [view(b) for b in ours] == [view(dict(b)) for b in me.get_loader(dataset(me))]
+    assert sum(len(b["keys"]) for b in ours) == 19  # 5 of 24 skipped
+    for batch in ours:
+        assert view(loader.restore_sample(batch["__restore_key__"])) == view(batch)
+    loader.close()
+
+
 def test_shifted_index_streams_restore_mid_pass_and_older_states(path):
     """A batched stream whose ``encode_sample`` reads the batch index restores exactly from states
     saved at any batch (the round trip); a state saved before such streams were chained
@@ -127,7 +177,7 @@ def test_shifted_index_streams_restore_mid_pass_and_older_states(path):
 
 def test_reads_shifted_indices_sees_reads_in_the_hook_its_functions_and_methods():
     """What chains a stream: reads of ``current_batch_index`` in ``encode_sample`` (directly, in a
-    nested function, in a method it names, a static method's too) or of either index in
+    nested function, in a method it names, a static method's too) or ``cook_crude_sample``, or of either index in
     ``postencode_sample``, or a ``restore_seeds`` ``postencode_sample``; not a read in ``batch``
     (batches are made after the carry), nor ``current_sample_index`` in ``encode_sample`` (the
     sample's position, which skips do not shift), nor other hooks' names."""
@@ -178,8 +228,12 @@ def test_reads_shifted_indices_sees_reads_in_the_hook_its_functions_and_methods(
         def postencode_sample(self, sample):
             return sample
 
+    class Cook(Plain):
+        def cook_crude_sample(self, sample, cooker, aux):
+            return (sample, self.current_batch_index)
+
     for cls, expected in [(Plain, False), (Direct, True), (Nested, True), (Through, True), (OwnPosition, False),
-                          (PostIndex, True), (PostSeeded, True), (PostPlain, False)]:  # fmt: skip
+                          (PostIndex, True), (PostSeeded, True), (PostPlain, False), (Cook, True)]:  # fmt: skip
         assert reads_shifted_indices(cls()) is expected, cls.__name__
     assert chains_outputs(Direct(), None, False, False) and not chains_outputs(Direct(), None, False, False, sample_hooks=False)
     assert not chains_outputs(Direct(), None, False, True)  # a stream batched across datasets is not chained
