@@ -286,26 +286,35 @@ def sample_encode_hook(task_encoder: TaskEncoder) -> str:
 
 def hook_reads(task_encoder: TaskEncoder, name: str, attributes: frozenset) -> bool:
     """Whether hook ``name`` of ``task_encoder`` reads any of ``attributes`` (by name: ``self.x``),
-    in its own code, the functions defined in it, or the encoder's methods it names (followed
-    likewise). A read through other objects or ``getattr`` is not seen."""
+    in its own code, the functions defined in it, the encoder's methods and the functions of its own
+    module it names (followed likewise). A read through ``getattr`` or a library is not seen."""
     own = own_hook(task_encoder, name)
     owner = type(task_encoder)
     while getattr(getattr(owner, name, None), "__augment_delegate__", False):
         task_encoder = task_encoder._task_encoder  # type: ignore[attr-defined]
         owner = type(task_encoder)
-    def code_of(function: Any) -> Optional[types.CodeType]:
-        return getattr(inspect.unwrap(function), "__code__", None) if inspect.isfunction(function) else None
-
-    todo, seen = [code_of(own)], set()
+    todo: List[Any] = [own]  # functions, or (code, the globals it runs with) of those defined in them
+    seen = set()
     while todo:
-        code = todo.pop()
-        if code is None or code in seen:
+        item = todo.pop()
+        if isinstance(item, tuple):
+            code, names = item
+        else:
+            function = inspect.unwrap(getattr(item, "__func__", item))  # a static or class method's function
+            if not inspect.isfunction(function):
+                continue
+            code, names = function.__code__, function.__globals__
+        if code in seen:
             continue
         seen.add(code)
         if attributes.intersection(code.co_names):
             return True
-        todo.extend(const for const in code.co_consts if isinstance(const, types.CodeType))
+        todo.extend((const, names) for const in code.co_consts if isinstance(const, types.CodeType))
         for attribute in code.co_names:
             member = inspect.getattr_static(owner, attribute, None)
-            todo.append(code_of(getattr(member, "__func__", member)))  # a static or class method's function
+            if member is not None:
+                todo.append(member)
+            helper = names.get(attribute)
+            if inspect.isfunction(helper) and helper.__module__ == getattr(own, "__module__", None):  # the hook module's
+                todo.append(helper)
     return False

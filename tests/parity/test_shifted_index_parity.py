@@ -175,9 +175,14 @@ def test_shifted_index_streams_restore_mid_pass_and_older_states(path):
     again.close()
 
 
+def _batch_of(task_encoder):
+    return task_encoder.current_batch_index
+
+
 def test_reads_shifted_indices_sees_reads_in_the_hook_its_functions_and_methods():
     """What chains a stream: reads of ``current_batch_index`` in ``encode_sample`` (directly, in a
-    nested function, in a method it names, a static method's too) or ``cook_crude_sample``, or of either index in
+    nested function, in a method it names, a static method's too, in a function of its module it
+    calls) or ``cook_crude_sample``, or of either index in
     ``postencode_sample``, or a ``restore_seeds`` ``postencode_sample``; not a read in ``batch``
     (batches are made after the carry), nor ``current_sample_index`` in ``encode_sample`` (the
     sample's position, which skips do not shift), nor other hooks' names."""
@@ -228,12 +233,16 @@ def test_reads_shifted_indices_sees_reads_in_the_hook_its_functions_and_methods(
         def postencode_sample(self, sample):
             return sample
 
+    class ModuleHelper(Plain):
+        def encode_sample(self, sample):
+            return (sample, _batch_of(self))
+
     class Cook(Plain):
         def cook_crude_sample(self, sample, cooker, aux):
             return (sample, self.current_batch_index)
 
     for cls, expected in [(Plain, False), (Direct, True), (Nested, True), (Through, True), (OwnPosition, False),
-                          (PostIndex, True), (PostSeeded, True), (PostPlain, False), (Cook, True)]:  # fmt: skip
+                          (PostIndex, True), (PostSeeded, True), (PostPlain, False), (ModuleHelper, True), (Cook, True)]:  # fmt: skip
         assert reads_shifted_indices(cls()) is expected, cls.__name__
     assert chains_outputs(Direct(), None, False, False) and not chains_outputs(Direct(), None, False, False, sample_hooks=False)
     assert not chains_outputs(Direct(), None, False, True)  # a stream batched across datasets is not chained
