@@ -6,7 +6,9 @@ batches the packs, so a pack mixes datasets. Here too, off the training process:
    buffers; a Ray task packs each chunk with Energon's buffer semantics
    (``pipeline.packing.Packer``: ``select_samples_to_pack`` on each full buffer, ``postencode_sample``
    on each pack's members, ``pack_selected_samples``; the last buffer of a chunk is packed as it
-   is, as a segment's is where the datasets' own Ray tasks pack);
+   is, as a segment's is where the datasets' own Ray tasks pack); the hooks read Energon's indices
+   (``Packer.counts``: each hook's calls before it in the worker stream), each chunk's task taking
+   the counts after the worker's previous chunk (that task's result, which Ray hands it once made);
 2. the packs stay in Ray's object store; the trainer keeps where each lies (``Located``) and its
    ``(position, sub)``, never the bytes;
 3. consecutive ``batch_size`` packs make a batch, made by a Ray task (``batch``/``encode_batch``),
@@ -23,7 +25,8 @@ looking ahead.
 
 Saved state (``_PackNode``): the pack the next batch starts with, as the state before its chunk was
 drawn (the leaves' pools and the blend's draws, written instead of the current ones) plus how many
-packs of that chunk come before it. A restore draws that chunk again, packs it, drops those packs
+packs of that chunk come before it and the packing hooks' counts before it (absent from states
+saved before 2026-11-29, whose pass goes on with the hooks reading positions). A restore draws that chunk again, packs it, drops those packs
 and goes on: the same packs and batches as the saved loader's. Work started ahead is not saved
 (it is made again after a restore).
 """
@@ -82,6 +85,13 @@ class _PackNode(Node):
         #: per worker: the next group's batching task started ahead: (wait, groups, where each
         #: group's next batch starts)
         self.next_group: List[Optional[Tuple[Any, List[List[Pack]], List[Cursor]]]] = [None] * workers
+        #: per worker: the packing hooks' counts (``Packer.counts``) before the first chunk drawn
+        #: (zeros; a restored state's; ``None``: a state saved before they were counted, whose
+        #: hooks read positions, restored so), and after each chunk taken (chunk → counts)
+        self.first_counts: List[Optional[List[int]]] = [[0, 0, 0, 0] for _ in range(workers)]
+        self.counts_after: List[Dict[int, List[int]]] = [{} for _ in range(workers)]
+        #: per worker: what the next chunk's packing reads its counts from (the previous chunk's wait)
+        self.counts_from: List[Any] = [None] * workers
 
     def head(self, worker: int) -> Cursor:
         """Where the first pack not yet in a batch lies: in a chunk packed, drawn ahead, or (the next
@@ -94,11 +104,22 @@ class _PackNode(Node):
             return drawn[0][0], 0
         return self.chunks[worker], 0
 
+    def counts_before(self, worker: int, chunk: int) -> Optional[List[int]]:
+        """The packing hooks' counts before ``chunk`` (taken, or the next after the ones taken)."""
+        return self.first_counts[worker] if chunk == 0 else self.counts_after[worker].get(chunk - 1)
+
     def save(self, worker: int) -> Any:
         cursor = self.cursor[worker]
         if cursor is None and self.skip[worker]:  # restored, the chunk not drawn again yet
-            return {"skip": self.skip[worker], "batches": self.batches[worker]}
-        return {"skip": cursor[1] if cursor is not None else 0, "batches": self.batches[worker]}
+            state = {"skip": self.skip[worker], "batches": self.batches[worker]}
+            chunk = 0
+        else:
+            state = {"skip": cursor[1] if cursor is not None else 0, "batches": self.batches[worker]}
+            chunk = cursor[0] if cursor is not None else self.chunks[worker]
+        counts = self.counts_before(worker, chunk)
+        if counts is not None:
+            state["counts"] = list(counts)
+        return state
 
     def overrides(self, worker: int) -> Optional[Any]:
         cursor = self.cursor[worker]
@@ -116,12 +137,18 @@ class _PackNode(Node):
         self.fresh[worker] = False
         self.drawn[worker].clear()
         self.next_group[worker] = None
+        counts = state.get("counts")  # (absent from states of before 2026-11-29: positions)
+        self.first_counts[worker] = [int(c) for c in counts] if counts is not None else None
+        self.counts_after[worker].clear()
+        self.counts_from[worker] = None
 
     def forget_before(self, worker: int) -> None:
         """Drop the states of chunks no pack of which is still to be batched."""
         keep = self.cursor[worker][0] if self.cursor[worker] is not None else self.chunks[worker]
         for chunk in [c for c in self.before[worker] if c < keep]:
             del self.before[worker][chunk]
+        for chunk in [c for c in self.counts_after[worker] if c < keep - 1]:
+            del self.counts_after[worker][chunk]
 
 
 def packed_provider(blend: Any, ctx: PassContext, draw: Provider, tree: SubTree, batcher: Any, batches_per_group: int) -> Provider:
@@ -186,7 +213,11 @@ class _PackedBatches:
         chunk = node.chunks[worker]
         node.chunks[worker] += 1
         node.before[worker][chunk] = before
-        table, wait = self.batcher.pack(worker, samples, self.buffer)
+        counted = node.first_counts[worker] is not None
+        counts = (node.first_counts[worker] if chunk == 0 else node.counts_from[worker]) if counted else None
+        table, wait = self.batcher.pack(worker, samples, self.buffer, counts)
+        if counted:
+            node.counts_from[worker] = wait  # the next chunk's packing counts on from this one's
         node.drawn[worker].append((chunk, table, wait))
         return True
 
@@ -200,7 +231,9 @@ class _PackedBatches:
         if isinstance(drawn, Exception):
             raise drawn
         chunk, table, wait = drawn
-        made, report = wait()
+        made, report, counts = wait()
+        if counts is not None:
+            node.counts_after[worker][chunk] = list(counts)
         self.taken_chunks[worker] += 1
         self.made_packs[worker] += len(made)
         self.batcher.stats.add_report(report, self.batcher.chain)

@@ -330,12 +330,14 @@ class _GroupBatcher:
         """The pass's pinner (``None``: no pinning)."""
         return self.feeds[0].multi.pinner
 
-    def pack(self, worker: int, samples: List[Any], buffer_size: int) -> Tuple[Any, Callable[[], Any]]:
+    def pack(self, worker: int, samples: List[Any], buffer_size: int, counts: Any = None) -> Tuple[Any, Callable[[], Any]]:
         """Start packing drawn samples: the reference of the packs' table and a callable waiting for
-        ``([(position, sub)] of the packs, report)`` (``ready()``: whether that would wait)."""
+        ``([(position, sub)] of the packs, report, the packing hooks' counts after them)``
+        (``ready()``: whether that would wait). ``counts``: before them (``SeamTasks.submit_pack``)."""
         ship = self.feeds[0].multi.block_refs.ship
         chunk = [(position, sub, ship(payload)) for position, sub, payload, _ in samples]
-        return self._seam_tasks().submit_pack(worker, self._seed(worker), chunk, buffer_size, self._index_offsets(worker, samples))
+        offsets = None if counts is not None else self._index_offsets(worker, samples)
+        return self._seam_tasks().submit_pack(worker, self._seed(worker), chunk, buffer_size, offsets, counts)
 
     def _index_offsets(self, worker: int, samples: List[Any]) -> Optional[List[int]]:
         """Per drawn sample, the samples of the worker's stream before its leaf's (a validation

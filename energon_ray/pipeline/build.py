@@ -363,7 +363,8 @@ def repack(config: Any, source: int, worker: int, seed: int, packs, batch_size: 
 
 
 @deaf_to_cancel
-def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int, offsets: Optional[List[int]] = None):
+def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int, offsets: Optional[List[int]] = None,
+                counts: Any = None):  # fmt: skip
     import_task_modules()
     from energon_ray.pipeline.located import resolve_located
     from energon_ray.pipeline.rows import parts
@@ -371,8 +372,10 @@ def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, 
 
     limit_torch_threads()
     ((_, samples),) = resolve_located([(0, samples)], ray.get)  # read from their blocks here
-    table, packs, report = seam_packs(unship(config), worker, seed, samples, buffer_size, source, offsets)
-    return parts(table), (packs, report)
+    if isinstance(counts, tuple):  # the worker's previous chunk's (packs, report, counts after it)
+        counts = counts[2]
+    table, packs, report, after = seam_packs(unship(config), worker, seed, samples, buffer_size, source, offsets, counts)
+    return parts(table), (packs, report, after)
 
 
 _pack_task = ray.remote(num_cpus=1, max_retries=3, num_returns=2)(_pack_chunk)

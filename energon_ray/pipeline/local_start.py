@@ -143,13 +143,13 @@ def local_seam(config: Any, worker: int, seed: int, groups, source: int, get: Ca
 
 
 def local_pack(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int, get: Callable[[Any], Any],
-               offsets: Optional[List[int]] = None):  # fmt: skip
+               offsets: Optional[List[int]] = None, counts: Optional[List[int]] = None):  # fmt: skip
     """What a packing task makes of a chunk of drawn samples (``build._pack_chunk``: the packs'
-    table, their ``(position, sub)``, the report), made in this process; ``get`` reads the samples'
-    blocks (``ray.get``)."""
+    table, their ``(position, sub)``, the report, the hooks' counts after it), made in this process;
+    ``get`` reads the samples' blocks (``ray.get``)."""
     from energon_ray.pipeline.located import resolve_located
     from energon_ray.pipeline.seam_stages import seam_packs
 
     with as_in_a_task():
         ((_, samples),) = resolve_located([(0, samples)], get)
-        return seam_packs(unship(config), worker, seed, samples, buffer_size, source, offsets)
+        return seam_packs(unship(config), worker, seed, samples, buffer_size, source, offsets, counts)

@@ -34,13 +34,16 @@ def _in_worker_slot(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_in_worker_slot
 def seam_packs(
     config: StageConfig, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int, source: int = 0,
-    offsets: Optional[List[int]] = None,
-) -> Tuple[pa.Table, List[Tuple[int, int]], rows.Report]:
+    offsets: Optional[List[int]] = None, counts: Optional[List[int]] = None,
+) -> Tuple[pa.Table, List[Tuple[int, int]], rows.Report, Optional[List[int]]]:
     """Pack a chunk of a sample blend's drawn samples (serialized, in draw order) with Energon's
     buffer semantics (``Packer``): a table with one ``LEFTOVER`` row of the packs (each serialized on
-    its own, so a batching call reads them from the store by ``Located``), their ``(position, sub)``
-    and a report. ``offsets``: per sample, the samples of the worker's stream before its dataset's
-    (a validation metadataset's), added to its position in the hooks' indices."""
+    its own, so a batching call reads them from the store by ``Located``), their ``(position, sub)``,
+    a report and the packing hooks' counts after the chunk. ``counts``: those before it (the
+    worker's previous chunk's), from which the hooks read Energon's indices (``Packer.counts``);
+    ``None``: their first sample's position (states saved before they were counted), plus, per
+    sample, ``offsets``: the samples of the worker's stream before its dataset's (a validation
+    metadataset's)."""
     te: TaskEncoder = config.task_encoder.get()
     items = [(position, sub, serde.loads(payload, copy=False)) for position, sub, payload in samples]
     packer = Packer(te, buffer_size, config.error_handler, config.batch_size,
@@ -48,12 +51,12 @@ def seam_packs(
     runs = packer.new_runs()
     fatal, packs = None, []
     try:
-        packs = packer(items, seed, runs)
+        packs = packer(items, seed, runs, counts=None if counts is None else [int(c) for c in counts])
     except FatalSampleError as exc:
         fatal, packs = ("FatalSampleError", str(exc)), []
     report = rows.Report(worker=worker, segment=-1, samples_read=0, samples_encoded=0, batches=0, runs=runs, fatal=fatal)
     table = output_table([(rows.LEFTOVER, worker, -1, 0, rows.pack_leftovers([(None, 0, packs)], worker, -1), None)], source)
-    return table, [(int(p), int(sub)) for p, sub, _ in packs], report
+    return table, [(int(p), int(sub)) for p, sub, _ in packs], report, packer.counts
 
 
 def _made_table(made: List[Tuple[Any, List[int]]], runs: List[StageRun], fatal: Any, worker: int, source: int) -> pa.Table:

@@ -89,16 +89,22 @@ class SeamTasks:
         return self._config_ref
 
     def submit_pack(self, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int,
-                    offsets: Optional[List[int]] = None) -> Tuple[Any, Callable[[], Any]]:  # fmt: skip
+                    offsets: Optional[List[int]] = None, counts: Any = None) -> Tuple[Any, Callable[[], Any]]:  # fmt: skip
         """Start packing a chunk of samples in a Ray task: the reference of its packs' table (for
-        ``Located`` packs) and a callable waiting for ``(packs' (position, sub), report)``, whose
-        ``ready()`` says whether that would wait. ``offsets``: per sample, added to its position
-        in the packing hooks' indices (``seam_stages.seam_packs``)."""
+        ``Located`` packs) and a callable waiting for ``(packs' (position, sub), report, the packing
+        hooks' counts after it)``, whose ``ready()`` says whether that would wait. ``offsets``: per
+        sample, added to its position in the packing hooks' indices; ``counts``: the hooks' counts
+        before the chunk, or the waiting callable of the worker's previous chunk, which the task
+        waits for (``seam_stages.seam_packs``; ``None``: positions)."""
+        if isinstance(counts, _Made):
+            counts = counts.value[2]
         if self._here():
             from energon_ray.pipeline.rows import parts
 
             try:
-                table, packs, report = local_pack(ship(self._config), worker, seed, samples, buffer_size, self.source, build.values, offsets)
+                known = counts()[2] if isinstance(counts, _Waiting) else counts
+                table, packs, report, after = local_pack(ship(self._config), worker, seed, samples, buffer_size, self.source, build.values,
+                                                         offsets, known)  # fmt: skip
                 table_ref = build.put(parts(table))  # the batching task reads the packs from the store
                 del table
                 give_back_memory()
@@ -106,8 +112,10 @@ class SeamTasks:
                 logger.debug("energon_ray: a chunk could not be packed in the loader's process; a Ray task does it", exc_info=True)
             else:
                 self.local_groups += 1
-                return table_ref, _Made((packs, report))
-        table_ref, meta_ref = self._pack_task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source, offsets)
+                return table_ref, _Made((packs, report, after))
+        if isinstance(counts, _Waiting):  # Ray passes the task the previous chunk's result once it is made
+            counts = counts.ref
+        table_ref, meta_ref = self._pack_task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source, offsets, counts)
         return table_ref, _Waiting(meta_ref)
 
     def _here(self) -> bool:
