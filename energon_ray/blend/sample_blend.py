@@ -53,6 +53,11 @@ class SampleBlendDataset(PooledBlendDataset):
             hand out its samples.
     """
 
+    #: whether the packing hooks read Energon's counts of their calls (``blend.packed_blend``): a
+    #: validation metadataset's (``SampleConcatDataset``), whose order is Energon's; not a train
+    #: blend's, whose chunks then pack side by side (its draws are not Energon's anyway)
+    counts_packing_hooks = False
+
     def __init__(self, *datasets: Tuple[Composition, float], batch_size: Optional[int], drop_last: bool = False,
                  packing_buffer_size: Optional[int] = None):  # fmt: skip
         if batch_size is None and not packing_buffer_size:

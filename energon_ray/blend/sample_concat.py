@@ -34,6 +34,8 @@ class SampleConcatDataset(SampleBlendDataset):
         limit: at most this many batches per rank and pass.
     """
 
+    counts_packing_hooks = True
+
     def __init__(self, *datasets: Composition, batch_size: Optional[int], packing_buffer_size: int, drop_last: bool = False,
                  limit: Optional[int] = None):  # fmt: skip
         super().__init__(*((ds, 1.0) for ds in datasets), batch_size=batch_size, drop_last=drop_last,
