@@ -93,8 +93,9 @@ class _PackNode(Node):
         #: whose hooks read positions, restored so), and after each chunk taken (chunk → counts)
         self.first_counts: List[Optional[List[int]]] = [[0, 0, 0, 0] if counted else None for _ in range(workers)]
         self.counts_after: List[Dict[int, List[int]]] = [{} for _ in range(workers)]
-        #: per worker: what the next chunk's packing reads its counts from (the previous chunk's wait)
-        self.counts_from: List[Any] = [None] * workers
+        #: per worker: what the next chunk's packing reads its counts from (the first counts, then
+        #: the previous chunk's wait; ``None``: positions)
+        self.counts_from: List[Any] = list(self.first_counts)
 
     def head(self, worker: int) -> Cursor:
         """Where the first pack not yet in a batch lies: in a chunk packed, drawn ahead, or (the next
@@ -143,7 +144,7 @@ class _PackNode(Node):
         counts = state.get("counts")  # (absent from states of before 2026-11-29: positions)
         self.first_counts[worker] = [int(c) for c in counts] if counts is not None else None
         self.counts_after[worker].clear()
-        self.counts_from[worker] = None
+        self.counts_from[worker] = self.first_counts[worker]
 
     def forget_before(self, worker: int) -> None:
         """Drop the states of chunks no pack of which is still to be batched."""
@@ -216,10 +217,9 @@ class _PackedBatches:
         chunk = node.chunks[worker]
         node.chunks[worker] += 1
         node.before[worker][chunk] = before
-        counted = node.first_counts[worker] is not None
-        counts = (node.first_counts[worker] if chunk == 0 else node.counts_from[worker]) if counted else None
+        counts = node.counts_from[worker]
         table, wait = self.batcher.pack(worker, samples, self.buffer, counts)
-        if counted:
+        if counts is not None:
             node.counts_from[worker] = wait  # the next chunk's packing counts on from this one's
         node.drawn[worker].append((chunk, table, wait))
         return True

@@ -183,47 +183,42 @@ class EnergonDataset(Composition):
         """Global indices of the split part's excluded samples (the plan leaves them out)."""
         return self._excluded
 
+    def _set_form(self, name: str, value: bool) -> None:
+        """Set one of the forms above (how a restored state's loader made its stages); the stage
+        config is made again where it changed."""
+        if getattr(self, name) != value:
+            setattr(self, name, value)
+            self._stages = None
+
     def batch_packs_in_segments(self, value: bool) -> None:
         """``True``: each segment batches its own packs (a restored state saved before packs were
         pooled, ``savable.adopt_pack_batching``); ``False``: the trainer's pool batches them."""
-        if value != self.segment_pack_batches:
-            self.segment_pack_batches = value
-            self._stages = None
+        self._set_form("segment_pack_batches", value)
 
     def pack_in_segments(self, value: bool) -> None:
         """``True``: each segment packs its own samples, buffers restarting at its start (a restored
         state saved before packs were chained); ``False``: packing buffers run across segments."""
-        if value != self.segment_packs:
-            self.segment_packs = value
-            self._stages = None
+        self._set_form("segment_packs", value)
 
     def batch_in_segments(self, value: bool) -> None:
         """``True``: each segment batches its own samples (see ``segment_batches``); ``False``: a
         worker stream's batches run across its segments (``chained.chains_outputs``)."""
-        if value != self.segment_batches:
-            self.segment_batches = value
-            self._stages = None
+        self._set_form("segment_batches", value)
 
     def chain_unbatched(self, value: bool) -> None:
         """``True``: an unbatched generator ``encode_sample``'s worker stream is chained (its hooks
         count Energon's outputs given); ``False``: each segment encodes on its own (``segment_unbatched``)."""
-        if value == self.segment_unbatched:
-            self.segment_unbatched = not value
-            self._stages = None
+        self._set_form("segment_unbatched", not value)
 
     def count_sample_hooks(self, value: bool) -> None:
         """``True``: a sample hook reading indices that skipped samples shift chains its stream;
         ``False``: it reads positions (a restored state saved before)."""
-        if value != self.sample_hooks_counted:
-            self.sample_hooks_counted = value
-            self._stages = None
+        self._set_form("sample_hooks_counted", value)
 
     def count_pack_hooks(self, value: bool) -> None:
         """``True``: a chained packed stream's packing hooks read Energon's indices; ``False``: their
         first sample's position (a restored state saved before they were counted)."""
-        if value != self.pack_hooks_counted:
-            self.pack_hooks_counted = value
-            self._stages = None
+        self._set_form("pack_hooks_counted", value)
 
     @property
     def groups_batches(self) -> bool:

@@ -372,8 +372,6 @@ def _pack_chunk(config: Any, worker: int, seed: int, samples, buffer_size: int, 
 
     limit_torch_threads()
     ((_, samples),) = resolve_located([(0, samples)], ray.get)  # read from their blocks here
-    if isinstance(counts, tuple):  # the worker's previous chunk's (packs, report, counts after it)
-        counts = counts[2]
     table, packs, report, after = seam_packs(unship(config), worker, seed, samples, buffer_size, source, offsets, counts)
     return parts(table), (packs, report, after)
 

@@ -143,7 +143,7 @@ def local_seam(config: Any, worker: int, seed: int, groups, source: int, get: Ca
 
 
 def local_pack(config: Any, worker: int, seed: int, samples, buffer_size: int, source: int, get: Callable[[Any], Any],
-               offsets: Optional[List[int]] = None, counts: Optional[List[int]] = None):  # fmt: skip
+               offsets: Optional[List[int]] = None, counts: Any = None):  # fmt: skip
     """What a packing task makes of a chunk of drawn samples (``build._pack_chunk``: the packs'
     table, their ``(position, sub)``, the report, the hooks' counts after it), made in this process;
     ``get`` reads the samples' blocks (``ray.get``)."""

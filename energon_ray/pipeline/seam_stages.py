@@ -34,17 +34,20 @@ def _in_worker_slot(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_in_worker_slot
 def seam_packs(
     config: StageConfig, worker: int, seed: int, samples: List[Tuple[int, int, Any]], buffer_size: int, source: int = 0,
-    offsets: Optional[List[int]] = None, counts: Optional[List[int]] = None,
+    offsets: Optional[List[int]] = None, counts: Any = None,
 ) -> Tuple[pa.Table, List[Tuple[int, int]], rows.Report, Optional[List[int]]]:
     """Pack a chunk of a sample blend's drawn samples (serialized, in draw order) with Energon's
     buffer semantics (``Packer``): a table with one ``LEFTOVER`` row of the packs (each serialized on
     its own, so a batching call reads them from the store by ``Located``), their ``(position, sub)``,
-    a report and the packing hooks' counts after the chunk. ``counts``: those before it (the
-    worker's previous chunk's), from which the hooks read Energon's indices (``Packer.counts``);
+    a report and the packing hooks' counts after the chunk. ``counts``: those before it, or the
+    worker's previous chunk's ``(packs, report, counts)``, from which the hooks read Energon's
+    indices (``Packer.counts``);
     ``None``: their first sample's position (states saved before they were counted), plus, per
     sample, ``offsets``: the samples of the worker's stream before its dataset's (a validation
     metadataset's)."""
     te: TaskEncoder = config.task_encoder.get()
+    if isinstance(counts, tuple):  # the previous chunk's (packs, report, counts after it)
+        counts = counts[2]
     items = [(position, sub, serde.loads(payload, copy=False)) for position, sub, payload in samples]
     packer = Packer(te, buffer_size, config.error_handler, config.batch_size,
                     offsets=None if offsets is None else {id(item): int(o) for item, o in zip(items, offsets)})  # fmt: skip

@@ -96,13 +96,11 @@ class SeamTasks:
         sample, added to its position in the packing hooks' indices; ``counts``: the hooks' counts
         before the chunk, or the waiting callable of the worker's previous chunk, which the task
         waits for (``seam_stages.seam_packs``; ``None``: positions)."""
-        if isinstance(counts, _Made):
-            counts = counts.value[2]
         if self._here():
             from energon_ray.pipeline.rows import parts
 
             try:
-                known = counts()[2] if isinstance(counts, _Waiting) else counts
+                known = counts() if isinstance(counts, (_Made, _Waiting)) else counts  # (waits for the previous chunk)
                 table, packs, report, after = local_pack(ship(self._config), worker, seed, samples, buffer_size, self.source, build.values,
                                                          offsets, known)  # fmt: skip
                 table_ref = build.put(parts(table))  # the batching task reads the packs from the store
@@ -113,8 +111,8 @@ class SeamTasks:
             else:
                 self.local_groups += 1
                 return table_ref, _Made((packs, report, after))
-        if isinstance(counts, _Waiting):  # Ray passes the task the previous chunk's result once it is made
-            counts = counts.ref
+        if isinstance(counts, (_Made, _Waiting)):  # Ray passes the task the previous chunk's result once made
+            counts = counts.value if isinstance(counts, _Made) else counts.ref
         table_ref, meta_ref = self._pack_task.remote(self._config_ref_once(), worker, seed, samples, buffer_size, self.source, offsets, counts)
         return table_ref, _Waiting(meta_ref)
 
